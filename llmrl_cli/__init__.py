@@ -1,0 +1,1 @@
+"""The ``llmrl`` command line: model preparation, environment checks and the main jobs."""

@@ -1,0 +1,31 @@
+"""Entry point of the ``llmrl`` command (``llmrl --help``)."""
+
+from __future__ import annotations
+
+import typer
+
+from llmrl_cli.demo import demo
+from llmrl_cli.doctor import doctor
+from llmrl_cli.models import models_app
+
+app = typer.Typer(
+    name="llmrl",
+    help="LLM post-training (GRPO / SFT) as an orchestrated dataflow.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+app.add_typer(models_app, name="models")
+app.command("doctor")(doctor)
+app.command("demo")(demo)
+
+
+@app.command("version")
+def version() -> None:
+    """Print the llmrl version."""
+    from llmrl_core import __version__
+
+    typer.echo(f"llmrl {__version__}")
+
+
+if __name__ == "__main__":
+    app()

