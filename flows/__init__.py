@@ -1,0 +1,1 @@
+"""Prefect flows that compose the stages in ``tasks/``."""

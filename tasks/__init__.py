@@ -1,0 +1,1 @@
+"""Prefect tasks: one thin task per pipeline stage (arguments in, core/storage call, small result out)."""

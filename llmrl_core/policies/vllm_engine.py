@@ -103,6 +103,8 @@ def generate(
     top_p: float = 1.0,
     n: int = 1,
     seed: int | None = None,
+    stop: Sequence[str] | None = None,
+    ignore_eos: bool = False,
     use_tqdm: bool = False,
 ) -> list[list[Completion]]:
     """Sample ``n`` responses per prompt; each comes with its sampled tokens' log-probs.

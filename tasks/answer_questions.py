@@ -1,0 +1,32 @@
+"""Stage: answer GSM8K questions on a vLLM engine and write the responses to a JSONL file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+
+from llmrl_core.jobs.gsm8k_answers import answer_gsm8k, write_jsonl_atomic
+from llmrl_core.policies.vllm_engine import EngineConfig, make_llm
+
+
+@task(name="answer-gsm8k-questions")
+def answer_questions(
+    out_path: str,
+    questions: int = 8,
+    max_tokens: int = 192,
+    temperature: float = 0.7,
+    model: str = "default",
+    dtype: str = "bfloat16",
+    seed: int = 0,
+) -> dict:
+    """Start an engine, answer ``questions`` GSM8K test questions, write them; returns a summary only."""
+    llm = make_llm(EngineConfig(model=model, dtype=dtype, seed=seed))
+    records, stats = answer_gsm8k(llm, questions=questions, max_tokens=max_tokens, temperature=temperature, seed=seed)
+    path = write_jsonl_atomic(Path(out_path), records)
+    return {
+        "path": str(path),
+        "questions": stats.questions,
+        "tokens": stats.tokens,
+        "tokens_per_second": round(stats.tokens_per_second, 1),
+    }
