@@ -1,0 +1,170 @@
+"""Chat-template rendering: the tokenizer's own template first, named fallbacks when it has none.
+
+Resolution order for :func:`resolve_template`: an explicit ``chat_template`` string, then a
+``chat_template_name`` from :data:`NAMED_TEMPLATES`, then ``tokenizer.chat_template``, then ChatML.
+TorchRL instead swaps in its own templates (with ``{% generation %}`` markers) for most models; we keep the
+model's own template so prompts look exactly as the model was trained on, and compute assistant masks
+without generation markers (see :func:`assistant_char_spans`).
+
+Rendering goes through ``tokenizer.apply_chat_template`` when a tokenizer is given, otherwise through
+transformers' own jinja renderer, so both paths produce the same text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Our own templates. Each states its end-of-turn marker (the token the policy samples to finish a turn).
+_CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+_LLAMA3 = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] + '<|eot_id|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class NamedTemplate:
+    """A built-in chat template with the metadata needed to parse its output back into messages."""
+
+    name: str
+    template: str
+    end_of_turn: str
+    text_format: str  # key into llmrl_core.data.text_parsing.PARSERS
+
+
+NAMED_TEMPLATES: dict[str, NamedTemplate] = {
+    "chatml": NamedTemplate("chatml", _CHATML, "<|im_end|>", "chatml"),
+    "llama3": NamedTemplate("llama3", _LLAMA3, "<|eot_id|>", "llama3"),
+}
+# TorchRL's name for ChatML, accepted as an alias.
+NAMED_TEMPLATES["chatml_format"] = NAMED_TEMPLATES["chatml"]
+DEFAULT_FALLBACK = "chatml"
+
+
+@dataclass(frozen=True)
+class ResolvedTemplate:
+    """The template text to render with, and the end-of-turn marker of the assistant turns."""
+
+    template: str
+    end_of_turn: str | None
+    source: str  # "explicit", "named:<name>", "tokenizer" or "fallback:<name>"
+
+
+def named_template(name: str) -> NamedTemplate:
+    """Look a built-in template up by name, with a clear error listing the known names."""
+    try:
+        return NAMED_TEMPLATES[name]
+    except KeyError:
+        raise ValueError(f"unknown chat_template_name {name!r}; known: {sorted(NAMED_TEMPLATES)}") from None
+
+
+def detect_end_of_turn(template: str, tokenizer: Any = None) -> str | None:
+    """Guess the end-of-turn marker of a template: a known marker it contains, else the tokenizer's EOS."""
+    for marker in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"):
+        if marker in template:
+            return marker
+    return getattr(tokenizer, "eos_token", None) if tokenizer is not None else None
+
+
+def resolve_template(
+    tokenizer: Any = None, chat_template: str | None = None, chat_template_name: str | None = None
+) -> ResolvedTemplate:
+    """Pick the template to render with (explicit > named > tokenizer's own > ChatML fallback)."""
+    if chat_template is not None:
+        return ResolvedTemplate(chat_template, detect_end_of_turn(chat_template, tokenizer), "explicit")
+    if chat_template_name is not None:
+        named = named_template(chat_template_name)
+        return ResolvedTemplate(named.template, named.end_of_turn, f"named:{named.name}")
+    own = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
+    if isinstance(own, str) and own:
+        return ResolvedTemplate(own, detect_end_of_turn(own, tokenizer), "tokenizer")
+    fallback = NAMED_TEMPLATES[DEFAULT_FALLBACK]
+    return ResolvedTemplate(fallback.template, fallback.end_of_turn, f"fallback:{fallback.name}")
+
+
+def render(
+    messages: list[dict[str, Any]],
+    template: str,
+    *,
+    tokenizer: Any = None,
+    add_generation_prompt: bool = False,
+    **template_kwargs: Any,
+) -> str:
+    """Render ``messages`` (role/content dicts) with ``template`` into one string (no tokenization)."""
+    if tokenizer is not None:
+        return tokenizer.apply_chat_template(
+            messages,
+            chat_template=template,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **template_kwargs,
+        )
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    template_kwargs.setdefault("bos_token", "")
+    template_kwargs.setdefault("eos_token", "")
+    rendered, _ = render_jinja_template(
+        [messages], chat_template=template, add_generation_prompt=add_generation_prompt, **template_kwargs
+    )
+    return rendered[0]
+
+
+def assistant_char_spans(
+    messages: list[dict[str, Any]],
+    template: str,
+    full_text: str,
+    *,
+    roles: tuple[str, ...] = ("assistant",),
+    end_of_turn: str | None = None,
+    include_end_of_turn: bool = True,
+    tokenizer: Any = None,
+    **template_kwargs: Any,
+) -> list[tuple[int, tuple[int, int]]]:
+    """Character spans of each assistant message's content inside ``full_text``.
+
+    For message ``i`` the conversation up to ``i`` is rendered with a generation prompt; the message's content
+    is searched from the end of that prefix (templates are prefix-stable for the common families). The span
+    covers the content and, when ``include_end_of_turn``, the end-of-turn marker right after it: it is the
+    token the policy samples to stop, so the loss should see it. Returns ``[(message_index, (start, end))]``.
+    """
+    spans: list[tuple[int, tuple[int, int]]] = []
+    cursor = 0
+    for index, message in enumerate(messages):
+        if message["role"] not in roles:
+            continue
+        prefix = render(messages[:index], template, tokenizer=tokenizer, add_generation_prompt=True, **template_kwargs)
+        search_from = len(prefix) if full_text.startswith(prefix) and len(prefix) >= cursor else cursor
+        content = message["content"]
+        start = full_text.find(content, search_from)
+        if start < 0 and content.strip():
+            content = content.strip()
+            start = full_text.find(content, search_from)
+        if start < 0:
+            raise ValueError(
+                f"message {index} (role {message['role']!r}) not found in the rendered chat; "
+                "the chat template changes the content, cannot build an assistant mask"
+            )
+        end = start + len(content)
+        if include_end_of_turn and end_of_turn and full_text.startswith(end_of_turn, end):
+            end += len(end_of_turn)
+        spans.append((index, (start, end)))
+        cursor = end
+    return spans
+
+
+def char_spans_to_token_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[bool]:
+    """Token mask: True for tokens that start inside any of the char ``spans`` (``offsets`` per token)."""
+    mask = []
+    for tok_start, tok_end in offsets:
+        inside = tok_end > tok_start and any(start <= tok_start < end for start, end in spans)
+        mask.append(inside)
+    return mask

@@ -1,0 +1,305 @@
+"""``ChatEnv``: a batched chat environment, the blank canvas of TorchRL's LLM API, in plain Python.
+
+Contract with the policy (one env holds B slots; each GRPO copy is its own slot with a group id):
+
+* ``out = env.reset(prompts)`` builds B conversations (system prompt + user query) and returns an
+  :class:`~llmrl_core.envs.types.EnvOutput`. Without ``prompts`` a primer transform (DataLoadingPrimer)
+  supplies them. The policy reads the prompt in the env's ``input_mode``:
+  ``"history"`` -> ``out.history`` (a HistoryBatch; the policy applies the chat template),
+  ``"text"`` -> ``out.text`` (rendered with the generation prompt), ``"tokens"`` -> ``out.tokens`` (ids).
+* ``out = env.step(actions)`` takes one action per slot: a :class:`~llmrl_core.data.llm_data.Response`
+  (text, token ids, log-probs, finish reason), a plain string, or an :class:`~llmrl_core.data.llm_data.LLMData`
+  batch; ``None`` for slots already done. The response is appended to the slot's History as the
+  ``policy_role`` message (``is_complete=False`` when it was cut by the token limit), the transforms run
+  (tools, reward parsers), and the full conversation becomes the next prompt (multi-turn).
+* ``done = terminated | truncated``: transforms terminate (e.g. an answer was given); the env truncates
+  slots that reach ``max_turns`` (None = no limit). ``reward`` is the reward of this step (``(B,)`` float).
+
+Why dataclasses and not TensorDict: see :mod:`llmrl_core.envs.types`. In tokens mode the env keeps each slot's
+ids exactly as sampled: next prompt = previous prompt + sampled response ids + the ids of whatever the
+template adds after it (tool output, next generation prompt), so no re-tokenization drift enters the
+log-probs; ``SlotState.policy_mask()`` marks the sampled tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+
+from llmrl_core.data.chat_templates import assistant_char_spans, resolve_template
+from llmrl_core.data.history import History, HistoryBatch, Message
+from llmrl_core.data.llm_data import LLMData, Response
+from llmrl_core.envs.transforms.base import Transform
+from llmrl_core.envs.types import EnvOutput, PromptRow, SlotState
+
+InputMode = Literal["history", "text", "tokens"]
+Action = str | Response | None
+
+
+class ChatEnv:
+    """A batched multi-turn chat env with composable transforms (TorchRL's ``ChatEnv`` semantics)."""
+
+    def __init__(
+        self,
+        *,
+        batch_size: int | None = None,
+        system_prompt: str | None = None,
+        tokenizer: Any = None,
+        input_mode: InputMode = "history",
+        template_kwargs: dict[str, Any] | None = None,
+        chat_template_name: str | None = None,
+        system_role: str = "system",
+        user_role: str = "user",
+        policy_role: str = "assistant",
+        data_key: str = "query",
+        max_turns: int | None = None,
+    ) -> None:
+        if input_mode not in ("history", "text", "tokens"):
+            raise ValueError(f"input_mode must be 'history', 'text' or 'tokens', got {input_mode!r}")
+        if input_mode == "tokens" and tokenizer is None:
+            raise ValueError("input_mode='tokens' needs a tokenizer")
+        if max_turns is not None and max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1 or None, got {max_turns}")
+        self.batch_size = batch_size
+        self.system_prompt = system_prompt
+        self.tokenizer = tokenizer
+        self.input_mode: InputMode = input_mode
+        self.template_kwargs = dict(template_kwargs or {})
+        self.chat_template_name = chat_template_name
+        self.system_role = system_role
+        self.user_role = user_role
+        self.policy_role = policy_role
+        self.data_key = data_key
+        self.max_turns = max_turns
+        self.transforms: list[Transform] = []
+        self.slots: list[SlotState] = []
+        self._template = resolve_template(tokenizer, chat_template_name=chat_template_name)
+
+    # --- composition -----------------------------------------------------------------------------
+    def append_transform(self, transform: Transform) -> ChatEnv:
+        """Add a transform at the end of the chain; returns the env (chainable)."""
+        if not isinstance(transform, Transform):
+            raise TypeError(f"append_transform expects a Transform, got {type(transform).__name__}")
+        transform.set_parent(self)
+        self.transforms.append(transform)
+        return self
+
+    def insert_transform(self, index: int, transform: Transform) -> ChatEnv:
+        """Insert a transform at ``index`` in the chain."""
+        if not isinstance(transform, Transform):
+            raise TypeError(f"insert_transform expects a Transform, got {type(transform).__name__}")
+        transform.set_parent(self)
+        self.transforms.insert(index, transform)
+        return self
+
+    @property
+    def end_of_turn(self) -> str | None:
+        """The marker that closes a policy turn in the active chat template (e.g. ``<|im_end|>``)."""
+        return self._template.end_of_turn
+
+    # --- reset -----------------------------------------------------------------------------------
+    def reset(self, prompts: Sequence[Any] | None = None) -> EnvOutput:
+        """Start B new conversations; ``prompts`` items: str, History, list of messages, dict row or PromptRow."""
+        rows = self._collect_prompts(prompts)
+        self.slots = [self._make_slot(i, row) for i, row in enumerate(rows)]
+        for transform in self.transforms:
+            transform.on_reset(self.slots)
+        if self.input_mode == "tokens":
+            for slot in self.slots:
+                slot.prompt_text = self._render(slot.history, add_generation_prompt=True)
+                slot.token_segments = [self._encode(slot.prompt_text)]
+                slot.segment_is_policy = [False]
+        return self._output()
+
+    def _collect_prompts(self, prompts: Sequence[Any] | None) -> list[PromptRow]:
+        if prompts is None:
+            for transform in self.transforms:
+                provided = transform.provide_prompts(self.batch_size)
+                if provided is not None:
+                    prompts = provided
+                    break
+            else:
+                raise ValueError("reset() got no prompts and no transform provides them (add a DataLoadingPrimer)")
+        if isinstance(prompts, str | History | dict | PromptRow):
+            prompts = [prompts]
+        rows = [self._as_row(item, i) for i, item in enumerate(prompts)]
+        if not rows:
+            raise ValueError("reset() got an empty batch of prompts")
+        if self.batch_size is not None and len(rows) != self.batch_size:
+            raise ValueError(f"reset() got {len(rows)} prompts but the env's batch_size is {self.batch_size}")
+        return rows
+
+    def _as_row(self, item: Any, index: int) -> PromptRow:
+        if isinstance(item, PromptRow):
+            return item
+        if isinstance(item, dict) and not ("role" in item and "content" in item):
+            if self.data_key not in item:
+                raise ValueError(f"prompt {index}: row has no {self.data_key!r} field (fields: {sorted(item)})")
+            return PromptRow(data=dict(item), prompt_id=item.get("id", index))
+        return PromptRow(data={self.data_key: item}, prompt_id=index)
+
+    def _make_slot(self, index: int, row: PromptRow) -> SlotState:
+        query = row.data.get(self.data_key)
+        if query is None:
+            raise ValueError(f"prompt {index} (id {row.prompt_id!r}): missing {self.data_key!r}")
+        if isinstance(query, str):
+            history = History([Message(self.user_role, query)])
+        elif isinstance(query, History):
+            history = query.copy()
+        elif isinstance(query, list | tuple):
+            history = History(list(query))
+        else:
+            raise TypeError(f"prompt {index}: {self.data_key!r} must be str, History or messages, got {type(query)}")
+        if self.system_prompt is not None and (not history.messages or history[0].role != self.system_role):
+            history.messages.insert(0, Message(self.system_role, self.system_prompt))
+        return SlotState(
+            index=index,
+            history=history,
+            data=dict(row.data),
+            prompt_id=row.prompt_id,
+            group_id=row.group_id,
+            sample_index=row.sample_index,
+        )
+
+    # --- step ------------------------------------------------------------------------------------
+    def step(self, actions: LLMData | Sequence[Action]) -> EnvOutput:
+        """Append each active slot's response, run the transforms, return the next prompts and rewards."""
+        if not self.slots:
+            raise RuntimeError("step() called before reset()")
+        responses = actions.responses() if isinstance(actions, LLMData) else list(actions)
+        if len(responses) != len(self.slots):
+            raise ValueError(f"step() got {len(responses)} actions for {len(self.slots)} slots")
+        active = []
+        for slot, action in zip(self.slots, responses, strict=True):
+            slot.reward = 0.0
+            slot.reward_components = {}
+            if slot.done:
+                continue
+            if action is None:
+                raise ValueError(f"step(): slot {slot.index} is not done but its action is None")
+            response = action if isinstance(action, Response) else Response(str(action))
+            self._apply_response(slot, response)
+            active.append(slot)
+        for transform in self.transforms:
+            transform.on_step(active)
+        for slot in active:
+            if self.max_turns is not None and slot.turn >= self.max_turns and not slot.done:
+                slot.truncate()
+            slot.episode_reward += slot.reward
+            if self.input_mode == "tokens":
+                self._extend_tokens(slot)
+        return self._output()
+
+    def _apply_response(self, slot: SlotState, response: Response) -> None:
+        content, ended = self._strip_end(response.text)
+        # A turn is open (is_complete=False) only when the sampler says it hit the token limit.
+        complete = ended or response.finish_reason != "length"
+        slot.history.append(Message(self.policy_role, content, is_complete=complete))
+        slot.responses.append(response)
+        slot.turn += 1
+
+    def _strip_end(self, text: str) -> tuple[str, bool]:
+        markers = [m for m in (self.end_of_turn, getattr(self.tokenizer, "eos_token", None)) if m]
+        for marker in markers:
+            if text.endswith(marker):
+                return text[: -len(marker)], True
+        return text, False
+
+    # --- rendering / tokens ----------------------------------------------------------------------
+    def _render(self, history: History, add_generation_prompt: bool) -> str:
+        return history.apply_chat_template(
+            self.tokenizer,
+            add_generation_prompt=add_generation_prompt,
+            chat_template=self._template.template,
+            **self.template_kwargs,
+        )  # type: ignore[return-value]
+
+    def _encode(self, text: str) -> torch.Tensor:
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return torch.tensor(ids, dtype=torch.long)
+
+    def _extend_tokens(self, slot: SlotState) -> None:
+        """Tokens mode: add the sampled ids, then the ids of the text the template adds after them."""
+        response = slot.last_response
+        assert response is not None and slot.prompt_text is not None
+        if response.token_ids is not None:
+            sampled_ids = response.token_ids.to(torch.long)
+            sampled_text = self.tokenizer.decode(sampled_ids.tolist(), skip_special_tokens=False)
+        else:
+            sampled_text = response.text
+            sampled_ids = self._encode(sampled_text)
+        slot.token_segments.append(sampled_ids)
+        slot.segment_is_policy.append(True)
+        consumed = slot.prompt_text + sampled_text
+        next_text = self._render(slot.history, add_generation_prompt=not slot.done)
+        if not next_text.startswith(consumed):
+            # The template renders the turn differently from the sampled text (e.g. it strips whitespace):
+            # keep the sampled ids and take the glue from where the template closes the policy turn.
+            msgs = [m.to_template_dict() for m in slot.history.messages]
+            spans = assistant_char_spans(
+                msgs,
+                self._template.template,
+                next_text,
+                roles=(self.policy_role,),
+                end_of_turn=self.end_of_turn,
+                include_end_of_turn=bool(self.end_of_turn) and sampled_text.endswith(self.end_of_turn or ""),
+                tokenizer=self.tokenizer,
+                **self.template_kwargs,
+            )
+            consumed = next_text[: spans[-1][1][1]]
+            slot.info["token_text_mismatch"] = True
+        # A finished episode has no next prompt: the template's closing text after the last turn is not added.
+        glue = "" if slot.done else next_text[len(consumed) :]
+        if glue:
+            slot.token_segments.append(self._encode(glue))
+            slot.segment_is_policy.append(False)
+        slot.prompt_text = consumed + glue
+
+    def _output(self) -> EnvOutput:
+        slots = self.slots
+        text = tokens = None
+        if self.input_mode == "text":
+            text = [self._render(s.history, add_generation_prompt=not s.done) for s in slots]
+        elif self.input_mode == "tokens":
+            text = [s.prompt_text or "" for s in slots]
+            tokens = [s.all_tokens() for s in slots]
+        out = EnvOutput(
+            history=HistoryBatch([s.history for s in slots]),
+            reward=torch.tensor([s.reward for s in slots], dtype=torch.float32),
+            done=torch.tensor([s.done for s in slots], dtype=torch.bool),
+            terminated=torch.tensor([s.terminated for s in slots], dtype=torch.bool),
+            truncated=torch.tensor([s.truncated for s in slots], dtype=torch.bool),
+            turn=torch.tensor([s.turn for s in slots], dtype=torch.long),
+            text=text,
+            tokens=tokens,
+            reward_components=[dict(s.reward_components) for s in slots],
+            info=[s.info for s in slots],
+            data=[s.data for s in slots],
+            prompt_id=[s.prompt_id for s in slots],
+            group_id=[s.group_id for s in slots],
+            sample_index=[s.sample_index for s in slots],
+        )
+        for transform in self.transforms:
+            transform.on_output(out)
+        return out
+
+    # --- state -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The transforms' checkpointable state, by position (e.g. the primer's cursor)."""
+        return {"transforms": [t.state_dict() for t in self.transforms]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output into the same transform chain."""
+        states = state.get("transforms", [])
+        if len(states) != len(self.transforms):
+            raise ValueError(f"state has {len(states)} transform entries, env has {len(self.transforms)} transforms")
+        for transform, sub in zip(self.transforms, states, strict=True):
+            transform.load_state_dict(sub)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(input_mode={self.input_mode!r}, max_turns={self.max_turns}, "
+            f"transforms={self.transforms})"
+        )

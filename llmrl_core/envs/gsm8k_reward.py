@@ -1,0 +1,108 @@
+"""``GSM8KRewardParser``: TorchRL's current GSM8K reward scheme as an env transform.
+
+* The answer is the content of the first ``<answer>...</answer>`` in the policy's last message (stripped);
+  ``<think>...</think>`` likewise gives the reasoning. The end-of-turn / EOS marker is removed first.
+* The gold answer is the text after ``####`` in the row's ``answer`` field (the whole field if it has none).
+* Both are normalised: whitespace stripped; ``,``, ``$`` and ``%`` removed; a trailing ``.`` removed; and,
+  for decimals, trailing zeros removed (``"120.00"`` -> ``"120"``).
+* Reward: ``correct_reward`` (1.0) if equal, ``format_reward`` (0.1) if an answer tag with non-empty content
+  is present but wrong, 0.0 without one.
+* Outputs per slot: ``reward_components`` = ``reward_answer`` (1.0 if an answer was given), ``reward_think``
+  (1.0 if a non-empty think block), ``reward_right`` (the reward); ``info["success"]`` (bool). The episode
+  terminates once an answer is given (``set_done_if_answer``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from llmrl_core.envs.transforms.base import Transform
+from llmrl_core.envs.types import SlotState
+
+_THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def normalize_answer(answer: str) -> str:
+    """Normalise a numeric answer for comparison (see the module docstring)."""
+    answer = answer.strip()
+    for char in ",$%":
+        answer = answer.replace(char, "")
+    answer = answer.rstrip(".")
+    if "." in answer:
+        answer = answer.rstrip("0").rstrip(".")
+    return answer
+
+
+def extract_tags(text: str) -> tuple[str, str]:
+    """``(think, answer)``: stripped contents of the first think and answer blocks ("" when absent)."""
+    think = _THINK.search(text)
+    answer = _ANSWER.search(text)
+    return (think.group(1).strip() if think else "", answer.group(1).strip() if answer else "")
+
+
+def gold_answer(answer_field: str) -> str:
+    """The gold final answer: the text after the last ``####``, or the whole field when there is none."""
+    return answer_field.rsplit("####", 1)[1] if "####" in answer_field else answer_field
+
+
+class GSM8KRewardParser(Transform):
+    """Scores the policy's answer against the row's gold ``answer`` (TorchRL's GSM8K reward scheme)."""
+
+    def __init__(
+        self,
+        tokenizer: Any = None,
+        eos_token: str | None = None,
+        set_done_if_answer: bool = True,
+        format_reward: float = 0.1,
+        correct_reward: float = 1.0,
+        answer_key: str = "answer",
+    ) -> None:
+        super().__init__()
+        self.eos_token = eos_token if eos_token is not None else getattr(tokenizer, "eos_token", None)
+        self.set_done_if_answer = set_done_if_answer
+        self.format_reward = float(format_reward)
+        self.correct_reward = float(correct_reward)
+        self.answer_key = answer_key
+
+    def score(self, response: str, answer_field: str) -> dict[str, float | bool]:
+        """The reward outputs for one response text and one gold ``answer`` field."""
+        for marker in (self.eos_token, "<|im_end|>"):
+            if marker and response.endswith(marker):
+                response = response[: -len(marker)]
+        think, answer = extract_tags(response)
+        has_answer = bool(answer)
+        correct = has_answer and normalize_answer(answer) == normalize_answer(gold_answer(answer_field))
+        if correct:
+            right = self.correct_reward
+        elif has_answer:
+            right = self.format_reward
+        else:
+            right = 0.0
+        return {
+            "reward_answer": float(has_answer),
+            "reward_think": float(bool(think)),
+            "reward_right": right,
+            "reward": right,
+            "success": correct,
+        }
+
+    def step_slot(self, slot: SlotState) -> None:
+        """Score the slot's last policy message, add the reward, terminate when an answer was given."""
+        role = self.parent.policy_role if self.parent is not None else "assistant"
+        message = slot.last_message(role)
+        if message is None:
+            raise ValueError(f"slot {slot.index}: no {role!r} message to score")
+        if self.answer_key not in slot.data:
+            raise ValueError(
+                f"slot {slot.index} (prompt {slot.prompt_id!r}): row has no {self.answer_key!r} field "
+                f"(fields: {sorted(slot.data)})"
+            )
+        out = self.score(message.text, str(slot.data[self.answer_key]))
+        slot.add_reward(float(out["reward"]))
+        for key in ("reward_answer", "reward_think", "reward_right"):
+            slot.reward_components[key] = float(out[key])
+        slot.info["success"] = bool(out["success"])
+        if self.set_done_if_answer and out["reward_answer"] > 0:
+            slot.terminate()

@@ -1,0 +1,163 @@
+"""``DataLoadingPrimer``: feeds prompt batches to ``ChatEnv.reset`` (TorchRL's transform of the same name).
+
+* ``batch_size`` prompts per batch; ``repeats`` (G) copies of each prompt share one ``group_id`` (a GRPO
+  group) and get ``sample_index`` 0..G-1. With ``group_repeats=True`` a batch holds all G copies of its
+  prompts (B = batch_size * G, copies adjacent); with ``group_repeats=False`` (TorchRL's default) copies
+  come successively, ``batch_size`` slots per reset, so a group may span resets.
+* Order: a seeded permutation per epoch (``seed``, epoch) when ``shuffle``; the source order otherwise.
+  Batches cross epoch boundaries without dropping rows; no row repeats within an epoch.
+* Cursor: :meth:`state_dict` is small JSON-able data (epoch, position, pending copies, group counter). A
+  primer restored with :meth:`load_state_dict` over the same source continues with the next unseen prompts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from llmrl_core.envs.data_sources import RowSource, open_source
+from llmrl_core.envs.transforms.base import Transform
+from llmrl_core.envs.types import PromptRow
+
+_STATE_VERSION = 1
+
+
+class DataLoadingPrimer(Transform):
+    """Draws prompt rows from a source in seeded order and expands them into GRPO groups."""
+
+    def __init__(
+        self,
+        source: Any,
+        *,
+        batch_size: int = 1,
+        repeats: int = 1,
+        group_repeats: bool = True,
+        shuffle: bool = True,
+        seed: int = 0,
+        rename: dict[str, str] | None = None,
+        id_key: str | None = "id",
+    ) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {repeats}")
+        self.source: RowSource = open_source(source)
+        if len(self.source) == 0:
+            raise ValueError(f"prompt source {self.source.name} is empty")
+        self.batch_size = batch_size
+        self.repeats = repeats
+        self.group_repeats = group_repeats
+        self.shuffle = shuffle
+        self.seed = int(seed)
+        self.rename = dict(rename or {})
+        self.id_key = id_key
+        self._epoch = 0
+        self._position = 0
+        self._groups_served = 0
+        self._pending: list[tuple[int, int, int]] = []  # (row index, group id, sample index)
+        self._order = self._epoch_order(0)
+
+    # --- ordering --------------------------------------------------------------------------------
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        n = len(self.source)
+        if not self.shuffle:
+            return np.arange(n)
+        return np.random.default_rng([self.seed, epoch]).permutation(n)
+
+    def _next_row_index(self) -> int:
+        if self._position >= len(self._order):
+            self._epoch += 1
+            self._position = 0
+            self._order = self._epoch_order(self._epoch)
+        index = int(self._order[self._position])
+        self._position += 1
+        return index
+
+    def _next_group(self) -> list[tuple[int, int, int]]:
+        row_index = self._next_row_index()
+        group_id = self._groups_served
+        self._groups_served += 1
+        return [(row_index, group_id, k) for k in range(self.repeats)]
+
+    # --- drawing ---------------------------------------------------------------------------------
+    def next_batch(self) -> list[PromptRow]:
+        """The next batch of prompt rows (see the module docstring for its size and order)."""
+        if self.group_repeats:
+            picks = [pick for _ in range(self.batch_size) for pick in self._next_group()]
+        else:
+            while len(self._pending) < self.batch_size:
+                self._pending.extend(self._next_group())
+            picks, self._pending = self._pending[: self.batch_size], self._pending[self.batch_size :]
+        return [self._make_row(*pick) for pick in picks]
+
+    def _make_row(self, row_index: int, group_id: int, sample_index: int) -> PromptRow:
+        data = self.source[row_index]
+        for old, new in self.rename.items():
+            if old not in data:
+                raise ValueError(f"{self.source.name}: row {row_index} has no field {old!r} (fields: {sorted(data)})")
+            data[new] = data.pop(old)
+        prompt_id = data.get(self.id_key, row_index) if self.id_key else row_index
+        return PromptRow(data=data, prompt_id=prompt_id, group_id=group_id, sample_index=sample_index)
+
+    def provide_prompts(self, batch_size: int | None) -> list[PromptRow]:
+        """Transform hook: a reset without prompts draws the next batch."""
+        rows = self.next_batch()
+        if batch_size is not None and len(rows) != batch_size:
+            raise ValueError(
+                f"DataLoadingPrimer yields {len(rows)} slots per batch (batch_size={self.batch_size}, "
+                f"repeats={self.repeats}, group_repeats={self.group_repeats}) but the env expects {batch_size}"
+            )
+        return rows
+
+    def reset_dataloader(self, seed: int | None = None) -> None:
+        """Restart from the first prompt of epoch 0 (optionally with a new seed); group ids keep counting."""
+        if seed is not None:
+            self.seed = int(seed)
+        self._epoch = 0
+        self._position = 0
+        self._pending = []
+        self._order = self._epoch_order(0)
+
+    @property
+    def epoch(self) -> int:
+        """Index of the epoch the next prompt comes from (0-based)."""
+        return self._epoch + (1 if self._position >= len(self._order) else 0)
+
+    # --- cursor ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able cursor: where the next prompt comes from, and the copies still owed."""
+        return {
+            "version": _STATE_VERSION,
+            "num_rows": len(self.source),
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "epoch": self._epoch,
+            "position": self._position,
+            "groups_served": self._groups_served,
+            "pending": [list(p) for p in self._pending],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a cursor saved by :meth:`state_dict` (same source, same seed and shuffle setting)."""
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(f"primer state version {state.get('version')!r} is not {_STATE_VERSION}")
+        if state["num_rows"] != len(self.source):
+            raise ValueError(
+                f"primer state was saved for {state['num_rows']} rows but {self.source.name} has {len(self.source)}"
+            )
+        if state["shuffle"] != self.shuffle:
+            raise ValueError(f"primer state has shuffle={state['shuffle']}, this primer has shuffle={self.shuffle}")
+        self.seed = int(state["seed"])
+        self._epoch = int(state["epoch"])
+        self._order = self._epoch_order(self._epoch)
+        self._position = int(state["position"])
+        self._groups_served = int(state["groups_served"])
+        self._pending = [tuple(p) for p in state["pending"]]  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return (
+            f"DataLoadingPrimer(source={self.source.name!r}, rows={len(self.source)}, batch_size={self.batch_size}, "
+            f"repeats={self.repeats}, group_repeats={self.group_repeats}, shuffle={self.shuffle}, seed={self.seed})"
+        )

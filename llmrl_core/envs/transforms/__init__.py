@@ -1,0 +1,8 @@
+"""Env transforms (TorchRL names): the ``Transform`` base class and the built-in transforms."""
+
+from llmrl_core.envs.transforms.base import Transform
+from llmrl_core.envs.transforms.policy_version import PolicyVersion
+from llmrl_core.envs.transforms.template import TemplateTransform, Tokenizer
+from llmrl_core.envs.transforms.thinking import AddThinkingPrompt
+
+__all__ = ["AddThinkingPrompt", "PolicyVersion", "TemplateTransform", "Tokenizer", "Transform"]

@@ -1,0 +1,158 @@
+"""The typed objects of the env <-> policy contract: :class:`PromptRow`, :class:`SlotState`, :class:`EnvOutput`.
+
+Design choice: plain dataclasses, Python lists and torch tensors instead of TensorDict. Conversations are
+ragged (different numbers of messages, of tokens, of tool calls per slot), which TensorDict handles through
+lazy stacks and non-tensor wrappers; lists of per-slot objects say the same thing with no extra library,
+pickle cheaply between Dask workers, and give transforms an obvious, typed place to read and write
+(``slot.history``, ``slot.add_reward``, ``slot.terminate``). Batched numeric outputs (reward, done, ...) are
+still ``(B,)`` tensors so the trainer side stays vectorised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from llmrl_core.data.history import History, HistoryBatch, Message
+from llmrl_core.data.llm_data import LLMData, Response
+
+
+@dataclass
+class PromptRow:
+    """One prompt for ``ChatEnv.reset``: the dataset row and its identity in the run.
+
+    ``data`` holds the row's fields (e.g. ``query``/``question``/``answer``); ``prompt_id`` the row's stable id
+    in its source; ``group_id`` is shared by the G copies of a prompt (a GRPO group); ``sample_index`` is the
+    copy's index inside its group (0..G-1).
+    """
+
+    data: dict[str, Any]
+    prompt_id: str | int | None = None
+    group_id: int | None = None
+    sample_index: int = 0
+
+
+@dataclass
+class SlotState:
+    """The live state of one conversation slot; transforms read and change it through its methods.
+
+    Conventions for transforms:
+      * add a message (tool output, user follow-up): ``slot.add_message("tool", text)``;
+      * add reward for this step: ``slot.add_reward(value, name="answer")`` (sums into ``slot.reward``;
+        named parts are kept in ``slot.reward_components``); overwrite with ``slot.set_reward(value)``;
+      * end the episode: ``slot.terminate()`` (the task is over) or ``slot.truncate()`` (cut short);
+      * free-form outputs (success flags, counters): ``slot.info[key] = value``.
+    """
+
+    index: int
+    history: History
+    data: dict[str, Any] = field(default_factory=dict)
+    prompt_id: str | int | None = None
+    group_id: int | None = None
+    sample_index: int = 0
+    turn: int = 0
+    reward: float = 0.0
+    episode_reward: float = 0.0
+    reward_components: dict[str, float] = field(default_factory=dict)
+    terminated: bool = False
+    truncated: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+    responses: list[Response] = field(default_factory=list)
+    token_segments: list[torch.Tensor] = field(default_factory=list)
+    segment_is_policy: list[bool] = field(default_factory=list)
+    prompt_text: str | None = None
+
+    @property
+    def done(self) -> bool:
+        """True once the episode is over (terminated or truncated)."""
+        return self.terminated or self.truncated
+
+    @property
+    def last_response(self) -> Response | None:
+        """The response given at the latest step, or None before the first step."""
+        return self.responses[-1] if self.responses else None
+
+    def last_message(self, role: str | None = None) -> Message | None:
+        """The last message (of ``role`` if given), or None."""
+        for message in reversed(self.history.messages):
+            if role is None or message.role == role:
+                return message
+        return None
+
+    def add_message(self, role: str, content: Any, **fields: Any) -> Message:
+        """Append a message to this slot's conversation and return it."""
+        message = Message(role=role, content=content, **fields)
+        self.history.append(message)
+        return message
+
+    def add_reward(self, value: float, name: str | None = None) -> None:
+        """Add ``value`` to this step's reward; ``name`` also records it in ``reward_components``."""
+        self.reward += float(value)
+        if name is not None:
+            self.reward_components[name] = self.reward_components.get(name, 0.0) + float(value)
+
+    def set_reward(self, value: float) -> None:
+        """Overwrite this step's reward (components are kept as they are)."""
+        self.reward = float(value)
+
+    def terminate(self) -> None:
+        """End the episode because the task is finished (e.g. an answer was given)."""
+        self.terminated = True
+
+    def truncate(self) -> None:
+        """End the episode early (turn limit, token budget)."""
+        self.truncated = True
+
+    def all_tokens(self) -> torch.Tensor:
+        """Tokens mode: the whole conversation's token ids (prompt, responses, tool/template glue)."""
+        return torch.cat(self.token_segments) if self.token_segments else torch.empty(0, dtype=torch.long)
+
+    def policy_mask(self) -> torch.Tensor:
+        """Tokens mode: bool mask over :meth:`all_tokens`, True on tokens the policy sampled."""
+        parts = [
+            torch.full((len(t),), flag, dtype=torch.bool)
+            for t, flag in zip(self.token_segments, self.segment_is_policy, strict=True)
+        ]
+        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.bool)
+
+
+@dataclass
+class EnvOutput:
+    """What ``reset()`` and ``step()`` return: the next prompts and this step's outcome, one entry per slot.
+
+    ``history`` is always set (the conversation to continue); ``text`` (rendered with the generation prompt)
+    is set in text and tokens modes; ``tokens`` in tokens mode. ``reward`` is this step's reward (zeros after
+    reset). A slot whose ``done`` is True needs no further action; ``active`` lists the others.
+    """
+
+    history: HistoryBatch
+    reward: torch.Tensor
+    done: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    turn: torch.Tensor
+    text: list[str] | None = None
+    tokens: list[torch.Tensor] | None = None
+    reward_components: list[dict[str, float]] = field(default_factory=list)
+    info: list[dict[str, Any]] = field(default_factory=list)
+    data: list[dict[str, Any]] = field(default_factory=list)
+    prompt_id: list[str | int | None] = field(default_factory=list)
+    group_id: list[int | None] = field(default_factory=list)
+    sample_index: list[int] = field(default_factory=list)
+    policy_version: int | str | None = None
+
+    @property
+    def batch_size(self) -> int:
+        """Number of slots."""
+        return len(self.history)
+
+    @property
+    def active(self) -> list[int]:
+        """Indices of slots that still need an action (not done)."""
+        return [i for i, d in enumerate(self.done.tolist()) if not d]
+
+    def as_llm_data(self) -> LLMData:
+        """The prompts as an :class:`LLMData` batch for a policy wrapper."""
+        return LLMData(history=self.history, text=self.text, tokens=self.tokens)

@@ -1,0 +1,176 @@
+"""GSM8K: the reward parser on tricky responses (TorchRL reference values) and the env on the shared test set."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmrl_core.builtin_data import gsm8k_gold
+from llmrl_core.data import Response
+from llmrl_core.envs import GSM8KEnv, GSM8KPrepareQuestion, GSM8KRewardParser, make_gsm8k_env
+from llmrl_core.envs.gsm8k_reward import normalize_answer
+
+GSM8K_TEST = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k_test.jsonl"
+
+# Expected values from TorchRL 0.14.1: GSM8KRewardParser(eos_token="<|im_end|>") -- extract_tags on the response
+# without its EOS, then _single_correctness_reward(gold, answer, think) with gold = "x\n#### <gold>".split("#### ")[1].
+# Columns: response, gold, reward, reward_answer, reward_think, success.
+CASES = [
+    ("<think>16-3-4=9, 9*2=18</think> <answer>18</answer>", "18", 1.0, 1.0, 1.0, True),
+    ("<answer>18</answer>", "18", 1.0, 1.0, 0.0, True),
+    ("<answer>$18</answer><|im_end|>", "18", 1.0, 1.0, 0.0, True),
+    ("<answer>18.00</answer>", "18", 1.0, 1.0, 0.0, True),
+    ("<answer>18.</answer>", "18", 1.0, 1.0, 0.0, True),
+    ("<answer>1,000</answer>", "1000", 1.0, 1.0, 0.0, True),
+    ("<answer>50%</answer>", "50", 1.0, 1.0, 0.0, True),
+    ("<answer> 18 </answer>", "18", 1.0, 1.0, 0.0, True),
+    ("<answer>18 dollars</answer>", "18", 0.1, 1.0, 0.0, False),
+    ("<answer>19</answer>", "18", 0.1, 1.0, 0.0, False),
+    ("<answer>17</answer> <answer>18</answer>", "18", 0.1, 1.0, 0.0, False),
+    ("<answer>18</answer> <answer>17</answer>", "18", 1.0, 1.0, 0.0, True),
+    ("The answer is 18.", "18", 0.0, 0.0, 0.0, False),
+    ("<answer></answer>", "18", 0.0, 0.0, 0.0, False),
+    ("<answer>   </answer>", "18", 0.0, 0.0, 0.0, False),
+    ("<answer>18", "18", 0.0, 0.0, 0.0, False),
+    ("<ANSWER>18</ANSWER>", "18", 0.0, 0.0, 0.0, False),
+    ("<think></think><answer>18</answer>", "18", 1.0, 1.0, 0.0, True),
+    ("<think>reasoning</think>", "18", 0.0, 0.0, 1.0, False),
+    ("<answer>\n18\n</answer>", "18", 1.0, 1.0, 0.0, True),
+    ("<answer>0.5</answer>", ".5", 0.1, 1.0, 0.0, False),
+    ("<answer>1.50</answer>", "1.5", 1.0, 1.0, 0.0, True),
+    ("<answer>-3</answer>", "-3", 1.0, 1.0, 0.0, True),
+    ("<answer>3</answer>", "-3", 0.1, 1.0, 0.0, False),
+    ("<answer>100.0</answer>", "100", 1.0, 1.0, 0.0, True),
+    ("<answer>10</answer>", "100", 0.1, 1.0, 0.0, False),
+    ("<answer>$1,234.50</answer>", "1234.5", 1.0, 1.0, 0.0, True),
+    ("<answer>18</answer><|im_end|>", "18", 1.0, 1.0, 0.0, True),
+    ("<think>a <answer>5</answer> b</think><answer>18</answer>", "18", 0.1, 1.0, 1.0, False),
+    ("<answer>0</answer>", "0", 1.0, 1.0, 0.0, True),
+    ("<answer>0.0</answer>", "0", 1.0, 1.0, 0.0, True),
+    ("<answer>7/2</answer>", "3.5", 0.1, 1.0, 0.0, False),
+]
+
+
+@pytest.mark.parametrize(("response", "gold", "reward", "has_answer", "has_think", "success"), CASES)
+def test_reward_parser_matches_torchrl(response, gold, reward, has_answer, has_think, success):
+    out = GSM8KRewardParser(eos_token="<|im_end|>").score(response, f"x\n#### {gold}")
+    assert out["reward"] == pytest.approx(reward, abs=1e-6)
+    assert out["reward_right"] == pytest.approx(reward, abs=1e-6)
+    assert out["reward_answer"] == has_answer and out["reward_think"] == has_think and out["success"] is success
+
+
+def test_normalisation_rules():
+    assert normalize_answer(" $1,234.500 ") == "1234.5"
+    assert normalize_answer("50%") == "50" and normalize_answer("18.") == "18" and normalize_answer("120.0") == "120"
+    assert normalize_answer("100") == "100"  # trailing zeros of integers stay
+
+
+def test_custom_reward_values_and_gold_without_marker():
+    parser = GSM8KRewardParser(format_reward=0.2, correct_reward=2.0)
+    assert parser.score("<answer>3</answer>", "3")["reward"] == 2.0  # a bare gold value works too
+    assert parser.score("<answer>4</answer>", "3")["reward"] == 0.2
+
+
+def test_every_shared_test_gold_answer_scores_as_correct():
+    rows = [json.loads(line) for line in GSM8K_TEST.read_text().splitlines() if line.strip()]
+    assert len(rows) == 1319
+    parser = GSM8KRewardParser()
+    wrong = [
+        i
+        for i, r in enumerate(rows)
+        if not parser.score(f"<answer>{gsm8k_gold(r['answer'])}</answer>", r["answer"])["success"]
+    ]
+    assert wrong == []
+    off_by_one = [
+        r
+        for r in rows
+        if parser.score(f"<answer>{int(gsm8k_gold(r['answer']).replace(',', '')) + 1}</answer>", r["answer"])["success"]
+    ]
+    assert off_by_one == []
+
+
+def test_gsm8k_env_on_the_shared_test_set():
+    env = make_gsm8k_env(str(GSM8K_TEST), batch_size=3, repeats=2, seed=0, chat_template_name="chatml")
+    out = env.reset()
+    assert out.batch_size == 6 and out.group_id == [0, 0, 1, 1, 2, 2]
+    user = out.history[0][1].content
+    assert out.history[0][0].role == "system" and "<answer>" in out.history[0][0].content
+    question = out.data[0]["query"]
+    assert user.startswith(question) and "<answer></answer>" in user
+    golds = [gsm8k_gold(d["answer"]) for d in out.data]
+    responses = [
+        f"<think>work</think> <answer>{golds[0]}</answer><|im_end|>",  # right
+        "<answer>-1</answer>",  # wrong number
+        "I do not know.",  # no tag
+        f"<answer>${golds[3]}.00</answer>",  # right after normalisation
+        "<answer></answer>",  # empty tag
+        Response(f"<answer>{golds[5]}", finish_reason="length"),  # cut before the closing tag
+    ]
+    out = env.step(responses)
+    assert out.reward.tolist() == pytest.approx([1.0, 0.1, 0.0, 1.0, 0.0, 0.0])
+    assert [i["success"] for i in out.info] == [True, False, False, True, False, False]
+    assert out.terminated.tolist() == [True, True, False, True, False, False]  # done once an answer is given
+    assert out.done.all()  # the others hit max_turns=1
+    assert out.reward_components[0] == {"reward_answer": 1.0, "reward_think": 1.0, "reward_right": 1.0}
+
+
+def test_gsm8k_multi_turn_keeps_going_until_an_answer():
+    rows = [{"question": "What is 2+2?", "answer": "2+2=4\n#### 4"}]
+    env = GSM8KEnv(rows, max_turns=3, chat_template_name="chatml", question_template=None)
+    out = env.reset()
+    assert out.history[0][1].content == "What is 2+2?"
+    out = env.step(["Let me think."])
+    assert not out.done.any() and out.reward.tolist() == [0.0]
+    out = env.step(["<answer>4</answer>"])
+    assert out.terminated.all() and out.reward.tolist() == [1.0]
+
+
+def test_gsm8k_defaults_and_errors():
+    env = GSM8KEnv(batch_size=2)  # the shipped train split
+    assert len(env.primer.source) == 7473
+    assert env.reset().batch_size == 2
+    with pytest.raises(ValueError, match="must contain '\\{question\\}'"):
+        GSM8KPrepareQuestion("no placeholder")
+    bad = GSM8KEnv([{"question": "q", "solution": "4"}], chat_template_name="chatml")
+    bad.reset()
+    with pytest.raises(ValueError, match="row has no 'answer' field"):
+        bad.step(["<answer>4</answer>"])
+
+
+@pytest.mark.slow
+def test_gsm8k_env_with_the_packaged_model(hf_model_fp32):
+    """End to end: tokens mode, the real model generates, the env scores the sampled ids (~10 s idle, 70 s loaded)."""
+    model, tokenizer = hf_model_fp32
+    env = make_gsm8k_env(str(GSM8K_TEST), batch_size=1, repeats=2, tokenizer=tokenizer, input_mode="tokens", seed=3)
+    out = env.reset()
+    prompts = out.tokens
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), tokenizer.pad_token_id)
+    attn = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):  # left padding for generation
+        ids[i, width - len(p) :] = p
+        attn[i, width - len(p) :] = 1
+    torch.manual_seed(0)
+    with torch.no_grad():
+        gen = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=16, do_sample=True, temperature=0.7,
+                             pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    responses = []
+    for row in gen[:, width:]:
+        row = row.tolist()
+        if tokenizer.eos_token_id in row:
+            row = row[: row.index(tokenizer.eos_token_id) + 1]
+            reason = "stop"
+        else:
+            row = [t for t in row if t != tokenizer.pad_token_id]
+            reason = "length"
+        responses.append(Response(tokenizer.decode(row), token_ids=torch.tensor(row), finish_reason=reason))
+    out = env.step(responses)
+    assert out.done.all()
+    for i, slot in enumerate(env.slots):
+        assert set(out.reward.tolist()) <= {0.0, 0.1, 1.0}
+        sampled = slot.all_tokens()[slot.policy_mask()]
+        assert sampled.tolist() == responses[i].token_ids.tolist()
+        assert slot.all_tokens()[: len(prompts[i])].tolist() == prompts[i].tolist()
