@@ -6,7 +6,9 @@ import typer
 
 from llmrl_cli.demo import demo
 from llmrl_cli.doctor import doctor
+from llmrl_cli.lineage import lineage
 from llmrl_cli.models import models_app
+from llmrl_cli.trajectories import trajectories_app
 
 app = typer.Typer(
     name="llmrl",
@@ -15,6 +17,8 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(models_app, name="models")
+app.add_typer(trajectories_app, name="trajectories")
+app.command("lineage")(lineage)
 app.command("doctor")(doctor)
 app.command("demo")(demo)
 

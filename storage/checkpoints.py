@@ -1,0 +1,295 @@
+"""Policy checkpoints: one safetensors file per policy version plus a JSON manifest.
+
+Layout (local folder)::
+
+    ROOT/policy_v000003.safetensors
+    ROOT/policy_v000003.manifest.json   # sha256, dtype, parent version, config hash, ...
+
+Design choices:
+
+- The manifest is the commit marker. Weights are written first (temporary name, fsync, rename), the
+  manifest last; a version exists only when its manifest does. A crash in between leaves at most an
+  orphan weights file that no reader sees and the next save of that version replaces.
+- Loading checks the file's sha256 against the manifest (on by default) before trusting it.
+- Tensors that share memory (tied embeddings, e.g. ``lm_head.weight`` is ``embed_tokens.weight``)
+  are stored once; the manifest's ``aliases`` maps the dropped name to the stored one and loading
+  restores the tie (both names point to one tensor).
+- Retention (optional): keep the last ``keep_last`` versions plus every version divisible by
+  ``keep_every``; it runs after each save. Deletion removes the manifest first (invisible at once).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+import re
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from storage.filesystems import temp_name_for
+from storage.hashing import config_hash as compute_config_hash
+from storage.hashing import file_sha256
+
+MANIFEST_FORMAT = 1
+_FILE = re.compile(r"^policy_v(\d{6,})\.manifest\.json$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, corrupt (sha256 mismatch) or inconsistent."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointManifest:
+    """What a checkpoint is: version, parent, content hash, dtypes, config hash and where it lives."""
+
+    policy_version: int
+    parent_version: int | None
+    weights_file: str
+    sha256: str
+    size_bytes: int
+    dtype: str  # the single dtype of all tensors, or "mixed" (see dtypes)
+    dtypes: dict[str, int]
+    num_tensors: int
+    num_parameters: int
+    aliases: dict[str, str]
+    config_hash: str | None
+    model_id: str | None
+    created_at: str
+    metadata: dict[str, Any]
+    format: int = MANIFEST_FORMAT
+
+    def to_json(self) -> str:
+        """The manifest as indented JSON text."""
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str, source: str) -> CheckpointManifest:
+        """Parse a manifest, naming ``source`` and the field when it is malformed."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise CheckpointError(f"{source}: not valid JSON: {err}") from err
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = sorted(n for n in names - set(data) if n != "format")
+        if missing:
+            raise CheckpointError(f"{source}: missing field '{missing[0]}'")
+        if data.get("format", MANIFEST_FORMAT) > MANIFEST_FORMAT:
+            raise CheckpointError(f"{source}: manifest format {data['format']} is newer than {MANIFEST_FORMAT}")
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclasses.dataclass
+class LoadedCheckpoint:
+    """A loaded state dict (ties restored) with its manifest and the weights file path."""
+
+    state_dict: dict[str, torch.Tensor]
+    manifest: CheckpointManifest
+    path: Path
+
+
+def _dedupe_shared(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Drop exact duplicates of shared tensors (recorded as aliases); copy partial overlaps; make contiguous."""
+    stored: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple[Any, ...], str] = {}
+    storages: set[int] = set()
+    for name in sorted(state_dict):
+        tensor = state_dict[name]
+        if not isinstance(tensor, torch.Tensor):
+            raise CheckpointError(f"state_dict['{name}'] is a {type(tensor).__name__}, not a tensor")
+        tensor = tensor.detach()
+        ptr = tensor.untyped_storage().data_ptr()
+        view = (ptr, tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
+        if view in seen:
+            aliases[name] = seen[view]
+            continue
+        if ptr in storages:
+            tensor = tensor.clone()
+        storages.add(ptr)
+        seen[view] = name
+        stored[name] = tensor.contiguous().cpu()
+    return stored, aliases
+
+
+class CheckpointStore:
+    """Save and load policy weights by version in a local folder, atomically, with optional retention."""
+
+    def __init__(self, root: str | os.PathLike[str], keep_last: int | None = None, keep_every: int | None = None):
+        self.root = Path(root).expanduser().absolute()
+        if keep_last is not None and keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        if keep_every is not None and keep_every < 1:
+            raise ValueError(f"keep_every must be >= 1, got {keep_every}")
+        self.keep_last = keep_last
+        self.keep_every = keep_every
+
+    def __repr__(self) -> str:
+        return f"CheckpointStore({str(self.root)!r}, keep_last={self.keep_last}, keep_every={self.keep_every})"
+
+    def weights_path(self, version: int) -> Path:
+        """Path of the safetensors file of a version."""
+        return self.root / f"policy_v{_check_version(version):06d}.safetensors"
+
+    def manifest_path(self, version: int) -> Path:
+        """Path of the manifest of a version."""
+        return self.root / f"policy_v{_check_version(version):06d}.manifest.json"
+
+    def versions(self) -> list[int]:
+        """Committed versions (those with a manifest), ascending."""
+        if not self.root.is_dir():
+            return []
+        return sorted(int(m.group(1)) for p in self.root.iterdir() if (m := _FILE.match(p.name)))
+
+    def latest_version(self) -> int | None:
+        """The highest committed version, or None when the store is empty."""
+        found = self.versions()
+        return found[-1] if found else None
+
+    def manifest(self, version: int | None = None) -> CheckpointManifest:
+        """The manifest of a version (latest when None)."""
+        version = self._resolve(version)
+        path = self.manifest_path(version)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError as err:
+            raise CheckpointError(f"no checkpoint for policy version {version} in {self.root}") from err
+        manifest = CheckpointManifest.from_json(text, str(path))
+        if manifest.policy_version != version:
+            raise CheckpointError(f"{path}: field 'policy_version' is {manifest.policy_version}, expected {version}")
+        return manifest
+
+    def save(
+        self,
+        state_dict: Mapping[str, torch.Tensor],
+        policy_version: int,
+        *,
+        parent_version: int | None = None,
+        config: Any = None,
+        config_hash: str | None = None,
+        model_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> CheckpointManifest:
+        """Write the weights of ``policy_version`` and its manifest atomically; returns the manifest.
+
+        Saving a version again replaces it (idempotent re-runs). ``config`` is hashed with
+        :func:`storage.hashing.config_hash` unless ``config_hash`` is given.
+        """
+        _check_version(policy_version)
+        if parent_version is not None and _check_version(parent_version) >= policy_version:
+            raise CheckpointError(f"parent_version {parent_version} must be lower than policy_version {policy_version}")
+        if config is not None:
+            computed = compute_config_hash(config)
+            if config_hash is not None and config_hash != computed:
+                raise CheckpointError(f"config_hash {config_hash} does not match the given config ({computed})")
+            config_hash = computed
+        tensors, aliases = _dedupe_shared(state_dict)
+        if not tensors:
+            raise CheckpointError("refusing to save an empty state_dict")
+        self.root.mkdir(parents=True, exist_ok=True)
+        weights = self.weights_path(policy_version)
+        header = {"policy_version": str(policy_version), "format": "llmrl"}
+        temp = Path(temp_name_for(str(weights)))
+        try:
+            save_file(tensors, str(temp), metadata=header)
+            with open(temp, "rb+") as fh:
+                os.fsync(fh.fileno())
+            sha = file_sha256(temp)
+            size = temp.stat().st_size
+            os.replace(temp, weights)
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
+        dtypes = Counter(str(t.dtype).removeprefix("torch.") for t in tensors.values())
+        manifest = CheckpointManifest(
+            policy_version=policy_version,
+            parent_version=parent_version,
+            weights_file=weights.name,
+            sha256=sha,
+            size_bytes=size,
+            dtype=next(iter(dtypes)) if len(dtypes) == 1 else "mixed",
+            dtypes=dict(sorted(dtypes.items())),
+            num_tensors=len(tensors),
+            num_parameters=sum(t.numel() for t in tensors.values()),
+            aliases=aliases,
+            config_hash=config_hash,
+            model_id=model_id,
+            created_at=dt.datetime.now(dt.UTC).isoformat(),
+            metadata=dict(metadata or {}),
+        )
+        _write_text_atomic(self.manifest_path(policy_version), manifest.to_json())
+        self.apply_retention(protect=policy_version)
+        return manifest
+
+    def load(self, version: int | None = None, *, device: str = "cpu", verify: bool = True) -> LoadedCheckpoint:
+        """Load a version (latest when None); with ``verify`` the sha256 must match the manifest."""
+        manifest = self.manifest(version)
+        path = self.root / manifest.weights_file
+        if not path.is_file():
+            raise CheckpointError(f"{path}: weights file of policy version {manifest.policy_version} is missing")
+        if verify:
+            actual = file_sha256(path)
+            if actual != manifest.sha256:
+                raise CheckpointError(
+                    f"{path}: sha256 {actual} does not match the manifest's {manifest.sha256} (corrupt checkpoint)"
+                )
+        state = load_file(str(path), device=device)
+        for alias, target in manifest.aliases.items():
+            state[alias] = state[target]
+        return LoadedCheckpoint(state_dict=state, manifest=manifest, path=path)
+
+    def delete(self, version: int) -> None:
+        """Remove a version: the manifest first (invisible at once), then the weights."""
+        self.manifest_path(version).unlink(missing_ok=True)
+        self.weights_path(version).unlink(missing_ok=True)
+
+    def retained(self, versions: list[int]) -> set[int]:
+        """Which of ``versions`` the retention policy keeps (all when no policy is set)."""
+        if self.keep_last is None and self.keep_every is None:
+            return set(versions)
+        keep = set(sorted(versions)[-self.keep_last :]) if self.keep_last else set()
+        if self.keep_every:
+            keep |= {v for v in versions if v % self.keep_every == 0}
+        return keep
+
+    def apply_retention(self, protect: int | None = None) -> list[int]:
+        """Delete versions the policy does not keep (never ``protect``); returns the deleted versions."""
+        versions = self.versions()
+        keep = self.retained(versions) | ({protect} if protect is not None else set())
+        removed = [v for v in versions if v not in keep]
+        for version in removed:
+            self.delete(version)
+        return removed
+
+    def _resolve(self, version: int | None) -> int:
+        if version is not None:
+            return _check_version(version)
+        latest = self.latest_version()
+        if latest is None:
+            raise CheckpointError(f"no checkpoints in {self.root}")
+        return latest
+
+
+def _check_version(version: int) -> int:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise CheckpointError(f"policy version must be an int >= 0, got {version!r}")
+    return version
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    temp = Path(temp_name_for(str(path)))
+    try:
+        with open(temp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise

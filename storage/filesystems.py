@@ -1,0 +1,129 @@
+"""Resolve a local path or URI to a pyarrow filesystem, and publish files atomically on it.
+
+Every store in ``storage`` speaks pyarrow's filesystem API, so the same code runs on a local folder,
+``file://`` URIs, pyarrow's native filesystems (``s3://``, ``gs://``, ``hdfs://``) and any fsspec
+filesystem (``memory://``, ``s3://`` through s3fs, ...), which is wrapped with ``FSSpecHandler``.
+pyarrow is asked first; a scheme it does not know goes to fsspec.
+
+Atomic publication: a file is written under a temporary name that starts with ``.`` in the same
+folder, then renamed over the final name. On a local disk the rename is ``os.replace`` after an
+``fsync`` (atomic on POSIX); on an object store the final object appears only once it is complete.
+Readers skip names that start with ``.`` or ``_`` (pyarrow's own convention), so a crash between the
+temporary write and the rename leaves nothing visible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+TEMP_MARKER = ".tmp-"
+
+
+def resolve_filesystem(root: str | os.PathLike[str], filesystem: Any = None) -> tuple[pafs.FileSystem, str]:
+    """Return ``(pyarrow filesystem, path on it)`` for a local path or URI.
+
+    ``filesystem`` may be given explicitly (a pyarrow filesystem or an fsspec one); ``root`` is then a
+    path on it.
+    """
+    root = os.fspath(root)
+    if filesystem is not None:
+        if not isinstance(filesystem, pafs.FileSystem):
+            filesystem = pafs.PyFileSystem(pafs.FSSpecHandler(filesystem))
+        return filesystem, root.rstrip("/") or "/"
+    if "://" not in root:
+        return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(root))
+    try:
+        fs, path = pafs.FileSystem.from_uri(root)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
+        import fsspec
+
+        fsspec_fs, path = fsspec.core.url_to_fs(root)
+        fs = pafs.PyFileSystem(pafs.FSSpecHandler(fsspec_fs))
+    return fs, path.rstrip("/") or "/"
+
+
+def is_local(fs: pafs.FileSystem) -> bool:
+    """True for pyarrow's local filesystem (where os-level rename and fsync apply)."""
+    return isinstance(fs, pafs.LocalFileSystem)
+
+
+def is_temp_name(name: str) -> bool:
+    """True for names readers must skip: temporary files and hidden/underscore files."""
+    base = name.rsplit("/", 1)[-1]
+    return base.startswith((".", "_")) or TEMP_MARKER in base
+
+
+def temp_name_for(path: str) -> str:
+    """A unique hidden temporary name in the same folder as ``path``."""
+    folder, _, base = path.rpartition("/")
+    return f"{folder}/.{base}{TEMP_MARKER}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def publish(fs: pafs.FileSystem, temp_path: str, final_path: str) -> None:
+    """Rename a completely written temporary file over its final name (replacing an older one)."""
+    if is_local(fs):
+        os.replace(temp_path, final_path)
+        _fsync_dir(os.path.dirname(final_path))
+    else:
+        fs.move(temp_path, final_path)
+
+
+def write_bytes_atomic(fs: pafs.FileSystem, path: str, data: bytes | pa.Buffer) -> None:
+    """Write ``data`` to ``path`` atomically: temporary file in the same folder, then rename."""
+    folder = path.rpartition("/")[0]
+    fs.create_dir(folder, recursive=True)
+    temp = temp_name_for(path)
+    try:
+        if is_local(fs):
+            with open(temp, "wb") as fh:
+                fh.write(memoryview(data))
+                fh.flush()
+                os.fsync(fh.fileno())
+        else:
+            with fs.open_output_stream(temp) as out:
+                out.write(data)
+        publish(fs, temp, path)
+    except BaseException:
+        _remove_quietly(fs, temp)
+        raise
+
+
+def read_bytes(fs: pafs.FileSystem, path: str) -> bytes:
+    """The whole content of a file."""
+    with fs.open_input_stream(path) as stream:
+        return stream.read()
+
+
+def sha256_of(fs: pafs.FileSystem, path: str, chunk: int = 1 << 22) -> str:
+    """Hex sha256 of a file, streamed."""
+    digest = hashlib.sha256()
+    with fs.open_input_stream(path) as stream:
+        while block := stream.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync_dir(folder: str) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _remove_quietly(fs: pafs.FileSystem, path: str) -> None:
+    try:
+        fs.delete_file(path)
+    except (OSError, pa.ArrowException):
+        pass

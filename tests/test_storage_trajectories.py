@@ -1,0 +1,322 @@
+"""The Parquet trajectory store: schema round trip, atomic idempotent shards, validation, selection, URIs."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import datasets
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+from storage_records import make_records
+
+import storage.filesystems
+from storage.schema import (
+    SCHEMA_VERSION,
+    SCHEMA_VERSION_KEY,
+    TRAJECTORY_SCHEMA,
+    TrajectoryValidationError,
+    records_to_table,
+    table_to_records,
+)
+from storage.trajectories import PARTITIONING, TrajectoryStore, TrajectoryStoreError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(default_model_path)
+
+
+@pytest.fixture(scope="module")
+def records(tokenizer):
+    return make_records("run-a", 3, n_prompts=2, group_size=4, tokenizer=tokenizer)
+
+
+def _visible_files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*.parquet") if not p.name.startswith("."))
+
+
+def test_every_field_round_trips(tmp_path, records):
+    store = TrajectoryStore(tmp_path)
+    store.write_shard("run-a", 3, 0, records)
+    back = store.read_records("run-a", version=3)
+    assert back == records  # dataclass equality: every field, nested lists, maps, None, tz-aware timestamps
+    multi_turn = back[3]
+    assert multi_turn.tool_calls[0]["name"] == "python" and multi_turn.messages[2]["role"] == "tool"
+    assert False in multi_turn.response_mask and back[1].ref_logprobs is None and back[0].ref_logprobs
+    # float32 per-token values survive bit for bit
+    np.testing.assert_array_equal(
+        np.asarray(back[0].sampler_logprobs, dtype=np.float32), np.asarray(records[0].sampler_logprobs, np.float32)
+    )
+    # the same rows through datasets.Dataset (map column becomes key/value entries)
+    dataset = store.read_dataset("run-a", version=3)
+    assert isinstance(dataset, datasets.Dataset) and len(dataset) == len(records)
+    assert dataset[0]["response_tokens"] == records[0].response_tokens
+    assert {e["key"]: e["value"] for e in dataset[0]["reward_components"]} == records[0].reward_components
+    assert dataset[3]["messages"] == records[3].messages
+
+
+def test_schema_version_is_in_the_file_metadata(tmp_path, records):
+    store = TrajectoryStore(tmp_path)
+    info = store.write_shard("run-a", 3, 0, records)
+    assert pq.read_schema(info.path).metadata[SCHEMA_VERSION_KEY] == str(SCHEMA_VERSION).encode()
+    assert pq.read_schema(info.path).remove_metadata() == TRAJECTORY_SCHEMA.remove_metadata()
+    assert hashlib.sha256(Path(info.path).read_bytes()).hexdigest() == info.sha256
+    # a shard from a newer schema is refused, naming the file
+    newer = records_to_table(records).replace_schema_metadata({SCHEMA_VERSION_KEY: b"99"})
+    pq.write_table(newer, tmp_path / "run_id=run-a" / "policy_version=3" / "shard-00001.parquet")
+    with pytest.raises(TrajectoryStoreError, match="shard-00001.parquet has schema version 99"):
+        store.read_table("run-a")
+
+
+CRASHING_WRITER = textwrap.dedent(
+    """
+    import os, sys
+    sys.path.insert(0, {tests!r})
+    import storage.filesystems
+    from storage.trajectories import TrajectoryStore
+    from storage_records import make_records
+
+    def die(*args, **kwargs):
+        os._exit(17)  # the process dies between the complete temporary write and the rename
+
+    storage.filesystems.publish = die
+    records = make_records("run-a", 3, n_prompts=1, group_size=3, seed=99)
+    TrajectoryStore({root!r}).write_shard("run-a", 3, 0, records)
+    """
+)
+
+
+def test_crash_between_temp_write_and_rename_leaves_no_visible_shard(tmp_path, records):
+    store = TrajectoryStore(tmp_path)
+    script = CRASHING_WRITER.format(tests=str(ROOT / "tests"), root=str(tmp_path))
+
+    # 1. first write of a shard dies: a hidden temp file is left, no reader sees anything
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 17, proc.stderr[-2000:]
+    partition = tmp_path / "run_id=run-a" / "policy_version=3"
+    leftovers = [p.name for p in partition.iterdir()]
+    assert len(leftovers) == 1 and leftovers[0].startswith(".shard-00000.parquet.tmp-")
+    assert pq.ParquetFile(partition / leftovers[0]).metadata.num_rows == 3  # it was complete, just unpublished
+    assert store.shards() == [] and store.read_table("run-a").num_rows == 0
+    assert ds.dataset(tmp_path, schema=TRAJECTORY_SCHEMA, partitioning=PARTITIONING).count_rows() == 0
+
+    # 2. the re-run writes the shard; the stale temp file is still ignored
+    store.write_shard("run-a", 3, 0, records)
+    assert [s.name for s in store.shards()] == ["shard-00000.parquet"]
+    assert store.read_records("run-a") == records
+
+    # 3. a crash while replacing an existing shard leaves the old complete shard in place
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 17, proc.stderr[-2000:]
+    assert store.read_records("run-a") == records
+    assert _visible_files(tmp_path) == ["run_id=run-a/policy_version=3/shard-00000.parquet"]
+
+    # 4. the two stale temporary files can be reclaimed; fresh ones are left to live writers
+    assert store.remove_stale_temp_files(min_age_s=3600) == []
+    assert len(store.remove_stale_temp_files(min_age_s=0)) == 2
+    assert [p.name for p in partition.iterdir()] == ["shard-00000.parquet"]
+    assert store.read_records("run-a") == records
+
+
+def test_failed_write_on_an_fsspec_filesystem_leaves_nothing(monkeypatch, records):
+    fs = fsspec.filesystem("memory")
+    store = TrajectoryStore("crash-test", filesystem=fs)
+
+    def fail(*args, **kwargs):
+        raise OSError("injected failure before the rename")
+
+    monkeypatch.setattr(storage.filesystems, "publish", fail)
+    with pytest.raises(OSError, match="injected"):
+        store.write_shard("run-a", 3, 0, records)
+    assert fs.find("/crash-test") == []  # the temporary object was removed too
+    assert store.read_table().num_rows == 0
+    fs.rm("/crash-test", recursive=True)
+
+
+def test_writing_a_shard_again_replaces_it(tmp_path, records):
+    store = TrajectoryStore(tmp_path)
+    first = store.write_shard("run-a", 3, 0, records)
+    again = store.write_shard("run-a", 3, 0, records)
+    assert again.sha256 == first.sha256  # same rows, same bytes
+    assert store.read_table("run-a").num_rows == len(records)  # not doubled
+    rerun = [dataclasses.replace(r, reward=r.reward + 1.0) for r in records[:5]]  # a re-run sampled differently
+    store.write_shard("run-a", 3, 0, rerun)
+    assert _visible_files(tmp_path) == ["run_id=run-a/policy_version=3/shard-00000.parquet"]
+    assert store.read_records("run-a") == rerun
+    store.write_shard("run-a", 3, "rollout-worker-1", records)
+    assert [s.name for s in store.shards()] == ["rollout-worker-1.parquet", "shard-00000.parquet"]
+
+
+BAD_ROWS = [
+    ({"response_mask": [True]}, "response_mask"),
+    ({"sampler_logprobs": [0.5]}, "sampler_logprobs"),
+    ({"ref_logprobs": [float("nan")]}, "ref_logprobs"),
+    ({"reward": float("inf")}, "reward"),
+    ({"reward": "1.0"}, "reward"),
+    ({"prompt_tokens": [1, -5]}, "prompt_tokens"),
+    ({"response_tokens": [1, "x"]}, "response_tokens"),
+    ({"messages": [{"role": "robot", "content": "hi"}]}, "messages"),
+    ({"messages": "hello"}, "messages"),
+    ({"finish_reason": None}, "finish_reason"),
+    ({"finish_reason": ""}, "finish_reason"),
+    ({"sample_index": -1}, "sample_index"),
+    ({"policy_version": True}, "policy_version"),
+    ({"num_tool_calls": 3}, "num_tool_calls"),
+    ({"reward_components": {"format": float("nan")}}, "reward_components"),
+    ({"sampling_params": {"temprature": 0.7}}, "sampling_params"),
+    ({"created_at": __import__("datetime").datetime(2026, 1, 1)}, "created_at"),
+]
+
+
+@pytest.mark.parametrize(("change", "field"), BAD_ROWS, ids=[f for _, f in BAD_ROWS])
+def test_a_malformed_row_is_rejected_naming_the_row_and_field(tmp_path, records, change, field):
+    rows = [dataclasses.asdict(r) for r in records[:4]]
+    n_tokens = len(rows[2]["response_tokens"])
+    if field == "response_mask":
+        change = {field: change[field] * (n_tokens - 1)}  # one entry short
+    elif field in ("sampler_logprobs", "ref_logprobs"):
+        change = {field: change[field] * n_tokens}  # right length, impossible values
+    rows[2].update(change)
+    if field == "num_tool_calls":
+        rows[2]["tool_calls"] = [{"turn": 0, "name": "python", "arguments": "{}", "result": "", "error": False}]
+    store = TrajectoryStore(tmp_path)
+    with pytest.raises(TrajectoryValidationError, match=rf"row 2: field '{field}'"):
+        store.write_shard("run-a", 3, 0, rows)
+    assert store.shards() == []
+
+
+def test_rows_must_belong_to_the_shard_partition(tmp_path, records):
+    store = TrajectoryStore(tmp_path)
+    with pytest.raises(TrajectoryValidationError, match="row 0: field 'policy_version': 3 does not match"):
+        store.write_shard("run-a", 4, 0, records)
+    with pytest.raises(TrajectoryValidationError, match="row 0: field 'run_id'"):
+        store.write_shard("run-b", 3, 0, records)
+    with pytest.raises(TrajectoryStoreError, match="invalid run id"):
+        store.write_shard("../escape", 3, 0, records)
+    with pytest.raises(TrajectoryValidationError, match="missing field 'reward'"):
+        store.write_shard("run-a", 3, 0, records_to_table(records).drop_columns(["reward"]))
+
+
+def _fill(store: TrajectoryStore, tokenizer) -> list:
+    everything = []
+    for run in ("run-a", "run-b"):
+        for version in range(4):
+            rows = make_records(run, version, n_prompts=2, group_size=4, tokenizer=tokenizer)
+            store.write_shard(run, version, 0, rows[:4])
+            store.write_shard(run, version, 1, rows[4:])
+            everything.extend(rows)
+    return everything
+
+
+def test_readers_select_by_run_version_range_and_filters(tmp_path, tokenizer):
+    store = TrajectoryStore(tmp_path)
+    everything = _fill(store, tokenizer)
+    assert store.runs() == ["run-a", "run-b"] and store.versions("run-b") == [0, 1, 2, 3]
+
+    def expected(predicate):
+        return [r for r in everything if predicate(r)]
+
+    assert store.read_records("run-b", version=2) == expected(lambda r: r.run_id == "run-b" and r.policy_version == 2)
+    got = store.read_records("run-a", min_version=1, max_version=2, min_reward=0.5)
+    assert got == expected(lambda r: r.run_id == "run-a" and 1 <= r.policy_version <= 2 and r.reward >= 0.5)
+    got = store.read_records(finish_reason="length", filter=pc.field("advantage") < 0)
+    assert got == expected(lambda r: r.finish_reason == "length" and r.advantage < 0)
+    assert len(got) > 0
+    assert store.read_table(["run-a", "run-b"], max_version=0).num_rows == 16
+    table = store.read_table("run-a", columns=["reward", "policy_version"])
+    assert table.column_names == ["reward", "policy_version"] and table.num_rows == 32
+    batches = list(store.iter_batches("run-b", batch_size=3))
+    assert all(b.num_rows <= 3 for b in batches) and sum(b.num_rows for b in batches) == 32
+    assert pa.Table.from_batches(batches).equals(store.read_table("run-b"))
+    dataset = store.read_dataset("run-a", version=3, min_reward=1.0)
+    best = expected(lambda r: r.run_id == "run-a" and r.policy_version == 3 and r.reward >= 1.0)
+    assert dataset["reward"] == [r.reward for r in best] and len(best) > 0
+    with pytest.raises(TrajectoryStoreError, match="empty version range"):
+        store.read_table("run-a", min_version=3, max_version=1)
+    assert store.read_table("run-c").num_rows == 0
+    # the layout is plain hive partitioning: any pyarrow reader gets the same rows
+    generic = ds.dataset(tmp_path, schema=TRAJECTORY_SCHEMA, partitioning=PARTITIONING).to_table()
+    assert generic.num_rows == len(everything)
+    assert sorted(generic.column("reward").to_pylist()) == sorted(r.reward for r in everything)
+
+
+@pytest.mark.parametrize("kind", ["local-path", "file-uri", "memory-uri", "fsspec-object"])
+def test_the_same_code_works_on_paths_and_uris(tmp_path, records, kind):
+    if kind == "local-path":
+        store = TrajectoryStore(tmp_path / "store")
+    elif kind == "file-uri":
+        store = TrajectoryStore((tmp_path / "store").as_uri())
+    elif kind == "memory-uri":
+        store = TrajectoryStore(f"memory://llmrl-test-{os.getpid()}/store")
+    else:
+        store = TrajectoryStore(f"/llmrl-obj-{os.getpid()}/store", filesystem=fsspec.filesystem("memory"))
+    store.write_shard("run-a", 3, 0, records)
+    store.write_shard("run-a", 3, 0, records)
+    store.write_shard("run-a", 4, 0, [dataclasses.replace(r, policy_version=4) for r in records])
+    assert [(s.policy_version, s.name) for s in store.shards()] == [
+        (3, "shard-00000.parquet"),
+        (4, "shard-00000.parquet"),
+    ]
+    assert store.read_records("run-a", version=3) == records
+    assert store.partition_digest("run-a", 3)[1] == len(records)
+    if kind in ("local-path", "file-uri"):
+        assert _visible_files(tmp_path / "store") == [
+            "run_id=run-a/policy_version=3/shard-00000.parquet",
+            "run_id=run-a/policy_version=4/shard-00000.parquet",
+        ]
+    else:
+        fsspec.filesystem("memory").rm(store.root.split("/store")[0], recursive=True)
+
+
+@pytest.fixture
+def moto_s3():
+    moto_server = pytest.importorskip("moto.server", reason="moto is not installed (pip install 'moto[s3]')")
+    import boto3
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+    boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1").create_bucket(Bucket="llmrl")
+    yield f"{host}:{port}"
+    server.stop()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def test_s3_uri_against_a_local_moto_server(moto_s3, records):
+    uri = f"s3://llmrl/trajectories?endpoint_override={moto_s3}&scheme=http&region=us-east-1"
+    store = TrajectoryStore(uri)
+    store.write_shard("run-a", 3, 0, records)
+    store.write_shard("run-a", 3, 0, records)
+    assert [s.name for s in store.shards()] == ["shard-00000.parquet"]
+    assert store.read_records("run-a", version=3) == records
+    keys = [info.path for info in store.fs.get_file_info(pafs.FileSelector("llmrl", recursive=True)) if info.size]
+    assert keys == ["llmrl/trajectories/run_id=run-a/policy_version=3/shard-00000.parquet"]  # no temp object left
+    assert store.partition_uri("run-a", 3) == uri.replace("?", "/run_id=run-a/policy_version=3?")
+
+
+def test_table_to_records_inverts_records_to_table(records):
+    table = records_to_table(records)
+    assert table_to_records(table) == records
+    assert records_to_table(table_to_records(table)).equals(table)
