@@ -1,0 +1,138 @@
+"""``MCPToolTransform``: the env calls MCP tools that the assistant asks for, and appends the results.
+
+After each step the last assistant message of every active slot is parsed for tool calls (JSON and
+XML-tag forms, see :mod:`llmrl_core.tools.tool_calls`); all calls of all slots go out together and run
+concurrently (:class:`~llmrl_core.tools.mcp_client.MCPClientPool`), each under ``timeout``. Every call
+adds one message with role ``"tool"`` (outside the assistant mask), worded as TorchRL words it::
+
+    Tool calc.add executed successfully:
+    5.0
+
+    Tool calc.divide failed:
+    division by zero
+
+An unknown tool, arguments that are not JSON, a server error, a timeout or a crashed server all become a
+"failed" message with the reason; nothing raises out of the env. Servers are started (stdio) or connected
+(HTTP) when the transform is built, as in TorchRL, so a bad configuration fails early and loudly.
+:meth:`MCPToolTransform.describe_tools` gives the text to put in the system prompt.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from llmrl_core.envs.transforms.base import Transform
+from llmrl_core.envs.types import SlotState
+from llmrl_core.tools.mcp_client import MCPCallResult, MCPClientPool, MCPServerSpec, MCPToolInfo
+from llmrl_core.tools.tool_calls import ToolCall, ToolCallFormat, parse_tool_calls
+
+
+def format_tool_result(result: MCPCallResult, max_chars: int) -> str:
+    """One tool message in TorchRL's wording, cut to ``max_chars`` characters of payload."""
+    body = result.text if result.ok else result.error
+    if len(body) > max_chars:
+        body = body[:max_chars] + f"\n[output truncated: {len(body)} characters in all]"
+    verdict = "executed successfully" if result.ok else "failed"
+    return f"Tool {result.tool} {verdict}:\n{body}"
+
+
+class MCPToolTransform(Transform):
+    """Call MCP tools named in the assistant's message and append the results as ``tool`` messages.
+
+    Args:
+        servers: ``{name: {"command": ..., "args": [...], "env": {...}}}`` for stdio servers, or
+            ``{name: {"url": "http://127.0.0.1:PORT/mcp"}}`` for Streamable HTTP (TorchRL's ``servers``).
+        tool_call_format: ``"auto"`` (JSON and XML forms), ``"json"`` or ``"xml"``.
+        timeout: seconds per tool call. connect_timeout: seconds to start/connect each server.
+        tool_role: role of the result messages. max_calls: calls honoured per message (others fail).
+        max_result_chars: result text kept per call.
+    """
+
+    def __init__(
+        self,
+        servers: Mapping[str, Mapping[str, Any] | MCPServerSpec],
+        tool_call_format: ToolCallFormat = "auto",
+        timeout: float = 10.0,
+        connect_timeout: float = 30.0,
+        tool_role: str = "tool",
+        max_calls: int = 8,
+        max_result_chars: int = 4000,
+    ) -> None:
+        super().__init__()
+        if tool_call_format not in ("auto", "json", "xml"):
+            raise ValueError(f"tool_call_format must be 'auto', 'json' or 'xml', got {tool_call_format!r}")
+        if timeout <= 0 or max_calls < 1 or max_result_chars < 1:
+            raise ValueError("timeout, max_calls and max_result_chars must be positive")
+        self.tool_call_format: ToolCallFormat = tool_call_format
+        self.timeout = timeout
+        self.tool_role = tool_role
+        self.max_calls = max_calls
+        self.max_result_chars = max_result_chars
+        self.pool = MCPClientPool(servers, connect_timeout=connect_timeout, call_timeout=timeout)
+
+    @property
+    def tools(self) -> dict[str, MCPToolInfo]:
+        """The available tools by qualified name ``<server>.<tool>``."""
+        return self.pool.tools
+
+    def describe_tools(self) -> str:
+        """A plain-text tool list with JSON argument schemas and the call syntax, for a system prompt."""
+        lines = ["You can call these tools:"]
+        for name, tool in sorted(self.tools.items()):
+            schema = json.dumps(tool.input_schema.get("properties", {}), separators=(",", ":"))
+            lines.append(f"- {name}: {tool.description.strip()} Arguments: {schema}")
+        lines.append(
+            'To call a tool, write <tool_call>{"name": "<tool>", "arguments": {...}}</tool_call> '
+            "(or <tool>TOOL_NAME\\n{json arguments}</tool>). Results come back in a tool message."
+        )
+        return "\n".join(lines)
+
+    def on_step(self, slots: list[SlotState]) -> None:
+        """Parse every active slot's last assistant message, run all calls concurrently, append results."""
+        role = getattr(self.parent, "policy_role", "assistant")
+        per_slot: list[tuple[SlotState, list[ToolCall]]] = []
+        for slot in slots:
+            if slot.done:
+                continue
+            message = slot.last_message()
+            if message is None or message.role != role:
+                continue
+            calls = parse_tool_calls(message.text, self.tool_call_format)
+            if calls:
+                per_slot.append((slot, calls))
+        if not per_slot:
+            return
+        requests = [
+            (call.name, call.arguments)
+            for _, calls in per_slot
+            for call in calls[: self.max_calls]
+            if not call.error and call.name
+        ]
+        results = iter(self.pool.call_many(requests, self.timeout))
+        for slot, calls in per_slot:
+            for k, call in enumerate(calls):
+                if k >= self.max_calls:
+                    result = MCPCallResult(call.name, False, error=f"skipped: at most {self.max_calls} calls per turn")
+                elif call.error or not call.name:
+                    result = MCPCallResult(call.name or "<unnamed>", False, error=call.error or "no tool name")
+                else:
+                    result = next(results)
+                slot.add_message(self.tool_role, format_tool_result(result, self.max_result_chars))
+                slot.info["num_tool_calls"] = slot.info.get("num_tool_calls", 0) + 1
+                if not result.ok:
+                    slot.info["tool_errors"] = slot.info.get("tool_errors", 0) + 1
+
+    def close(self) -> None:
+        """Stop the MCP servers and the client loop."""
+        self.pool.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 (interpreter shutdown)
+            pass
+
+    def __repr__(self) -> str:
+        return f"MCPToolTransform(servers={sorted(self.pool.specs)}, tools={len(self.tools)})"

@@ -1,0 +1,1 @@
+"""Small real MCP servers shipped with llmrl (for tests, demos and as examples to copy)."""

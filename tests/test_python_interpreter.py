@@ -1,0 +1,126 @@
+"""PythonInterpreter inside ChatEnv: TorchRL's message format, persistent and one-shot modes, masking."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from transformers import AutoTokenizer
+
+from llmrl_core.envs.chat_env import ChatEnv
+from llmrl_core.tools.python_interpreter import PythonInterpreter, extract_python_blocks
+
+
+def block(code: str) -> str:
+    return f"```python\n{code}\n```"
+
+
+@pytest.fixture
+def make_env():
+    made = []
+
+    def factory(batch_size=2, **kwargs):
+        interp = PythonInterpreter(timeout=3, **kwargs)
+        env = ChatEnv(batch_size=batch_size, system_prompt="Use Python.")
+        env.append_transform(interp)
+        made.append(interp)
+        return env, interp
+
+    yield factory
+    for interp in made:
+        interp.close()
+
+
+def tool_messages(history, since=0):
+    return [m.text for m in history.messages[since:] if m.role == "tool"]
+
+
+def test_extract_python_blocks_follows_torchrl_fences():
+    text = "a\n```python\nx = 1\n```\nb ```python\nprint(x)\n```\n```py\nignored\n```\n```python\nno close"
+    assert extract_python_blocks(text) == ["x = 1", "print(x)"]
+
+
+def test_messages_use_torchrl_wording_and_tool_role(make_env):
+    env, _ = make_env(batch_size=1)
+    env.reset(["compute"])
+    out = env.step([f"Two blocks.\n{block('print(6 * 7)')}\nand\n{block('1 / 0')}"])
+    msgs = out.history[0].messages
+    assert [m.role for m in msgs[-3:]] == ["assistant", "tool", "tool"]
+    assert msgs[-2].text == "Code block 1 executed successfully:\n42\n"
+    assert msgs[-1].text.startswith("Code block 2 failed:\nTraceback (most recent call last):")
+    assert msgs[-1].text.rstrip().endswith("ZeroDivisionError: division by zero")
+    assert out.info[0]["python_blocks"] == 2 and out.info[0]["python_failures"] == 1
+
+
+def test_no_code_no_message(make_env):
+    env, _ = make_env(batch_size=1)
+    env.reset(["hi"])
+    out = env.step(["Just text, `inline` code and ```\nunlabelled fence\n```"])
+    assert out.history[0].messages[-1].role == "assistant"
+
+
+def test_persistent_state_survives_turns_and_is_reset_with_the_env(make_env):
+    env, interp = make_env(persistent=True)
+    env.reset(["a", "b"])
+    env.step([block("x = 40"), block("x = 'slot one'")])
+    out = env.step([block("x += 2\nprint(x)"), block("print(x)")])
+    assert tool_messages(out.history[0])[-1] == "Code block 1 executed successfully:\n42\n"
+    assert tool_messages(out.history[1])[-1] == "Code block 1 executed successfully:\nslot one\n"
+    env.step([block("open('notes.txt', 'w').write('kept')"), block("pass")])
+    out = env.step([block("print(open('notes.txt').read())"), block("pass")])
+    assert tool_messages(out.history[0])[-1].endswith("kept\n")
+    env.reset(["a", "b"])
+    assert interp._sandboxes == {}
+    out = env.step([block("print(x)"), block("print('fresh')")])
+    assert "NameError: name 'x' is not defined" in tool_messages(out.history[0])[-1]
+
+
+def test_one_shot_mode_keeps_nothing(make_env):
+    env, interp = make_env(batch_size=1, persistent=False)
+    env.reset(["a"])
+    env.step([block("y = 5")])
+    out = env.step([block("print(y)")])
+    assert "NameError" in tool_messages(out.history[0])[-1]
+    assert interp._sandboxes == {}
+
+
+def test_timeout_and_crash_are_reported_and_env_goes_on(make_env):
+    env, _ = make_env(persistent=True)
+    env.reset(["a", "b"])
+    start = time.monotonic()
+    out = env.step([block("while True:\n    pass"), block("import os\nos._exit(9)")])
+    assert time.monotonic() - start < 8  # slots run concurrently
+    loop_msg, crash_msg = tool_messages(out.history[0])[-1], tool_messages(out.history[1])[-1]
+    assert loop_msg.startswith("Code block 1 failed:") and "wall-clock time limit exceeded (3 s)" in loop_msg
+    assert crash_msg.startswith("Code block 1 failed:") and "exit status 9" in crash_msg
+    assert "state was lost" in crash_msg
+    out = env.step([block("print('on')"), block("print('back')")])
+    assert tool_messages(out.history[0])[-1] == "Code block 1 executed successfully:\non\n"
+    assert tool_messages(out.history[1])[-1].startswith("Code block 1 executed successfully:\nback\n")
+
+
+def test_done_slots_are_left_alone(make_env):
+    env, _ = make_env(batch_size=2)
+    env.reset(["a", "b"])
+    env.slots[1].terminate()
+    out = env.step([block("print(1)"), None])
+    assert tool_messages(out.history[0]) and not tool_messages(out.history[1])
+
+
+def test_assistant_mask_excludes_tool_output(default_model_path):
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
+    interp = PythonInterpreter(persistent=True, timeout=3)
+    env = ChatEnv(batch_size=1, tokenizer=tokenizer, system_prompt="Use Python.")
+    env.append_transform(interp)
+    try:
+        env.reset(["What is 6*7?"])
+        env.step([f"Let me run it.\n{block('print(6 * 7)')}"])
+        out = env.step(["The answer is 42."])
+    finally:
+        interp.close()
+    chat = out.history[0].apply_chat_template(tokenizer, return_assistant_tokens_mask=True, add_generation_prompt=False)
+    masked = tokenizer.decode(chat.input_ids[chat.assistant_masks.bool()])
+    unmasked = tokenizer.decode(chat.input_ids[~chat.assistant_masks.bool()])
+    assert "Code block 1 executed successfully" not in masked
+    assert "Code block 1 executed successfully" in unmasked and "42" in unmasked
+    assert "Let me run it." in masked and "The answer is 42." in masked
