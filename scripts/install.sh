@@ -62,4 +62,20 @@ else
   echo "[install] done ($TARGET)"
 fi
 
+# System packages the tools and their tests use: Debian's chromium (BrowserTransform) and python3
+# (the sandbox's non-root test). Installed only when missing, as root, with apt-get.
+if [ "${LLMRL_SKIP_APT:-0}" != 1 ] && command -v apt-get >/dev/null 2>&1; then
+  missing=()
+  command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+  [ -x /usr/bin/python3 ] || missing+=(python3)
+  if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ]; then
+      echo "[install] apt-get install ${missing[*]}"
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    else
+      echo "[install] not root: install ${missing[*]} yourself for the browser/sandbox tests" >&2
+    fi
+  fi
+fi
+
 "$VENV/bin/llmrl" models prepare

@@ -47,7 +47,12 @@ def hf_model_fp32(default_model_path):
 
 @pytest.fixture(scope="session")
 def vllm_engine_fp32(default_model_path):
-    """One in-process fp32 vLLM engine on the packaged model, shared by the whole session."""
+    """One in-process fp32 vLLM engine on the packaged model, shared by the whole session.
+
+    Tests that push weights into it must restore the original weights before they end.
+    """
     from llmrl_core.policies.vllm_engine import EngineConfig, make_llm
 
-    return make_llm(EngineConfig(model=default_model_path, dtype="float32", kv_cache_gb=1, seed=0))
+    return make_llm(
+        EngineConfig(model=default_model_path, dtype="float32", kv_cache_gb=1, seed=0, weight_sync_extension=True)
+    )

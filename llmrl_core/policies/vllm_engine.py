@@ -42,6 +42,7 @@ class EngineConfig:
     device: str = "auto"
     enforce_eager: bool = True
     in_process: bool = True
+    weight_sync_extension: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def resolved_device(self) -> str:
@@ -54,8 +55,8 @@ class EngineConfig:
 
 
 def configure_vllm_environment(config: EngineConfig) -> None:
-    """Set the environment variables vLLM reads at import/start time (user values win)."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if config.in_process else "1")
+    """Set the environment variables vLLM reads at start time (user values win, except in_process)."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if config.in_process else "1"  # the config decides
     os.environ.setdefault("VLLM_CACHE_ROOT", str(llmrl_home() / "vllm-cache"))
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("DO_NOT_TRACK", "1")
@@ -79,6 +80,10 @@ def make_llm(config: EngineConfig | None = None) -> Any:
     )
     if config.resolved_device() == "cuda":
         kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
+    if config.weight_sync_extension:
+        from llmrl_core.weight_sync.worker_extension import WEIGHT_SYNC_EXTENSION
+
+        kwargs["worker_extension_cls"] = WEIGHT_SYNC_EXTENSION
     kwargs.update(config.extra)
     return LLM(**kwargs)
 

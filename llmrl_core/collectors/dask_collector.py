@@ -1,0 +1,133 @@
+"""``DaskLLMCollector``: N resident vLLM engines on N Dask workers, prompts sharded, results gathered.
+
+Our counterpart of TorchRL's ``RayLLMCollector``. Each worker hosts a :class:`RolloutActor` (a Dask actor)
+that keeps its engine for the collector's life. ``collect(rows)`` shards the prompt rows across actors
+without splitting a GRPO group (rows that share a ``group_id`` stay together), runs an
+:class:`~llmrl_core.collectors.llm_collector.LLMCollector` on each shard, and gathers the trajectories.
+``push_weights`` loads new weights into every engine (a safetensors file on shared storage, or bytes)
+and moves all of them to the same new version; a trajectory stamped with another version is an error.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from llmrl_core.collectors.llm_collector import LLMCollector
+from llmrl_core.collectors.trajectory import Trajectory
+from llmrl_core.envs.chat_env import ChatEnv
+from llmrl_core.envs.transforms.policy_version import PolicyVersion
+from llmrl_core.envs.types import PromptRow
+from llmrl_core.policies.base import SamplingConfig
+from llmrl_core.policies.vllm_engine import EngineConfig
+from llmrl_core.weight_sync.serialization import state_dict_to_bytes, write_state_dict_atomic
+
+EnvFactory = Callable[[Any], ChatEnv]  # tokenizer -> env (batch_size None: reset takes any number of rows)
+
+
+class RolloutActor:
+    """Lives on one Dask worker: a resident engine, an env factory, and the version of its weights."""
+
+    def __init__(self, env_factory: EnvFactory, engine_config: EngineConfig, sampling: SamplingConfig) -> None:
+        from llmrl_core.policies.vllm_worker import vLLMWorker
+
+        self.worker = vLLMWorker(engine_config)
+        self.env = env_factory(self.worker.get_tokenizer())
+        self.sampling = sampling
+
+    def collect(self, rows: list[PromptRow]) -> list[Trajectory]:
+        """Run every row to the end of its episode with the current weights."""
+        from llmrl_core.policies.vllm_wrapper import vLLMWrapper
+
+        policy = vLLMWrapper(self.worker.llm, input_mode=self.env.input_mode, sampling=self.sampling)
+        collector = LLMCollector(
+            self.env,
+            policy,
+            prompts=rows,
+            prompts_per_reset=len(rows),
+            total_trajectories=len(rows),
+            policy_version=PolicyVersion(initial=self.worker.policy_version),
+        )
+        return collector.collect()
+
+    def load_weights(self, weights: bytes | str, version: int) -> int:
+        """Load weights (safetensors bytes or file path) and adopt ``version``."""
+        return int(self.worker.load_weights(weights, version))
+
+    def version(self) -> int:
+        """The version of the weights this engine holds."""
+        return int(self.worker.policy_version)
+
+
+def shard_by_group(rows: Sequence[PromptRow], n_shards: int) -> list[list[PromptRow]]:
+    """Split rows into at most ``n_shards`` balanced shards, never splitting a group."""
+    groups: dict[Any, list[PromptRow]] = defaultdict(list)
+    for i, row in enumerate(rows):
+        groups[row.group_id if row.group_id is not None else ("row", i)].append(row)
+    shards: list[list[PromptRow]] = [[] for _ in range(n_shards)]
+    for members in sorted(groups.values(), key=len, reverse=True):
+        min(shards, key=len).extend(members)
+    return [s for s in shards if s]
+
+
+class DaskLLMCollector:
+    """Rollouts on resident engines spread over a Dask cluster (see the module docstring)."""
+
+    def __init__(
+        self,
+        client: Any,
+        env_factory: EnvFactory,
+        *,
+        engine_config: EngineConfig | None = None,
+        sampling: SamplingConfig | None = None,
+        workers: Sequence[str] | None = None,
+        shared_dir: str | Path | None = None,
+    ) -> None:
+        self.client = client
+        addresses = list(workers or client.scheduler_info()["workers"])
+        if not addresses:
+            raise ValueError("the Dask cluster has no workers")
+        config, sampling = engine_config or EngineConfig(), sampling or SamplingConfig()
+        futures = [
+            client.submit(RolloutActor, env_factory, config, sampling, actor=True, workers=[addr], pure=False)
+            for addr in addresses
+        ]
+        self.actors = [f.result() for f in futures]
+        self.shared_dir = Path(shared_dir) if shared_dir is not None else None
+        self.version = 0
+
+    def collect(self, rows: Sequence[PromptRow]) -> list[Trajectory]:
+        """Shard ``rows`` over the engines, run them, and return all trajectories (in shard order)."""
+        shards = shard_by_group(rows, len(self.actors))
+        pending = [actor.collect(shard) for actor, shard in zip(self.actors, shards, strict=False)]
+        trajectories = [t for future in pending for t in future.result()]
+        stale = {v for t in trajectories for v in t.policy_versions if v != self.version}
+        if stale:
+            raise RuntimeError(
+                f"trajectories stamped with versions {sorted(stale)}; the collector is at {self.version}"
+            )
+        return trajectories
+
+    def push_weights(self, weights: Mapping[str, torch.Tensor] | torch.nn.Module) -> int:
+        """Load ``weights`` into every engine and advance all of them to the next version."""
+        state = weights.state_dict() if isinstance(weights, torch.nn.Module) else dict(weights)
+        version = self.version + 1
+        if self.shared_dir is not None:
+            payload: bytes | str = str(
+                write_state_dict_atomic(state, self.shared_dir / f"policy-v{version}.safetensors")
+            )
+        else:
+            payload = state_dict_to_bytes(state)
+        loaded = [future.result() for future in [actor.load_weights(payload, version) for actor in self.actors]]
+        if any(v != version for v in loaded):
+            raise RuntimeError(f"engines report versions {loaded} after loading version {version}")
+        self.version = version
+        return version
+
+    def engine_versions(self) -> list[int]:
+        """The version each engine reports."""
+        return [future.result() for future in [actor.version() for actor in self.actors]]

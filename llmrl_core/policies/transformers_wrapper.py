@@ -1,0 +1,139 @@
+"""``TransformersWrapper``: any Hugging Face causal LM as a policy (generate) or a scorer (log-probs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from llmrl_core.data.tensors import as_padded_tensor
+from llmrl_core.policies.base import InputMode, LLMWrapperBase, PolicyOutput, SamplingConfig
+
+
+def _stop_token_ids(model: Any, tokenizer: Any) -> set[int]:
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+class TransformersWrapper(LLMWrapperBase):
+    """A transformers ``PreTrainedModel`` behind the policy interface of :mod:`llmrl_core.policies.base`.
+
+    Generation left-pads the batch (so every prompt ends where sampling starts) and returns the raw
+    log-prob of each sampled token; scoring right-pads prompt + response and reads the log-probs of
+    the response tokens in micro-batches of ``score_batch_size`` (the vocabulary-sized logits dominate
+    memory). ``model`` may be a loaded model or anything :func:`llmrl_core.model_store.resolve_model`
+    takes, in which case it is loaded in ``dtype`` on ``device``.
+    """
+
+    def __init__(
+        self,
+        model: Any = None,
+        tokenizer: Any = None,
+        *,
+        input_mode: InputMode = "history",
+        generate: bool = True,
+        sampling: SamplingConfig | None = None,
+        return_entropy: bool = False,
+        pad_output: bool = False,
+        chat_template: str | None = None,
+        dtype: str = "float32",
+        device: str = "cpu",
+        score_batch_size: int = 8,
+    ) -> None:
+        if model is None or isinstance(model, str):
+            from llmrl_core.policies.hf_scoring import load_causal_lm
+
+            model, loaded_tokenizer = load_causal_lm(model, dtype=dtype, device=device)
+            tokenizer = tokenizer or loaded_tokenizer
+        if tokenizer is None:
+            raise ValueError("TransformersWrapper needs a tokenizer when given a loaded model")
+        super().__init__(
+            tokenizer,
+            input_mode=input_mode,
+            generate=generate,
+            sampling=sampling,
+            return_entropy=return_entropy,
+            pad_output=pad_output,
+            chat_template=chat_template,
+        )
+        self.model = model
+        self.score_batch_size = score_batch_size
+        self.stop_ids = _stop_token_ids(model, tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.stop_ids, default=0)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model's parameters live."""
+        return next(self.model.parameters()).device
+
+    @torch.no_grad()
+    def _generate(self, prompts: list[list[int]]) -> PolicyOutput:
+        cfg = self.sampling
+        ids, mask = as_padded_tensor(prompts, padding_value=self.pad_id, padding_side="left", return_mask=True)
+        kwargs: dict[str, Any] = dict(
+            max_new_tokens=cfg.max_new_tokens,
+            do_sample=cfg.temperature > 0,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=self.pad_id,
+            eos_token_id=sorted(self.stop_ids) or None,
+        )
+        if cfg.temperature > 0:
+            kwargs.update(temperature=cfg.temperature, top_p=cfg.top_p, top_k=0)
+        if cfg.stop:
+            kwargs.update(stop_strings=list(cfg.stop), tokenizer=self.tokenizer)
+        with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
+            if cfg.seed is not None:
+                torch.manual_seed(cfg.seed)
+            out = self.model.generate(
+                input_ids=ids.to(self.device), attention_mask=mask.to(self.device).long(), **kwargs
+            )
+        new = out.sequences[:, ids.shape[1] :].cpu()
+        logps = torch.stack([torch.log_softmax(step.float(), dim=-1) for step in out.logits], dim=1).cpu()
+        sampled = logps.gather(-1, new[:, : logps.shape[1], None]).squeeze(-1)
+        texts, tokens, log_probs, reasons = [], [], [], []
+        for row in range(new.shape[0]):
+            length, reason = self._response_length(new[row])
+            token_row = new[row, :length].clone()
+            tokens.append(token_row)
+            log_probs.append(sampled[row, :length].clone())
+            reasons.append(reason)
+            texts.append(self.tokenizer.decode(token_row.tolist(), skip_special_tokens=True))
+        return PolicyOutput(
+            tokens=[torch.tensor(p, dtype=torch.long) for p in prompts],
+            text_response=texts,
+            tokens_response=tokens,
+            log_probs=log_probs,
+            finish_reasons=reasons,
+        )
+
+    def _response_length(self, row: torch.Tensor) -> tuple[int, str]:
+        """Length up to and including the first stop token, and the finish reason."""
+        for i, token in enumerate(row.tolist()):
+            if token in self.stop_ids:
+                return i + 1, "stop"
+        return row.numel(), "length"
+
+    @torch.no_grad()
+    def _score(
+        self, prompts: list[list[int]], responses: list[list[int]]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        log_probs: list[torch.Tensor] = []
+        entropies: list[torch.Tensor] = []
+        for start in range(0, len(prompts), self.score_batch_size):
+            chunk = range(start, min(start + self.score_batch_size, len(prompts)))
+            seqs = [prompts[i] + responses[i] for i in chunk]
+            ids, mask = as_padded_tensor(seqs, padding_value=self.pad_id, return_mask=True)
+            logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device).long()).logits
+            logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+            token_lp = logp.gather(-1, ids[:, 1:, None].to(self.device)).squeeze(-1).cpu()
+            ent = -(logp.exp() * logp).sum(-1).cpu() if self.return_entropy else None
+            for row, i in enumerate(chunk):
+                begin, end = len(prompts[i]) - 1, len(prompts[i]) - 1 + len(responses[i])
+                log_probs.append(token_lp[row, begin:end].clone())
+                if ent is not None:
+                    entropies.append(ent[row, begin:end].clone())
+        return log_probs, (entropies if self.return_entropy else None)

@@ -1,0 +1,105 @@
+"""A vLLM engine that stays resident in its process: ``vLLMWorker``, ``make_vllm_worker``, ``LLMOnDevice``.
+
+A worker owns one engine for its whole life (a Dask worker, a script), so loading a model is a one-time
+cost. It samples and scores through :class:`~llmrl_core.policies.vllm_wrapper.vLLMWrapper` semantics and
+accepts new weights as a state dict, safetensors bytes or a safetensors file path (the forms that cross a
+process boundary), recording the policy version that each load brings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from llmrl_core.policies.base import SamplingConfig
+from llmrl_core.policies.vllm_engine import Completion, EngineConfig, generate, make_llm
+from llmrl_core.policies.vllm_wrapper import score_with_vllm
+from llmrl_core.weight_sync.serialization import state_dict_from_bytes
+from llmrl_core.weight_sync.updater import vLLMUpdater
+
+
+class vLLMWorker:  # noqa: N801 - TorchRL's naming
+    """One resident vLLM engine plus the policy version of the weights it holds."""
+
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self.config = config or EngineConfig()
+        self.llm = make_llm(self.config)
+        self.policy_version: int | str = 0
+        self._updater = vLLMUpdater("in_process").register_engine(self.llm)
+
+    def get_tokenizer(self) -> Any:
+        """The engine's tokenizer."""
+        return self.llm.get_tokenizer()
+
+    def generate(
+        self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig | None = None, n: int = 1
+    ) -> list[list[Completion]]:
+        """Sample ``n`` completions per prompt (token-id prompts), with sampler log-probs."""
+        cfg = sampling or SamplingConfig()
+        return generate(
+            self.llm,
+            prompt_token_ids,
+            max_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            n=n,
+            seed=cfg.seed,
+            stop=cfg.stop or None,
+        )
+
+    def score(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """Teacher-forced log-probs of ``responses`` under the current weights."""
+        return score_with_vllm(self.llm, [list(p) for p in prompts], [list(r) for r in responses])
+
+    def load_weights(
+        self, weights: Mapping[str, torch.Tensor] | bytes | str | os.PathLike, version: int | str
+    ) -> int | str:
+        """Load new weights (state dict, safetensors bytes or file path) and record ``version``."""
+        if isinstance(weights, bytes):
+            state = state_dict_from_bytes(weights)
+        elif isinstance(weights, str | os.PathLike):
+            from safetensors.torch import load_file
+
+            state = load_file(str(Path(weights)))
+        else:
+            state = dict(weights)
+        self._updater.push_weights(state)
+        self.policy_version = version
+        return version
+
+
+def make_vllm_worker(config: EngineConfig | None = None, **overrides: Any) -> vLLMWorker:
+    """Start a resident engine from ``config`` with field ``overrides`` (e.g. ``dtype="float32"``)."""
+    config = dataclasses.replace(config or EngineConfig(), **overrides)
+    return vLLMWorker(config)
+
+
+class LLMOnDevice(vLLMWorker):
+    """A :class:`vLLMWorker` pinned to one device: ``"cpu"`` or ``"cuda:N"``.
+
+    vLLM places its single worker on the first visible GPU, so ``cuda:N`` is honoured by narrowing
+    ``CUDA_VISIBLE_DEVICES`` to ``N`` before CUDA starts in this process (a fresh Dask worker or
+    subprocess); asking for another GPU after CUDA started here is an error rather than a silent move.
+    """
+
+    def __init__(self, config: EngineConfig | None = None, device: str = "cpu") -> None:
+        config = config or EngineConfig()
+        if device == "cpu":
+            config = dataclasses.replace(config, device="cpu")
+        elif device.startswith("cuda"):
+            index = device.partition(":")[2] or "0"
+            if torch.cuda.is_initialized():
+                if torch.cuda.current_device() != int(index) and os.environ.get("CUDA_VISIBLE_DEVICES") != index:
+                    raise RuntimeError(f"CUDA already started in this process; cannot move the engine to {device}")
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = index
+            config = dataclasses.replace(config, device="cuda")
+        else:
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
+        self.device = device
+        super().__init__(config)

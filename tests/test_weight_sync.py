@@ -1,0 +1,152 @@
+"""vLLMUpdater: weights pushed into a resident engine change it, match the trainer, and restore exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmrl_core.envs import PolicyVersion
+from llmrl_core.policies.hf_scoring import load_causal_lm
+from llmrl_core.policies.vllm_wrapper import score_with_vllm
+from llmrl_core.weight_sync import vLLMUpdater
+from llmrl_core.weight_sync.serialization import state_dict_from_bytes, state_dict_to_bytes
+
+
+@pytest.fixture(scope="module")
+def trainer(default_model_path):
+    """A private fp32 copy of the model to perturb (the shared fixture model stays untouched)."""
+    model, tokenizer = load_causal_lm(default_model_path, dtype="float32")
+    return model, tokenizer, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+@pytest.fixture
+def engine(vllm_engine_fp32, trainer):
+    """The session engine; whatever a test pushes, the original weights go back afterwards."""
+    yield vllm_engine_fp32
+    vLLMUpdater("in_process").register_engine(vllm_engine_fp32).push_weights(trainer[2])
+
+
+def _fixed_tokens(tokenizer):
+    prompt = tokenizer(
+        "<|im_start|>user\nWhat is 7 times 6?<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+    )["input_ids"]
+    response = tokenizer("7 times 6 is 42.<|im_end|>", add_special_tokens=False)["input_ids"]
+    return prompt, response
+
+
+def _trainer_logprobs(model, prompt, response):
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("mode", ["in_process", "bytes", "file"])
+def test_push_changes_engine_matches_trainer_and_restores_exactly(mode, engine, trainer, tmp_path):
+    model, tokenizer, original = trainer
+    prompt, response = _fixed_tokens(tokenizer)
+    before = score_with_vllm(engine, [prompt], [response])[0]
+    torch.testing.assert_close(before, _trainer_logprobs(model, prompt, response), atol=1e-3, rtol=0)
+
+    version = PolicyVersion()
+    updater = vLLMUpdater(mode, shared_dir=tmp_path).register_engine(engine).register_version_tracker(version)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.02)
+    try:
+        assert updater.push_weights(model) == 1 and version.version == 1
+        after = score_with_vllm(engine, [prompt], [response])[0]
+        assert (after - before).abs().max().item() > 0.1  # the update really changed the engine
+        expected = _trainer_logprobs(model, prompt, response)
+        assert (after - expected).abs().max().item() < 1e-3  # and it now computes what the trainer computes
+        if mode == "file":
+            assert (tmp_path / "policy-v1.safetensors").is_file()
+            assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    finally:
+        model.load_state_dict(original)
+    assert updater.push_weights(original) == 2 and version.version == 2
+    assert torch.equal(score_with_vllm(engine, [prompt], [response])[0], before)
+
+
+def test_updater_rejects_bad_configuration():
+    with pytest.raises(ValueError, match="mode must be one of"):
+        vLLMUpdater("carrier-pigeon")
+    with pytest.raises(ValueError, match="shared_dir"):
+        vLLMUpdater("file")
+    with pytest.raises(RuntimeError, match="no engine registered"):
+        vLLMUpdater().push_weights({})
+
+
+def test_safetensors_bytes_round_trip_keeps_tied_weights():
+    shared = torch.randn(4, 3)
+    state = {"embed.weight": shared, "lm_head.weight": shared, "bias": torch.arange(3.0)}
+    back = state_dict_from_bytes(state_dict_to_bytes(state))
+    assert set(back) == set(state) and all(torch.equal(back[k], state[k]) for k in state)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="NCCL weight sync needs a CUDA GPU (none on this machine)")
+def test_nccl_push_matches_trainer(default_model_path):
+    from llmrl_core.policies.vllm_engine import EngineConfig, make_llm
+
+    model, tokenizer = load_causal_lm(default_model_path, dtype="float32", device="cuda")
+    llm = make_llm(
+        EngineConfig(
+            model=default_model_path,
+            dtype="float32",
+            in_process=False,
+            weight_sync_extension=True,
+            gpu_memory_utilization=0.3,
+        )
+    )
+    prompt, response = _fixed_tokens(tokenizer)
+    updater = vLLMUpdater("nccl", device="cuda:0").register_engine(llm)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.02)
+    updater.push_weights(model)
+    after = score_with_vllm(llm, [prompt], [response])[0]
+    expected = _trainer_logprobs(model.cpu(), prompt, response)
+    assert (after - expected).abs().max().item() < 1e-3
+
+
+CROSS_PROCESS_SCRIPT = """
+import sys, torch
+from llmrl_core.policies.vllm_engine import EngineConfig, make_llm
+from llmrl_core.policies.vllm_wrapper import score_with_vllm
+from llmrl_core.policies.hf_scoring import load_causal_lm
+from llmrl_core.weight_sync import vLLMUpdater
+
+if __name__ == "__main__":
+    path = sys.argv[1]
+    llm = make_llm(EngineConfig(model=path, dtype="float32", in_process=False, weight_sync_extension=True))
+    model, tok = load_causal_lm(path)
+    prompt = tok("Hello, how are you?", add_special_tokens=False)["input_ids"]
+    response = tok(" I am fine.", add_special_tokens=False)["input_ids"]
+    before = score_with_vllm(llm, [prompt], [response])[0]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+        expected = torch.log_softmax(model(torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1], -1)
+    expected = expected.gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
+    vLLMUpdater("bytes").register_engine(llm).push_weights(model)
+    after = score_with_vllm(llm, [prompt], [response])[0]
+    print("RESULT", (after - before).abs().max().item(), (after - expected).abs().max().item())
+"""
+
+
+@pytest.mark.slow
+def test_bytes_push_into_an_engine_in_another_process(default_model_path, tmp_path):
+    """The engine core runs in its own process (as on a GPU worker): tensors travel as safetensors bytes."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "cross_process_push.py"
+    script.write_text(CROSS_PROCESS_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, str(script), default_model_path], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))
+    changed, mismatch = map(float, line.split()[1:])
+    assert changed > 0.1 and mismatch < 1e-3
