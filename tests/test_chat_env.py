@@ -207,3 +207,17 @@ def test_transform_belongs_to_one_env():
     ChatEnv().append_transform(t)
     with pytest.raises(ValueError, match="already attached"):
         ChatEnv().append_transform(t)
+
+
+def test_close_releases_transform_resources():
+    from llmrl_core.envs import ChatEnv, Transform
+
+    class Holder(Transform):
+        closed = 0
+
+        def close(self) -> None:
+            Holder.closed += 1
+
+    with ChatEnv() as env:
+        env.append_transform(Holder()).append_transform(Holder())
+    assert Holder.closed == 2

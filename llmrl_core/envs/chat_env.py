@@ -298,6 +298,19 @@ class ChatEnv:
         for transform, sub in zip(self.transforms, states, strict=True):
             transform.load_state_dict(sub)
 
+    def close(self) -> None:
+        """Release what the transforms hold (sandboxed interpreters, MCP servers, browsers)."""
+        for transform in self.transforms:
+            close = getattr(transform, "close", None)
+            if callable(close):
+                close()
+
+    def __enter__(self) -> ChatEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(input_mode={self.input_mode!r}, max_turns={self.max_turns}, "
