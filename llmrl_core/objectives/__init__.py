@@ -1,0 +1,20 @@
+"""Objectives (TorchRL's LLM objective names and semantics): GRPO, Monte-Carlo advantages, SFT, top-k selection."""
+
+from llmrl_core.objectives.advantage import AdvantageResult, MCAdvantage, mc_advantage
+from llmrl_core.objectives.grpo import GRPOLoss, GRPOLossOutput, grpo_loss
+from llmrl_core.objectives.selectors import TopKRewardSelector, select_top_k
+from llmrl_core.objectives.sft import SFTLoss, SFTLossOutput, sft_loss
+
+__all__ = [
+    "AdvantageResult",
+    "GRPOLoss",
+    "GRPOLossOutput",
+    "MCAdvantage",
+    "SFTLoss",
+    "SFTLossOutput",
+    "TopKRewardSelector",
+    "grpo_loss",
+    "mc_advantage",
+    "select_top_k",
+    "sft_loss",
+]

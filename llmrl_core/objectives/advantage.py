@@ -1,0 +1,194 @@
+"""Group-relative Monte-Carlo advantages (GRPO): the functional core :func:`mc_advantage` and :class:`MCAdvantage`.
+
+Semantics follow TorchRL 0.14.1's ``MCAdvantage`` without its replay-buffer queueing: here a whole batch of
+rows is at hand (read from the trajectory store), so groups are formed in one pass.
+
+- ``trajectory_return=None``: every row's reward is normalised across all rows of its group,
+  ``(r - mean) / max(std, eps)`` with the unbiased std (TorchRL's per-step mode).
+- ``trajectory_return="sum" | "mean" | "max"``: rows sharing an ``episode_id`` (the steps/turns of one
+  multi-step episode) are reduced to one return; returns are normalised across the group's episodes and each
+  episode's advantage is written to all of its rows.
+- ``keep_return_bounds=(low, high)``: a group whose mean return is not strictly inside the bounds carries no
+  signal (all failed / all succeeded) and is dropped (DAPO dynamic sampling): ``keep`` is False for its rows.
+
+A group whose returns are all equal (including a group of one) gets exactly zero advantage, instead of
+``rounding error / eps``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+TrajectoryReturn = Literal["sum", "mean", "max"]
+
+
+@dataclass
+class AdvantageResult:
+    """Per-row advantages (0 for dropped groups), the rows to keep, and group counts."""
+
+    advantages: torch.Tensor
+    keep: torch.Tensor
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+def _index(ids: Sequence[Hashable] | torch.Tensor, name: str, n: int) -> tuple[list[int], list[Hashable]]:
+    values = ids.reshape(-1).tolist() if isinstance(ids, torch.Tensor) else list(ids)
+    if len(values) != n:
+        raise ValueError(f"{name} has {len(values)} entries, rewards has {n}")
+    seen: dict[Hashable, int] = {}
+    out = []
+    for row, value in enumerate(values):
+        try:
+            out.append(seen.setdefault(value, len(seen)))
+        except TypeError as err:
+            raise TypeError(f"{name}[{row}] is not hashable: {value!r}") from err
+    return out, list(seen)
+
+
+def mc_advantage(
+    rewards: Sequence[float] | torch.Tensor,
+    group_ids: Sequence[Hashable] | torch.Tensor,
+    *,
+    episode_ids: Sequence[Hashable] | torch.Tensor | None = None,
+    trajectory_return: TrajectoryReturn | None = None,
+    keep_return_bounds: tuple[float, float] | None = None,
+    eps: float = 1e-6,
+    group_size: int | None = None,
+) -> AdvantageResult:
+    """Group-normalised advantages for ``N`` rows (see the module docstring).
+
+    Args:
+        rewards: ``(N,)`` one reward per row.
+        group_ids: ``(N,)`` the GRPO group (prompt) of each row.
+        episode_ids: ``(N,)`` the episode of each row, for multi-step episodes (default: one episode per row).
+        trajectory_return: how an episode's rewards become its return; ``None`` normalises rows directly.
+        keep_return_bounds: exclusive ``(low, high)`` bounds on a group's mean return (needs trajectory_return).
+        eps: lower bound of the std divisor.
+        group_size: when given, every group must hold exactly this many episodes.
+    """
+    r = torch.as_tensor(rewards, dtype=torch.float64).reshape(-1)
+    n = r.numel()
+    if not torch.isfinite(r).all():
+        rows = torch.nonzero(~torch.isfinite(r)).reshape(-1).tolist()
+        raise ValueError(f"rewards has non-finite values at rows {rows}")
+    if trajectory_return not in (None, "sum", "mean", "max"):
+        raise ValueError(f"trajectory_return must be None, 'sum', 'mean' or 'max', got {trajectory_return!r}")
+    if keep_return_bounds is not None:
+        if trajectory_return is None:
+            raise ValueError("keep_return_bounds filters on episode returns: set trajectory_return")
+        if len(keep_return_bounds) != 2 or not keep_return_bounds[0] < keep_return_bounds[1]:
+            raise ValueError(f"keep_return_bounds must be an increasing (low, high) pair, got {keep_return_bounds}")
+    group_of_row, group_names = _index(group_ids, "group_ids", n)
+    # One unit per normalised value: a row (per-step mode) or an episode (its rows reduced to one return).
+    if trajectory_return is None:
+        unit_rows = [[row] for row in range(n)]
+        unit_value = r.clone()
+    else:
+        episode_keys = list(range(n)) if episode_ids is None else _index(episode_ids, "episode_ids", n)[0]
+        unit_of_row, _ = _index(list(zip(group_of_row, episode_keys, strict=True)), "episode_ids", n)
+        unit_rows = [[] for _ in range(max(unit_of_row, default=-1) + 1)]
+        for row, unit in enumerate(unit_of_row):
+            unit_rows[unit].append(row)
+        reduce = {"sum": torch.sum, "mean": torch.mean, "max": torch.max}[trajectory_return]
+        unit_value = torch.stack([reduce(r[rows]) for rows in unit_rows]) if unit_rows else r.new_zeros(0)
+    unit_group = [group_of_row[rows[0]] for rows in unit_rows]
+
+    advantages = torch.zeros(n, dtype=torch.float64)
+    keep = torch.ones(n, dtype=torch.bool)
+    stats = {"groups": len(group_names), "dropped_groups": 0, "zero_signal_groups": 0}
+    members: list[list[int]] = [[] for _ in group_names]
+    for unit, g in enumerate(unit_group):
+        members[g].append(unit)
+    for g, units in enumerate(members):
+        if group_size is not None and len(units) != group_size:
+            unit = "rows" if trajectory_return is None else "episodes"
+            raise ValueError(f"group {group_names[g]!r} has {len(units)} {unit}, expected group_size={group_size}")
+        values = unit_value[units]
+        if keep_return_bounds is not None and not keep_return_bounds[0] < float(values.mean()) < keep_return_bounds[1]:
+            stats["dropped_groups"] += 1
+            for unit in units:
+                keep[unit_rows[unit]] = False
+            continue
+        if len(units) < 2 or bool((values == values[0]).all()):
+            stats["zero_signal_groups"] += 1
+            continue
+        normalised = (values - values.mean()) / values.std().clamp_min(eps)
+        for unit, adv in zip(units, normalised.tolist(), strict=True):
+            advantages[unit_rows[unit]] = adv
+    stats["kept_rows"] = int(keep.sum())
+    return AdvantageResult(advantages=advantages.float(), keep=keep, stats=stats)
+
+
+class MCAdvantage:
+    """Monte-Carlo (group-relative) advantage over batches of trajectory rows; TorchRL's name and options.
+
+    Call it on tensors (``mc_advantage`` arguments) or use :meth:`transform_table` on a pyarrow table of
+    trajectory rows: it writes ``advantage_key`` and drops the rows of groups outside ``keep_return_bounds``.
+    """
+
+    def __init__(
+        self,
+        grpo_size: int | None = None,
+        *,
+        trajectory_return: TrajectoryReturn | None = None,
+        keep_return_bounds: tuple[float, float] | None = None,
+        eps: float = 1e-6,
+        group_key: str = "group_id",
+        rewards_key: str = "reward",
+        advantage_key: str = "advantage",
+        episode_key: str | None = None,
+    ):
+        if trajectory_return is not None and grpo_size is not None and grpo_size < 2:
+            raise ValueError(f"trajectory_return needs grpo_size >= 2, got {grpo_size}")
+        self.grpo_size = grpo_size
+        self.trajectory_return = trajectory_return
+        self.keep_return_bounds = keep_return_bounds
+        self.eps = eps
+        self.group_key = group_key
+        self.rewards_key = rewards_key
+        self.advantage_key = advantage_key
+        self.episode_key = episode_key
+        self.last_stats: dict[str, int] = {}
+
+    def __call__(
+        self,
+        rewards: Sequence[float] | torch.Tensor,
+        group_ids: Sequence[Hashable] | torch.Tensor,
+        episode_ids: Sequence[Hashable] | torch.Tensor | None = None,
+    ) -> AdvantageResult:
+        """Advantages for one batch of rows (see :func:`mc_advantage`)."""
+        result = mc_advantage(
+            rewards,
+            group_ids,
+            episode_ids=episode_ids,
+            trajectory_return=self.trajectory_return,
+            keep_return_bounds=self.keep_return_bounds,
+            eps=self.eps,
+            group_size=self.grpo_size,
+        )
+        self.last_stats = result.stats
+        return result
+
+    def transform_table(self, table: Any) -> Any:
+        """Return ``table`` (pyarrow) with the advantage column set and dropped groups removed."""
+        import pyarrow as pa
+
+        for key in (self.rewards_key, self.group_key) + ((self.episode_key,) if self.episode_key else ()):
+            if key not in table.column_names:
+                raise ValueError(f"trajectory table has no column {key!r} (columns: {table.column_names})")
+        rewards = table.column(self.rewards_key).to_pylist()
+        missing = [i for i, v in enumerate(rewards) if v is None]
+        if missing:
+            raise ValueError(f"trajectory table column {self.rewards_key!r} is null at rows {missing[:10]}")
+        episodes = table.column(self.episode_key).to_pylist() if self.episode_key else None
+        result = self(rewards, table.column(self.group_key).to_pylist(), episodes)
+        column = pa.array(result.advantages.tolist(), type=pa.float32())
+        if self.advantage_key in table.column_names:
+            table = table.set_column(table.column_names.index(self.advantage_key), self.advantage_key, column)
+        else:
+            table = table.append_column(self.advantage_key, column)
+        return table.filter(pa.array(result.keep.tolist()))

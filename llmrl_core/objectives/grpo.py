@@ -1,0 +1,299 @@
+"""GRPO objective: the pure per-token function :func:`grpo_loss` and the model-facing :class:`GRPOLoss`.
+
+Semantics follow TorchRL 0.14.1's ``GRPOLoss`` (``torchrl.objectives.llm``), written from scratch here:
+
+- importance log-weight ``lw = log_probs - sampler_log_probs`` on the tokens of ``mask`` whose sampler
+  log-prob is finite (a NaN/inf sampler log-prob drops that token everywhere);
+- PPO clipping in log space, ``clamp(lw, log(1 - eps_low), log(1 + eps_high))`` (symmetric, or asymmetric as
+  in DAPO's clip-higher), ``loss = -min(w * A, clip(w) * A)``;
+- ``ESS`` = (sum w)^2 / sum w^2 over the trained tokens, divided by their number;
+- ``kl_mask_threshold``: tokens with ``0.5 * (log_probs - sampler_log_probs)^2 > threshold`` are dropped
+  (per-token trust region), as TorchRL does (against the sampler's log-probs);
+- KL terms use TorchRL's ``k3`` estimator by default (``k1``/``k2`` selectable); ``kl_to_inference`` is
+  the KL to the sampler, ``kl_to_ref`` to a reference model.
+
+Deliberate differences from TorchRL 0.14.1, where its definition averages over padding:
+
+- ``clip_fraction``, ``kl_approx``, ``kl_to_ref``, ``kl_to_inference`` and ``entropy`` are means over the
+  trained tokens (the mask), not over every ``(B, T)`` position; TorchRL divides by ``B * T`` (padding counts
+  as unclipped, zero-KL tokens, and as uniform-entropy tokens for ``entropy``).
+- ``loss_kl_to_ref`` / ``loss_kl_to_inference`` use the same ``aggregation`` as the objective (for
+  ``token_mean`` that is ``coeff * kl``, TorchRL's definition with the masked mean).
+- ``prompt_mean`` averages over rows that have at least one trained token (TorchRL counts an empty row as 0).
+- CISPO: the value is TorchRL's ``-clip(w) * A``, but the gradient is the paper's
+  ``-sg(clip(w)) * A * grad(log pi)``; TorchRL's clamp gives clipped tokens no gradient at all, which is
+  PPO's one-sided clip, not CISPO (whose point is to keep every token's gradient).
+
+Additions TorchRL 0.14.1 lacks: the Dr.GRPO ``sequence_sum`` aggregation and the truncated
+importance-sampling (TIS) correction for the sampler/trainer log-prob mismatch: with ``tis_cap`` set, the
+PPO ratio is taken against the trainer's own behaviour log-probs ``old_log_probs`` (default
+``log_probs.detach()``, exact for the first optimizer step on a fresh batch), and each token's objective is
+weighted by ``min(exp(old - sampler), tis_cap)`` (``tis_mode="truncate"``) or dropped when that ratio
+exceeds the cap (``tis_mode="mask"``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from llmrl_core.objectives.reductions import (
+    aggregate,
+    broadcast_advantages,
+    check_token_tensor,
+    kl_estimate,
+    masked_mean,
+    masked_zero,
+)
+
+
+@dataclass
+class GRPOLossOutput:
+    """Loss terms (``loss_*``, differentiable) and detached diagnostics of one GRPO evaluation.
+
+    Terms that were not requested are ``None``. :attr:`loss` is the sum of the present ``loss_*`` terms.
+    """
+
+    loss_objective: torch.Tensor
+    clip_fraction: torch.Tensor
+    kl_approx: torch.Tensor
+    ESS: torch.Tensor
+    entropy: torch.Tensor | None = None
+    loss_entropy: torch.Tensor | None = None
+    kl_to_ref: torch.Tensor | None = None
+    loss_kl_to_ref: torch.Tensor | None = None
+    kl_to_inference: torch.Tensor | None = None
+    loss_kl_to_inference: torch.Tensor | None = None
+    num_tokens: torch.Tensor | None = None
+
+    @property
+    def loss(self) -> torch.Tensor:
+        """The total loss to back-propagate: the sum of every present ``loss_*`` term."""
+        terms = [getattr(self, f.name) for f in fields(self) if f.name.startswith("loss_")]
+        total = terms[0]
+        for term in terms[1:]:
+            if term is not None:
+                total = total + term
+        return total
+
+    def metrics(self) -> dict[str, float]:
+        """Every present scalar field as a Python float (for logging)."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
+                out[f.name] = float(value.detach())
+        return out
+
+
+def _clip_bounds(clip_epsilon: float | tuple[float, float]) -> tuple[float, float]:
+    if isinstance(clip_epsilon, tuple | list):
+        if len(clip_epsilon) != 2:
+            raise ValueError(f"clip_epsilon must be a float or an (eps_low, eps_high) pair, got {clip_epsilon!r}")
+        low, high = float(clip_epsilon[0]), float(clip_epsilon[1])
+    else:
+        low = high = float(clip_epsilon)
+    if low < 0 or high < 0 or low >= 1:
+        raise ValueError(f"clip_epsilon needs 0 <= eps_low < 1 and eps_high >= 0, got ({low}, {high})")
+    return math.log1p(-low), math.log1p(high)
+
+
+def grpo_loss(
+    log_probs: torch.Tensor,
+    sampler_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_epsilon: float | tuple[float, float] = 0.2,
+    objective: Literal["ppo", "cispo"] = "ppo",
+    aggregation: str = "token_mean",
+    norm_constant: float | None = None,
+    entropy: torch.Tensor | None = None,
+    entropy_coeff: float = 0.01,
+    ref_log_probs: torch.Tensor | None = None,
+    kl_to_ref_coeff: float | None = None,
+    kl_to_inference_coeff: float | None = None,
+    kl_estimator: str = "k3",
+    kl_mask_threshold: float | None = None,
+    old_log_probs: torch.Tensor | None = None,
+    tis_cap: float | None = None,
+    tis_mode: Literal["truncate", "mask"] = "truncate",
+) -> GRPOLossOutput:
+    """GRPO loss on padded per-token tensors (see the module docstring for the exact semantics).
+
+    Args:
+        log_probs: ``(B, T)`` log-probs of the sampled tokens under the policy being trained (with grad).
+        sampler_log_probs: ``(B, T)`` log-probs the sampler reported; non-finite entries are excluded.
+        advantages: ``(B,)``, ``(B, 1)`` or ``(B, T)``.
+        mask: ``(B, T)`` bool, True on trained tokens (response/assistant tokens, not padding).
+        clip_epsilon: ``eps`` or ``(eps_low, eps_high)``.
+        objective: ``"ppo"`` (clipped surrogate) or ``"cispo"`` (clipped, stop-gradient IS weight).
+        aggregation: ``token_mean`` | ``prompt_mean`` | ``sequence_sum`` (needs ``norm_constant``) | ``none``.
+        entropy: ``(B, T)`` per-token entropy of the policy; when given, ``loss_entropy = -coeff * entropy``.
+        ref_log_probs: ``(B, T)`` reference-model log-probs, needed when ``kl_to_ref_coeff > 0``.
+        kl_to_ref_coeff / kl_to_inference_coeff: KL penalty weights (``None``: term not computed).
+        kl_estimator: ``k1`` | ``k2`` | ``k3``.
+        kl_mask_threshold: per-token trust region on ``0.5 * (log_probs - sampler_log_probs)^2``.
+        old_log_probs / tis_cap / tis_mode: truncated importance-sampling correction.
+    """
+    if log_probs.ndim != 2:
+        raise ValueError(f"log_probs must be (B, T), got shape {tuple(log_probs.shape)}")
+    shape = log_probs.shape
+    check_token_tensor("sampler_log_probs", sampler_log_probs, shape)
+    check_token_tensor("mask", mask, shape)
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must be a bool tensor, got {mask.dtype}")
+    if sampler_log_probs.requires_grad:
+        raise ValueError("sampler_log_probs must not require grad (it is data from the sampler)")
+    if objective not in ("ppo", "cispo"):
+        raise ValueError(f"objective must be 'ppo' or 'cispo', got {objective!r}")
+    if tis_mode not in ("truncate", "mask"):
+        raise ValueError(f"tis_mode must be 'truncate' or 'mask', got {tis_mode!r}")
+    low, high = _clip_bounds(clip_epsilon)
+    adv = broadcast_advantages(advantages.to(log_probs.dtype), shape)
+
+    mask = mask & torch.isfinite(sampler_log_probs)
+    cur = masked_zero(log_probs, mask)
+    sampler = masked_zero(sampler_log_probs.to(log_probs.dtype), mask)
+
+    tis_weight = None
+    base = sampler
+    if tis_cap is not None:
+        if tis_cap <= 0:
+            raise ValueError(f"tis_cap must be positive, got {tis_cap}")
+        if old_log_probs is None:
+            old = cur.detach()
+        else:
+            check_token_tensor("old_log_probs", old_log_probs, shape)
+            old = masked_zero(old_log_probs.detach().to(log_probs.dtype), mask)
+        base = old
+        behaviour_ratio = (old - sampler).exp()
+        if tis_mode == "truncate":
+            tis_weight = behaviour_ratio.clamp(max=tis_cap)
+        else:
+            mask = mask & (behaviour_ratio <= tis_cap)
+    elif old_log_probs is not None:
+        raise ValueError("old_log_probs is only used with the truncated IS correction: set tis_cap")
+
+    if kl_mask_threshold is not None and kl_mask_threshold > 0:
+        mask = mask & (0.5 * (cur.detach() - sampler).square() <= kl_mask_threshold)
+
+    log_weight = masked_zero(cur - base, mask)
+    adv = masked_zero(adv, mask)  # garbage (even NaN) under padding must not reach the gradient
+    n_tokens = mask.sum()
+    with torch.no_grad():
+        lw = log_weight.detach()[mask]
+        ess = (2 * lw.logsumexp(0) - (2 * lw).logsumexp(0)).exp() / n_tokens if lw.numel() else lw.new_zeros(())
+        kl_approx = masked_mean(sampler - cur.detach(), mask)
+
+    clipped = log_weight.clamp(low, high)
+    clip_fraction = masked_mean((clipped != log_weight).to(log_probs.dtype), mask)
+    if objective == "ppo":
+        per_token = -torch.minimum(log_weight.exp() * adv, clipped.exp() * adv)
+    else:
+        weight = clipped.exp().detach()
+        per_token = -weight * adv * (1.0 + log_weight - log_weight.detach())
+    if tis_weight is not None:
+        per_token = per_token * tis_weight
+
+    out = GRPOLossOutput(
+        loss_objective=aggregate(per_token, mask, aggregation, norm_constant),
+        clip_fraction=clip_fraction.detach(),
+        kl_approx=kl_approx,
+        ESS=ess,
+        num_tokens=n_tokens.detach(),
+    )
+    if entropy is not None:
+        check_token_tensor("entropy", entropy, shape)
+        out.entropy = masked_mean(entropy.detach(), mask)
+        out.loss_entropy = aggregate(-entropy_coeff * entropy, mask, aggregation, norm_constant)
+    if kl_to_ref_coeff is not None and kl_to_ref_coeff > 0:
+        if ref_log_probs is None:
+            raise ValueError("kl_to_ref_coeff > 0 needs ref_log_probs")
+        check_token_tensor("ref_log_probs", ref_log_probs, shape)
+        if not torch.isfinite(ref_log_probs[mask]).all():
+            rows = sorted({int(r) for r in (~torch.isfinite(ref_log_probs) & mask).nonzero()[:, 0]})
+            raise ValueError(f"ref_log_probs has non-finite values on trained tokens of rows {rows}")
+        per_kl = kl_estimate(cur, masked_zero(ref_log_probs.to(log_probs.dtype), mask), kl_estimator)
+        out.kl_to_ref = masked_mean(per_kl.detach(), mask)
+        out.loss_kl_to_ref = kl_to_ref_coeff * aggregate(per_kl, mask, aggregation, norm_constant)
+    if kl_to_inference_coeff is not None:
+        per_kl = kl_estimate(cur, sampler, kl_estimator)
+        out.kl_to_inference = masked_mean(per_kl.detach(), mask)
+        out.loss_kl_to_inference = kl_to_inference_coeff * aggregate(per_kl, mask, aggregation, norm_constant)
+    return out
+
+
+_GRPO_OPTIONS = frozenset(
+    name
+    for name, p in inspect.signature(grpo_loss).parameters.items()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("entropy", "ref_log_probs", "old_log_probs")
+)
+
+
+class GRPOLoss(nn.Module):
+    """GRPO loss for a causal LM: scores a packed batch with ``actor_network`` and applies :func:`grpo_loss`.
+
+    Keyword options are those of :func:`grpo_loss` (TorchRL's names: ``clip_epsilon``, ``aggregation``,
+    ``entropy_bonus``/``entropy_coeff``, ``kl_to_ref_coeff``, ``kl_to_inference_coeff``,
+    ``kl_mask_threshold``) plus ``objective="cispo"`` for CISPO and ``tis_cap``/``tis_mode`` for the
+    truncated importance-sampling correction. ``entropy_bonus=True`` (TorchRL's default) computes the
+    per-token entropy from the full logits.
+    """
+
+    def __init__(self, actor_network: nn.Module | None = None, *, entropy_bonus: bool = True, **options: Any):
+        super().__init__()
+        self.actor_network = actor_network
+        self.entropy_bonus = entropy_bonus
+        self.options = dict(options)
+        unknown = sorted(set(self.options) - _GRPO_OPTIONS)
+        if unknown:
+            raise TypeError(f"GRPOLoss got unknown options {unknown}; valid: {sorted(_GRPO_OPTIONS)}")
+        _clip_bounds(self.options.get("clip_epsilon", 0.2))
+        if self.options.get("aggregation", "token_mean") == "sequence_sum" and not self.options.get("norm_constant"):
+            raise ValueError("aggregation='sequence_sum' needs norm_constant (e.g. the max new tokens)")
+
+    @property
+    def aggregation(self) -> str:
+        """The aggregation mode of every ``loss_*`` term."""
+        return self.options.get("aggregation", "token_mean")
+
+    def accumulation_units(self, batch: Any) -> float | None:
+        """How much ``batch`` weighs in a batch-level mean (``None``: plain sum), for gradient accumulation.
+
+        Counted on the static mask (response mask and finite sampler log-probs): trained tokens for
+        ``token_mean``, sequences with a trained token for ``prompt_mean``, all sequences for ``sequence_sum``.
+        """
+        trained = batch.mask & torch.isfinite(batch.sampler_log_probs)
+        if self.aggregation == "token_mean":
+            return float(trained.sum())
+        if self.aggregation == "prompt_mean":
+            return float(trained.any(-1).sum())
+        if self.aggregation == "sequence_sum":
+            return float(trained.shape[0])
+        return None
+
+    def forward(self, batch: Any) -> GRPOLossOutput:
+        """Score ``batch`` (a :class:`~llmrl_core.trainer.batch.PackedBatch`) and return the loss terms."""
+        from llmrl_core.trainer.scoring import score_packed
+
+        if self.actor_network is None:
+            raise ValueError("GRPOLoss has no actor_network: pass the model, or call grpo_loss() directly")
+        if batch.missing_sampler:
+            raise ValueError(f"GRPO needs sampler_logprobs; missing for samples {batch.missing_sampler}")
+        scores = score_packed(self.actor_network, batch, with_entropy=self.entropy_bonus)
+        return grpo_loss(
+            scores.log_probs,
+            batch.sampler_log_probs,
+            batch.advantages,
+            batch.mask,
+            entropy=scores.entropy,
+            ref_log_probs=batch.ref_log_probs,
+            old_log_probs=batch.old_log_probs if self.options.get("tis_cap") is not None else None,
+            **self.options,
+        )

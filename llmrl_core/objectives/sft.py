@@ -1,0 +1,169 @@
+"""Supervised fine-tuning objective: the pure function :func:`sft_loss` and the model-facing :class:`SFTLoss`.
+
+Semantics follow TorchRL 0.14.1's ``SFTLoss`` (written from scratch): per sequence, the sum of the
+log-probs of the trained (assistant) tokens, optionally divided by their number
+(``normalize_by_seq_length``); ``sft`` is ``-that``, ``minor_sft`` (Xie et al. 2024) is
+``-logsigmoid(beta * (that - the same quantity under the reference model))``; then the ``reduction``
+(``mean`` / ``sum`` over sequences, or ``none``).
+
+Differences from TorchRL, where it counts tokens outside the mask:
+
+- ``kl_to_ref`` (k3 estimator, as TorchRL) is the mean over the trained tokens; TorchRL averages over every
+  token of the concatenated sequences (prompt and padding positions count as zero KL).
+- ``loss_kl_to_ref`` is reduced like ``loss_sft`` (per-sequence KL, normalised by length when
+  ``normalize_by_seq_length``, then the ``reduction``), so both terms weigh sequences the same way and a
+  batch can be split into micro-batches exactly; TorchRL uses ``coeff * kl_to_ref``.
+- ``minor_sft`` sums the reference log-probs over the trained tokens only; TorchRL sums the reference
+  log-probs of the whole sequence it is given.
+- A sequence with no trained token contributes 0 and is left out of the ``mean`` (TorchRL raises).
+- As in TorchRL, ``kl_to_ref_coeff`` is ignored for ``minor_sft`` (its KL regularisation is implicit): the KL
+  is still reported, ``loss_kl_to_ref`` is not returned.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from llmrl_core.objectives.reductions import check_token_tensor, kl_estimate, masked_mean, masked_zero
+
+
+@dataclass
+class SFTLossOutput:
+    """SFT loss terms (``loss_*``, differentiable) and the detached KL to the reference."""
+
+    loss_sft: torch.Tensor
+    loss_kl_to_ref: torch.Tensor | None = None
+    kl_to_ref: torch.Tensor | None = None
+    num_tokens: torch.Tensor | None = None
+
+    @property
+    def loss(self) -> torch.Tensor:
+        """The total loss to back-propagate."""
+        return self.loss_sft if self.loss_kl_to_ref is None else self.loss_sft + self.loss_kl_to_ref
+
+    def metrics(self) -> dict[str, float]:
+        """Every present scalar field as a Python float (for logging)."""
+        return {
+            f.name: float(getattr(self, f.name).detach())
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor) and getattr(self, f.name).numel() == 1
+        }
+
+
+def _reduce(per_sequence: torch.Tensor, rows: torch.Tensor, reduction: str) -> torch.Tensor:
+    if reduction == "none":
+        return per_sequence
+    if reduction == "sum":
+        return per_sequence.sum()
+    if reduction == "mean":
+        return masked_zero(per_sequence, rows).sum() / rows.sum().clamp_min(1)
+    raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+def sft_loss(
+    log_probs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    loss_function: Literal["sft", "minor_sft"] = "sft",
+    reduction: Literal["mean", "sum", "none"] = "mean",
+    normalize_by_seq_length: bool = True,
+    ref_log_probs: torch.Tensor | None = None,
+    kl_to_ref_coeff: float | None = None,
+    beta: float = 0.1,
+) -> SFTLossOutput:
+    """SFT / MinorSFT loss on ``(B, T)`` per-token log-probs of the target tokens and a bool ``mask``."""
+    if log_probs.ndim != 2:
+        raise ValueError(f"log_probs must be (B, T), got shape {tuple(log_probs.shape)}")
+    check_token_tensor("mask", mask, log_probs.shape)
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must be a bool tensor, got {mask.dtype}")
+    if loss_function not in ("sft", "minor_sft"):
+        raise ValueError(f"loss_function must be 'sft' or 'minor_sft', got {loss_function!r}")
+    if ref_log_probs is not None:
+        check_token_tensor("ref_log_probs", ref_log_probs, log_probs.shape)
+        if not torch.isfinite(ref_log_probs[mask]).all():
+            bad = sorted({int(r) for r in (~torch.isfinite(ref_log_probs) & mask).nonzero()[:, 0]})
+            raise ValueError(f"ref_log_probs has non-finite values on trained tokens of rows {bad}")
+    counts = mask.sum(-1)
+    rows = counts > 0
+    summed = masked_zero(log_probs, mask).sum(-1)
+    if normalize_by_seq_length:
+        summed = summed / counts.clamp_min(1)
+    out = SFTLossOutput(loss_sft=log_probs.new_zeros(()), num_tokens=counts.sum())
+    if loss_function == "sft":
+        out.loss_sft = _reduce(-summed, rows, reduction)
+    else:
+        if ref_log_probs is None:
+            raise ValueError("loss_function='minor_sft' needs ref_log_probs")
+        ref_summed = masked_zero(ref_log_probs.to(log_probs.dtype), mask).sum(-1)
+        if normalize_by_seq_length:
+            ref_summed = ref_summed / counts.clamp_min(1)
+        per_sequence = masked_zero(-F.logsigmoid(beta * (summed - ref_summed)), rows)
+        out.loss_sft = _reduce(per_sequence, rows, reduction)
+    if ref_log_probs is not None and (kl_to_ref_coeff is not None or loss_function == "minor_sft"):
+        per_token = kl_estimate(masked_zero(log_probs, mask), masked_zero(ref_log_probs.to(log_probs.dtype), mask))
+        out.kl_to_ref = masked_mean(per_token.detach(), mask)
+        if loss_function == "sft" and kl_to_ref_coeff is not None:
+            per_sequence_kl = masked_zero(per_token, mask).sum(-1)
+            if normalize_by_seq_length:
+                per_sequence_kl = per_sequence_kl / counts.clamp_min(1)
+            out.loss_kl_to_ref = kl_to_ref_coeff * _reduce(per_sequence_kl, rows, reduction)
+    elif kl_to_ref_coeff is not None:
+        raise ValueError("kl_to_ref_coeff is set but ref_log_probs is missing")
+    return out
+
+
+class SFTLoss(nn.Module):
+    """SFT loss for a causal LM: scores a packed batch with ``actor_network`` and applies :func:`sft_loss`.
+
+    Trains on the tokens of each sample's ``response_mask`` (assistant tokens only, when the mask marks
+    tool/user tokens False). Options: ``loss_function`` (``"sft"`` | ``"minor_sft"``), ``reduction``,
+    ``normalize_by_seq_length``, ``kl_to_ref_coeff``, ``beta`` -- TorchRL's names and defaults.
+    """
+
+    def __init__(
+        self,
+        actor_network: nn.Module | None = None,
+        *,
+        loss_function: Literal["sft", "minor_sft"] = "sft",
+        reduction: Literal["mean", "sum", "none"] = "mean",
+        normalize_by_seq_length: bool = True,
+        kl_to_ref_coeff: float | None = None,
+        beta: float = 0.1,
+    ):
+        super().__init__()
+        if loss_function == "minor_sft" and kl_to_ref_coeff:
+            warnings.warn("kl_to_ref_coeff is ignored with minor_sft (its KL regularisation is implicit)", stacklevel=2)
+            kl_to_ref_coeff = None
+        self.actor_network = actor_network
+        self.options: dict[str, Any] = dict(
+            loss_function=loss_function,
+            reduction=reduction,
+            normalize_by_seq_length=normalize_by_seq_length,
+            kl_to_ref_coeff=kl_to_ref_coeff,
+            beta=beta,
+        )
+
+    @property
+    def reduction(self) -> str:
+        """How per-sequence losses are combined (``mean`` | ``sum`` | ``none``)."""
+        return self.options["reduction"]
+
+    def accumulation_units(self, batch: Any) -> float | None:
+        """How much ``batch`` weighs in a batch-level mean (sequences with a trained token); ``None`` for sums."""
+        return float(batch.mask.any(-1).sum()) if self.reduction == "mean" else None
+
+    def forward(self, batch: Any) -> SFTLossOutput:
+        """Score ``batch`` (a :class:`~llmrl_core.trainer.batch.PackedBatch`) and return the loss terms."""
+        from llmrl_core.trainer.scoring import score_packed
+
+        if self.actor_network is None:
+            raise ValueError("SFTLoss has no actor_network: pass the model, or call sft_loss() directly")
+        scores = score_packed(self.actor_network, batch)
+        return sft_loss(scores.log_probs, batch.mask, ref_log_probs=batch.ref_log_probs, **self.options)

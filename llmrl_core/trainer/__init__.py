@@ -1,0 +1,21 @@
+"""The train step: packed micro-batches, gradient accumulation, AdamW, clipping, LoRA, metrics."""
+
+from llmrl_core.trainer.batch import PackedBatch, TrainSample, pack_samples, plan_micro_batches
+from llmrl_core.trainer.lora import LoraOptions, apply_lora, export_adapter, merged_state_dict
+from llmrl_core.trainer.scoring import TokenScores, score_packed
+from llmrl_core.trainer.train_step import Trainer, TrainerConfig
+
+__all__ = [
+    "LoraOptions",
+    "PackedBatch",
+    "TokenScores",
+    "TrainSample",
+    "Trainer",
+    "TrainerConfig",
+    "apply_lora",
+    "export_adapter",
+    "merged_state_dict",
+    "pack_samples",
+    "plan_micro_batches",
+    "score_packed",
+]

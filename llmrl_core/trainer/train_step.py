@@ -1,0 +1,204 @@
+"""The train step the flows call: one optimizer step over a batch of :class:`TrainSample`.
+
+Design:
+- The batch is split into packed micro-batches under ``token_budget`` (no padding compute, see
+  :mod:`llmrl_core.trainer.batch`); gradients are accumulated over them with weights chosen so that the
+  accumulated gradient equals the gradient of the objective over the whole batch (each objective reports its
+  ``accumulation_units``: trained tokens for ``token_mean``, sequences for ``prompt_mean``/``mean`` ...).
+  With ``kl_mask_threshold`` or ``tis_mode="mask"`` the units are counted before those per-token filters.
+- AdamW over the trainable parameters (all, or the LoRA adapters), global-norm gradient clipping.
+- Dropout is always off (TorchRL advises training in eval mode so that trainer and sampler log-probs agree);
+  the model is put in train mode only so that gradient checkpointing engages, with every dropout disabled.
+- bf16 autocast on CUDA by default (``mixed_precision="auto"``); opt-in on CPU. Log-softmax is fp32 always.
+- Deterministic on CPU for a given ``seed``: the seed fixes LoRA initialisation, and the step has no other
+  randomness (no dropout, fixed micro-batch plan).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from llmrl_core.trainer.batch import PackedBatch, TrainSample, pack_samples, plan_micro_batches
+from llmrl_core.trainer.lora import LoraOptions, apply_lora, export_adapter, merged_state_dict
+from llmrl_core.trainer.scoring import score_packed
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """Optimizer and execution settings of :class:`Trainer`."""
+
+    lr: float = 1e-5
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    adam_eps: float = 1e-8
+    max_grad_norm: float | None = 1.0
+    token_budget: int = 4096
+    mixed_precision: Literal["auto", "bf16", "no"] = "auto"
+    gradient_checkpointing: bool = False
+    lora: LoraOptions | None = None
+    seed: int = 0
+
+
+def _disable_dropout(model: nn.Module) -> None:
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+
+
+class Trainer:
+    """Owns the policy's optimizer state and runs :meth:`train_step` (resident across iterations).
+
+    Args:
+        objective: a :class:`~llmrl_core.objectives.GRPOLoss` or :class:`~llmrl_core.objectives.SFTLoss` whose
+            ``actor_network`` is the causal LM to train (wrapped with LoRA here when ``config.lora`` is set).
+        config: :class:`TrainerConfig`.
+    """
+
+    def __init__(self, objective: nn.Module, config: TrainerConfig | None = None):
+        self.config = config or TrainerConfig()
+        if self.config.mixed_precision not in ("auto", "bf16", "no"):
+            raise ValueError(f"mixed_precision must be 'auto', 'bf16' or 'no', got {self.config.mixed_precision!r}")
+        self.objective = objective
+        model = objective.actor_network
+        if model is None:
+            raise ValueError("the objective has no actor_network to train")
+        torch.manual_seed(self.config.seed)
+        if self.config.lora is not None:
+            model = apply_lora(model, self.config.lora)
+            objective.actor_network = model
+        if self.config.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        _disable_dropout(model)
+        model.train()
+        self.model = model
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("the model has no trainable parameters")
+        self.optimizer = torch.optim.AdamW(
+            self.params,
+            lr=self.config.lr,
+            betas=self.config.betas,
+            eps=self.config.adam_eps,
+            weight_decay=self.config.weight_decay,
+        )
+        self.device = next(model.parameters()).device
+        self.step_count = 0
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        mode = self.config.mixed_precision
+        if mode == "bf16" or (mode == "auto" and self.device.type == "cuda"):
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def micro_batches(self, samples: Sequence[TrainSample]) -> list[PackedBatch]:
+        """The packed micro-batches :meth:`train_step` would run for ``samples``."""
+        plan = plan_micro_batches([s.length for s in samples], self.config.token_budget)
+        return [pack_samples([samples[i] for i in group]) for group in plan]
+
+    def backward(self, samples: Sequence[TrainSample]) -> dict[str, float]:
+        """Zero the gradients, then accumulate the batch-level objective's gradient over the micro-batches.
+
+        Returns the loss metrics (``loss_*`` terms combined with the accumulation weights, diagnostics averaged
+        over trained tokens) and the batch counts; no optimizer step.
+        """
+        return self._run(samples, with_grad=True)
+
+    @torch.no_grad()
+    def evaluate(self, samples: Sequence[TrainSample]) -> dict[str, float]:
+        """The metrics :meth:`backward` would report, without gradients (e.g. the loss before/after a step)."""
+        return self._run(samples, with_grad=False)
+
+    def _run(self, samples: Sequence[TrainSample], with_grad: bool) -> dict[str, float]:
+        if not samples:
+            raise ValueError("train_step needs at least one sample")
+        batches = self.micro_batches(samples)
+        units = [self.objective.accumulation_units(b) for b in batches]
+        total_units = sum(u for u in units if u is not None)
+        if with_grad:
+            self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        weights: dict[str, float] = {}
+        total_loss = 0.0
+        for batch, unit in zip(batches, units, strict=True):
+            scale = 1.0 if unit is None else (unit / total_units if total_units else 0.0)
+            with self._autocast():
+                out = self.objective(batch.to(self.device))
+            loss = out.loss
+            if loss.ndim != 0:
+                raise ValueError("train_step needs a scalar loss: aggregation/reduction 'none' cannot be trained")
+            if with_grad:
+                (loss * scale).backward()
+            total_loss += float(loss.detach()) * scale
+            tokens = float(out.num_tokens) if out.num_tokens is not None else 1.0
+            for key, value in out.metrics().items():
+                if key.startswith("loss_"):  # already weighted: the batch-level term is the weighted sum
+                    sums[key] = sums.get(key, 0.0) + value * scale
+                    weights[key] = 1.0
+                elif key != "num_tokens":  # diagnostics: mean over trained tokens
+                    sums[key] = sums.get(key, 0.0) + value * tokens
+                    weights[key] = weights.get(key, 0.0) + tokens
+        metrics = {key: sums[key] / weights[key] if weights[key] else 0.0 for key in sums}
+        metrics.update(
+            loss=total_loss,
+            num_samples=float(len(samples)),
+            num_tokens=float(sum(b.num_tokens for b in batches)),
+            num_loss_tokens=float(sum(int(b.mask.sum()) for b in batches)),
+            num_micro_batches=float(len(batches)),
+            skipped=float(total_units == 0 and all(u is not None for u in units)),
+        )
+        return metrics
+
+    def train_step(self, samples: Sequence[TrainSample]) -> dict[str, float]:
+        """One optimizer step on ``samples`` (gradients accumulated over micro-batches); returns metrics.
+
+        A batch with no trained token at all (every unit 0) takes no optimizer step (``skipped = 1``).
+        """
+        start = time.perf_counter()
+        metrics = self.backward(samples)
+        max_norm = self.config.max_grad_norm if self.config.max_grad_norm is not None else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        if not metrics["skipped"]:
+            self.optimizer.step()
+            self.step_count += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        elapsed = time.perf_counter() - start
+        metrics.update(
+            grad_norm=grad_norm,
+            lr=self.optimizer.param_groups[0]["lr"],
+            step_time_s=elapsed,
+            tokens_per_s=metrics["num_tokens"] / elapsed if elapsed > 0 else 0.0,
+            step=float(self.step_count),
+        )
+        return metrics
+
+    @torch.no_grad()
+    def score(self, samples: Sequence[TrainSample]) -> list[list[float]]:
+        """Current per-response-token log-probs (e.g. to fill ``old_logprobs`` before several steps)."""
+        out: list[list[float]] = [[] for _ in samples]
+        plan = plan_micro_batches([s.length for s in samples], self.config.token_budget)
+        for group in plan:
+            batch = pack_samples([samples[i] for i in group]).to(self.device)
+            with self._autocast():
+                scores = score_packed(self.model, batch)
+            for row, i in enumerate(group):
+                out[i] = scores.log_probs[row, : len(samples[i].response_ids)].float().cpu().tolist()
+        return out
+
+    def export_adapter(self, path: str | Path) -> Path:
+        """Write the LoRA adapter only (atomic); raises when the trainer has no LoRA."""
+        return export_adapter(self.model, path)
+
+    def state_dict_for_inference(self) -> dict[str, Any]:
+        """Full weights with Hugging Face names (LoRA merged), for checkpoints and pushing into vLLM."""
+        return merged_state_dict(self.model)

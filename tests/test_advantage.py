@@ -1,0 +1,149 @@
+"""MCAdvantage / mc_advantage and TopKRewardSelector against TorchRL 0.14.1 and hand computations."""
+
+from __future__ import annotations
+
+import statistics
+
+import pyarrow as pa
+import pytest
+import torch
+
+from llmrl_core.objectives import MCAdvantage, TopKRewardSelector, mc_advantage, select_top_k
+
+EPISODES = [[0.0, 1.0, 0.5], [0.2, 0.2], [1.0], [0.0, 0.0, 0.3, 0.1]]
+
+
+def episode_rows():
+    rewards, episodes = [], []
+    for e, rs in enumerate(EPISODES):
+        rewards += rs
+        episodes += [e] * len(rs)
+    return rewards, episodes
+
+
+# expected values from TorchRL 0.14.1 (torchrl.objectives.llm.MCAdvantage fed one trajectory at a time).
+TORCHRL_SINGLE_STEP = [1.3220428228378296, -0.9771621227264404, 0.17244035005569458, -0.5173211693763733]
+TORCHRL_EPISODES = {
+    None: [-0.8549107313156128, 1.7357280254364014, 0.4404086172580719, -0.3367829918861389, -0.3367829918861389,
+           1.7357280254364014, -0.8549107313156128, -0.8549107313156128, -0.07771908491849899, -0.5958468914031982],
+    "sum": [1.2699730396270752] * 3 + [-0.7996127605438232] * 2 + [0.3292522132396698] + [-0.7996127605438232] * 4,
+    "mean": [0.12371787428855896] * 3 + [-0.6185895800590515] * 2 + [1.3608969449996948]
+    + [-0.8660255074501038] * 4,
+    "max": [0.8622018694877625] * 3 + [-0.9771621227264404] * 2 + [0.8622018694877625] + [-0.7472416162490845] * 4,
+}  # fmt: skip
+TORCHRL_BOUNDS_GROUP_2 = [1.154700517654419, -0.5773503184318542, -0.5773503184318542]
+
+
+def test_single_step_group_normalisation_matches_torchrl_and_hand():
+    rewards = [1.0, 0.0, 0.5, 0.2]
+    out = mc_advantage(rewards, [0, 0, 0, 0])
+    torch.testing.assert_close(out.advantages, torch.tensor(TORCHRL_SINGLE_STEP), atol=1e-6, rtol=0)
+    mean, std = statistics.mean(rewards), statistics.stdev(rewards)  # stdev: unbiased (n - 1)
+    torch.testing.assert_close(out.advantages, torch.tensor([(r - mean) / std for r in rewards]), atol=1e-6, rtol=0)
+    assert out.keep.all()
+
+
+@pytest.mark.parametrize("mode", [None, "sum", "mean", "max"])
+def test_trajectory_return_modes_match_torchrl(mode):
+    rewards, episodes = episode_rows()
+    out = mc_advantage(rewards, [3] * len(rewards), episode_ids=episodes, trajectory_return=mode)
+    torch.testing.assert_close(out.advantages, torch.tensor(TORCHRL_EPISODES[mode]), atol=1e-6, rtol=0)
+    if mode is not None:
+        reduce = {"sum": sum, "mean": statistics.mean, "max": max}[mode]
+        returns = [reduce(rs) for rs in EPISODES]
+        m, s = statistics.mean(returns), statistics.stdev(returns)
+        expected = [(returns[e] - m) / s for e in episodes]
+        torch.testing.assert_close(out.advantages, torch.tensor(expected), atol=1e-6, rtol=0)
+
+
+def test_groups_are_independent_and_rows_can_interleave():
+    rewards = [1.0, 5.0, 0.0, 6.0, 0.5, 9.0]
+    groups = ["a", "b", "a", "b", "a", "b"]
+    out = mc_advantage(rewards, groups)
+    a = mc_advantage([1.0, 0.0, 0.5], ["a"] * 3).advantages
+    b = mc_advantage([5.0, 6.0, 9.0], ["b"] * 3).advantages
+    torch.testing.assert_close(out.advantages[[0, 2, 4]], a)
+    torch.testing.assert_close(out.advantages[[1, 3, 5]], b)
+
+
+def test_all_equal_rewards_give_exactly_zero_advantage():
+    out = mc_advantage([0.1, 0.1, 0.1, 0.7, 0.3], ["g", "g", "g", "h", "h"])
+    assert out.advantages[:3].tolist() == [0.0, 0.0, 0.0]
+    assert out.stats["zero_signal_groups"] == 1
+    single = mc_advantage([0.4], ["only"])
+    assert single.advantages.tolist() == [0.0]
+
+
+def test_keep_return_bounds_drops_groups_without_signal():
+    rewards = [0, 0, 0, 1, 1, 1, 1, 0, 0]
+    groups = [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    out = mc_advantage(rewards, groups, trajectory_return="sum", keep_return_bounds=(0.1, 0.9))
+    assert out.keep.tolist() == [False] * 6 + [True] * 3
+    torch.testing.assert_close(out.advantages[6:], torch.tensor(TORCHRL_BOUNDS_GROUP_2), atol=1e-6, rtol=0)
+    assert out.advantages[:6].tolist() == [0.0] * 6
+    assert out.stats == {"groups": 3, "dropped_groups": 2, "zero_signal_groups": 0, "kept_rows": 3}
+
+
+def test_eps_bounds_the_divisor():
+    out = mc_advantage([0.0, 1e-9], ["g", "g"], eps=1e-3)
+    std = statistics.stdev([0.0, 1e-9])
+    assert std < 1e-3
+    torch.testing.assert_close(out.advantages, torch.tensor([-0.5e-9 / 1e-3, 0.5e-9 / 1e-3]), atol=1e-12, rtol=0)
+
+
+def test_errors_name_the_problem():
+    with pytest.raises(ValueError, match="rows \\[1\\]"):
+        mc_advantage([0.0, float("nan")], [0, 0])
+    with pytest.raises(ValueError, match="group_ids has 1 entries"):
+        mc_advantage([0.0, 1.0], [0])
+    with pytest.raises(ValueError, match="group 'b' has 1 rows, expected group_size=2"):
+        mc_advantage([0.0, 1.0, 1.0], ["a", "a", "b"], group_size=2)
+    with pytest.raises(ValueError, match="set trajectory_return"):
+        mc_advantage([0.0, 1.0], [0, 0], keep_return_bounds=(0.1, 0.9))
+    with pytest.raises(ValueError, match="increasing"):
+        mc_advantage([0.0, 1.0], [0, 0], trajectory_return="sum", keep_return_bounds=(0.9, 0.1))
+
+
+def test_mc_advantage_transform_table():
+    table = pa.table(
+        {
+            "group_id": ["p0"] * 3 + ["p1"] * 3,
+            "reward": [1.0, 0.0, 0.0, 1.0, 1.0, 1.0],
+            "advantage": [None] * 6,
+            "text": list("abcdef"),
+        }
+    )
+    t = MCAdvantage(grpo_size=3, trajectory_return="sum", keep_return_bounds=(0.1, 0.9))
+    out = t.transform_table(table)
+    assert out.column("text").to_pylist() == ["a", "b", "c"]
+    torch.testing.assert_close(torch.tensor(out.column("advantage").to_pylist()), torch.tensor(TORCHRL_BOUNDS_GROUP_2))
+    assert t.last_stats["dropped_groups"] == 1
+    with pytest.raises(ValueError, match="no column 'reward'"):
+        t.transform_table(table.drop_columns(["reward"]))
+
+
+# expected values from TorchRL 0.14.1 (torchrl.data.llm.topk.TopKRewardSelector on a replay buffer).
+def test_top_k_selector_matches_torchrl():
+    rewards = [0, 1, 2, 3, 4] + [1] * 5 + [0, 0, 0, 1, 0]
+    groups = ["a"] * 5 + ["b"] * 5 + ["d"] * 5
+    kept = select_top_k(rewards, groups, 3, group_size=5)
+    # TorchRL kept: ('a', 4.0), ('a', 3.0), ('d', 1.0) -- strictly above the median, all-equal group dropped.
+    assert [(groups[i], rewards[i]) for i in kept] == [("a", 4), ("a", 3), ("d", 1)]
+    rewards2 = [0.5, 0.9, 0.1, 0.9, 0.7, 0.2] + [0, 0, 0, 1, 0, 0] + [3, 1, 2, 5, 4, 0]
+    groups2 = ["c"] * 6 + ["d"] * 6 + ["e"] * 6
+    kept2 = TopKRewardSelector(2, total_dialog_turns=6).select(rewards2, groups2)
+    # TorchRL kept: ('c', 0.9), ('c', 0.9), ('d', 1.0), ('e', 5.0), ('e', 4.0)
+    assert [(groups2[i], rewards2[i]) for i in kept2] == [("c", 0.9), ("c", 0.9), ("d", 1), ("e", 5), ("e", 4)]
+    assert kept2[:2] == [1, 3]  # ties keep row order
+
+
+def test_top_k_selector_table_and_errors():
+    table = pa.table({"group_id": [1, 1, 1, 2, 2, 2], "reward": [0.2, 0.9, 0.5, 0.0, 0.0, 0.0], "id": list("uvwxyz")})
+    out = TopKRewardSelector(1).transform_table(table)
+    assert out.column("id").to_pylist() == ["v"]
+    without_median = select_top_k([0.2, 0.9, 0.5], [1, 1, 1], 3, above_median=False)
+    assert without_median == [1, 2, 0]
+    with pytest.raises(ValueError, match="topk_size"):
+        TopKRewardSelector(5, total_dialog_turns=4)
+    with pytest.raises(ValueError, match="group 2 has 3 rows"):
+        select_top_k([0, 1, 0, 1, 2], [1, 1, 2, 2, 2], 1, group_size=2)
