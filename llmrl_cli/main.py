@@ -8,6 +8,7 @@ from llmrl_cli.demo import demo
 from llmrl_cli.doctor import doctor
 from llmrl_cli.lineage import lineage
 from llmrl_cli.models import models_app
+from llmrl_cli.run import run_app
 from llmrl_cli.trajectories import trajectories_app
 
 app = typer.Typer(
@@ -18,6 +19,7 @@ app = typer.Typer(
 )
 app.add_typer(models_app, name="models")
 app.add_typer(trajectories_app, name="trajectories")
+app.add_typer(run_app, name="run")
 app.command("lineage")(lineage)
 app.command("doctor")(doctor)
 app.command("demo")(demo)

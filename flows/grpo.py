@@ -1,0 +1,157 @@
+"""Flow ``grpo``: iterative GRPO, one policy version per iteration, stage by stage.
+
+    prompts -> rollouts (resident vLLM engines) -> reference KL (if kl_coef > 0) -> advantages
+            -> trajectories (Parquet, by policy version) -> train (resident trainer) -> publish weights
+            -> lineage (MLflow) -> commit
+
+A version is *published* once its commit marker exists (checkpoint, optimizer/RNG state, engines loaded,
+lineage logged, data cursor saved). Running the same run id again resumes after the last published
+version: that iteration's partition is rebuilt from scratch (same prompts, same seeds), nothing published
+is repeated. Run it with ``llmrl run grpo [--config x.yaml] [--set section.key=value ...]``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from llmrl_core.model_store import resolve_model
+from llmrl_core.paths import llmrl_home
+from llmrl_core.pipeline.config_io import load_config
+from llmrl_core.pipeline.grpo_config import GRPOConfig
+from storage.checkpoints import CheckpointStore
+from storage.layout import RunLayout
+from storage.lineage import LineageConfig, LineageRecorder
+from storage.trajectories import TrajectoryStore
+from tasks import grpo_stages as stages
+from tasks.actors import RolloutWorker, TrainerWorker
+from tasks.cluster import dask_cluster
+from tasks.reporting import report_iteration
+
+
+class InjectedFailure(RuntimeError):
+    """Raised by ``fail_after_stage`` (fault injection for resume tests)."""
+
+
+def _maybe_fail(cfg: GRPOConfig, stage: str, version: int) -> None:
+    if cfg.fail_after_stage == f"{stage}@{version}":
+        raise InjectedFailure(f"injected failure after stage {stage!r} of version {version}")
+
+
+def _history(run_dir: Path, upto: int) -> list[dict[str, Any]]:
+    import json
+
+    rows = []
+    for v in range(1, upto + 1):
+        path = stages.marker_path(run_dir, v)
+        if path.exists():
+            rows.append({"version": v, **json.loads(path.read_text())["metrics"]})
+    return rows
+
+
+@flow(name="grpo")
+def grpo(config: str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Run (or resume) GRPO: ``config`` is a YAML file, ``overrides`` are ``section.key=value`` strings."""
+    log = get_run_logger()
+    cfg = load_config(GRPOConfig, config, overrides or [])
+    layout = RunLayout(cfg.run_id, Path(cfg.runs_dir) if cfg.runs_dir else llmrl_home() / "runs")
+    run_dir, store_uri = layout.run_dir, layout.trajectories_uri
+    staging_uri = str(run_dir / "staging")
+    model_path = resolve_model(cfg.model)
+    published = stages.latest_published(run_dir)
+    start = published[0] if published else 0
+    primer_state = published[1]["primer_state"] if published else None
+    log.info(
+        "run %s: %s (versions %d..%d)",
+        cfg.run_id,
+        f"resuming at version {start}" if published else "new run",
+        start,
+        cfg.iterations,
+    )
+    lineage = LineageRecorder(
+        run_dir,
+        pipeline="grpo",
+        run_id=cfg.run_id,
+        config=stages.lineage_config(cfg),
+        lineage_config=LineageConfig(tracking_uri=cfg.tracking_uri),
+    )
+    checkpoints = CheckpointStore(layout.checkpoints_dir)
+    with lineage, dask_cluster(cfg, run_dir / "dask") as place:
+        client = place.client
+        t0 = time.perf_counter()
+        engines = [
+            client.submit(RolloutWorker, cfg, model_path, actor=True, workers=[a], pure=False) for a in place.rollout
+        ]
+        trainer = client.submit(
+            TrainerWorker, cfg, model_path, str(layout.runs_root), actor=True, workers=[place.trainer], pure=False
+        ).result()
+        engines = [e.result() for e in engines]
+        log.info("%d rollout engine(s) and the trainer are resident (%.1f s)", len(engines), time.perf_counter() - t0)
+        config_dict = stages.lineage_config(cfg)
+        if published is None:
+            info = stages.publish_weights(trainer, engines, 0, config_dict)
+            lineage.log_version(0, checkpoint=checkpoints.manifest(0))
+            stages.commit_version(run_dir, 0, None, {})
+            log.info("version 0 (base model) published: %s", info["checkpoint"])
+        elif start > 0:
+            trainer.restore(start).result()
+            path = str(checkpoints.weights_path(start))
+            for engine in engines:
+                engine.load(path, start).result()
+        for version in range(start, cfg.iterations):
+            t_iter = time.perf_counter()
+            TrajectoryStore(staging_uri).delete_partition(cfg.run_id, version)
+            rows, next_primer_state = stages.load_prompts(cfg, primer_state)
+            shards = stages.rollout(engines, rows, version, staging_uri)
+            _maybe_fail(cfg, "rollout", version)
+            if cfg.train.kl_coef > 0:
+                stages.score_reference(trainer, staging_uri, version)
+            adv = stages.compute_advantages(cfg, staging_uri, version)
+            written = stages.write_trajectories(cfg, staging_uri, store_uri, version)
+            _maybe_fail(cfg, "write_trajectories", version)
+            train_metrics = stages.train(trainer, store_uri, version)
+            _maybe_fail(cfg, "train", version)
+            info = stages.publish_weights(trainer, engines, version + 1, config_dict)
+            _maybe_fail(cfg, "publish", version)
+            rollout_rows = sum(s["rows"] for s in shards)
+            metrics = {
+                "reward_mean": sum(s["reward_mean"] * s["rows"] for s in shards) / rollout_rows,
+                "response_tokens_mean": sum(s["response_tokens_mean"] * s["rows"] for s in shards) / rollout_rows,
+                "rollout_s": max(s["seconds"] for s in shards),
+                "groups_with_signal": adv["groups"] - adv["zero_signal_groups"] - adv["dropped_groups"],
+                **{k: float(v) for k, v in train_metrics.items() if isinstance(v, int | float)},
+            }
+            part = lineage.log_trajectory_partition(TrajectoryStore(store_uri), version)
+            lineage.log_version(version + 1, checkpoint=checkpoints.manifest(version + 1), data=[part], metrics=metrics)
+            metrics["iteration_s"] = time.perf_counter() - t_iter
+            stages.commit_version(run_dir, version + 1, next_primer_state, metrics)
+            primer_state = next_primer_state
+            report_iteration(cfg.run_id, _history(run_dir, version + 1), run_dir / "reports", lineage)
+            log.info(
+                "version %d -> %d: %d rollouts, reward %.3f, %.0f response tokens, loss %.4f, %.1f s; trajectories %s",
+                version,
+                version + 1,
+                written["rows"],
+                metrics["reward_mean"],
+                metrics["response_tokens_mean"],
+                metrics.get("loss", float("nan")),
+                metrics["iteration_s"],
+                written["partition"],
+            )
+    summary = {
+        "run_id": cfg.run_id,
+        "published_version": max(start, cfg.iterations),
+        "trajectories": store_uri,
+        "checkpoints": str(layout.checkpoints_dir),
+        "mlflow_tracking_uri": lineage.tracking_uri,
+        "run_dir": str(run_dir),
+    }
+    log.info("done: %s", summary)
+    return summary
+
+
+if __name__ == "__main__":
+    grpo()

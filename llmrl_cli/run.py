@@ -1,0 +1,43 @@
+"""``llmrl run FLOW``: run a pipeline flow with a YAML config and ``--set section.key=value`` overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+run_app = typer.Typer(
+    help="Run a pipeline flow (ephemeral Prefect, local Dask and MLflow by default).", no_args_is_help=True
+)
+
+
+@run_app.command("grpo")
+def run_grpo(
+    config: Path = typer.Option(None, "--config", "-c", help="YAML config (sections: data, rollout, train, dask)."),
+    overrides: list[str] = typer.Option(None, "--set", help="Override one setting, e.g. --set train.lr=1e-6."),
+    show_config: bool = typer.Option(False, "--show-config", help="Print the resolved config and exit."),
+) -> None:
+    """GRPO on the embedded defaults (packaged SmolLM2, GSM8K, vLLM) unless the config says otherwise.
+
+    Running the same run_id again resumes after its last published version.
+    """
+    from llmrl_core.pipeline.config_io import ConfigError, load_config, to_dict
+    from llmrl_core.pipeline.grpo_config import GRPOConfig
+
+    try:
+        cfg = load_config(GRPOConfig, config, overrides or [])
+    except ConfigError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from err
+    if show_config:
+        import yaml
+
+        typer.echo(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        return
+    from flows.grpo import grpo
+
+    summary = grpo(config=str(config) if config else None, overrides=list(overrides or []))
+    typer.echo(f"run {summary['run_id']}: published version {summary['published_version']}")
+    typer.echo(f"  trajectories: {summary['trajectories']}  (llmrl trajectories show {summary['run_id']} --version 0)")
+    typer.echo(f"  checkpoints:  {summary['checkpoints']}")
+    typer.echo(f"  MLflow:       {summary['mlflow_tracking_uri']}  (llmrl lineage {summary['run_id']} --version 1)")

@@ -1,0 +1,147 @@
+"""Load nested config dataclasses from YAML files and ``section.field=value`` overrides, with clear errors.
+
+Every field of a config dataclass can be set in YAML (nested mappings for nested dataclasses) or on the
+command line as ``--set trainer.lr=1e-6``; values are parsed as YAML scalars (``1e-6``, ``true``,
+``[1, 2]``) and checked against the field's type. An unknown key names the full dotted path and the
+valid keys, so a typo never passes silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config file or override is malformed; the message names the file and the dotted key."""
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _is_dataclass_type(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in (o for o in options if o is not type(None)):
+            try:
+                return _coerce(value, option, where)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(errors[0] if errors else f"{where}: cannot be {value!r}")
+    if _is_dataclass_type(tp):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: expected a mapping of {tp.__name__} fields, got {value!r}")
+        return build(tp, value, where)
+    if tp is Any:
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        args = typing.get_args(tp)
+        item_type = args[0] if args else Any
+        items = [_coerce(v, item_type, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return dict(value)
+    if origin is typing.Literal:
+        if value not in typing.get_args(tp):
+            raise ConfigError(f"{where}: must be one of {list(typing.get_args(tp))}, got {value!r}")
+        return value
+    if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if tp is float and isinstance(value, str):  # YAML 1.1 reads "1e-6" (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if tp is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if tp is bool and isinstance(value, bool):
+        return value
+    if tp is str and isinstance(value, str | int | float) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(tp, type) and isinstance(value, tp):
+        return value
+    raise ConfigError(f"{where}: expected {getattr(tp, '__name__', tp)}, got {value!r}")
+
+
+def build(cls: type[T], data: Mapping[str, Any], where: str = "") -> T:
+    """Build dataclass ``cls`` from a (nested) mapping; missing keys keep their defaults."""
+    types_ = _field_types(cls)
+    unknown = sorted(set(data) - set(types_))
+    if unknown:
+        key = f"{where}.{unknown[0]}" if where else unknown[0]
+        raise ConfigError(f"unknown config key {key!r}; valid keys here: {sorted(types_)}")
+    kwargs = {name: _coerce(value, types_[name], f"{where}.{name}" if where else name) for name, value in data.items()}
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{where or cls.__name__}: {err}") from err
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """The config as plain nested dicts (for YAML, hashing and MLflow params)."""
+    return dataclasses.asdict(config)
+
+
+def _apply_override(data: dict[str, Any], cls: type, override: str) -> None:
+    if "=" not in override:
+        raise ConfigError(f"override {override!r} must look like section.key=value")
+    dotted, raw = override.split("=", 1)
+    keys = dotted.strip().split(".")
+    node, node_cls = data, cls
+    for i, key in enumerate(keys):
+        types_ = _field_types(node_cls)
+        if key not in types_:
+            path = ".".join(keys[: i + 1])
+            raise ConfigError(f"unknown config key {path!r} in override {override!r}; valid: {sorted(types_)}")
+        if i == len(keys) - 1:
+            node[key] = yaml.safe_load(raw) if raw.strip() else ""
+        else:
+            field_type = types_[key]
+            if not _is_dataclass_type(field_type):
+                raise ConfigError(f"{'.'.join(keys[: i + 1])} is not a section in override {override!r}")
+            node = node.setdefault(key, {})
+            node_cls = field_type
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: Iterable[str] = ()) -> T:
+    """Defaults of ``cls``, then the YAML file at ``path`` (if any), then ``overrides`` (``a.b=value``)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except FileNotFoundError as err:
+            raise ConfigError(f"{path}: config file not found") from err
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML ({err})") from err
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping, got {type(loaded).__name__}")
+        data = loaded
+    for override in overrides:
+        _apply_override(data, cls, override)
+    try:
+        return build(cls, data)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}" if path is not None else str(err)) from err

@@ -1,0 +1,226 @@
+"""Dask actors that stay resident on their workers across iterations: rollout engines and the trainer.
+
+``RolloutWorker`` holds a vLLM engine and a tokens-mode env; ``TrainerWorker`` holds the policy model, its
+optimizer (and a frozen reference model when the KL coefficient is above 0). Both only exchange paths,
+versions and small summaries with the flow: trajectories go through the Parquet store, weights through
+the checkpoint store.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from llmrl_core.collectors import LLMCollector
+from llmrl_core.envs import PolicyVersion, make_gsm8k_env
+from llmrl_core.pipeline.grpo_config import GRPOConfig
+from llmrl_core.policies.base import SamplingConfig
+from llmrl_core.policies.vllm_engine import EngineConfig
+from storage.checkpoints import CheckpointStore
+from storage.layout import RunLayout
+from storage.trajectories import TrajectoryStore
+from tasks.records import read_shards, record_to_sample, trajectory_to_record
+
+
+def sampling_config(cfg: GRPOConfig, version: int, shard: int) -> SamplingConfig:
+    """Sampling settings of one rollout shard; the seed depends on (seed, version, shard) for reproducibility."""
+    r = cfg.rollout
+    return SamplingConfig(
+        max_new_tokens=r.max_new_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        seed=cfg.seed * 1_000_003 + version * 1_009 + shard,
+    )
+
+
+class RolloutWorker:
+    """A resident vLLM engine plus a GSM8K env in tokens mode; collects shards at a given policy version."""
+
+    def __init__(self, cfg: GRPOConfig, model_path: str) -> None:
+        from llmrl_core.policies.vllm_worker import vLLMWorker
+
+        self.cfg = cfg
+        r = cfg.rollout
+        self.worker = vLLMWorker(
+            EngineConfig(
+                model=model_path, dtype=r.dtype, kv_cache_gb=r.kv_cache_gb, seed=cfg.seed, max_model_len=r.max_model_len
+            )
+        )
+        self.env = make_gsm8k_env(tokenizer=self.worker.get_tokenizer(), input_mode="tokens")
+
+    def load(self, checkpoint_path: str, version: int) -> int:
+        """Load published weights (a safetensors checkpoint) as ``version``."""
+        return int(self.worker.load_weights(checkpoint_path, version))
+
+    def version(self) -> int:
+        """The version of the weights in the engine."""
+        return int(self.worker.policy_version)
+
+    def rollout(self, rows: list[Any], version: int, staging_uri: str, shard: int) -> dict[str, Any]:
+        """Collect every row once with the engine at ``version``; write the rows as a staging shard."""
+        from llmrl_core.policies.vllm_wrapper import vLLMWrapper
+
+        if self.version() != version:
+            raise RuntimeError(f"engine holds version {self.version()}, asked to roll out version {version}")
+        start = time.perf_counter()
+        sampling = sampling_config(self.cfg, version, shard)
+        policy = vLLMWrapper(self.worker.llm, input_mode="tokens", sampling=sampling)
+        collector = LLMCollector(
+            self.env,
+            policy,
+            prompts=rows,
+            prompts_per_reset=len(rows),
+            total_trajectories=len(rows),
+            policy_version=PolicyVersion(initial=version),
+        )
+        trajectories = collector.collect()
+        params = {
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "max_tokens": sampling.max_new_tokens,
+            "seed": sampling.seed,
+        }
+        records = [
+            trajectory_to_record(
+                t, run_id=self.cfg.run_id, policy_version=version, model_id=self.cfg.model, sampling=params
+            )
+            for t in trajectories
+        ]
+        info = TrajectoryStore(staging_uri).write_shard(self.cfg.run_id, version, shard, records)
+        rewards = [r.reward for r in records]
+        return {
+            "shard": info.path,
+            "rows": len(records),
+            "seconds": time.perf_counter() - start,
+            "reward_mean": float(np.mean(rewards)),
+            "response_tokens_mean": float(np.mean([len(r.response_tokens) for r in records])),
+        }
+
+    def score(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
+        """Engine log-probs of fixed tokens (lets tests compare engine and checkpoint weights)."""
+        return [t.tolist() for t in self.worker.score(prompts, responses)]
+
+
+class TrainerWorker:
+    """The resident policy model, its optimizer and the checkpoint store of the run."""
+
+    def __init__(self, cfg: GRPOConfig, model_path: str, runs_root: str) -> None:
+        from transformers import AutoModelForCausalLM
+
+        from llmrl_core.objectives import GRPOLoss
+        from llmrl_core.trainer import Trainer, TrainerConfig
+
+        t = cfg.train
+        torch.set_num_threads(t.threads or os.cpu_count() or 1)
+        device = "cuda" if t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available()) else "cpu"
+        self.cfg = cfg
+        self.layout = RunLayout(cfg.run_id, Path(runs_root))
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
+        self.ref = None
+        options: dict[str, Any] = dict(
+            clip_epsilon=t.clip_epsilon,
+            aggregation=t.aggregation,
+            entropy_coeff=t.entropy_coeff,
+            kl_estimator=t.kl_estimator,
+        )
+        if t.kl_coef > 0:
+            self.ref = copy.deepcopy(self.model).eval().requires_grad_(False)
+            options["kl_to_ref_coeff"] = t.kl_coef
+        loss = GRPOLoss(self.model, entropy_bonus=t.entropy_coeff > 0, **options)
+        self.trainer = Trainer(
+            loss,
+            TrainerConfig(
+                lr=t.lr,
+                max_grad_norm=t.max_grad_norm,
+                token_budget=t.token_budget,
+                mixed_precision=t.mixed_precision,
+                seed=cfg.seed,
+            ),
+        )
+        self.checkpoints = CheckpointStore(self.layout.checkpoints_dir, keep_last=cfg.keep_checkpoints)
+
+    # --- state -----------------------------------------------------------------------------------
+    def _state_path(self, version: int) -> Path:
+        return self.layout.run_dir / "state" / f"trainer-v{version}.pt"
+
+    def publish(self, version: int, config: dict[str, Any]) -> dict[str, Any]:
+        """Checkpoint the weights as ``version`` and save optimizer + RNG state beside it (atomically)."""
+        manifest = self.checkpoints.save(
+            self.model.state_dict(),
+            version,
+            parent_version=version - 1 if version > 0 else None,
+            config=config,
+            model_id=self.cfg.model,
+        )
+        path = self._state_path(version)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        torch.save(
+            {
+                "optimizer": self.trainer.optimizer.state_dict(),
+                "step": self.trainer.step_count,
+                "torch_rng": torch.get_rng_state(),
+                "python_rng": random.getstate(),
+                "numpy_rng": np.random.get_state(),
+            },
+            tmp,
+        )
+        os.replace(tmp, path)
+        self.checkpoints.apply_retention(protect=version)
+        return {
+            "version": version,
+            "checkpoint": str(self.checkpoints.weights_path(version)),
+            "sha256": manifest.sha256,
+        }
+
+    def restore(self, version: int) -> None:
+        """Continue from a published version: weights, optimizer state and RNG."""
+        loaded = self.checkpoints.load(version)
+        self.model.load_state_dict(loaded.state_dict, strict=False)
+        self.model.tie_weights()
+        state_path = self._state_path(version)
+        if state_path.exists():
+            state = torch.load(state_path, weights_only=False)
+            self.trainer.optimizer.load_state_dict(state["optimizer"])
+            self.trainer.step_count = state["step"]
+            torch.set_rng_state(state["torch_rng"])
+            random.setstate(state["python_rng"])
+            np.random.set_state(state["numpy_rng"])
+
+    # --- stages ----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def score_reference(self, staging_uri: str, version: int) -> dict[str, Any]:
+        """Fill ``ref_logprobs`` of every staged row with the frozen reference model (rewrites each shard)."""
+        from llmrl_core.trainer.batch import pack_samples
+        from llmrl_core.trainer.scoring import score_packed
+
+        if self.ref is None:
+            raise RuntimeError("no reference model: train.kl_coef is 0")
+        store = TrajectoryStore(staging_uri)
+        device = next(self.ref.parameters()).device
+        rows = 0
+        for shard, records in read_shards(store, self.cfg.run_id, version):
+            for record in records:
+                sample = record_to_sample(dataclasses.replace(record, advantage=0.0))
+                scores = score_packed(self.ref, pack_samples([sample]).to(device))
+                record.ref_logprobs = scores.log_probs[0, : len(sample.response_ids)].float().cpu().tolist()
+            store.write_shard(self.cfg.run_id, version, shard, records)
+            rows += len(records)
+        return {"rows": rows}
+
+    def train(self, store_uri: str, version: int) -> dict[str, float]:
+        """``steps_per_iteration`` optimizer steps on the published partition of ``version``."""
+        records = TrajectoryStore(store_uri).read_records(self.cfg.run_id, version=version)
+        samples = [record_to_sample(r) for r in records]
+        metrics: dict[str, float] = {}
+        for _ in range(self.cfg.train.steps_per_iteration):
+            metrics = self.trainer.train_step(samples)
+        return metrics

@@ -1,0 +1,158 @@
+"""The GRPO stages as thin Prefect tasks: arguments in, a core/storage/actor call, a small summary out.
+
+Trajectories travel through the Parquet store (a staging store for rollouts in progress, the run's store
+once a partition is complete) and weights through the checkpoint store; tasks return paths and numbers.
+Stages that can safely run twice (they rewrite the same shard names) retry once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from llmrl_core.builtin_data import gsm8k_path
+from llmrl_core.collectors.dask_collector import shard_by_group
+from llmrl_core.envs.primer import DataLoadingPrimer
+from llmrl_core.envs.types import PromptRow
+from llmrl_core.objectives import mc_advantage
+from llmrl_core.pipeline.grpo_config import GRPOConfig
+from storage.trajectories import TrajectoryStore
+from tasks.records import read_shards
+
+STAGE = dict(cache_policy=NO_CACHE, persist_result=False)
+
+
+def prompt_source(source: str) -> str:
+    """``gsm8k:train`` / ``gsm8k:test`` name the shipped splits; anything else is a path."""
+    if source.startswith("gsm8k:"):
+        return str(gsm8k_path(source.split(":", 1)[1]))
+    if not Path(source).exists():
+        raise FileNotFoundError(f"data.source {source!r}: no such file (use gsm8k:train or a .jsonl/.parquet path)")
+    return source
+
+
+@task(name="load-prompts", **STAGE)
+def load_prompts(cfg: GRPOConfig, primer_state: dict | None) -> tuple[list[PromptRow], dict]:
+    """Draw the next ``prompts_per_iteration`` prompts, ``group_size`` copies each; returns rows and cursor."""
+    d = cfg.data
+    primer = DataLoadingPrimer(
+        prompt_source(d.source),
+        batch_size=d.prompts_per_iteration,
+        repeats=d.group_size,
+        shuffle=d.shuffle,
+        seed=cfg.seed,
+        rename={"question": "query"},
+    )
+    if primer_state is not None:
+        primer.load_state_dict(primer_state)
+    rows = primer.next_batch()
+    return rows, primer.state_dict()
+
+
+@task(name="rollout", retries=1, **STAGE)
+def rollout(actors: list[Any], rows: list[PromptRow], version: int, staging_uri: str) -> list[dict]:
+    """Shard the rows over the rollout engines (groups kept whole) and write one staging shard each."""
+    shards = shard_by_group(rows, len(actors))
+    futures = [
+        actor.rollout(shard, version, staging_uri, i)
+        for i, (actor, shard) in enumerate(zip(actors, shards, strict=False))
+    ]
+    return [f.result() for f in futures]
+
+
+@task(name="score-reference", retries=1, **STAGE)
+def score_reference(trainer: Any, staging_uri: str, version: int) -> dict:
+    """Reference-model log-probs for every staged row (on the trainer worker)."""
+    return trainer.score_reference(staging_uri, version).result()
+
+
+@task(name="advantages", retries=1, **STAGE)
+def compute_advantages(cfg: GRPOConfig, staging_uri: str, version: int) -> dict:
+    """Group-normalised advantages over each GRPO group of the staged rows (rewrites the staging shards)."""
+    store = TrajectoryStore(staging_uri)
+    shards = read_shards(store, cfg.run_id, version)
+    records = [r for _, rs in shards for r in rs]
+    if not records:
+        raise RuntimeError(f"no staged rollouts for {cfg.run_id} version {version}")
+    result = mc_advantage([r.reward for r in records], [r.group_id for r in records])
+    for record, advantage in zip(records, result.advantages.tolist(), strict=True):
+        record.advantage = float(advantage)
+    for shard, rs in shards:
+        store.write_shard(cfg.run_id, version, shard, rs)
+    return {"rows": len(records), **{k: int(v) for k, v in result.stats.items()}}
+
+
+@task(name="write-trajectories", retries=1, **STAGE)
+def write_trajectories(cfg: GRPOConfig, staging_uri: str, store_uri: str, version: int) -> dict:
+    """Publish the staged partition into the run's trajectory store (replacing any partial earlier attempt)."""
+    staging, store = TrajectoryStore(staging_uri), TrajectoryStore(store_uri)
+    store.delete_partition(cfg.run_id, version)
+    infos = [
+        store.write_shard(cfg.run_id, version, shard, rs) for shard, rs in read_shards(staging, cfg.run_id, version)
+    ]
+    staging.delete_partition(cfg.run_id, version)
+    return {
+        "partition": store.partition_uri(cfg.run_id, version),
+        "shards": len(infos),
+        "rows": sum(i.num_rows or 0 for i in infos),
+    }
+
+
+@task(name="train", **STAGE)
+def train(trainer: Any, store_uri: str, version: int) -> dict:
+    """Optimizer steps on the published partition of ``version`` (on the trainer worker)."""
+    return trainer.train(store_uri, version).result()
+
+
+@task(name="publish-weights", retries=1, **STAGE)
+def publish_weights(trainer: Any, rollout_actors: list[Any], version: int, config: dict) -> dict:
+    """Checkpoint ``version`` (weights + optimizer state), then load it into every rollout engine."""
+    published = trainer.publish(version, config).result()
+    loaded = [f.result() for f in [a.load(published["checkpoint"], version) for a in rollout_actors]]
+    if any(v != version for v in loaded):
+        raise RuntimeError(f"engines report versions {loaded} after publishing {version}")
+    return published
+
+
+def marker_path(run_dir: Path, version: int) -> Path:
+    """The file whose presence means ``version`` is fully published (written last, atomically)."""
+    return run_dir / "state" / f"published-v{version}.json"
+
+
+def latest_published(run_dir: Path) -> tuple[int, dict] | None:
+    """The highest fully published version and its marker contents, or None for a new run."""
+    found = []
+    for path in (run_dir / "state").glob("published-v*.json"):
+        try:
+            found.append((int(path.stem.removeprefix("published-v")), path))
+        except ValueError:
+            continue
+    if not found:
+        return None
+    version, path = max(found)
+    return version, json.loads(path.read_text())
+
+
+@task(name="commit-version", **STAGE)
+def commit_version(run_dir: Path, version: int, primer_state: dict | None, metrics: dict) -> str:
+    """Mark ``version`` fully published: the data cursor for its rollouts and the iteration's metrics."""
+    path = marker_path(run_dir, version)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps({"version": version, "primer_state": primer_state, "metrics": metrics}, indent=2))
+    os.replace(tmp, path)
+    return str(path)
+
+
+def lineage_config(cfg: GRPOConfig) -> dict:
+    """The settings that define what a version is (run length and fault injection excluded)."""
+    data = asdict(cfg)
+    for key in ("iterations", "fail_after_stage"):
+        data.pop(key)
+    return data

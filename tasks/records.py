@@ -1,0 +1,73 @@
+"""Trajectories <-> Parquet rows <-> train samples: the conversions between collector, store and trainer."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from llmrl_core.collectors.trajectory import Trajectory
+from llmrl_core.trainer.batch import TrainSample
+from storage.schema import TrajectoryRecord, table_to_records
+from storage.trajectories import TrajectoryStore
+
+
+def trajectory_to_record(
+    t: Trajectory, *, run_id: str, policy_version: int, model_id: str, sampling: dict[str, Any]
+) -> TrajectoryRecord:
+    """One stored row for a finished (tokens-mode) trajectory: prompt = tokens before the first sampled one."""
+    if t.tokens is None or t.policy_mask is None:
+        raise ValueError("trajectory_to_record needs tokens-mode trajectories (env input_mode='tokens')")
+    mask = t.policy_mask.tolist()
+    if True not in mask:
+        raise ValueError(f"trajectory of prompt {t.prompt_id} has no sampled token")
+    start = mask.index(True)
+    tokens = t.tokens.tolist()
+    sampled = iter(float(lp) for r in t.responses for lp in (r.log_probs.tolist() if r.log_probs is not None else []))
+    logprobs = [next(sampled) if m else math.nan for m in mask[start:]]
+    return TrajectoryRecord(
+        run_id=run_id,
+        policy_version=policy_version,
+        prompt_id=str(t.prompt_id),
+        group_id=str(t.group_id),
+        sample_index=int(t.sample_index),
+        turn=max(0, t.num_turns - 1),
+        messages=[{"role": m.role, "content": m.text} for m in t.history.messages],
+        prompt_tokens=tokens[:start],
+        response_tokens=tokens[start:],
+        response_mask=mask[start:],
+        sampler_logprobs=logprobs,
+        reward=float(t.reward),
+        reward_components={k: float(v) for k, v in t.reward_components.items()},
+        finish_reason=t.finish_reason or "unknown",
+        truncated=bool(t.truncated),
+        num_tool_calls=int(t.info.get("num_tool_calls", 0)),
+        model_id=model_id,
+        sampling_params=dict(sampling),
+    )
+
+
+def record_to_sample(row: TrajectoryRecord) -> TrainSample:
+    """The train step's view of a stored row (its advantage must be set)."""
+    if row.advantage is None:
+        raise ValueError(f"row {row.run_id}/v{row.policy_version}/{row.group_id}#{row.sample_index} has no advantage")
+    return TrainSample(
+        prompt_ids=row.prompt_tokens,
+        response_ids=row.response_tokens,
+        response_mask=row.response_mask,
+        sampler_logprobs=row.sampler_logprobs,
+        advantage=float(row.advantage),
+        ref_logprobs=row.ref_logprobs,
+        sample_id=f"{row.run_id}/v{row.policy_version}/{row.group_id}#{row.sample_index}",
+    )
+
+
+def read_shards(store: TrajectoryStore, run_id: str, version: int) -> list[tuple[str, list[TrajectoryRecord]]]:
+    """Every visible shard of a partition as (shard key, records), so a stage can rewrite it in place."""
+    out = []
+    for info in store.shards(run_id, version=version):
+        key = info.name.removesuffix(".parquet")
+        shard = int(key.removeprefix("shard-")) if key.startswith("shard-") else key
+        out.append((shard, table_to_records(pq.read_table(info.path, filesystem=store.fs))))
+    return out
