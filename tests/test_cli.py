@@ -91,3 +91,15 @@ def test_demo_answers_gsm8k_with_logprobs(default_model_path, tmp_path):
         assert row["gold"] and row["response"]
         assert len(row["sampler_logprobs"]) == len(row["response_token_ids"]) > 0
         assert all(lp <= 0 for lp in row["sampler_logprobs"])
+
+
+def test_run_grpo_show_config_applies_overrides():
+    result = runner.invoke(app, ["run", "grpo", "--show-config", "--set", "train.lr=1e-6", "--set", "run_id=x1"])
+    assert result.exit_code == 0, result.output
+    assert "run_id: x1" in result.output and "lr: 1.0e-06" in result.output
+
+
+def test_run_grpo_rejects_unknown_settings():
+    result = runner.invoke(app, ["run", "grpo", "--set", "train.nope=1"])
+    assert result.exit_code == 2
+    assert "unknown config key 'train.nope'" in result.output
