@@ -10,6 +10,7 @@ from llmrl_core.envs.dataset_chat_env import DatasetChatEnv
 from llmrl_core.envs.gsm8k import GSM8K_SYSTEM_PROMPT, GSM8KEnv, GSM8KPrepareQuestion, make_gsm8k_env
 from llmrl_core.envs.gsm8k_reward import GSM8KRewardParser
 from llmrl_core.envs.hashing_env import LLMHashingEnv
+from llmrl_core.envs.ifeval import IFEvalEnv, IFEvalScoreData, IfEvalScorer
 from llmrl_core.envs.llm_env import LLMEnv
 from llmrl_core.envs.primer import DataLoadingPrimer
 from llmrl_core.envs.transforms import AddThinkingPrompt, PolicyVersion, TemplateTransform, Tokenizer, Transform
@@ -25,6 +26,9 @@ __all__ = [
     "GSM8KEnv",
     "GSM8KPrepareQuestion",
     "GSM8KRewardParser",
+    "IFEvalEnv",
+    "IFEvalScoreData",
+    "IfEvalScorer",
     "LLMEnv",
     "LLMHashingEnv",
     "PolicyVersion",

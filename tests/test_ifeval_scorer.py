@@ -1,0 +1,172 @@
+"""IFEval scoring: strict and loose evaluation, the four metrics, the reward, and IfEvalScorer on its own."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmrl_core.builtin_data.ifeval_data import load_ifeval
+from llmrl_core.envs.ifeval import (
+    IFEvalScoreData,
+    IfEvalScorer,
+    InstructionArgumentError,
+    UnknownInstructionError,
+    ifeval_reward,
+    loose_variants,
+    score_response,
+    summarize_scores,
+)
+
+ROWS = {row["key"]: row for row in load_ifeval()}
+
+# Expected values from TorchRL 0.14.1: torchrl.envs.llm.reward.ifeval._process_results on the first answer block
+# and IfEvalScorer().default_reward_aggregator (langdetect seeded 0), on the shipped rows with these keys.
+# (key, response, prompt strict, inst strict, prompt loose, inst loose, reward)
+TORCHRL_CASES = [
+    (142, '<think>A joke.</think>\n<answer>"Why did the cat knock twice? Knock knock, morphology!"</answer>',
+     True, [True, True, True], True, [True, True, True], 1.15),
+    (142, '<think>x</think><answer>Here is one:\n"Why did the cat knock? Knock."</answer>',
+     False, [False, True, True], True, [True, True, True], 0.65),
+    (1739, "<answer>Chúng tôi có thể cải thiện mô hình của mình để có hiệu suất tốt hơn</answer>",
+     True, [True, True], True, [True, True], 1.1),
+    (2422, "<think>t</think><answer><<DOG FOOD SONG>>\nOUR STARTUP SELLS FOOD FOR DOGS AND THE DOGS LOVE IT</answer>",
+     False, [False, True], False, [False, True], 0.35),
+    (2422, "<think>t</think><answer>**<<Dog Food Song>>**\n"
+           "Our startup sells food for dogs and the dogs love it</answer>",
+     False, [False, True], False, [False, True], 0.35),
+    (1000, "<think>s</think><think>t</think><answer>*one* **two** *three* short text</answer>",
+     False, [True, True, False], False, [True, True, False], 0.366667),
+    (1001, "<think>plan</think> Thou shalt go to Tokyo", False, [False], False, [False], 0.05),
+    (1001, "<answer>no commas here</answer><answer>a, b</answer>", True, [True], True, [True], 1.0),
+    (2395, '<answer>```json\n{"post": "Come to the market on Sunday"}\n```</answer>',
+     False, [True, False], True, [True, True], 0.55),
+    (1843, '<think>name</think><answer>"sunny shores estates"</answer>', True, [True, True], True, [True, True], 1.15),
+    (1843, '<answer>Sure:\n"sunny shores estates"</answer>', False, [False, False], True, [True, True], 0.4),
+    (1609, '<answer>"Weekend plans are fun.\n\nAsk her kindly.\n\nBe yourself.\n\nGood luck."</answer>',
+     True, [True, True], True, [True, True], 1.1),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("key", "response", "p_strict", "i_strict", "p_loose", "i_loose", "reward"), TORCHRL_CASES)
+def test_scorer_matches_torchrl(key, response, p_strict, i_strict, p_loose, i_loose, reward):
+    row = ROWS[key]
+    score, got = IfEvalScorer().score_text(response, row["instruction_id_list"], row["kwargs"])
+    assert score.prompt_level_strict_acc is p_strict
+    assert list(score.inst_level_strict_acc) == i_strict
+    assert score.prompt_level_loose_acc is p_loose
+    assert list(score.inst_level_loose_acc) == i_loose
+    assert got == pytest.approx(reward, abs=1e-6)
+
+
+def test_loose_variants_are_ifevals_eight():
+    text = "Sure, here:\n**Body** line\nHope it helps"
+    assert loose_variants(text) == [
+        text,
+        "Sure, here:\nBody line\nHope it helps",
+        "**Body** line\nHope it helps",
+        "Sure, here:\n**Body** line",
+        "**Body** line",
+        "Body line\nHope it helps",
+        "Sure, here:\nBody line",
+        "Body line",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("instruction_id", "kwargs", "response"),
+    [
+        # a preamble line: only the variants without the first line pass
+        ("startend:quotation", {}, 'Sure, here it is:\n"The whole answer."'),
+        # a closing remark: only the variants without the last line pass
+        ("detectable_format:json_format", {}, '{"a": 1}\nHope this helps!'),
+        # both: only the variant without first and last line passes
+        ("startend:quotation", {}, 'Sure:\n"All of it."\nBye!'),
+        # markdown emphasis: only the variants with '*' removed pass
+        (
+            "startend:end_checker",
+            {"end_phrase": "Is there anything else I can help with?"},
+            "Done.\n**Is there anything else I can help with?**",
+        ),  # fmt: skip
+        (
+            "length_constraints:nth_paragraph_first_word",
+            {"num_paragraphs": 2, "nth_paragraph": 2, "first_word": "summary"},
+            "Intro text.\n\n**Summary** of it.",
+        ),  # fmt: skip
+    ],
+)
+def test_loose_forgives_what_strict_does_not(instruction_id, kwargs, response):
+    score = score_response([instruction_id], [kwargs], response)
+    assert score.inst_level_strict_acc == (False,)
+    assert score.inst_level_loose_acc == (True,)
+    assert not score.prompt_level_strict_acc and score.prompt_level_loose_acc
+
+
+def test_empty_response_follows_nothing_even_negative_instructions():
+    ids = ["punctuation:no_comma", "keywords:forbidden_words"]
+    kwargs = [{}, {"forbidden_words": ["rock"]}]
+    for response in ("", "  \n "):
+        score = score_response(ids, kwargs, response)
+        assert score.inst_level_strict_acc == (False, False) and score.inst_level_loose_acc == (False, False)
+    assert score_response(ids, kwargs, "No rocks.").inst_level_strict_acc == (True, True)
+
+
+def test_summary_pools_instruction_level_over_instructions():
+    scores = [
+        IFEvalScoreData(("a", "b", "c"), False, (True, True, False), True, (True, True, True)),
+        IFEvalScoreData(("a",), True, (True,), True, (True,)),
+    ]
+    summary = summarize_scores(scores)
+    # by hand: prompt level = mean over 2 prompts; instruction level = 3 of 4 (pooled), not mean(2/3, 1)
+    assert summary == {
+        "prompt_level_strict_acc": 0.5,
+        "inst_level_strict_acc": 0.75,
+        "prompt_level_loose_acc": 1.0,
+        "inst_level_loose_acc": 1.0,
+    }
+    assert scores[0].to_dict()["inst_level_strict_acc"] == [True, True, False]
+    with pytest.raises(ValueError, match="at least one"):
+        summarize_scores([])
+
+
+def test_reward_weights_and_format_bonus_by_hand():
+    score = IFEvalScoreData(("a", "b", "c", "d"), False, (True, False, False, False), True, (True, True, False, True))
+    # 0.4*0 + 0.3*0.25 + 0.2*1 + 0.1*0.75 = 0.35
+    assert ifeval_reward(score) == pytest.approx(0.35)
+    assert ifeval_reward(score, ["t"], ["a"]) == pytest.approx(0.5)
+    assert ifeval_reward(score, ["t", "t2"], ["a"]) == pytest.approx(0.45)  # two think blocks: no think bonus
+    assert ifeval_reward(score, ["t"], ["a", "b"]) == pytest.approx(0.4)  # two answers: no answer bonus
+    assert ifeval_reward(score, weights=(1, 0, 0, 0)) == 0.0
+    with pytest.raises(ValueError, match="4 entries"):
+        ifeval_reward(score, weights=(1, 0))
+
+
+def test_scorer_options():
+    row = ROWS[1001]  # punctuation:no_comma
+    plain = "Thou shalt go to Tokyo"
+    seen = {}
+
+    def aggregator(score, think_blocks, answer_blocks, complete):
+        seen.update(think=think_blocks, answer=answer_blocks)
+        return 7.0
+
+    _, reward = IfEvalScorer(aggregate_reward=aggregator).score_text(
+        f"<think>a</think><answer>{plain}</answer>", *_row(row)
+    )
+    assert reward == 7.0 and seen == {"think": ["a"], "answer": [plain]}
+    assert IfEvalScorer(aggregate_reward=False).score_text(f"<answer>{plain}</answer>", *_row(row))[1] == 0.0
+    # answer_only=False scores the whole message (plain IFEval evaluation): strict and loose both pass
+    score, reward = IfEvalScorer(answer_only=False).score_text(plain, *_row(row))
+    assert score.prompt_level_strict_acc and reward == pytest.approx(1.0)
+    assert IfEvalScorer(format_weights=(0, 0, 0, 1)).score_text(f"<answer>{plain}</answer>", *_row(row))[1] == 1.1
+    with pytest.raises(ValueError, match="4 entries"):
+        IfEvalScorer(format_weights=[1.0])
+
+
+def test_scorer_errors_name_the_instruction():
+    with pytest.raises(UnknownInstructionError, match="'detectable_format:tittle'"):
+        IfEvalScorer().score_text("<answer>x</answer>", ["detectable_format:tittle"], [{}])
+    with pytest.raises(InstructionArgumentError, match="keywords:existence: missing kwarg"):
+        IfEvalScorer().score_text("<answer>x</answer>", ["keywords:existence"], [{}])
+
+
+def _row(row):
+    return row["instruction_id_list"], row["kwargs"]
