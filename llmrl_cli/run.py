@@ -41,3 +41,24 @@ def run_grpo(
     typer.echo(f"  trajectories: {summary['trajectories']}  (llmrl trajectories show {summary['run_id']} --version 0)")
     typer.echo(f"  checkpoints:  {summary['checkpoints']}")
     typer.echo(f"  MLflow:       {summary['mlflow_tracking_uri']}  (llmrl lineage {summary['run_id']} --version 1)")
+
+
+@run_app.command("collect")
+def run_collect(
+    config: Path = typer.Option(None, "--config", "-c", help="YAML config (the same sections as grpo)."),
+    overrides: list[str] = typer.Option(None, "--set", help="Override one setting, e.g. --set data.group_size=8."),
+    version: int = typer.Option(0, "--version", help="Policy version of the run to sample (0 = base model)."),
+    batches: int = typer.Option(1, "--batches", min=1, help="How many batches of prompts."),
+    out_run_id: str = typer.Option(None, "--out-run-id", help="Run id to store the rollouts under."),
+) -> None:
+    """Rollouts only: sample a stored policy version and keep every response (no training)."""
+    from flows.collect import collect
+
+    summary = collect(
+        config=str(config) if config else None,
+        overrides=list(overrides or []),
+        policy_version=version,
+        batches=batches,
+        out_run_id=out_run_id,
+    )
+    typer.echo(f"{summary['rows']} rollouts in {summary['partition']}")

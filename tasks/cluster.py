@@ -64,6 +64,9 @@ def dask_cluster(cfg: GRPOConfig, scratch: Path) -> Iterator[Placement]:
             processes=True,
             dashboard_address=None,
             host="127.0.0.1",
+            # Engines and the trainer are long-lived actors, not Dask data: Dask's memory manager would pause
+            # or restart them (losing the resident state) when a training step peaks; let the OS decide.
+            memory_limit=0,
             local_directory=cfg.dask.local_directory or str(scratch),
         ) as cluster,
         Client(cluster) as client,

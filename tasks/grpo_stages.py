@@ -56,11 +56,13 @@ def load_prompts(cfg: GRPOConfig, primer_state: dict | None) -> tuple[list[Promp
 
 
 @task(name="rollout", retries=1, **STAGE)
-def rollout(actors: list[Any], rows: list[PromptRow], version: int, staging_uri: str) -> list[dict]:
+def rollout(
+    actors: list[Any], rows: list[PromptRow], version: int, staging_uri: str, shard_offset: int = 0
+) -> list[dict]:
     """Shard the rows over the rollout engines (groups kept whole) and write one staging shard each."""
     shards = shard_by_group(rows, len(actors))
     futures = [
-        actor.rollout(shard, version, staging_uri, i)
+        actor.rollout(shard, version, staging_uri, shard_offset + i)
         for i, (actor, shard) in enumerate(zip(actors, shards, strict=False))
     ]
     return [f.result() for f in futures]

@@ -45,7 +45,7 @@ class TrainConfig:
     aggregation: Literal["token_mean", "prompt_mean"] = "token_mean"
     entropy_coeff: float = 0.0
     max_grad_norm: float = 1.0
-    token_budget: int = 4096
+    token_budget: int = 2048  # tokens per packed micro-batch: bounds the (tokens x vocab) logits memory
     mixed_precision: Literal["auto", "bf16", "no"] = "auto"
     threads: int = 0  # torch threads on the trainer worker (0: all cores)
     device: str = "auto"  # "auto" | "cpu" | "cuda"; a GPU trainer is placed on a worker with resource GPU=1

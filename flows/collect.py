@@ -1,0 +1,81 @@
+"""Flow ``collect``: rollouts only — sample a stored policy version and keep every response, no training.
+
+    prompts -> rollouts (resident vLLM engines at the chosen version) -> advantages -> trajectories
+
+The engines load the checkpoint ``policy_version`` of the config's ``run_id`` (0 = the base model, which
+needs no checkpoint); the rows go to the trajectory store under ``out_run_id`` (default
+``<run_id>-collect``), partition ``policy_version``, one shard per (batch, worker). Re-running replaces the
+same shards. Run it with ``llmrl run collect --version 2 --batches 4 [--config x.yaml] [--set k=v]``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from llmrl_core.model_store import resolve_model
+from llmrl_core.paths import llmrl_home
+from llmrl_core.pipeline.config_io import load_config
+from llmrl_core.pipeline.grpo_config import GRPOConfig
+from storage.checkpoints import CheckpointStore
+from storage.layout import RunLayout
+from storage.trajectories import TrajectoryStore
+from tasks import grpo_stages as stages
+from tasks.actors import RolloutWorker
+from tasks.cluster import dask_cluster
+
+
+@flow(name="collect")
+def collect(
+    config: str | None = None,
+    overrides: list[str] | None = None,
+    policy_version: int = 0,
+    batches: int = 1,
+    out_run_id: str | None = None,
+) -> dict[str, Any]:
+    """Collect ``batches`` batches of rollouts with ``policy_version`` of the configured run."""
+    log = get_run_logger()
+    cfg = load_config(GRPOConfig, config, overrides or [])
+    out_run = out_run_id or f"{cfg.run_id}-collect"
+    layout = RunLayout(cfg.run_id, Path(cfg.runs_dir) if cfg.runs_dir else llmrl_home() / "runs")
+    out_layout = RunLayout(out_run, layout.runs_root)
+    staging_uri = str(out_layout.run_dir / "staging")
+    collect_cfg = load_config(GRPOConfig, config, [*(overrides or []), f"run_id={out_run}"])
+    checkpoint = None
+    if policy_version > 0:
+        store = CheckpointStore(layout.checkpoints_dir)
+        if policy_version not in store.versions():
+            raise ValueError(f"run {cfg.run_id!r} has no checkpoint {policy_version} (have {store.versions()})")
+        checkpoint = str(store.weights_path(policy_version))
+    # Only rollout workers are needed: the placement's trainer slot stays idle.
+    with dask_cluster(collect_cfg, out_layout.run_dir / "dask") as place:
+        engines = [
+            place.client.submit(
+                RolloutWorker, collect_cfg, resolve_model(cfg.model), actor=True, workers=[a], pure=False
+            )
+            for a in place.rollout
+        ]
+        engines = [e.result() for e in engines]
+        if checkpoint is not None:
+            for engine in engines:
+                engine.load(checkpoint, policy_version).result()
+        TrajectoryStore(staging_uri).delete_partition(out_run, policy_version)
+        primer_state = None
+        rows_total = 0
+        for batch in range(batches):
+            rows, primer_state = stages.load_prompts(collect_cfg, primer_state)
+            summaries = stages.rollout(engines, rows, policy_version, staging_uri, shard_offset=batch * len(engines))
+            rows_total += sum(s["rows"] for s in summaries)
+            log.info("batch %d/%d: %d rollouts", batch + 1, batches, sum(s["rows"] for s in summaries))
+        stages.compute_advantages(collect_cfg, staging_uri, policy_version)
+        written = stages.write_trajectories(collect_cfg, staging_uri, out_layout.trajectories_uri, policy_version)
+    log.info(
+        "collected %d rollouts of %s version %d into %s", rows_total, cfg.run_id, policy_version, written["partition"]
+    )
+    return {"run_id": out_run, "policy_version": policy_version, **written}
+
+
+if __name__ == "__main__":
+    collect()
