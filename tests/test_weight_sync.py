@@ -150,3 +150,19 @@ def test_bytes_push_into_an_engine_in_another_process(default_model_path, tmp_pa
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))
     changed, mismatch = map(float, line.split()[1:])
     assert changed > 0.1 and mismatch < 1e-3
+
+
+def test_state_without_the_tied_head_still_updates_the_output_layer(engine, trainer):
+    """save_pretrained drops lm_head for tied models; vLLM's CPU model keeps its own copy of the head."""
+    model, tokenizer, original = trainer
+    prompt, response = _fixed_tokens(tokenizer)
+    updater = vLLMUpdater("in_process").register_engine(engine)
+    try:
+        with torch.no_grad():
+            model.model.embed_tokens.weight.mul_(1.5)  # tied: changes the input embeddings and the head
+        state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+        updater.push_weights(state)
+        after = score_with_vllm(engine, [prompt], [response])[0]
+        assert (after - _trainer_logprobs(model, prompt, response)).abs().max().item() < 1e-3
+    finally:
+        model.load_state_dict(original)

@@ -38,6 +38,18 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def add_tied_head(state: dict[str, torch.Tensor], llm: Any) -> None:
+    """Add ``lm_head.weight`` from the embeddings when the model ties them and ``state`` lacks the head.
+
+    vLLM's CPU model keeps the output layer as its own tensor even for tied models, so a state dict saved
+    without the head (as ``save_pretrained`` writes tied models) would leave the previous head in place.
+    """
+    config = getattr(getattr(getattr(llm, "llm_engine", None), "model_config", None), "hf_config", None)
+    tied = getattr(config, "tie_word_embeddings", False)
+    if tied and "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+
+
 class vLLMUpdater:  # noqa: N801 - TorchRL's name
     """Pushes state dicts into registered vLLM engines (see the module docstring for the modes)."""
 
@@ -82,6 +94,8 @@ class vLLMUpdater:  # noqa: N801 - TorchRL's name
         if not self.engines:
             raise RuntimeError("no engine registered: call register_engine(llm) first")
         state = weights.state_dict() if isinstance(weights, torch.nn.Module) else dict(weights)
+        for llm in self.engines:
+            add_tied_head(state, llm)
         if self.mode == "in_process":
             items = [(name, t.detach()) for name, t in state.items()]
             for llm in self.engines:
