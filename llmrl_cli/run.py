@@ -62,3 +62,28 @@ def run_collect(
         out_run_id=out_run_id,
     )
     typer.echo(f"{summary['rows']} rollouts in {summary['partition']}")
+
+
+@run_app.command("evaluate")
+def run_evaluate(
+    run_id: str = typer.Argument(..., help="The run whose versions to score."),
+    versions: str = typer.Option("all", help="'all' or a comma list, e.g. 0,2,3 (0 = the base model)."),
+    questions: int = typer.Option(100, "--questions", "-n", min=1, help="GSM8K test questions."),
+    samples: int = typer.Option(4, "--samples", min=1, help="Sampled answers per question (pass@k)."),
+    temperature: float = typer.Option(0.7, help="Sampling temperature of the sampled mode."),
+    runs_dir: str = typer.Option(None, help="Runs root (default $LLMRL_HOME/runs)."),
+) -> None:
+    """GSM8K test accuracy, tag rate, mean reward and pass@k of a run's versions, greedy and sampled."""
+    from flows.evaluate import evaluate
+
+    chosen: list[int] | str = versions if versions == "all" else [int(v) for v in versions.split(",")]
+    summary = evaluate(
+        run_id,
+        versions=chosen,
+        n_questions=questions,
+        n_samples=samples,
+        k_values=sorted({1, samples}),
+        temperature=temperature,
+        runs_dir=runs_dir,
+    )
+    typer.echo(f"report: {summary['report_markdown']}\ncurves: {summary['report_png']}")

@@ -1,0 +1,204 @@
+"""Score a policy on GSM8K questions exactly as training sees them: same prompts, same reward parser.
+
+``evaluate_gsm8k(engine, rows, n_samples, k_values, sampling)``:
+
+* Prompts come from a :class:`~llmrl_core.envs.gsm8k.GSM8KEnv` in tokens mode (system prompt, the question
+  rewritten by ``GSM8KPrepareQuestion``, the tokenizer's chat template with the generation prompt), so an
+  evaluated prompt is token for token the prompt a training rollout gets with the same settings.
+* Responses are scored by :meth:`GSM8KRewardParser.score`, the training reward: ``correct`` is exact-match
+  of the first ``<answer>`` tag against the gold number, ``has_answer`` is the answer-tag rate, ``reward``
+  includes the format bonus.
+* Two decoding modes: ``greedy`` (temperature 0, one sample per question) and ``sampled`` (``n_samples``
+  per question at ``sampling.temperature`` with ``sampling.seed``; vLLM derives a distinct seed for each of
+  the ``n`` samples, so the same seed gives every policy version the same random stream).
+
+``engine`` is a :class:`~llmrl_core.policies.vllm_worker.vLLMWorker` or a ``vllm.LLM``. The scoring half is
+:func:`evaluate_prompts`, which takes any prompt ids and any ``score(text, answer_field)`` function with the
+parser's output keys, for tasks other than GSM8K.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from llmrl_core.envs.gsm8k import GSM8K_QUESTION_TEMPLATE, GSM8K_SYSTEM_PROMPT, GSM8KEnv
+from llmrl_core.envs.gsm8k_reward import GSM8KRewardParser, extract_tags, gold_answer, normalize_answer
+from llmrl_core.evaluation.results import EvaluationResult, ModeResult, QuestionOutcome, SampleOutcome
+from llmrl_core.policies.base import SamplingConfig
+from llmrl_core.policies.vllm_engine import Completion, generate
+
+ScoreFn = Callable[[str, str], Mapping[str, Any]]
+
+
+def check_rows(rows: Sequence[Mapping[str, Any]], fields: Sequence[str] = ("question", "answer")) -> None:
+    """Raise a clear error naming the row and field when a row lacks a text field the evaluation needs."""
+    if not rows:
+        raise ValueError("no rows to evaluate")
+    for index, row in enumerate(rows):
+        for name in fields:
+            if not isinstance(row.get(name), str) or not row[name].strip():
+                raise ValueError(f"row {index}: field {name!r} must be a non-empty string (got {row.get(name)!r:.60})")
+
+
+def gsm8k_prompt_ids(
+    tokenizer: Any,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    system_prompt: str | None = GSM8K_SYSTEM_PROMPT,
+    question_template: str | None = GSM8K_QUESTION_TEMPLATE,
+    chat_template_name: str | None = None,
+) -> list[list[int]]:
+    """Token ids of each row's prompt, built by a ``GSM8KEnv`` exactly as for training (rows kept in order)."""
+    check_rows(rows)
+    env = GSM8KEnv(
+        [dict(row) for row in rows],
+        batch_size=len(rows),
+        shuffle=False,
+        tokenizer=tokenizer,
+        input_mode="tokens",
+        system_prompt=system_prompt,
+        question_template=question_template,
+        chat_template_name=chat_template_name,
+        compute_reward=False,
+    )
+    out = env.reset()
+    assert out.tokens is not None
+    return [t.tolist() for t in out.tokens]
+
+
+def _sample(engine: Any, prompts: list[list[int]], sampling: SamplingConfig, n: int) -> list[list[Completion]]:
+    if hasattr(engine, "load_weights") and hasattr(engine, "generate") and hasattr(engine, "llm"):
+        return engine.generate(prompts, sampling, n=n)  # a vLLMWorker
+    return generate(
+        engine,
+        prompts,
+        max_tokens=sampling.max_new_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        n=n,
+        seed=sampling.seed,
+        stop=sampling.stop or None,
+    )
+
+
+def _score_mode(
+    mode: str,
+    groups: list[list[Completion]],
+    answers: Sequence[str],
+    score: ScoreFn,
+    n: int,
+    temperature: float,
+) -> ModeResult:
+    questions = []
+    for index, (group, answer_field) in enumerate(zip(groups, answers, strict=True)):
+        if len(group) != n:
+            raise RuntimeError(f"{mode}: question {index} got {len(group)} samples, expected {n}")
+        samples = []
+        for completion in group:
+            out = score(completion.text, answer_field)
+            samples.append(
+                SampleOutcome(
+                    text=completion.text,
+                    answer=extract_tags(completion.text)[1],
+                    correct=bool(out["success"]),
+                    has_answer=bool(out["reward_answer"]),
+                    reward=float(out["reward"]),
+                    num_tokens=len(completion.token_ids),
+                    finish_reason=completion.finish_reason,
+                )
+            )
+        questions.append(QuestionOutcome(index, normalize_answer(gold_answer(answer_field)), samples))
+    return ModeResult(mode=mode, n_samples=n, temperature=temperature, questions=questions)
+
+
+def evaluate_prompts(
+    engine: Any,
+    prompt_ids: Sequence[Sequence[int]],
+    answers: Sequence[str],
+    score: ScoreFn,
+    *,
+    n_samples: int = 4,
+    k_values: Sequence[int] = (1,),
+    sampling: SamplingConfig | None = None,
+    greedy: bool = True,
+    settings: Mapping[str, Any] | None = None,
+) -> EvaluationResult:
+    """Sample and score every prompt: greedy (if ``greedy``) and ``n_samples`` sampled (if ``n_samples > 0``).
+
+    ``score(text, answer_field)`` returns at least ``success``, ``reward_answer`` and ``reward`` (the keys of
+    :meth:`GSM8KRewardParser.score`).
+    """
+    sampling = sampling or SamplingConfig(max_new_tokens=256, temperature=0.7, seed=0)
+    if len(prompt_ids) != len(answers):
+        raise ValueError(f"{len(prompt_ids)} prompts but {len(answers)} answers")
+    if n_samples < 0:
+        raise ValueError(f"n_samples must be >= 0, got {n_samples}")
+    if not greedy and n_samples == 0:
+        raise ValueError("nothing to evaluate: greedy=False and n_samples=0")
+    bad_k = [k for k in k_values if not 1 <= k <= max(n_samples, 1)]
+    if bad_k:
+        raise ValueError(f"k_values {bad_k} must lie in 1..n_samples ({n_samples})")
+    if n_samples > 0 and sampling.temperature == 0:
+        raise ValueError("sampled mode needs a temperature > 0 (greedy is its own mode)")
+    prompts = [list(p) for p in prompt_ids]
+    modes: dict[str, ModeResult] = {}
+    if greedy:
+        greedy_cfg = replace(sampling, temperature=0.0, top_p=1.0)
+        groups = _sample(engine, prompts, greedy_cfg, 1)
+        modes["greedy"] = _score_mode("greedy", groups, answers, score, 1, 0.0)
+    if n_samples > 0:
+        groups = _sample(engine, prompts, sampling, n_samples)
+        modes["sampled"] = _score_mode("sampled", groups, answers, score, n_samples, sampling.temperature)
+    info = {
+        "num_questions": len(prompts),
+        "n_samples": n_samples,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "max_new_tokens": sampling.max_new_tokens,
+        "seed": sampling.seed,
+        **dict(settings or {}),
+    }
+    return EvaluationResult(modes=modes, k_values=sorted(set(k_values)), settings=info)
+
+
+def evaluate_gsm8k(
+    engine: Any,
+    rows: Sequence[Mapping[str, Any]],
+    n_samples: int = 4,
+    k_values: Sequence[int] = (1,),
+    sampling: SamplingConfig | None = None,
+    *,
+    greedy: bool = True,
+    system_prompt: str | None = GSM8K_SYSTEM_PROMPT,
+    question_template: str | None = GSM8K_QUESTION_TEMPLATE,
+    format_reward: float = 0.1,
+    correct_reward: float = 1.0,
+) -> EvaluationResult:
+    """Accuracy, answer-tag rate, mean reward and pass@k of ``engine`` on GSM8K ``rows`` (question/answer dicts).
+
+    Prompts and rewards are the training ones (see the module docstring); pass ``system_prompt`` /
+    ``question_template`` / reward values when the run trained with other settings.
+    """
+    tokenizer = engine.get_tokenizer()
+    prompt_ids = gsm8k_prompt_ids(tokenizer, rows, system_prompt=system_prompt, question_template=question_template)
+    parser = GSM8KRewardParser(tokenizer=tokenizer, format_reward=format_reward, correct_reward=correct_reward)
+    settings = {
+        "task": "gsm8k",
+        "system_prompt": system_prompt,
+        "question_template": question_template,
+        "format_reward": format_reward,
+        "correct_reward": correct_reward,
+    }
+    return evaluate_prompts(
+        engine,
+        prompt_ids,
+        [str(row["answer"]) for row in rows],
+        parser.score,
+        n_samples=n_samples,
+        k_values=k_values,
+        sampling=sampling,
+        greedy=greedy,
+        settings=settings,
+    )

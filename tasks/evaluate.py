@@ -1,0 +1,244 @@
+"""Stages of the evaluate flow: pick versions, score one version, write the report, publish it.
+
+* One resident engine per process serves every version: :func:`resident_worker` keeps a
+  :class:`~llmrl_core.policies.vllm_worker.vLLMWorker` per engine config, and :func:`evaluate_version`
+  loads the version's weights into it (a stored checkpoint, or the base model's own weights for an
+  unstored version 0), skipping the load when the engine already holds them.
+* Each version's result is a JSON file under ``RUN/evaluations/<settings hash>/``, written atomically and
+  keyed by the evaluation settings and the weights' sha256, so a re-run (or a retry) reuses finished
+  versions instead of sampling them again.
+* Tasks pass paths and summaries; responses stay in the result files.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
+
+from llmrl_core.builtin_data import load_gsm8k
+from llmrl_core.evaluation import evaluate_gsm8k, format_rows, load_result, markdown_table, plot_curves, report_rows
+from llmrl_core.evaluation.results import save_result, write_text_atomic
+from llmrl_core.model_store import resolve_model
+from llmrl_core.policies.base import SamplingConfig
+from llmrl_core.policies.vllm_engine import EngineConfig
+from llmrl_core.policies.vllm_worker import vLLMWorker
+from storage.checkpoints import CheckpointStore
+from storage.hashing import config_hash
+from storage.layout import RunLayout
+
+_RESIDENT: dict[str, dict[str, Any]] = {}  # engine-config hash -> {"worker": vLLMWorker, "weights": source id}
+
+
+def engine_config_for(settings: dict[str, Any]) -> EngineConfig:
+    """The engine an evaluation runs on: the base model at the evaluation's dtype and seed."""
+    return EngineConfig(
+        model=settings["model"],
+        dtype=settings["dtype"],
+        seed=settings["seed"],
+        kv_cache_gb=settings.get("kv_cache_gb", 1.0),
+        max_model_len=settings.get("max_model_len", 2048),
+    )
+
+
+def resident_worker(config: EngineConfig) -> dict[str, Any]:
+    """This process's engine for ``config`` (started on first use): ``{"worker", "weights"}``."""
+    key = config_hash(config)
+    if key not in _RESIDENT:
+        _RESIDENT[key] = {"worker": vLLMWorker(config), "weights": base_weights_id(config.model)}
+    return _RESIDENT[key]
+
+
+def release_engines() -> int:
+    """Drop this process's resident evaluation engines; returns how many were dropped."""
+    count = len(_RESIDENT)
+    _RESIDENT.clear()
+    import gc
+
+    gc.collect()
+    return count
+
+
+def base_weights_id(model: str | None) -> str:
+    """Identity of the base model's weights: its resolved folder."""
+    return f"base:{resolve_model(model)}"
+
+
+def _base_state_dict(model: str | None) -> dict[str, Any]:
+    """The base model's weights from its folder, with a tied ``lm_head.weight`` spelled out.
+
+    A checkpoint folder stores tied embeddings once; vLLM on CPU keeps the output projection as its own
+    (repacked) copy, so a state dict without ``lm_head.weight`` would leave the previous version's head in
+    place (measured: log-probs off by ~0.1 after a round trip). The tie is restored by name here.
+    """
+    from safetensors.torch import load_file
+
+    folder = Path(resolve_model(model))
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"base model {folder} has no *.safetensors weights to reload")
+    state: dict[str, Any] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+    if config.get("tie_word_embeddings") and "lm_head.weight" not in state:
+        embed = [k for k in state if k.endswith("embed_tokens.weight")]
+        if len(embed) != 1:
+            raise ValueError(f"{config_path}: tie_word_embeddings is set but no single embed_tokens weight in {folder}")
+        state["lm_head.weight"] = state[embed[0]]
+    return state
+
+
+def evaluation_dir(run_id: str, runs_dir: str | None, settings: dict[str, Any]) -> Path:
+    """``RUN/evaluations/<first 12 hex of the settings hash>``."""
+    layout = RunLayout(run_id, runs_root=Path(runs_dir)) if runs_dir else RunLayout(run_id)
+    return layout.run_dir / "evaluations" / config_hash(settings)[:12]
+
+
+def _store(run_id: str, runs_dir: str | None) -> CheckpointStore:
+    layout = RunLayout(run_id, runs_root=Path(runs_dir)) if runs_dir else RunLayout(run_id)
+    return CheckpointStore(layout.checkpoints_dir)
+
+
+@task(name="resolve-eval-versions")
+def resolve_versions(run_id: str, runs_dir: str | None, versions: list[int] | str = "all") -> list[int]:
+    """The versions to evaluate: ``"all"`` is 0 (the base model) plus every stored version, ascending; a list
+    keeps its order (duplicates dropped)."""
+    stored = _store(run_id, runs_dir).versions()
+    if versions == "all":
+        return sorted({0, *stored})
+    if isinstance(versions, str):
+        raise ValueError(f"versions must be a list of ints or 'all', got {versions!r}")
+    wanted = list(dict.fromkeys(int(v) for v in versions))
+    missing = [v for v in wanted if v != 0 and v not in stored]
+    if missing:
+        raise ValueError(f"run {run_id!r} has no checkpoint for version(s) {missing} (stored: {stored})")
+    return wanted
+
+
+@task(name="evaluate-version", retries=1, retry_delay_seconds=5)
+def evaluate_version(run_id: str, runs_dir: str | None, version: int, settings: dict[str, Any]) -> dict[str, Any]:
+    """Score one version on the settings' GSM8K questions; writes its result JSON, returns its path and summary."""
+    logger = get_run_logger()
+    out_dir = evaluation_dir(run_id, runs_dir, settings)
+    store = _store(run_id, runs_dir)
+    stored = version in store.versions()
+    if not stored and version != 0:
+        raise ValueError(f"run {run_id!r} has no checkpoint for version {version} in {store.root}")
+    weights_id = store.manifest(version).sha256 if stored else base_weights_id(settings["model"])
+    path = out_dir / f"version_{version:06d}.json"
+    if path.is_file():
+        previous = load_result(path)
+        if previous.settings.get("weights_id") == weights_id:
+            logger.info("version %s: reusing %s", version, path)
+            return {"version": version, "path": str(path), "summary": previous.summary(), "reused": True}
+    resident = resident_worker(engine_config_for(settings))
+    worker: vLLMWorker = resident["worker"]
+    if resident["weights"] != weights_id:
+        state = store.load(version).state_dict if stored else _base_state_dict(settings["model"])
+        worker.load_weights(state, version)
+        resident["weights"] = weights_id
+    worker.policy_version = version
+    rows = load_gsm8k(settings["split"], limit=settings["n_questions"])
+    sampling = SamplingConfig(
+        max_new_tokens=settings["max_new_tokens"],
+        temperature=settings["temperature"],
+        top_p=settings["top_p"],
+        seed=settings["seed"],
+    )
+    result = evaluate_gsm8k(
+        worker,
+        rows,
+        n_samples=settings["n_samples"],
+        k_values=settings["k_values"],
+        sampling=sampling,
+        greedy=settings["greedy"],
+        system_prompt=settings["system_prompt"],
+        question_template=settings["question_template"],
+        format_reward=settings["format_reward"],
+        correct_reward=settings["correct_reward"],
+    )
+    result.settings.update(
+        {"run_id": run_id, "policy_version": version, "weights_id": weights_id, "split": settings["split"]}
+    )
+    save_result(result, path)
+    summary = result.summary()
+    logger.info(
+        "version %s: %s", version, ", ".join(f"{k}={v:.3f}" for k, v in summary.items() if k.endswith("accuracy"))
+    )
+    return {"version": version, "path": str(path), "summary": summary, "reused": False}
+
+
+@task(name="write-eval-report")
+def write_report(result_paths: dict[int, str], out_dir: str, title: str = "") -> dict[str, Any]:
+    """Build the table (markdown + JSON) and the curve PNG from the versions' result files."""
+    results = {int(v): load_result(p) for v, p in result_paths.items()}
+    rows = report_rows(results)
+    folder = Path(out_dir)
+    table = markdown_table(rows)
+    md = write_text_atomic(folder / "report.md", f"# {title or 'Evaluation'}\n\n{table}")
+    js = write_text_atomic(folder / "report.json", json.dumps(rows, indent=1, allow_nan=True))
+    png = plot_curves(rows, folder / "curves.png", title=title)
+    return {"rows": rows, "markdown": str(md), "json": str(js), "png": str(png), "table": table}
+
+
+def artifact_key(text: str) -> str:
+    """A Prefect artifact key from ``text``: lowercase letters, digits and dashes only."""
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", text.lower())).strip("-")[:100] or "evaluation"
+
+
+@task(name="publish-eval-artifacts")
+def publish_artifacts(report: dict[str, Any], key: str, description: str) -> dict[str, str]:
+    """The report as Prefect artifacts: a table, the curve PNG (inline data URL) and a markdown summary."""
+    key = artifact_key(key)
+    table_id = create_table_artifact(format_rows(report["rows"]), key=f"{key}-table", description=description)
+    png = base64.b64encode(Path(report["png"]).read_bytes()).decode()
+    image_id = create_image_artifact(f"data:image/png;base64,{png}", key=f"{key}-curves", description=description)
+    md_id = create_markdown_artifact(
+        f"{description}\n\n{report['table']}\nFiles: `{report['markdown']}`, `{report['png']}`",
+        key=f"{key}-report",
+        description=description,
+    )
+    return {"table": str(table_id), "image": str(image_id), "markdown": str(md_id)}
+
+
+@task(name="log-eval-to-mlflow")
+def log_to_mlflow(
+    run_id: str,
+    runs_dir: str | None,
+    settings: dict[str, Any],
+    report: dict[str, Any],
+    result_paths: dict[int, str],
+    tracking_uri: str | None = None,
+) -> dict[str, str]:
+    """Metrics per version (step = version) and the report files in an MLflow run of the ``evaluate`` experiment."""
+    from storage.lineage import LineageConfig, LineageRecorder
+
+    layout = RunLayout(run_id, runs_root=Path(runs_dir)) if runs_dir else RunLayout(run_id)
+    eval_id = f"{run_id}-eval-{config_hash(settings)[:12]}"
+    with LineageRecorder(
+        layout.run_dir,
+        pipeline="evaluate",
+        run_id=eval_id,
+        config=settings,
+        lineage_config=LineageConfig(tracking_uri=tracking_uri),
+    ) as rec:
+        rec.client.set_tag(rec.mlflow_run_id, "llmrl_evaluated_run_id", run_id)
+        for row in report["rows"]:
+            metrics = {
+                f"{row['mode']}/{k}": float(v)
+                for k, v in row.items()
+                if k not in ("version", "mode") and isinstance(v, int | float) and v == v and abs(v) != float("inf")
+            }
+            rec.log_metrics(int(row["version"]), metrics)
+        for name in ("markdown", "json", "png"):
+            rec.client.log_artifact(rec.mlflow_run_id, report[name], "report")
+        for path in result_paths.values():
+            rec.client.log_artifact(rec.mlflow_run_id, path, "results")
+        return {"tracking_uri": rec.tracking_uri, "mlflow_run_id": rec.mlflow_run_id, "experiment": "evaluate"}
