@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
+
+# Flows start an ephemeral Prefect API; on a busy 2-core machine it can need more than the 20 s default.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 run_app = typer.Typer(
     help="Run a pipeline flow (ephemeral Prefect, local Dask and MLflow by default).", no_args_is_help=True

@@ -25,6 +25,8 @@ for key, value in {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_NO_USAGE_STATS": "1",
+    # The ephemeral Prefect API can take longer than its 20 s default to start on a loaded 2-core machine.
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
 }.items():
     os.environ.setdefault(key, value)
 
