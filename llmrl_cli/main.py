@@ -9,6 +9,7 @@ from llmrl_cli.doctor import doctor
 from llmrl_cli.lineage import lineage
 from llmrl_cli.models import models_app
 from llmrl_cli.run import run_app
+from llmrl_cli.run_more import run_offline, run_sft
 from llmrl_cli.trajectories import trajectories_app
 
 app = typer.Typer(
@@ -19,6 +20,8 @@ app = typer.Typer(
 )
 app.add_typer(models_app, name="models")
 app.add_typer(trajectories_app, name="trajectories")
+run_app.command("sft")(run_sft)
+run_app.command("offline")(run_offline)
 app.add_typer(run_app, name="run")
 app.command("lineage")(lineage)
 app.command("doctor")(doctor)

@@ -56,6 +56,8 @@ SMOKE_RUNS: dict[str, SmokeRun] = {
 NOT_RUN: dict[str, str] = {  # 'flow/deployment' -> why the round trip only deploys it
     "grpo/local": "a GRPO run takes minutes; tests/test_grpo_flow.py runs the flow itself end to end",
     "evaluate/local": "needs a stored run; tests/test_evaluate_flow.py runs the flow itself end to end",
+    "sft/local": "training takes minutes; tests/test_sft_flow.py runs the flow itself end to end",
+    "offline/local": "needs a stored run; tests/test_offline_flow.py runs the flow itself end to end",
 }
 
 

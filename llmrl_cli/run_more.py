@@ -1,0 +1,89 @@
+"""``llmrl run sft`` and ``llmrl run offline``: the SFT and offline-GRPO flows with a YAML config and ``--set``.
+
+Register them on ``run_app`` (llmrl_cli/run.py): ``run_app.command("sft")(run_sft)`` and
+``run_app.command("offline")(run_offline)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+
+def _load(config_cls: type, config: Path | None, overrides: list[str] | None, show_config: bool) -> Any:
+    from llmrl_core.pipeline.config_io import ConfigError, load_config, to_dict
+
+    try:
+        cfg = load_config(config_cls, config, overrides or [])
+    except ConfigError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from err
+    if show_config:
+        import yaml
+
+        typer.echo(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        return None
+    return cfg
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    typer.echo(f"run {summary['run_id']}: published version {summary['published_version']}")
+    typer.echo(f"  training set: {summary['samples']}")
+    typer.echo(f"  checkpoints:  {summary['checkpoints']}")
+    typer.echo(f"  MLflow:       {summary['mlflow_tracking_uri']}  (llmrl lineage {summary['run_id']} --version 1)")
+
+
+def run_sft(
+    config: Path = typer.Option(
+        None, "--config", "-c", help="YAML config (sections: data, trajectories, train, dask)."
+    ),
+    overrides: list[str] = typer.Option(
+        None, "--set", help="Override one setting, e.g. --set epochs=2 or --set source=trajectories."
+    ),
+    show_config: bool = typer.Option(False, "--show-config", help="Print the resolved config and exit."),
+) -> None:
+    """SFT on GSM8K chats (default) or a chat dataset; with --set source=trajectories --set trajectories.run_id=R,
+    on the best stored responses of run R (top-k per prompt group).
+
+    One policy version per epoch; running the same run_id again resumes after its last published epoch.
+    """
+    from llmrl_core.pipeline.sft_config import SFTConfig
+
+    cfg = _load(SFTConfig, config, overrides, show_config)
+    if cfg is None:
+        return
+    from flows.sft import sft
+
+    summary = sft(config=str(config) if config else None, overrides=list(overrides or []))
+    _print_summary(summary)
+    losses = ", ".join(f"v{v} {loss:.4f}" for v, loss in summary["data_loss"].items() if loss is not None)
+    typer.echo(f"  loss on the training set: {losses}")
+
+
+def run_offline(
+    config: Path = typer.Option(None, "--config", "-c", help="YAML config (sections: source, rescore, train, dask)."),
+    overrides: list[str] = typer.Option(
+        None, "--set", help="Override one setting, e.g. --set source.run_id=grpo-demo --set rescore.reward=gsm8k."
+    ),
+    show_config: bool = typer.Option(False, "--show-config", help="Print the resolved config and exit."),
+) -> None:
+    """GRPO from the stored trajectories of another run (no new rollouts), optionally re-scored, into a new run.
+
+    Rewards: stored (as recorded), gsm8k, gsm8k_strict (no format bonus), brevity.
+    """
+    from llmrl_core.pipeline.offline_config import OfflineConfig
+
+    cfg = _load(OfflineConfig, config, overrides, show_config)
+    if cfg is None:
+        return
+    from flows.offline import offline
+
+    summary = offline(config=str(config) if config else None, overrides=list(overrides or []))
+    _print_summary(summary)
+    typer.echo(
+        f"  from {summary['source_run_id']} versions {summary['versions']}: {summary['trained_rows']} of "
+        f"{summary['rows']} rows trained on, mean reward {summary['stored_reward_mean']:.3f} stored, "
+        f"{summary['reward_mean']:.3f} re-scored ({summary['rescored']})"
+    )

@@ -1,0 +1,62 @@
+"""``OfflineConfig``: GRPO from stored trajectories of another run, optionally re-scored, with no new rollouts.
+
+The rows of ``source.run_id`` at ``source.versions`` are (optionally) re-scored with a reward from
+:mod:`llmrl_core.pipeline.rescoring` (``rescore.reward``), their advantages recomputed per prompt group
+(``mc_advantage``), and the policy trained for ``epochs`` passes (one published version per epoch) into the
+new run ``run_id``. ``train`` is the GRPO trainer section of :class:`~llmrl_core.pipeline.grpo_config.GRPOConfig`;
+its ``steps_per_iteration`` is the number of optimizer steps per mini-batch here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmrl_core.pipeline.grpo_config import DaskConfig, TrainConfig
+
+
+@dataclass
+class OfflineSourceConfig:
+    """Which stored trajectories to train on."""
+
+    run_id: str = "grpo-demo"
+    versions: list[int] = field(default_factory=list)  # empty: every stored version
+    store: str | None = None  # trajectory store root; default RUNS_DIR/trajectories
+
+
+@dataclass
+class RescoreConfig:
+    """The reward to re-score stored responses with (``stored`` keeps their rewards)."""
+
+    reward: str = "stored"  # a name in llmrl_core.pipeline.rescoring.REWARDS: stored | gsm8k | gsm8k_strict | brevity
+    answers: str = "gsm8k:train"  # gsm8k rewards: the dataset the stored prompt ids index (gsm8k:SPLIT or a path)
+    options: dict[str, Any] = field(default_factory=dict)  # reward options, e.g. {format_reward: 0.0}
+
+
+@dataclass
+class OfflineConfig:
+    """An offline GRPO run: source trajectories, re-scoring, epochs, trainer, storage and tracking."""
+
+    run_id: str = "offline-demo"
+    model: str = "default"  # starting weights
+    epochs: int = 1
+    groups_per_step: int = 8  # prompt groups per mini-batch
+    skip_zero_signal: bool = True  # leave out groups whose (re-scored) rewards are all equal: no gradient
+    seed: int = 0
+    runs_dir: str | None = None  # default $LLMRL_HOME/runs
+    tracking_uri: str | None = None  # default sqlite under the run dir
+    keep_checkpoints: int = 3
+    source: OfflineSourceConfig = field(default_factory=OfflineSourceConfig)
+    rescore: RescoreConfig = field(default_factory=RescoreConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    dask: DaskConfig = field(default_factory=DaskConfig)
+
+    def __post_init__(self) -> None:
+        if self.epochs < 0:
+            raise ValueError("epochs must be >= 0")
+        if self.groups_per_step < 1:
+            raise ValueError("groups_per_step must be >= 1")
+        if self.run_id == self.source.run_id:
+            raise ValueError(
+                f"run_id {self.run_id!r} must differ from source.run_id (offline training writes a new run)"
+            )

@@ -1,0 +1,96 @@
+"""``SFTConfig``: every setting of a supervised fine-tuning run (YAML sections of the same names).
+
+Two data sources, picked by ``source``:
+
+- ``dataset``: chats from ``data.source`` -- ``gsm8k:train`` / ``gsm8k:test`` (question/answer rows rendered as a
+  user/assistant chat) or a ``.jsonl`` / ``.parquet`` file whose rows hold a ``messages`` list (or
+  question/answer fields);
+- ``trajectories``: stored rollouts of ``trajectories.run_id`` (chosen ``versions``), kept by
+  ``TopKRewardSelector`` (rejection sampling: the best ``topk`` responses above each group's median).
+
+One policy version is published per epoch (version 0 is the starting model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from llmrl_core.pipeline.grpo_config import DaskConfig
+
+
+@dataclass
+class SFTDataConfig:
+    """A chat dataset: where it is, which field holds the chats, how GSM8K rows are rendered, how many rows."""
+
+    source: str = "gsm8k:train"  # "gsm8k:train" | "gsm8k:test" | a .jsonl/.parquet path
+    messages_key: str = "messages"  # rows with this field are chats; otherwise question/answer rows
+    gsm8k_format: Literal["tags", "plain"] = "tags"  # tags: GRPO prompt + <think>..</think><answer>..</answer>
+    limit: int | None = 64  # first N rows (None: all)
+    max_length: int = 1024  # tokens per sample (prompt + response); longer samples are truncated
+
+    def __post_init__(self) -> None:
+        if self.limit is not None and self.limit < 1:
+            raise ValueError("limit must be >= 1 or null")
+        if self.max_length < 2:
+            raise ValueError("max_length must be >= 2")
+
+
+@dataclass
+class SFTTrajectoriesConfig:
+    """Stored rollouts as SFT data: which run and versions, and the top-k rejection-sampling rule."""
+
+    run_id: str | None = None  # the run whose trajectories are read
+    versions: list[int] = field(default_factory=list)  # empty: every stored version
+    store: str | None = None  # trajectory store root; default RUNS_DIR/trajectories
+    topk: int = 1  # responses kept per prompt group
+    above_median: bool = True  # only responses strictly above their group's median reward
+
+    def __post_init__(self) -> None:
+        if self.topk < 1:
+            raise ValueError("topk must be >= 1")
+
+
+@dataclass
+class SFTTrainConfig:
+    """The trainer: SFT loss options (TorchRL's SFTLoss names), optimizer, batch size and placement."""
+
+    lr: float = 1e-5
+    batch_size: int = 8  # samples per optimizer step
+    loss_function: Literal["sft", "minor_sft"] = "sft"
+    normalize_by_seq_length: bool = True
+    beta: float = 0.1  # minor_sft temperature
+    kl_to_ref_coeff: float = 0.0  # > 0 adds the KL to the frozen starting model (sft only)
+    max_grad_norm: float = 1.0
+    token_budget: int = 2048  # tokens per packed micro-batch
+    mixed_precision: Literal["auto", "bf16", "no"] = "auto"
+    threads: int = 0  # torch threads on the trainer worker (0: all cores)
+    device: str = "auto"  # "auto" | "cpu" | "cuda"
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+
+
+@dataclass
+class SFTConfig:
+    """An SFT run: model, data (a dataset or selected trajectories), epochs, storage and tracking."""
+
+    run_id: str = "sft-demo"
+    model: str = "default"
+    source: Literal["dataset", "trajectories"] = "dataset"
+    epochs: int = 1
+    seed: int = 0
+    runs_dir: str | None = None  # default $LLMRL_HOME/runs
+    tracking_uri: str | None = None  # default sqlite under the run dir
+    keep_checkpoints: int = 3
+    data: SFTDataConfig = field(default_factory=SFTDataConfig)
+    trajectories: SFTTrajectoriesConfig = field(default_factory=SFTTrajectoriesConfig)
+    train: SFTTrainConfig = field(default_factory=SFTTrainConfig)
+    dask: DaskConfig = field(default_factory=DaskConfig)
+
+    def __post_init__(self) -> None:
+        if self.epochs < 0:
+            raise ValueError("epochs must be >= 0")
+        if self.source == "trajectories" and not self.trajectories.run_id:
+            raise ValueError("source 'trajectories' needs trajectories.run_id")

@@ -1,0 +1,195 @@
+"""The SFT stages as thin Prefect tasks: prepare the training set (a chat dataset, or stored trajectories kept by
+``TopKRewardSelector``), then evaluate / train an epoch / publish on the resident trainer.
+
+Chats are tokenized with ``History.apply_chat_template(..., return_assistant_tokens_mask=True)``: the prompt is
+everything before the first assistant token, the loss covers assistant tokens only (user / tool turns of a
+multi-turn chat stay in the response but are masked out). Selected trajectories keep their stored tokens and
+``response_mask``. Both become one training-set file (:mod:`tasks.train_data`) that the trainer reads by path;
+the selected rows are also written, with their original run and version, to the run's own ``selected/`` store
+so lineage can name exactly what was trained on.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from llmrl_core.builtin_data import gsm8k_gold, gsm8k_path
+from llmrl_core.data.history import History
+from llmrl_core.envs.data_sources import open_source
+from llmrl_core.envs.gsm8k import GSM8K_QUESTION_TEMPLATE, GSM8K_SYSTEM_PROMPT
+from llmrl_core.objectives import TopKRewardSelector
+from llmrl_core.pipeline.sft_config import SFTConfig
+from llmrl_core.trainer.batch import TrainSample
+from storage.schema import table_to_records
+from storage.trajectories import TrajectoryStore
+from tasks.grpo_stages import STAGE
+from tasks.sft_actor import TrainerSetup
+from tasks.train_data import write_samples
+
+_CALCULATOR = re.compile(r"<<[^>]*>>")
+
+
+def dataset_path(source: str) -> Path:
+    """``gsm8k:SPLIT`` names a shipped split; anything else is a .jsonl / .parquet path."""
+    path = gsm8k_path(source.split(":", 1)[1]) if source.startswith("gsm8k:") else Path(source)
+    if not path.is_file():
+        raise FileNotFoundError(f"data.source {source!r}: no such file (use gsm8k:train or a .jsonl/.parquet path)")
+    return path
+
+
+def gsm8k_chat(question: str, answer: str, fmt: str) -> list[dict[str, str]]:
+    """A GSM8K row as a chat: ``tags`` uses the GRPO prompt and ``<think>``/``<answer>`` tags; ``plain`` is verbatim."""
+    if fmt == "plain":
+        return [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    reasoning = _CALCULATOR.sub("", answer.rsplit("####", 1)[0]).strip()
+    return [
+        {"role": "system", "content": GSM8K_SYSTEM_PROMPT},
+        {"role": "user", "content": GSM8K_QUESTION_TEMPLATE.format(question=question)},
+        {"role": "assistant", "content": f"<think>{reasoning}</think>\n<answer>{gsm8k_gold(answer)}</answer>"},
+    ]
+
+
+def row_chat(row: dict[str, Any], cfg: SFTConfig, where: str) -> list[dict[str, Any]]:
+    """The chat of one dataset row: its ``messages_key`` list, else its question/answer fields."""
+    key = cfg.data.messages_key
+    if key in row:
+        chat = row[key]
+        if not isinstance(chat, list) or not all(isinstance(m, dict) for m in chat):
+            raise ValueError(f"{where}: field {key!r} must be a list of {{role, content}} objects")
+        return chat
+    if "question" in row and "answer" in row:
+        return gsm8k_chat(str(row["question"]), str(row["answer"]), cfg.data.gsm8k_format)
+    raise ValueError(f"{where}: no {key!r} field and no question/answer fields (fields: {sorted(row)})")
+
+
+def tokenize_chat(chat: list[dict[str, Any]], tokenizer: Any, max_length: int, where: str) -> tuple[TrainSample, bool]:
+    """A train sample from a chat (loss on assistant tokens only); True when it was truncated to ``max_length``."""
+    try:
+        rendered = History.from_chats(chat).apply_chat_template(
+            tokenizer, add_generation_prompt=False, return_assistant_tokens_mask=True
+        )
+    except (ValueError, TypeError, KeyError) as err:
+        raise ValueError(f"{where}: cannot render the chat ({err})") from err
+    ids = rendered.input_ids.tolist()
+    mask = [bool(m) for m in rendered.assistant_masks.tolist()]
+    if True not in mask:
+        raise ValueError(f"{where}: the chat has no assistant message to train on")
+    start = max(1, mask.index(True))
+    truncated = len(ids) > max_length
+    ids, mask = ids[:max_length], mask[:max_length]
+    if start >= len(ids) or not any(mask[start:]):
+        raise ValueError(f"{where}: its prompt fills data.max_length={max_length}: no assistant token left")
+    sample = TrainSample(prompt_ids=ids[:start], response_ids=ids[start:], response_mask=mask[start:], sample_id=where)
+    return sample, truncated
+
+
+@task(name="prepare-sft-dataset", retries=1, **STAGE)
+def prepare_dataset(cfg: SFTConfig, model_path: str, run_dir: Path) -> dict[str, Any]:
+    """Tokenize the chat dataset into the run's training-set file; returns its path and counts."""
+    from transformers import AutoTokenizer
+
+    path = dataset_path(cfg.data.source)
+    rows = open_source(str(path))
+    n = len(rows) if cfg.data.limit is None else min(cfg.data.limit, len(rows))
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    samples, truncated = [], 0
+    for i in range(n):
+        where = f"{path}: row {i}"
+        sample, cut = tokenize_chat(row_chat(rows[i], cfg, where), tokenizer, cfg.data.max_length, where)
+        samples.append(sample)
+        truncated += cut
+    out = write_samples(run_dir / "sft-data" / "samples.parquet", samples, [s.sample_id for s in samples])
+    return {
+        "samples": str(out),
+        "rows": n,
+        "truncated": truncated,
+        "source": str(path),
+        "loss_tokens": sum(sum(s.response_mask) for s in samples),
+    }
+
+
+@task(name="select-trajectories", retries=1, **STAGE)
+def select_trajectories(cfg: SFTConfig, store_uri: str, run_dir: Path) -> dict[str, Any]:
+    """Keep the top-k responses of each group of the chosen versions; write them (selected store + training set)."""
+    t = cfg.trajectories
+    source, selected_store = TrajectoryStore(store_uri), TrajectoryStore(run_dir / "selected")
+    versions = list(t.versions) or source.versions(t.run_id)
+    if not versions:
+        raise ValueError(f"run {t.run_id!r} has no stored trajectories in {store_uri}")
+    selector = TopKRewardSelector(t.topk, above_median=t.above_median)
+    samples, kept = [], []
+    for version in versions:
+        table = source.read_table(t.run_id, version=version)
+        if table.num_rows == 0:
+            raise ValueError(f"run {t.run_id!r} has no trajectories for version {version} in {store_uri}")
+        chosen = selector.transform_table(table)
+        selected_store.delete_partition(t.run_id, version)
+        kept.append({"version": version, "rows": table.num_rows, "selected": chosen.num_rows})
+        if chosen.num_rows == 0:
+            continue
+        selected_store.write_shard(t.run_id, version, 0, chosen)
+        for r in table_to_records(chosen):
+            label = f"{r.run_id}/v{r.policy_version}/{r.group_id}#{r.sample_index}"
+            samples.append(TrainSample(r.prompt_tokens, r.response_tokens, r.response_mask, sample_id=label))
+    if not samples:
+        raise ValueError(
+            f"no trajectory of run {t.run_id!r} versions {versions} was selected: every group's rewards are equal "
+            "(or none is above its median); nothing to imitate"
+        )
+    out = write_samples(run_dir / "sft-data" / "samples.parquet", samples, [s.sample_id for s in samples])
+    return {
+        "samples": str(out),
+        "rows": len(samples),
+        "versions": kept,
+        "selected_store": selected_store.uri,
+        "loss_tokens": sum(sum(s.response_mask) for s in samples),
+    }
+
+
+@task(name="evaluate-loss", **STAGE)
+def evaluate_loss(trainer: Any, samples_path: str) -> dict[str, float]:
+    """The objective on the whole training set without gradients (on the trainer worker)."""
+    return trainer.evaluate(samples_path).result()
+
+
+@task(name="train-epoch", **STAGE)
+def train_epoch(trainer: Any, samples_path: str, epoch: int, groups_per_batch: int, steps_per_batch: int = 1) -> dict:
+    """One epoch of optimizer steps over the training set (on the trainer worker)."""
+    return trainer.train_epoch(samples_path, epoch, groups_per_batch, steps_per_batch).result()
+
+
+def trainer_setup(cfg: SFTConfig) -> TrainerSetup:
+    """The resident trainer of an SFT run (``SFTLoss`` with TorchRL's option names)."""
+    t = cfg.train
+    return TrainerSetup(
+        run_id=cfg.run_id,
+        model=cfg.model,
+        objective="sft",
+        loss_options=dict(
+            loss_function=t.loss_function,
+            normalize_by_seq_length=t.normalize_by_seq_length,
+            beta=t.beta,
+            kl_to_ref_coeff=t.kl_to_ref_coeff if t.kl_to_ref_coeff > 0 else None,
+        ),
+        ref_model=t.kl_to_ref_coeff > 0 or t.loss_function == "minor_sft",
+        seed=cfg.seed,
+        keep_checkpoints=cfg.keep_checkpoints,
+        lr=t.lr,
+        max_grad_norm=t.max_grad_norm,
+        token_budget=t.token_budget,
+        mixed_precision=t.mixed_precision,
+        threads=t.threads,
+        device=t.device,
+    )
+
+
+def lineage_config(cfg: Any) -> dict:
+    """The settings that define what a version is (the run length ``epochs`` excluded, so a run can be extended)."""
+    data = asdict(cfg)
+    data.pop("epochs")
+    return data

@@ -1,0 +1,146 @@
+"""The SFT flow on the packaged model: from GSM8K chats (the loss on its data falls, checkpoints and lineage are
+written, a rerun resumes) and from stored trajectories through TopKRewardSelector."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmrl_core.pipeline.config_io import ConfigError, load_config
+from llmrl_core.pipeline.sft_config import SFTConfig
+from tasks.sft_stages import gsm8k_chat, tokenize_chat
+from tasks.train_data import epoch_batches, read_samples, write_samples
+
+
+def test_config_and_errors(tmp_path):
+    cfg = load_config(SFTConfig, None, ["train.lr=1e-4", "data.limit=null", "epochs=3"])
+    assert (cfg.train.lr, cfg.data.limit, cfg.epochs, cfg.source) == (1e-4, None, 3, "dataset")
+    with pytest.raises(ConfigError, match="trajectories.run_id"):
+        load_config(SFTConfig, None, ["source=trajectories"])
+    with pytest.raises(ConfigError, match="must be one of"):
+        load_config(SFTConfig, None, ["data.gsm8k_format=fancy"])
+
+
+def test_tokenize_chat_trains_on_assistant_tokens_only(hf_model_fp32):
+    _, tok = hf_model_fp32
+    chat = [
+        {"role": "user", "content": "What is 2+3?"},
+        {"role": "assistant", "content": "Let me compute."},
+        {"role": "user", "content": "Go on."},
+        {"role": "assistant", "content": "<answer>5</answer>"},
+    ]
+    sample, truncated = tokenize_chat(chat, tok, 512, "row 0")
+    assert not truncated
+    trained = [t for t, m in zip(sample.response_ids, sample.response_mask, strict=True) if m]
+    untrained = [t for t, m in zip(sample.response_ids, sample.response_mask, strict=True) if not m]
+    text = tok.decode(trained)
+    assert "Let me compute." in text and "<answer>5</answer>" in text and "Go on" not in text
+    assert "Go on." in tok.decode(untrained)
+    assert "What is 2+3?" in tok.decode(sample.prompt_ids) and "Let me" not in tok.decode(sample.prompt_ids)
+    short, cut = tokenize_chat(chat, tok, len(sample.prompt_ids) + 3, "row 0")
+    assert cut and len(short.prompt_ids) + len(short.response_ids) == len(sample.prompt_ids) + 3
+    with pytest.raises(ValueError, match="row 7: the chat has no assistant message"):
+        tokenize_chat(chat[:1], tok, 512, "row 7")
+
+
+def test_gsm8k_chat_tags():
+    chat = gsm8k_chat("Q?", "She has 3+2=<<3+2=5>>5 apples.\n#### 5", "tags")
+    assert chat[-1]["content"] == "<think>She has 3+2=5 apples.</think>\n<answer>5</answer>"
+    assert chat[1]["content"].startswith("Q?")
+
+
+def test_samples_file_round_trip(tmp_path):
+    from llmrl_core.trainer.batch import TrainSample
+
+    samples = [TrainSample([1, 2], [3, 4], [True, False], sampler_logprobs=[-0.5, float("nan")], advantage=1.5)]
+    path = write_samples(tmp_path / "s.parquet", samples, ["g"])
+    back, groups = read_samples(path)
+    assert groups == ["g"] and back[0].response_mask == [True, False] and back[0].advantage == 1.5
+    assert back[0].sampler_logprobs[0] == -0.5 and back[0].ref_logprobs is None
+    batches = epoch_batches(["a", "a", "b", "c"], 2, seed=0, epoch=0)
+    assert sorted(i for b in batches for i in b) == [0, 1, 2, 3]
+    assert all((0 in b) == (1 in b) for b in batches)  # a group stays in one mini-batch
+    assert [len(b) for b in batches] in ([3, 1], [2, 2])
+
+
+def _tiny(tmp_path, *extra):
+    return [
+        "run_id=sft1",
+        f"runs_dir={tmp_path / 'runs'}",
+        "data.limit=4",
+        "data.max_length=192",
+        "train.batch_size=4",
+        "train.lr=5e-5",
+        "keep_checkpoints=5",
+        *extra,
+    ]
+
+
+@pytest.mark.slow
+def test_sft_from_gsm8k_lowers_loss_and_records_lineage(tmp_path):
+    from safetensors.torch import load_file
+
+    from flows.sft import sft
+    from llmrl_core.builtin_data import gsm8k_path
+    from storage.lineage_query import version_lineage
+
+    summary = sft(overrides=_tiny(tmp_path, "epochs=1"))
+    assert summary["published_version"] == 1
+    # resume: the same run id with more epochs continues at epoch 1 (version 1 is not retrained)
+    ckpt = tmp_path / "runs" / "sft1" / "checkpoints"
+    v1_bytes = (ckpt / "policy_v000001.safetensors").read_bytes()
+    summary = sft(overrides=_tiny(tmp_path, "epochs=2"))
+    assert summary["published_version"] == 2
+    assert (ckpt / "policy_v000001.safetensors").read_bytes() == v1_bytes
+    loss = summary["data_loss"]
+    assert loss[2] < loss[1] < loss[0], loss  # SFT lowers the loss on its own data, epoch after epoch
+    w0, w2 = load_file(ckpt / "policy_v000000.safetensors"), load_file(ckpt / "policy_v000002.safetensors")
+    assert any(not torch.equal(w0[k], w2[k]) for k in w0)
+    v2_bytes = (ckpt / "policy_v000002.safetensors").read_bytes()
+    assert sft(overrides=_tiny(tmp_path, "epochs=2"))["published_version"] == 2  # a finished run: nothing to do
+    assert (ckpt / "policy_v000002.safetensors").read_bytes() == v2_bytes
+    run_dir = tmp_path / "runs" / "sft1"
+    for version in (1, 2):
+        info = version_lineage("sft1", version, run_dir=run_dir)
+        assert info["pipeline"] == "sft" and info["parent_version"] == version - 1
+        sources = {d["source"] for d in info["data"]}
+        assert str(gsm8k_path("train")) in sources
+        assert any(s.endswith("samples.parquet") for s in sources)
+
+
+@pytest.mark.slow
+def test_sft_from_trajectories_keeps_top_k(tmp_path, hf_model_fp32):
+    from chat_trajectories import gsm8k_records
+
+    from flows.sft import sft
+    from storage.lineage_query import version_lineage
+    from storage.trajectories import TrajectoryStore
+
+    model, tok = hf_model_fp32
+    store = TrajectoryStore(tmp_path / "runs" / "trajectories")
+    responses = {
+        0: [("<answer>7</answer>", 0.0), ("<think>48/2=24, 48+24=72</think><answer>72</answer>", 1.0)],
+        1: [("<answer>10</answer>", 1.0), ("I do not know.", 0.0)],
+        2: [("<answer>1</answer>", 0.1), ("<answer>2</answer>", 0.1)],  # equal rewards: dropped
+    }
+    store.write_shard("src", 0, 0, gsm8k_records(model, tok, "src", 0, responses))
+    summary = sft(
+        overrides=[
+            "run_id=sft2",
+            f"runs_dir={tmp_path / 'runs'}",
+            "source=trajectories",
+            "trajectories.run_id=src",
+            "epochs=1",
+            "train.batch_size=2",
+        ]
+    )
+    assert summary["published_version"] == 1
+    selected = TrajectoryStore(tmp_path / "runs" / "sft2" / "selected").read_records("src", version=0)
+    assert sorted((r.group_id, r.sample_index) for r in selected) == [("0", 1), ("1", 0)]
+    samples, _ = read_samples(summary["samples"])
+    assert [s.response_ids for s in samples] == [r.response_tokens for r in selected]
+    info = version_lineage("sft2", 1, run_dir=tmp_path / "runs" / "sft2")
+    trained_on = {d["name"]: d["source"] for d in info["data"]}
+    assert "sft2/selected" in trained_on["trajectories/src/policy_version=0"]
+    contexts = {(d["source"].split("/runs/")[1], d["context"]) for d in info["run_inputs"]}
+    assert ("trajectories/run_id=src/policy_version=0", "source") in contexts
