@@ -29,7 +29,7 @@ from storage.trajectories import TrajectoryStore
 from tasks import grpo_stages as stages
 from tasks.actors import RolloutWorker, TrainerWorker
 from tasks.cluster import dask_cluster
-from tasks.reporting import report_iteration
+from tasks.publishing import publish_version
 
 
 class InjectedFailure(RuntimeError):
@@ -39,17 +39,6 @@ class InjectedFailure(RuntimeError):
 def _maybe_fail(cfg: GRPOConfig, stage: str, version: int) -> None:
     if cfg.fail_after_stage == f"{stage}@{version}":
         raise InjectedFailure(f"injected failure after stage {stage!r} of version {version}")
-
-
-def _history(run_dir: Path, upto: int) -> list[dict[str, Any]]:
-    import json
-
-    rows = []
-    for v in range(1, upto + 1):
-        path = stages.marker_path(run_dir, v)
-        if path.exists():
-            rows.append({"version": v, **json.loads(path.read_text())["metrics"]})
-    return rows
 
 
 @flow(name="grpo")
@@ -91,10 +80,9 @@ def grpo(config: str | None = None, overrides: list[str] | None = None) -> dict[
         engines = [e.result() for e in engines]
         log.info("%d rollout engine(s) and the trainer are resident (%.1f s)", len(engines), time.perf_counter() - t0)
         config_dict = stages.lineage_config(cfg)
+        published_to = dict(run_id=cfg.run_id, run_dir=run_dir, checkpoints=checkpoints, lineage=lineage)
         if published is None:
-            info = stages.publish_weights(trainer, engines, 0, config_dict)
-            lineage.log_version(0, checkpoint=checkpoints.manifest(0))
-            stages.commit_version(run_dir, 0, None, {})
+            info = publish_version(trainer, engines, 0, config_dict, **published_to)
             log.info("version 0 (base model) published: %s", info["checkpoint"])
         elif start > 0:
             trainer.restore(start).result()
@@ -114,8 +102,6 @@ def grpo(config: str | None = None, overrides: list[str] | None = None) -> dict[
             _maybe_fail(cfg, "write_trajectories", version)
             train_metrics = stages.train(trainer, store_uri, version)
             _maybe_fail(cfg, "train", version)
-            info = stages.publish_weights(trainer, engines, version + 1, config_dict)
-            _maybe_fail(cfg, "publish", version)
             rollout_rows = sum(s["rows"] for s in shards)
             metrics = {
                 "reward_mean": sum(s["reward_mean"] * s["rows"] for s in shards) / rollout_rows,
@@ -125,11 +111,19 @@ def grpo(config: str | None = None, overrides: list[str] | None = None) -> dict[
                 **{k: float(v) for k, v in train_metrics.items() if isinstance(v, int | float)},
             }
             part = lineage.log_trajectory_partition(TrajectoryStore(store_uri), version)
-            lineage.log_version(version + 1, checkpoint=checkpoints.manifest(version + 1), data=[part], metrics=metrics)
             metrics["iteration_s"] = time.perf_counter() - t_iter
-            stages.commit_version(run_dir, version + 1, next_primer_state, metrics)
+            info = publish_version(
+                trainer,
+                engines,
+                version + 1,
+                config_dict,
+                data=[part],
+                metrics=metrics,
+                primer_state=next_primer_state,
+                **published_to,
+            )
+            _maybe_fail(cfg, "publish", version)
             primer_state = next_primer_state
-            report_iteration(cfg.run_id, _history(run_dir, version + 1), run_dir / "reports", lineage)
             log.info(
                 "version %d -> %d: %d rollouts, reward %.3f, %.0f response tokens, loss %.4f, %.1f s; trajectories %s",
                 version,

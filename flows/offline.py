@@ -17,7 +17,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from flows.sft import EPOCH_METRICS, history
+from flows.sft import EPOCH_METRICS
 from llmrl_core.model_store import resolve_model
 from llmrl_core.paths import llmrl_home
 from llmrl_core.pipeline.config_io import load_config
@@ -27,8 +27,8 @@ from storage.layout import RunLayout
 from storage.lineage import LineageConfig, LineageRecorder
 from storage.trajectories import TrajectoryStore
 from tasks import offline_stages as stages
-from tasks.grpo_stages import commit_version, latest_published, publish_weights
-from tasks.reporting import report_iteration
+from tasks.grpo_stages import latest_published
+from tasks.publishing import publish_version
 from tasks.sft_actor import start_trainer, trainer_cluster
 from tasks.sft_stages import lineage_config, train_epoch
 
@@ -52,6 +52,7 @@ def offline(config: str | None = None, overrides: list[str] | None = None) -> di
         lineage_config=LineageConfig(tracking_uri=cfg.tracking_uri),
     )
     checkpoints = CheckpointStore(layout.checkpoints_dir)
+    published_to = dict(run_id=cfg.run_id, run_dir=run_dir, checkpoints=checkpoints, lineage=lineage)
     store_uri = cfg.source.store or layout.trajectories_uri
     src = cfg.source.run_id
     with lineage:
@@ -80,9 +81,7 @@ def offline(config: str | None = None, overrides: list[str] | None = None) -> di
             with trainer_cluster(cfg.dask, run_dir / "dask") as place:
                 trainer = start_trainer(place, stages.trainer_setup(cfg), model_path, str(layout.runs_root))
                 if published is None:
-                    publish_weights(trainer, [], 0, config_dict)
-                    lineage.log_version(0, checkpoint=checkpoints.manifest(0))
-                    commit_version(run_dir, 0, None, {})
+                    publish_version(trainer, [], 0, config_dict, **published_to)
                 elif start > 0:
                     trainer.restore(start).result()
                 for epoch in range(start, cfg.epochs):
@@ -90,12 +89,9 @@ def offline(config: str | None = None, overrides: list[str] | None = None) -> di
                         trainer, data["samples"], epoch, cfg.groups_per_step, cfg.train.steps_per_iteration
                     )
                     metrics = {**data_metrics, **{k: trained[k] for k in EPOCH_METRICS}}
-                    info = publish_weights(trainer, [], epoch + 1, config_dict)
-                    lineage.log_version(
-                        epoch + 1, checkpoint=checkpoints.manifest(epoch + 1), data=refs, metrics=metrics
+                    info = publish_version(
+                        trainer, [], epoch + 1, config_dict, data=refs, metrics=metrics, **published_to
                     )
-                    commit_version(run_dir, epoch + 1, None, metrics)
-                    report_iteration(cfg.run_id, history(run_dir, epoch + 1), run_dir / "reports", lineage)
                     log.info(
                         "epoch %d -> version %d: %d steps, loss %.4f, %.1f s; %s",
                         epoch,

@@ -14,7 +14,6 @@ Run it with ``llmrl run sft [--config x.yaml] [--set section.key=value ...]``.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -29,21 +28,11 @@ from storage.layout import RunLayout
 from storage.lineage import DataRef, LineageConfig, LineageRecorder
 from storage.trajectories import TrajectoryStore
 from tasks import sft_stages as stages
-from tasks.grpo_stages import commit_version, latest_published, marker_path, publish_weights
-from tasks.reporting import report_iteration
+from tasks.grpo_stages import latest_published
+from tasks.publishing import publish_version, version_history
 from tasks.sft_actor import start_trainer, trainer_cluster
 
 EPOCH_METRICS = ("loss_first", "loss_last", "loss_mean", "steps", "grad_norm", "epoch_s")
-
-
-def history(run_dir: Path, upto: int) -> list[dict[str, Any]]:
-    """The committed metrics of versions 0..upto (for the report and the summary)."""
-    rows = []
-    for v in range(upto + 1):
-        path = marker_path(run_dir, v)
-        if path.exists():
-            rows.append({"version": v, **json.loads(path.read_text())["metrics"]})
-    return rows
 
 
 def log_data(cfg: SFTConfig, data: dict[str, Any], lineage: LineageRecorder, store_uri: str) -> list[DataRef]:
@@ -83,6 +72,7 @@ def sft(config: str | None = None, overrides: list[str] | None = None) -> dict[s
         lineage_config=LineageConfig(tracking_uri=cfg.tracking_uri),
     )
     checkpoints = CheckpointStore(layout.checkpoints_dir)
+    published_to = dict(run_id=cfg.run_id, run_dir=run_dir, checkpoints=checkpoints, lineage=lineage)
     store_uri = cfg.trajectories.store or layout.trajectories_uri
     with lineage:
         if cfg.source == "dataset":
@@ -100,10 +90,8 @@ def sft(config: str | None = None, overrides: list[str] | None = None) -> dict[s
             with trainer_cluster(cfg.dask, run_dir / "dask") as place:
                 trainer = start_trainer(place, stages.trainer_setup(cfg), model_path, str(layout.runs_root))
                 if published is None:
-                    publish_weights(trainer, [], 0, config_dict)
                     metrics = {"data_loss": stages.evaluate_loss(trainer, samples)["loss"]}
-                    lineage.log_version(0, checkpoint=checkpoints.manifest(0), data=refs, metrics=metrics)
-                    commit_version(run_dir, 0, None, metrics)
+                    publish_version(trainer, [], 0, config_dict, data=refs, metrics=metrics, **published_to)
                     log.info(
                         "version 0 (starting model) published; loss on the training set %.4f", metrics["data_loss"]
                     )
@@ -113,12 +101,9 @@ def sft(config: str | None = None, overrides: list[str] | None = None) -> dict[s
                     trained = stages.train_epoch(trainer, samples, epoch, cfg.train.batch_size)
                     data_loss = stages.evaluate_loss(trainer, samples)["loss"]
                     metrics = {"data_loss": data_loss, **{k: trained[k] for k in EPOCH_METRICS}}
-                    info = publish_weights(trainer, [], epoch + 1, config_dict)
-                    lineage.log_version(
-                        epoch + 1, checkpoint=checkpoints.manifest(epoch + 1), data=refs, metrics=metrics
+                    info = publish_version(
+                        trainer, [], epoch + 1, config_dict, data=refs, metrics=metrics, **published_to
                     )
-                    commit_version(run_dir, epoch + 1, None, metrics)
-                    report_iteration(cfg.run_id, history(run_dir, epoch + 1), run_dir / "reports", lineage)
                     log.info(
                         "epoch %d -> version %d: %d steps, loss on the training set %.4f, %.1f s; %s",
                         epoch,
@@ -133,7 +118,7 @@ def sft(config: str | None = None, overrides: list[str] | None = None) -> dict[s
         "run_id": cfg.run_id,
         "published_version": final,
         "samples": samples,
-        "data_loss": {row["version"]: row.get("data_loss") for row in history(run_dir, final)},
+        "data_loss": {row["version"]: row.get("data_loss") for row in version_history(run_dir, final)},
         "checkpoints": str(layout.checkpoints_dir),
         "mlflow_tracking_uri": lineage.tracking_uri,
         "run_dir": str(run_dir),
