@@ -174,12 +174,24 @@ class TrainerWorker:
             tmp,
         )
         os.replace(tmp, path)
+        self._prune_states(version)
         self.checkpoints.apply_retention(protect=version)
         return {
             "version": version,
             "checkpoint": str(self.checkpoints.weights_path(version)),
             "sha256": manifest.sha256,
         }
+
+    def _prune_states(self, version: int) -> None:
+        """Drop optimizer/RNG states older than ``version - 1`` (each is twice the model's size).
+
+        A resume starts from the last committed version, which is ``version`` once its commit marker is
+        written and ``version - 1`` until then, so those two are kept.
+        """
+        for old in self._state_path(version).parent.glob("trainer-v*.pt"):
+            stem = old.stem.removeprefix("trainer-v")
+            if stem.isdigit() and int(stem) < version - 1:
+                old.unlink(missing_ok=True)
 
     def restore(self, version: int) -> None:
         """Continue from a published version: weights, optimizer state and RNG."""

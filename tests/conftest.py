@@ -7,12 +7,15 @@ reference scoring, and one fp32 vLLM engine (exact log-probs; vLLM runs in-proce
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 import pytest
 
 _STATE = tempfile.mkdtemp(prefix="llmrl-tests-")
+atexit.register(shutil.rmtree, _STATE, ignore_errors=True)
 for key, value in {
     "PREFECT_HOME": os.path.join(_STATE, "prefect"),
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",

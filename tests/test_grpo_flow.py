@@ -76,6 +76,8 @@ def test_two_iterations_crash_and_resume(tmp_path, default_model_path):
     prompts = [{r.prompt_id for r in store.read_records("t1", version=v)} for v in (0, 1)]
     assert not prompts[0] & prompts[1]
     assert json.loads((state / "published-v2.json").read_text())["version"] == 2
+    # optimizer states older than the previous version are pruned (each is 2x the model)
+    assert sorted(p.name for p in state.glob("trainer-v*.pt")) == ["trainer-v1.pt", "trainer-v2.pt"]
 
     # checkpoints: version 1 differs from version 0
     ckpt = runs / "t1" / "checkpoints"
