@@ -16,11 +16,10 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from llmrl_core.model_store import resolve_model
-from llmrl_core.paths import llmrl_home
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from storage.checkpoints import CheckpointStore
-from storage.layout import RunLayout
+from storage.layout import RunLayout, default_runs_root
 from storage.trajectories import TrajectoryStore
 from tasks import grpo_stages as stages
 from tasks.actors import RolloutWorker
@@ -39,7 +38,7 @@ def collect(
     log = get_run_logger()
     cfg = load_config(GRPOConfig, config, overrides or [])
     out_run = out_run_id or f"{cfg.run_id}-collect"
-    layout = RunLayout(cfg.run_id, Path(cfg.runs_dir) if cfg.runs_dir else llmrl_home() / "runs")
+    layout = RunLayout(cfg.run_id, Path(cfg.runs_dir) if cfg.runs_dir else default_runs_root())
     out_layout = RunLayout(out_run, layout.runs_root)
     staging_uri = str(out_layout.run_dir / "staging")
     collect_cfg = load_config(GRPOConfig, config, [*(overrides or []), f"run_id={out_run}"])

@@ -1,8 +1,10 @@
-"""Flow ``evaluate``: GSM8K test accuracy, answer-tag rate, mean reward and pass@k of a run's policy versions.
+"""Flow ``evaluate``: held-out accuracy, answer-tag rate, mean reward and pass@k of a run's policy versions.
 
-Every version is scored on the same questions (the first ``n_questions`` of the shipped split), greedy and
-sampled (``n_samples`` per question at ``temperature``, the same ``seed`` for every version), with the
-training prompts and reward parser, and every metric carries a standard error over questions. Version 0 is
+Every version is scored on the same held-out questions (the first ``n_questions`` of ``source``, by default
+the run's ``task.eval_source``: GSM8K test, or the arithmetic test split for the arithmetic recipe), greedy
+and sampled (``n_samples`` per question at ``temperature``, the same ``seed`` for every version), with the
+prompt format and reward parser the run trained with (the ``task`` section of ``RUN/config.json``; keys of
+``task`` override it), and every metric carries a standard error over questions. Version 0 is
 the base model (``model``) unless the run stored a version-0 checkpoint. One engine serves all versions:
 each version's weights are loaded into it in turn. The report (a table with the paired change in accuracy
 against version 0, and a curve PNG) goes to ``RUN/evaluations/<settings hash>/``, to MLflow (experiment
@@ -21,7 +23,6 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from llmrl_core.envs.gsm8k import GSM8K_QUESTION_TEMPLATE, GSM8K_SYSTEM_PROMPT
 from tasks.evaluate import (
     evaluate_version,
     evaluation_dir,
@@ -29,6 +30,7 @@ from tasks.evaluate import (
     publish_artifacts,
     release_engines,
     resolve_versions,
+    run_task,
     write_report,
 )
 
@@ -45,28 +47,29 @@ def evaluate(
     seed: int = 0,
     max_new_tokens: int = 256,
     greedy: bool = True,
-    split: str = "test",
+    source: str | None = None,
+    task: dict[str, Any] | None = None,
     model: str | None = None,
     dtype: str = "bfloat16",
-    system_prompt: str | None = GSM8K_SYSTEM_PROMPT,
-    question_template: str | None = GSM8K_QUESTION_TEMPLATE,
-    format_reward: float = 0.1,
-    correct_reward: float = 1.0,
     log_mlflow: bool = True,
     tracking_uri: str | None = None,
     keep_engine: bool = False,
 ) -> dict[str, Any]:
     """Evaluate ``versions`` (a list, or ``"all"``: 0 plus every stored one) of run ``run_id``; returns paths,
-    the report rows and where MLflow recorded them. ``keep_engine`` keeps the engine resident after the run."""
+    the report rows and where MLflow recorded them. ``source`` names the held-out prompts (default: the run's
+    ``task.eval_source``), ``task`` overrides keys of the run's task section (prompt format, rewards).
+    ``keep_engine`` keeps the engine resident after the run."""
     logger = get_run_logger()
     if k_values is None:
         k_values = [1, n_samples] if n_samples > 1 else [1]
     k_values = sorted(set(k_values))
     if n_questions < 1:
         raise ValueError(f"n_questions must be >= 1, got {n_questions}")
+    task_cfg = run_task(run_id, runs_dir, task)
+    source = source or task_cfg.eval_source
     settings = {
-        "task": "gsm8k",
-        "split": split,
+        "task": task_cfg.to_dict(),
+        "source": source,
         "n_questions": n_questions,
         "n_samples": n_samples,
         "k_values": k_values,
@@ -77,13 +80,9 @@ def evaluate(
         "greedy": greedy,
         "model": model,
         "dtype": dtype,
-        "system_prompt": system_prompt,
-        "question_template": question_template,
-        "format_reward": format_reward,
-        "correct_reward": correct_reward,
     }
     chosen = resolve_versions(run_id, runs_dir, versions)
-    logger.info("evaluating run %s versions %s on %s GSM8K %s questions", run_id, chosen, n_questions, split)
+    logger.info("evaluating run %s versions %s on %s questions of %s", run_id, chosen, n_questions, source)
     try:
         outcomes = [evaluate_version(run_id, runs_dir, v, settings) for v in chosen]
     finally:
@@ -91,10 +90,12 @@ def evaluate(
             release_engines()
     paths = {o["version"]: o["path"] for o in outcomes}
     out_dir = evaluation_dir(run_id, runs_dir, settings)
-    title = f"{run_id}: GSM8K {split}, {n_questions} questions, greedy + {n_samples} samples at T={temperature}"
+    title = f"{run_id}: {source}, {n_questions} questions, greedy + {n_samples} samples at T={temperature}"
     report = write_report(paths, str(out_dir), title)
     artifacts = publish_artifacts(report, f"evaluate-{run_id}", title)
     mlflow_info = log_to_mlflow(run_id, runs_dir, settings, report, paths, tracking_uri) if log_mlflow else {}
+    for line in report["verdict"].splitlines():
+        logger.info("%s", line.removeprefix("- "))
     logger.info("report: %s and %s", report["markdown"], report["png"])
     return {
         "run_id": run_id,
@@ -104,6 +105,7 @@ def evaluate(
         "report_markdown": report["markdown"],
         "report_png": report["png"],
         "rows": report["rows"],
+        "verdict": report["verdict"],
         "artifacts": artifacts,
         "mlflow": mlflow_info,
         "reused": [o["version"] for o in outcomes if o["reused"]],

@@ -19,11 +19,10 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from llmrl_core.model_store import resolve_model
-from llmrl_core.paths import llmrl_home
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from storage.checkpoints import CheckpointStore
-from storage.layout import RunLayout
+from storage.layout import RunLayout, default_runs_root
 from storage.lineage import LineageConfig, LineageRecorder
 from storage.trajectories import TrajectoryStore
 from tasks import grpo_stages as stages
@@ -46,7 +45,7 @@ def grpo(config: str | None = None, overrides: list[str] | None = None) -> dict[
     """Run (or resume) GRPO: ``config`` is a YAML file, ``overrides`` are ``section.key=value`` strings."""
     log = get_run_logger()
     cfg = load_config(GRPOConfig, config, overrides or [])
-    layout = RunLayout(cfg.run_id, Path(cfg.runs_dir) if cfg.runs_dir else llmrl_home() / "runs")
+    layout = RunLayout(cfg.run_id, Path(cfg.runs_dir) if cfg.runs_dir else default_runs_root())
     run_dir, store_uri = layout.run_dir, layout.trajectories_uri
     staging_uri = str(run_dir / "staging")
     model_path = resolve_model(cfg.model)
@@ -68,6 +67,7 @@ def grpo(config: str | None = None, overrides: list[str] | None = None) -> dict[
         lineage_config=LineageConfig(tracking_uri=cfg.tracking_uri),
     )
     checkpoints = CheckpointStore(layout.checkpoints_dir)
+    stages.save_run_config(run_dir, stages.lineage_config(cfg))
     with lineage, dask_cluster(cfg, run_dir / "dask") as place:
         client = place.client
         t0 = time.perf_counter()
@@ -102,10 +102,8 @@ def grpo(config: str | None = None, overrides: list[str] | None = None) -> dict[
             _maybe_fail(cfg, "write_trajectories", version)
             train_metrics = stages.train(trainer, store_uri, version)
             _maybe_fail(cfg, "train", version)
-            rollout_rows = sum(s["rows"] for s in shards)
             metrics = {
-                "reward_mean": sum(s["reward_mean"] * s["rows"] for s in shards) / rollout_rows,
-                "response_tokens_mean": sum(s["response_tokens_mean"] * s["rows"] for s in shards) / rollout_rows,
+                **stages.merge_shard_metrics(shards),
                 "rollout_s": max(s["seconds"] for s in shards),
                 "groups_with_signal": adv["groups"] - adv["zero_signal_groups"] - adv["dropped_groups"],
                 **{k: float(v) for k, v in train_metrics.items() if isinstance(v, int | float)},

@@ -20,11 +20,10 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from llmrl_core.model_store import resolve_model
-from llmrl_core.paths import llmrl_home
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.sft_config import SFTConfig
 from storage.checkpoints import CheckpointStore
-from storage.layout import RunLayout
+from storage.layout import RunLayout, default_runs_root
 from storage.lineage import DataRef, LineageConfig, LineageRecorder
 from storage.trajectories import TrajectoryStore
 from tasks import sft_stages as stages
@@ -58,7 +57,7 @@ def sft(config: str | None = None, overrides: list[str] | None = None) -> dict[s
     """Run (or resume) SFT: ``config`` is a YAML file, ``overrides`` are ``section.key=value`` strings."""
     log = get_run_logger()
     cfg = load_config(SFTConfig, config, overrides or [])
-    layout = RunLayout(cfg.run_id, Path(cfg.runs_dir) if cfg.runs_dir else llmrl_home() / "runs")
+    layout = RunLayout(cfg.run_id, Path(cfg.runs_dir) if cfg.runs_dir else default_runs_root())
     run_dir = layout.run_dir
     model_path = resolve_model(cfg.model)
     published = latest_published(run_dir)

@@ -72,12 +72,15 @@ def run_collect(
 def run_evaluate(
     run_id: str = typer.Argument(..., help="The run whose versions to score."),
     versions: str = typer.Option("all", help="'all' or a comma list, e.g. 0,2,3 (0 = the base model)."),
-    questions: int = typer.Option(100, "--questions", "-n", min=1, help="GSM8K test questions."),
+    questions: int = typer.Option(100, "--questions", "-n", min=1, help="Held-out questions (the first N)."),
+    source: str = typer.Option(
+        None, help="Held-out prompts: gsm8k:test, arithmetic:test, a .jsonl/.parquet path (default: the run's task)."
+    ),
     samples: int = typer.Option(4, "--samples", min=1, help="Sampled answers per question (pass@k)."),
     temperature: float = typer.Option(0.7, help="Sampling temperature of the sampled mode."),
     runs_dir: str = typer.Option(None, help="Runs root (default $LLMRL_HOME/runs)."),
 ) -> None:
-    """GSM8K test accuracy, tag rate, mean reward and pass@k of a run's versions, greedy and sampled."""
+    """Held-out accuracy, tag rate, mean reward and pass@k of a run's versions, greedy and sampled."""
     from flows.evaluate import evaluate
 
     chosen: list[int] | str = versions if versions == "all" else [int(v) for v in versions.split(",")]
@@ -89,5 +92,6 @@ def run_evaluate(
         k_values=sorted({1, samples}),
         temperature=temperature,
         runs_dir=runs_dir,
+        source=source,
     )
     typer.echo(f"report: {summary['report_markdown']}\ncurves: {summary['report_png']}")

@@ -20,8 +20,10 @@ import numpy as np
 import torch
 
 from llmrl_core.collectors import LLMCollector
-from llmrl_core.envs import PolicyVersion, make_gsm8k_env
+from llmrl_core.envs import PolicyVersion
+from llmrl_core.evaluation.rollout_health import rollout_health
 from llmrl_core.pipeline.grpo_config import GRPOConfig
+from llmrl_core.pipeline.task_config import make_task_env
 from llmrl_core.policies.base import SamplingConfig
 from llmrl_core.policies.vllm_engine import EngineConfig
 from storage.checkpoints import CheckpointStore
@@ -41,8 +43,17 @@ def sampling_config(cfg: GRPOConfig, version: int, shard: int) -> SamplingConfig
     )
 
 
+def signal_rows(records: list[Any]) -> list[Any]:
+    """The rows of groups whose rewards are not all equal (the only ones with a nonzero GRPO advantage)."""
+    rewards: dict[str, set[float]] = {}
+    for record in records:
+        rewards.setdefault(record.group_id, set()).add(record.reward)
+    return [r for r in records if len(rewards[r.group_id]) > 1]
+
+
 class RolloutWorker:
-    """A resident vLLM engine plus a GSM8K env in tokens mode; collects shards at a given policy version."""
+    """A resident vLLM engine plus the task's env (prompt format and reward) in tokens mode; collects shards
+    at a given policy version."""
 
     def __init__(self, cfg: GRPOConfig, model_path: str) -> None:
         from llmrl_core.policies.vllm_worker import vLLMWorker
@@ -54,7 +65,7 @@ class RolloutWorker:
                 model=model_path, dtype=r.dtype, kv_cache_gb=r.kv_cache_gb, seed=cfg.seed, max_model_len=r.max_model_len
             )
         )
-        self.env = make_gsm8k_env(tokenizer=self.worker.get_tokenizer(), input_mode="tokens")
+        self.env = make_task_env(cfg.task, self.worker.get_tokenizer(), input_mode="tokens")
 
     def load(self, checkpoint_path: str, version: int) -> int:
         """Load published weights (a safetensors checkpoint) as ``version``."""
@@ -96,12 +107,20 @@ class RolloutWorker:
         ]
         info = TrajectoryStore(staging_uri).write_shard(self.cfg.run_id, version, shard, records)
         rewards = [r.reward for r in records]
+        health = rollout_health(
+            texts=[t.responses[-1].text if t.responses else "" for t in trajectories],
+            group_ids=[t.group_id for t in trajectories],
+            correct=[bool(t.info.get("success", False)) for t in trajectories],
+            has_answer=[bool(t.reward_components.get("reward_answer", 0.0)) for t in trajectories],
+            num_tokens=[len(r.response_tokens) for r in records],
+            truncated=[r.finish_reason == "length" for r in records],
+        )
         return {
             "shard": info.path,
             "rows": len(records),
             "seconds": time.perf_counter() - start,
             "reward_mean": float(np.mean(rewards)),
-            "response_tokens_mean": float(np.mean([len(r.response_tokens) for r in records])),
+            **health,
         }
 
     def score(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
@@ -145,7 +164,9 @@ class TrainerWorker:
                 seed=cfg.seed,
             ),
         )
-        self.checkpoints = CheckpointStore(self.layout.checkpoints_dir, keep_last=cfg.keep_checkpoints)
+        self.checkpoints = CheckpointStore(
+            self.layout.checkpoints_dir, keep_last=cfg.keep_checkpoints, keep_every=cfg.keep_every
+        )
 
     # --- state -----------------------------------------------------------------------------------
     def _state_path(self, version: int) -> Path:
@@ -231,8 +252,12 @@ class TrainerWorker:
     def train(self, store_uri: str, version: int) -> dict[str, float]:
         """``steps_per_iteration`` optimizer steps on the published partition of ``version``."""
         records = TrajectoryStore(store_uri).read_records(self.cfg.run_id, version=version)
+        if self.cfg.train.skip_zero_signal_groups:
+            records = signal_rows(records)
+        if not records:
+            return {"train_samples": 0.0}
         samples = [record_to_sample(r) for r in records]
         metrics: dict[str, float] = {}
         for _ in range(self.cfg.train.steps_per_iteration):
             metrics = self.trainer.train_step(samples)
-        return metrics
+        return {**metrics, "train_samples": float(len(samples))}

@@ -21,10 +21,12 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 
-from llmrl_core.builtin_data import load_gsm8k
+from llmrl_core.builtin_data.sources import load_source_rows
 from llmrl_core.evaluation import evaluate_gsm8k, format_rows, load_result, markdown_table, plot_curves, report_rows
+from llmrl_core.evaluation.report import verdict_lines
 from llmrl_core.evaluation.results import save_result, write_text_atomic
 from llmrl_core.model_store import resolve_model
+from llmrl_core.pipeline.task_config import TaskConfig
 from llmrl_core.policies.base import SamplingConfig
 from llmrl_core.policies.vllm_engine import EngineConfig
 from llmrl_core.policies.vllm_worker import vLLMWorker
@@ -95,6 +97,20 @@ def _base_state_dict(model: str | None) -> dict[str, Any]:
     return state
 
 
+def run_task(run_id: str, runs_dir: str | None, overrides: dict[str, Any] | None = None) -> TaskConfig:
+    """The task a run trained on (``task`` of ``RUN/config.json``; the GSM8K defaults when the run has none),
+    with ``overrides`` applied."""
+    layout = RunLayout(run_id, runs_root=Path(runs_dir)) if runs_dir else RunLayout(run_id)
+    path = layout.run_dir / "config.json"
+    stored: dict[str, Any] = {}
+    if path.is_file():
+        try:
+            stored = dict(json.loads(path.read_text()).get("task") or {})
+        except (json.JSONDecodeError, AttributeError) as err:
+            raise ValueError(f"{path}: not a run config ({err})") from err
+    return TaskConfig.from_dict({**stored, **(overrides or {})})
+
+
 def evaluation_dir(run_id: str, runs_dir: str | None, settings: dict[str, Any]) -> Path:
     """``RUN/evaluations/<first 12 hex of the settings hash>``."""
     layout = RunLayout(run_id, runs_root=Path(runs_dir)) if runs_dir else RunLayout(run_id)
@@ -124,7 +140,7 @@ def resolve_versions(run_id: str, runs_dir: str | None, versions: list[int] | st
 
 @task(name="evaluate-version", retries=1, retry_delay_seconds=5)
 def evaluate_version(run_id: str, runs_dir: str | None, version: int, settings: dict[str, Any]) -> dict[str, Any]:
-    """Score one version on the settings' GSM8K questions; writes its result JSON, returns its path and summary."""
+    """Score one version on the settings' held-out questions; writes its result JSON, returns its path and summary."""
     logger = get_run_logger()
     out_dir = evaluation_dir(run_id, runs_dir, settings)
     store = _store(run_id, runs_dir)
@@ -145,7 +161,12 @@ def evaluate_version(run_id: str, runs_dir: str | None, version: int, settings: 
         worker.load_weights(state, version)
         resident["weights"] = weights_id
     worker.policy_version = version
-    rows = load_gsm8k(settings["split"], limit=settings["n_questions"])
+    rows = load_source_rows(settings["source"], limit=settings["n_questions"])
+    if len(rows) < settings["n_questions"]:
+        raise ValueError(
+            f"{settings['source']}: {len(rows)} questions, fewer than n_questions={settings['n_questions']}"
+        )
+    task = TaskConfig.from_dict(settings["task"])
     sampling = SamplingConfig(
         max_new_tokens=settings["max_new_tokens"],
         temperature=settings["temperature"],
@@ -159,13 +180,15 @@ def evaluate_version(run_id: str, runs_dir: str | None, version: int, settings: 
         k_values=settings["k_values"],
         sampling=sampling,
         greedy=settings["greedy"],
-        system_prompt=settings["system_prompt"],
-        question_template=settings["question_template"],
-        format_reward=settings["format_reward"],
-        correct_reward=settings["correct_reward"],
+        system_prompt=task.system_prompt,
+        question_template=task.question_template,
+        few_shot=task.few_shot,
+        format_reward=task.format_reward,
+        correct_reward=task.correct_reward,
+        task=settings["source"],
     )
     result.settings.update(
-        {"run_id": run_id, "policy_version": version, "weights_id": weights_id, "split": settings["split"]}
+        {"run_id": run_id, "policy_version": version, "weights_id": weights_id, "source": settings["source"]}
     )
     save_result(result, path)
     summary = result.summary()
@@ -182,10 +205,11 @@ def write_report(result_paths: dict[int, str], out_dir: str, title: str = "") ->
     rows = report_rows(results)
     folder = Path(out_dir)
     table = markdown_table(rows)
-    md = write_text_atomic(folder / "report.md", f"# {title or 'Evaluation'}\n\n{table}")
+    verdict = "".join(f"- {line}\n" for line in verdict_lines(rows))
+    md = write_text_atomic(folder / "report.md", f"# {title or 'Evaluation'}\n\n{verdict}\n{table}")
     js = write_text_atomic(folder / "report.json", json.dumps(rows, indent=1, allow_nan=True))
     png = plot_curves(rows, folder / "curves.png", title=title)
-    return {"rows": rows, "markdown": str(md), "json": str(js), "png": str(png), "table": table}
+    return {"rows": rows, "markdown": str(md), "json": str(js), "png": str(png), "table": table, "verdict": verdict}
 
 
 def artifact_key(text: str) -> str:
@@ -201,7 +225,8 @@ def publish_artifacts(report: dict[str, Any], key: str, description: str) -> dic
     png = base64.b64encode(Path(report["png"]).read_bytes()).decode()
     image_id = create_image_artifact(f"data:image/png;base64,{png}", key=f"{key}-curves", description=description)
     md_id = create_markdown_artifact(
-        f"{description}\n\n{report['table']}\nFiles: `{report['markdown']}`, `{report['png']}`",
+        f"{description}\n\n{report.get('verdict', '')}\n{report['table']}\n"
+        f"Files: `{report['markdown']}`, `{report['png']}`",
         key=f"{key}-report",
         description=description,
     )

@@ -16,7 +16,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from llmrl_core.builtin_data import gsm8k_path
+from llmrl_core.builtin_data.sources import resolve_source
 from llmrl_core.collectors.dask_collector import shard_by_group
 from llmrl_core.envs.primer import DataLoadingPrimer
 from llmrl_core.envs.types import PromptRow
@@ -28,21 +28,12 @@ from tasks.records import read_shards
 STAGE = dict(cache_policy=NO_CACHE, persist_result=False)
 
 
-def prompt_source(source: str) -> str:
-    """``gsm8k:train`` / ``gsm8k:test`` name the shipped splits; anything else is a path."""
-    if source.startswith("gsm8k:"):
-        return str(gsm8k_path(source.split(":", 1)[1]))
-    if not Path(source).exists():
-        raise FileNotFoundError(f"data.source {source!r}: no such file (use gsm8k:train or a .jsonl/.parquet path)")
-    return source
-
-
 @task(name="load-prompts", **STAGE)
 def load_prompts(cfg: GRPOConfig, primer_state: dict | None) -> tuple[list[PromptRow], dict]:
     """Draw the next ``prompts_per_iteration`` prompts, ``group_size`` copies each; returns rows and cursor."""
     d = cfg.data
     primer = DataLoadingPrimer(
-        prompt_source(d.source),
+        resolve_source(d.source),
         batch_size=d.prompts_per_iteration,
         repeats=d.group_size,
         shuffle=d.shuffle,
@@ -53,6 +44,27 @@ def load_prompts(cfg: GRPOConfig, primer_state: dict | None) -> tuple[list[Promp
         primer.load_state_dict(primer_state)
     rows = primer.next_batch()
     return rows, primer.state_dict()
+
+
+def merge_shard_metrics(shards: list[dict]) -> dict[str, float]:
+    """Row-weighted means of the shards' rollout metrics (min/max of the token extremes)."""
+    rows = sum(s["rows"] for s in shards)
+    merged: dict[str, float] = {}
+    for key in (
+        "reward_mean",
+        "accuracy",
+        "answer_rate",
+        "distinct_responses",
+        "identical_groups",
+        "response_tokens_mean",
+        "truncated_rate",
+    ):
+        if all(key in s for s in shards):
+            merged[key] = sum(s[key] * s["rows"] for s in shards) / rows
+    if all("response_tokens_min" in s for s in shards):
+        merged["response_tokens_min"] = min(s["response_tokens_min"] for s in shards)
+        merged["response_tokens_max"] = max(s["response_tokens_max"] for s in shards)
+    return merged
 
 
 @task(name="rollout", retries=1, **STAGE)
@@ -150,6 +162,16 @@ def commit_version(run_dir: Path, version: int, primer_state: dict | None, metri
     tmp.write_text(json.dumps({"version": version, "primer_state": primer_state, "metrics": metrics}, indent=2))
     os.replace(tmp, path)
     return str(path)
+
+
+def save_run_config(run_dir: Path, config: dict) -> Path:
+    """``RUN/config.json``: the run's settings, written atomically (the evaluate flow reads its task)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "config.json"
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(config, indent=2, default=str))
+    os.replace(tmp, path)
+    return path
 
 
 def lineage_config(cfg: GRPOConfig) -> dict:

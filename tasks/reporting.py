@@ -13,6 +13,8 @@ from prefect.cache_policies import NO_CACHE
 
 CURVES = (
     ("reward_mean", "mean reward"),
+    ("accuracy", "rollout accuracy"),
+    ("distinct_responses", "distinct responses / group"),
     ("kl_to_ref", "KL to reference"),
     ("response_tokens_mean", "response tokens"),
     ("loss", "loss"),
@@ -31,9 +33,11 @@ def plot_curves(history: list[dict[str, Any]], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3))
+    columns = 3
+    rows = -(-len(CURVES) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4 * columns, 3 * rows), squeeze=False)
     versions = [row["version"] for row in history]
-    for ax, (key, title) in zip(axes, CURVES, strict=True):
+    for ax, (key, title) in zip(axes.flat, CURVES, strict=True):
         values = [row.get(key) for row in history]
         points = [(v, y) for v, y in zip(versions, values, strict=True) if y is not None]
         if points:
@@ -59,7 +63,7 @@ def report_iteration(run_id: str, history: list[dict[str, Any]], report_dir: Pat
     encoded = base64.b64encode(png.read_bytes()).decode()
     create_markdown_artifact(
         key=artifact_key(run_id, "curves"),
-        markdown=f"## {run_id}: reward, KL, length, loss\n\n![curves](data:image/png;base64,{encoded})\n",
+        markdown=f"## {run_id}: rollout curves\n\n![curves](data:image/png;base64,{encoded})\n",
     )
     if recorder is not None:
         recorder.client.log_artifact(recorder.mlflow_run_id, str(png), "reports")

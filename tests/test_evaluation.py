@@ -212,3 +212,34 @@ def test_report_rows_paired_delta_markdown_and_png(tokenizer, tmp_path):
     assert [p.name for p in png.parent.iterdir()] == ["curves.png"]
     with pytest.raises(ValueError, match="baseline version 5"):
         report_rows({0: baseline}, baseline=5)
+
+
+def test_verdict_names_the_best_version_and_whether_it_clears_three_standard_errors():
+    from llmrl_core.evaluation.report import verdict_lines
+
+    def row(version, mode, acc, delta, se):
+        z = delta / se if se else 0.0
+        return {
+            "version": version,
+            "mode": mode,
+            "accuracy": acc,
+            "delta_accuracy": delta,
+            "delta_accuracy_se": se,
+            "z": z,
+            "num_questions": 200,
+        }
+
+    rows = [
+        row(0, "greedy", 0.30, 0.0, 0.0),
+        row(0, "sampled", 0.25, 0.0, 0.0),
+        row(10, "greedy", 0.36, 0.06, 0.02),
+        row(10, "sampled", 0.27, 0.02, 0.01),
+        row(20, "greedy", 0.40, 0.10, 0.04),
+        row(20, "sampled", 0.26, 0.01, 0.01),
+    ]
+    greedy, sampled = verdict_lines(rows)
+    # z: v10 = 3.0, v20 = 2.5 -> v10 is the best by standard errors, not by raw accuracy
+    assert greedy.startswith("greedy: best version 10 accuracy 0.360 vs 0.300 at version 0: +0.060 ± 0.020")
+    assert "z = 3.00, clears 3 standard errors" in greedy and "200 questions" in greedy
+    assert sampled.startswith("sampled: best version 10") and "z = 2.00, does not clear" in sampled
+    assert verdict_lines(rows[:2]) == []  # the baseline alone: nothing to compare

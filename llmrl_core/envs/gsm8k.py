@@ -8,6 +8,7 @@ answer, so the format bonus cannot be earned by copying an example number.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from llmrl_core.envs.chat_env import InputMode
 from llmrl_core.envs.dataset_chat_env import DatasetChatEnv
 from llmrl_core.envs.gsm8k_reward import GSM8KRewardParser
 from llmrl_core.envs.transforms.base import Transform
+from llmrl_core.envs.transforms.few_shot import FewShotExamples
 from llmrl_core.envs.types import SlotState
 
 GSM8K_SYSTEM_PROMPT = (
@@ -48,7 +50,8 @@ class GSM8KPrepareQuestion(Transform):
 class GSM8KEnv(DatasetChatEnv):
     """GSM8K as a DatasetChatEnv: prompts from ``dataset`` (default: the shipped train split), rows with
     ``question`` and ``answer`` fields, the question prepared with a format instruction, rewards from
-    :class:`GSM8KRewardParser`; one turn by default."""
+    :class:`GSM8KRewardParser`; one turn by default. ``few_shot`` (``{"question", "response"}`` mappings)
+    adds worked examples as earlier turns (:class:`FewShotExamples`), their questions under the same template."""
 
     def __init__(
         self,
@@ -69,6 +72,7 @@ class GSM8KEnv(DatasetChatEnv):
         chat_template_name: str | None = None,
         format_reward: float = 0.1,
         correct_reward: float = 1.0,
+        few_shot: Sequence[Mapping[str, str]] = (),
     ) -> None:
         super().__init__(
             dataset if dataset is not None else gsm8k_path("train"),
@@ -86,6 +90,18 @@ class GSM8KEnv(DatasetChatEnv):
             chat_template_name=chat_template_name,
             max_turns=max_turns,
         )
+        if few_shot:
+            # example questions get the same template as the real one, so the examples look like the task
+            shots = [
+                {
+                    "question": question_template.format(question=e.get("question", ""))
+                    if question_template and e.get("question")
+                    else e.get("question", ""),
+                    "response": e.get("response", ""),
+                }
+                for e in few_shot
+            ]
+            self.append_transform(FewShotExamples(shots, user_role=self.user_role))
         if question_template is not None:
             self.append_transform(GSM8KPrepareQuestion(question_template, role=self.user_role))
         if compute_reward:

@@ -49,6 +49,7 @@ def gsm8k_prompt_ids(
     system_prompt: str | None = GSM8K_SYSTEM_PROMPT,
     question_template: str | None = GSM8K_QUESTION_TEMPLATE,
     chat_template_name: str | None = None,
+    few_shot: Sequence[Mapping[str, str]] = (),
 ) -> list[list[int]]:
     """Token ids of each row's prompt, built by a ``GSM8KEnv`` exactly as for training (rows kept in order)."""
     check_rows(rows)
@@ -62,6 +63,7 @@ def gsm8k_prompt_ids(
         question_template=question_template,
         chat_template_name=chat_template_name,
         compute_reward=False,
+        few_shot=few_shot,
     )
     out = env.reset()
     assert out.tokens is not None
@@ -175,17 +177,23 @@ def evaluate_gsm8k(
     question_template: str | None = GSM8K_QUESTION_TEMPLATE,
     format_reward: float = 0.1,
     correct_reward: float = 1.0,
+    few_shot: Sequence[Mapping[str, str]] = (),
+    task: str = "gsm8k",
 ) -> EvaluationResult:
     """Accuracy, answer-tag rate, mean reward and pass@k of ``engine`` on GSM8K ``rows`` (question/answer dicts).
 
     Prompts and rewards are the training ones (see the module docstring); pass ``system_prompt`` /
-    ``question_template`` / reward values when the run trained with other settings.
+    ``question_template`` / ``few_shot`` / reward values when the run trained with other settings. Any rows in
+    GSM8K form work (e.g. generated arithmetic); ``task`` names them in the result's settings.
     """
     tokenizer = engine.get_tokenizer()
-    prompt_ids = gsm8k_prompt_ids(tokenizer, rows, system_prompt=system_prompt, question_template=question_template)
+    prompt_ids = gsm8k_prompt_ids(
+        tokenizer, rows, system_prompt=system_prompt, question_template=question_template, few_shot=few_shot
+    )
     parser = GSM8KRewardParser(tokenizer=tokenizer, format_reward=format_reward, correct_reward=correct_reward)
     settings = {
-        "task": "gsm8k",
+        "task": task,
+        "few_shot": [dict(e) for e in few_shot],
         "system_prompt": system_prompt,
         "question_template": question_template,
         "format_reward": format_reward,

@@ -73,6 +73,26 @@ def format_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
     return formatted
 
 
+def verdict_lines(rows: Sequence[Mapping[str, Any]], threshold: float = 3.0) -> list[str]:
+    """One line per decoding mode: the version with the largest paired accuracy gain over the baseline, by how
+    much (± its standard error, and z), and whether that clears ``threshold`` standard errors."""
+    lines = []
+    for mode in dict.fromkeys(row["mode"] for row in rows):
+        mode_rows = [r for r in rows if r["mode"] == mode and "delta_accuracy" in r]
+        if len(mode_rows) < 2:
+            continue
+        base = mode_rows[0]
+        best = max(mode_rows[1:], key=lambda r: (r["z"], r["version"]))
+        verdict = "clears" if best["z"] >= threshold else "does not clear"
+        lines.append(
+            f"{mode}: best version {best['version']} accuracy {best['accuracy']:.3f} vs {base['accuracy']:.3f} "
+            f"at version {base['version']}: {best['delta_accuracy']:+.3f} ± {best['delta_accuracy_se']:.3f} "
+            f"(z = {best['z']:.2f}, {verdict} {threshold:g} standard errors; paired over "
+            f"{best['num_questions']} questions)"
+        )
+    return lines
+
+
 def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """A markdown table of :func:`format_rows` output (columns from the union of the rows' keys)."""
     text_rows = format_rows(rows)

@@ -5,12 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from llmrl_core.pipeline.task_config import TaskConfig
+
 
 @dataclass
 class DataConfig:
     """Prompt source and batch shape: ``prompts_per_iteration`` prompts, each sampled ``group_size`` times."""
 
-    source: str = "gsm8k:train"  # "gsm8k:train" | "gsm8k:test" | a .jsonl/.parquet path with question/answer
+    source: str = "gsm8k:train"  # gsm8k:train | arithmetic:train[?ops=+&low=10&high=99] | a .jsonl/.parquet path
     prompts_per_iteration: int = 8
     group_size: int = 4
     shuffle: bool = True
@@ -45,6 +47,10 @@ class TrainConfig:
     aggregation: Literal["token_mean", "prompt_mean"] = "token_mean"
     entropy_coeff: float = 0.0
     max_grad_norm: float = 1.0
+    # Train only on groups whose rewards differ: an all-equal group has zero advantage, so it adds no policy
+    # gradient, only tokens to the token-mean (diluting the rest) and compute. With kl_coef > 0 those groups
+    # would still pull towards the reference; they are dropped all the same. Rows stay in the store.
+    skip_zero_signal_groups: bool = False
     token_budget: int = 2048  # tokens per packed micro-batch: bounds the (tokens x vocab) logits memory
     mixed_precision: Literal["auto", "bf16", "no"] = "auto"
     threads: int = 0  # torch threads on the trainer worker (0: all cores)
@@ -69,8 +75,10 @@ class GRPOConfig:
     seed: int = 0
     runs_dir: str | None = None  # default $LLMRL_HOME/runs
     tracking_uri: str | None = None  # default sqlite under the run dir
-    keep_checkpoints: int = 3
+    keep_checkpoints: int = 3  # the newest N checkpoints are kept...
+    keep_every: int | None = None  # ...plus every version divisible by this (e.g. 10, for evaluation curves)
     data: DataConfig = field(default_factory=DataConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     dask: DaskConfig = field(default_factory=DaskConfig)

@@ -1,0 +1,46 @@
+"""Prompt sources by name: the shipped GSM8K splits, generated arithmetic, or a local file.
+
+``resolve_source("gsm8k:train")`` is the shipped file's path; ``resolve_source("arithmetic:test?n=200")``
+is a list of rows (see :mod:`llmrl_core.builtin_data.arithmetic`); any other string must be an existing
+``.jsonl`` / ``.parquet`` path with ``question`` and ``answer`` fields.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llmrl_core.builtin_data import gsm8k_path, load_gsm8k
+from llmrl_core.builtin_data.arithmetic import arithmetic_rows
+
+
+def resolve_source(source: str) -> str | list[dict[str, str]]:
+    """A path (GSM8K split or a user file) or generated rows, for a ``DataLoadingPrimer`` or an env."""
+    if source.startswith("gsm8k:"):
+        return str(gsm8k_path(source.split(":", 1)[1]))
+    if source.startswith("arithmetic:"):
+        return arithmetic_rows(source)
+    if not Path(source).exists():
+        raise FileNotFoundError(
+            f"source {source!r}: no such file (use gsm8k:train, gsm8k:test, arithmetic:train, arithmetic:test "
+            "or a .jsonl/.parquet path with question/answer fields)"
+        )
+    return source
+
+
+def load_source_rows(source: str, limit: int | None = None) -> list[dict[str, str]]:
+    """The first ``limit`` rows of ``source`` as ``{"question", "answer"}`` dicts (for evaluation)."""
+    if source.startswith("gsm8k:"):
+        return load_gsm8k(source.split(":", 1)[1], limit=limit)
+    resolved = resolve_source(source)
+    if isinstance(resolved, list):
+        rows = resolved
+    else:
+        import datasets
+
+        kind = "parquet" if resolved.endswith(".parquet") else "json"
+        table = datasets.load_dataset(kind, data_files=resolved, split="train")
+        missing = {"question", "answer"} - set(table.column_names)
+        if missing:
+            raise ValueError(f"{resolved}: missing field(s) {sorted(missing)} (have {table.column_names})")
+        rows = [{"question": str(r["question"]), "answer": str(r["answer"])} for r in table]
+    return rows[:limit] if limit is not None else rows

@@ -1,0 +1,63 @@
+"""``TaskConfig``: what the policy is asked and how it is scored, shared by rollouts and evaluation.
+
+One section of a run's config builds both the rollout env (:func:`make_task_env`) and the evaluation
+prompts and reward, so a version is always evaluated on exactly the prompt format and reward it trained on.
+The defaults are the GSM8K ones (instruction in the system prompt and after the question, 0.1 format bonus).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from llmrl_core.envs.gsm8k import GSM8K_QUESTION_TEMPLATE, GSM8K_SYSTEM_PROMPT, GSM8KEnv
+
+
+@dataclass
+class TaskConfig:
+    """Prompt format (system prompt, question template, few-shot turns), reward values and held-out prompts."""
+
+    system_prompt: str | None = GSM8K_SYSTEM_PROMPT
+    question_template: str | None = GSM8K_QUESTION_TEMPLATE  # must contain {question}; None: the bare question
+    few_shot: list[dict[str, str]] = field(default_factory=list)  # [{question, response}] turns before the question
+    format_reward: float = 0.1  # for an answer tag with a wrong answer; 0 leaves nothing to farm
+    correct_reward: float = 1.0
+    eval_source: str = "gsm8k:test"  # held-out prompts of the evaluate flow (gsm8k:test, arithmetic:test, a path)
+
+    def __post_init__(self) -> None:
+        if self.question_template is not None and "{question}" not in self.question_template:
+            raise ValueError("task.question_template must contain '{question}'")
+        for index, example in enumerate(self.few_shot):
+            if set(example) != {"question", "response"}:
+                raise ValueError(
+                    f"task.few_shot[{index}]: needs exactly the keys question and response, got {sorted(example)}"
+                )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> TaskConfig:
+        """From a stored config's ``task`` section (unknown keys are an error; missing ones take defaults)."""
+        data = dict(data or {})
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"task: unknown key(s) {sorted(unknown)} (valid: {sorted(cls.__dataclass_fields__)})")
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (for lineage and evaluation settings)."""
+        return asdict(self)
+
+
+def make_task_env(task: TaskConfig, tokenizer: Any, *, input_mode: str = "tokens", batch_size: int = 1) -> GSM8KEnv:
+    """The env of ``task`` for prompts given at reset (rollouts and evaluation pass their own rows)."""
+    return GSM8KEnv(
+        None,  # the env's own primer (shipped GSM8K) is unused: callers pass their rows to reset()
+        batch_size=batch_size,
+        shuffle=False,
+        tokenizer=tokenizer,
+        input_mode=input_mode,  # type: ignore[arg-type]
+        system_prompt=task.system_prompt,
+        question_template=task.question_template,
+        few_shot=task.few_shot,
+        format_reward=task.format_reward,
+        correct_reward=task.correct_reward,
+    )

@@ -1,0 +1,163 @@
+"""The recipe building blocks: generated arithmetic with a held-out split, few-shot turns, the task config
+shared by rollouts and evaluation, and the per-iteration rollout health metrics."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from llmrl_core.builtin_data.arithmetic import arithmetic_rows, parse_arithmetic_source, problem_split
+from llmrl_core.builtin_data.sources import load_source_rows, resolve_source
+from llmrl_core.envs.transforms import FewShotExamples
+from llmrl_core.evaluation.rollout_health import rollout_health
+from llmrl_core.pipeline.config_io import load_config
+from llmrl_core.pipeline.grpo_config import GRPOConfig
+from llmrl_core.pipeline.task_config import TaskConfig, make_task_env
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _key(row: dict) -> str:
+    return row["question"]
+
+
+def test_arithmetic_splits_are_disjoint_deterministic_and_correct():
+    train = arithmetic_rows("arithmetic:train")
+    test = arithmetic_rows("arithmetic:test")
+    assert len(train) + len(test) == 90 * 90  # every ordered pair of 10..99 once
+    assert not {_key(r) for r in train} & {_key(r) for r in test}
+    assert 0.07 < len(test) / (len(train) + len(test)) < 0.13
+    assert arithmetic_rows("arithmetic:test?n=20") == test[:20]  # same seed, same order
+    assert arithmetic_rows("arithmetic:test?n=20&seed=1") != test[:20]
+    for row in test[:50] + train[:50]:
+        a, op, b = row["question"].removeprefix("What is ").removesuffix("?").split()
+        assert op == "+" and row["answer"] == f"#### {int(a) + int(b)}"
+        assert problem_split(int(a), op, int(b)) in ("train", "test")
+    mixed = arithmetic_rows("arithmetic:train?ops=+-*&low=2&high=9")
+    assert {r["question"].split()[3] for r in mixed} == {"+", "-", "*"}
+    assert "What is 9 - 2?" in {r["question"] for r in mixed} | {
+        r["question"] for r in arithmetic_rows("arithmetic:test?ops=+-*&low=2&high=9")
+    }
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("arithmetic:valid", "split must be one of"),
+        ("arithmetic:train?ops=/", "ops must be"),
+        ("arithmetic:train?low=x", "low must be an integer"),
+        ("arithmetic:train?colour=red", "unknown setting 'colour'"),
+        ("arithmetic:test?low=50&high=10", "low <= high"),
+        ("arithmetic:test?n=100000", "the split has"),
+    ],
+)
+def test_arithmetic_bad_sources_say_what_is_wrong(source, message):
+    with pytest.raises(ValueError, match=message):
+        arithmetic_rows(parse_arithmetic_source(source) if "n=" not in source else source)
+
+
+def test_sources_resolve_by_name_or_path(tmp_path):
+    assert resolve_source("gsm8k:test").endswith("test.jsonl")
+    assert resolve_source("arithmetic:test?n=3") == arithmetic_rows("arithmetic:test?n=3")
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        resolve_source(str(tmp_path / "missing.jsonl"))
+    good = tmp_path / "qa.jsonl"
+    good.write_text("\n".join(json.dumps({"question": f"q{i}", "answer": f"#### {i}"}) for i in range(5)))
+    assert load_source_rows(str(good), limit=2) == [
+        {"question": "q0", "answer": "#### 0"},
+        {"question": "q1", "answer": "#### 1"},
+    ]
+    assert len(load_source_rows("gsm8k:test", limit=7)) == 7
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "q", "answer": "1"}))
+    with pytest.raises(ValueError, match=r"bad.jsonl: missing field\(s\) \['question'\]"):
+        load_source_rows(str(bad))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model_path):
+    return AutoTokenizer.from_pretrained(default_model_path)
+
+
+def test_few_shot_turns_come_before_the_question_under_the_same_template(tokenizer):
+    task = TaskConfig(
+        system_prompt="Be brief.",
+        question_template="Q: {question}",
+        few_shot=[{"question": "What is 1 + 1?", "response": "<answer>2</answer>"}],
+        format_reward=0.0,
+    )
+    env = make_task_env(task, tokenizer, input_mode="history")
+    out = env.reset([{"query": "What is 2 + 3?", "answer": "#### 5"}])
+    messages = [(m.role, m.text) for m in out.history[0].messages]
+    assert messages == [
+        ("system", "Be brief."),
+        ("user", "Q: What is 1 + 1?"),
+        ("assistant", "<answer>2</answer>"),
+        ("user", "Q: What is 2 + 3?"),
+    ]
+    # the reward: right answer 1.0; a tag with a wrong answer earns nothing when format_reward is 0
+    from llmrl_core.data import Response
+
+    scored = env.step([Response(text="<answer>5</answer>")])
+    assert scored.reward.tolist() == [1.0]
+    env.reset([{"query": "What is 2 + 3?", "answer": "#### 5"}])
+    assert env.step([Response(text="<answer>6</answer>")]).reward.tolist() == [0.0]
+
+
+def test_few_shot_and_task_config_reject_malformed_input():
+    with pytest.raises(ValueError, match="few-shot example 0"):
+        FewShotExamples([{"question": "q"}])
+    with pytest.raises(ValueError, match=r"task.few_shot\[1\]"):
+        TaskConfig(few_shot=[{"question": "q", "response": "r"}, {"q": "x"}])
+    with pytest.raises(ValueError, match="must contain"):
+        TaskConfig(question_template="no placeholder")
+    with pytest.raises(ValueError, match="unknown key"):
+        TaskConfig.from_dict({"system_prompt": None, "fewshot": []})
+
+
+def test_the_arithmetic_recipe_config_loads():
+    cfg = load_config(GRPOConfig, str(ROOT / "recipes" / "arithmetic" / "grpo.yaml"), ["train.lr=2e-5"])
+    assert cfg.task.format_reward == 0.0 and len(cfg.task.few_shot) == 3
+    assert cfg.task.eval_source.startswith("arithmetic:test") and cfg.data.source.startswith("arithmetic:train")
+    assert cfg.train.lr == 2e-5
+    train_q = {r["question"] for r in resolve_source(cfg.data.source)}
+    assert not train_q & {r["question"] for r in resolve_source(cfg.task.eval_source)}
+    # the examples are not held-out problems either
+    assert not {e["question"] for e in cfg.task.few_shot} & {
+        r["question"] for r in resolve_source(cfg.task.eval_source)
+    }
+
+
+def test_rollout_health_by_hand():
+    health = rollout_health(
+        texts=["a", "a ", "b", "c", "c", "c"],
+        group_ids=[0, 0, 0, 1, 1, 1],
+        correct=[True, False, False, True, True, True],
+        has_answer=[True, True, False, True, True, True],
+        num_tokens=[3, 4, 5, 6, 6, 6],
+        truncated=[False, False, True, False, False, False],
+    )
+    assert health["accuracy"] == pytest.approx(4 / 6)
+    assert health["answer_rate"] == pytest.approx(5 / 6)
+    assert health["distinct_responses"] == pytest.approx((2 / 3 + 1 / 3) / 2)  # "a" and "a " are the same text
+    assert health["identical_groups"] == pytest.approx(0.5)
+    assert (health["response_tokens_min"], health["response_tokens_max"]) == (3.0, 6.0)
+    assert health["response_tokens_mean"] == pytest.approx(30 / 6)
+    assert health["truncated_rate"] == pytest.approx(1 / 6)
+    with pytest.raises(ValueError, match="correct has 1 items"):
+        rollout_health(["a", "b"], [0, 0], [True], [True, True], [1, 1], [False, False])
+
+
+def test_skip_zero_signal_groups_keeps_only_groups_whose_rewards_differ():
+    from types import SimpleNamespace
+
+    from tasks.actors import signal_rows
+
+    rows = [
+        SimpleNamespace(group_id=g, reward=r) for g, r in [("a", 1.0), ("a", 1.0), ("b", 0.0), ("b", 1.0), ("c", 0.0)]
+    ]
+    assert [(r.group_id, r.reward) for r in signal_rows(rows)] == [("b", 0.0), ("b", 1.0)]
+    assert signal_rows(rows[:2]) == []
