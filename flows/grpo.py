@@ -40,6 +40,15 @@ def _maybe_fail(cfg: GRPOConfig, stage: str, version: int) -> None:
         raise InjectedFailure(f"injected failure after stage {stage!r} of version {version}")
 
 
+def iteration_bar(cfg: GRPOConfig, start: int) -> Any:
+    """A tqdm bar over the run's versions (on stderr; ``None`` when ``cfg.progress`` is off)."""
+    if not cfg.progress or start >= cfg.iterations:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=cfg.iterations, initial=start, desc=f"grpo {cfg.run_id}", unit="version", dynamic_ncols=True)
+
+
 @flow(name="grpo")
 def grpo(config: str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
     """Run (or resume) GRPO: ``config`` is a YAML file, ``overrides`` are ``section.key=value`` strings."""
@@ -89,6 +98,7 @@ def grpo(config: str | None = None, overrides: list[str] | None = None) -> dict[
             path = str(checkpoints.weights_path(start))
             for engine in engines:
                 engine.load(path, start).result()
+        bar = iteration_bar(cfg, start)
         for version in range(start, cfg.iterations):
             t_iter = time.perf_counter()
             TrajectoryStore(staging_uri).delete_partition(cfg.run_id, version)
@@ -122,17 +132,30 @@ def grpo(config: str | None = None, overrides: list[str] | None = None) -> dict[
             )
             _maybe_fail(cfg, "publish", version)
             primer_state = next_primer_state
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(
+                    reward=f"{metrics['reward_mean']:.3f}",
+                    acc=f"{metrics.get('accuracy', float('nan')):.3f}",
+                    distinct=f"{metrics.get('distinct_responses', float('nan')):.2f}",
+                    s=f"{metrics['iteration_s']:.0f}",
+                )
             log.info(
-                "version %d -> %d: %d rollouts, reward %.3f, %.0f response tokens, loss %.4f, %.1f s; trajectories %s",
+                "version %d -> %d: %d rollouts, reward %.3f, accuracy %.3f, distinct %.2f, %.0f response tokens, "
+                "loss %.4f, %.1f s; trajectories %s",
                 version,
                 version + 1,
                 written["rows"],
                 metrics["reward_mean"],
+                metrics.get("accuracy", float("nan")),
+                metrics.get("distinct_responses", float("nan")),
                 metrics["response_tokens_mean"],
                 metrics.get("loss", float("nan")),
                 metrics["iteration_s"],
                 written["partition"],
             )
+        if bar is not None:
+            bar.close()
     summary = {
         "run_id": cfg.run_id,
         "published_version": max(start, cfg.iterations),

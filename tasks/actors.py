@@ -83,7 +83,7 @@ class RolloutWorker:
             raise RuntimeError(f"engine holds version {self.version()}, asked to roll out version {version}")
         start = time.perf_counter()
         sampling = sampling_config(self.cfg, version, shard)
-        policy = vLLMWrapper(self.worker.llm, input_mode="tokens", sampling=sampling)
+        policy = vLLMWrapper(self.worker.llm, input_mode="tokens", sampling=sampling, progress=self.cfg.progress)
         collector = LLMCollector(
             self.env,
             policy,
@@ -162,6 +162,7 @@ class TrainerWorker:
                 token_budget=t.token_budget,
                 mixed_precision=t.mixed_precision,
                 seed=cfg.seed,
+                progress=cfg.progress,
             ),
         )
         self.checkpoints = CheckpointStore(

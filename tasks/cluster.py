@@ -1,10 +1,13 @@
 """Where the stages run: a Dask cluster with rollout workers and one trainer worker.
 
-By default a ``LocalCluster`` with ``rollout.workers + 1`` worker processes is started for the flow run
-(the first ``rollout.workers`` host engines, the last hosts the trainer). With ``dask.address`` the flow
-joins an existing scheduler; its workers say what they host through Dask resources: ``ROLLOUT`` for
-engine workers, ``TRAINER`` (or ``GPU``) for the trainer, e.g.
-``dask worker tcp://host:8786 --resources "GPU=1"``.
+Placement is by Dask resources in both cases: ``ROLLOUT`` workers host the engines, the worker declaring
+``TRAINER`` (or ``GPU``) hosts the trainer.
+
+* By default a local cluster (a ``SpecCluster`` of nanny processes on 127.0.0.1) is started for the flow
+  run: ``rollout.workers`` workers with ``ROLLOUT=1`` and one trainer worker with ``TRAINER=1``, plus
+  ``GPU=1`` when the trainer runs on CUDA (``train.device`` cuda, or auto with a GPU present).
+* With ``dask.address`` the flow joins an existing scheduler whose workers declare the same resources,
+  e.g. ``dask worker tcp://host:8786 --resources "GPU=1"``.
 """
 
 from __future__ import annotations
@@ -27,15 +30,11 @@ class Placement:
     trainer: str
 
 
-def place_workers(workers: dict[str, dict], n_rollout: int, declared: bool) -> tuple[list[str], str]:
-    """Choose rollout and trainer workers from ``scheduler_info()["workers"]``."""
+def place_workers(workers: dict[str, dict], n_rollout: int) -> tuple[list[str], str]:
+    """Choose rollout and trainer workers from ``scheduler_info()["workers"]`` by their declared resources."""
     addresses = sorted(workers)
     if len(addresses) < 2:
         raise RuntimeError(f"need at least 2 Dask workers (rollout + trainer), found {len(addresses)}")
-    if not declared:
-        if len(addresses) < n_rollout + 1:
-            raise RuntimeError(f"need {n_rollout + 1} workers for {n_rollout} rollout workers + 1 trainer")
-        return addresses[:n_rollout], addresses[-1]
     trainers = [a for a in addresses if {"GPU", "TRAINER"} & set(workers[a].get("resources", {}))]
     rollout = [a for a in addresses if "ROLLOUT" in workers[a].get("resources", {}) and a not in trainers[:1]]
     if not trainers or not rollout:
@@ -46,31 +45,50 @@ def place_workers(workers: dict[str, dict], n_rollout: int, declared: bool) -> t
     return rollout[:n_rollout], trainers[0]
 
 
+def trainer_on_gpu(cfg: GRPOConfig) -> bool:
+    """Whether the trainer will run on CUDA (``train.device`` cuda, or auto with a visible GPU)."""
+    if cfg.train.device == "cuda":
+        return True
+    if cfg.train.device != "auto":
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def local_worker_resources(cfg: GRPOConfig) -> dict[str, dict[str, float]]:
+    """Worker name -> Dask resources of the local cluster: the rollout workers, then the trainer."""
+    specs: dict[str, dict[str, float]] = {f"rollout-{i}": {"ROLLOUT": 1} for i in range(cfg.rollout.workers)}
+    specs["trainer"] = {"TRAINER": 1, **({"GPU": 1} if trainer_on_gpu(cfg) else {})}
+    return specs
+
+
 @contextmanager
 def dask_cluster(cfg: GRPOConfig, scratch: Path) -> Iterator[Placement]:
     """Open the cluster for one flow run and close what this function started when it ends."""
-    from dask.distributed import Client, LocalCluster
+    from dask.distributed import Client, Nanny, Scheduler, SpecCluster
 
     if cfg.dask.address:
         with Client(cfg.dask.address) as client:
-            rollout, trainer = place_workers(client.scheduler_info()["workers"], cfg.rollout.workers, True)
+            rollout, trainer = place_workers(client.scheduler_info()["workers"], cfg.rollout.workers)
             yield Placement(client, rollout, trainer)
         return
     scratch.mkdir(parents=True, exist_ok=True)
+    common = dict(
+        nthreads=1,
+        host="127.0.0.1",
+        # Engines and the trainer are long-lived actors, not Dask data: Dask's memory manager would pause
+        # or restart them (losing the resident state) when a training step peaks; let the OS decide.
+        memory_limit=0,
+        local_directory=cfg.dask.local_directory or str(scratch),
+    )
+    resources = local_worker_resources(cfg)
+    workers = {name: {"cls": Nanny, "options": {**common, "resources": res}} for name, res in resources.items()}
+    scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": None}}
     with (
-        LocalCluster(
-            n_workers=cfg.rollout.workers + 1,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=None,
-            host="127.0.0.1",
-            # Engines and the trainer are long-lived actors, not Dask data: Dask's memory manager would pause
-            # or restart them (losing the resident state) when a training step peaks; let the OS decide.
-            memory_limit=0,
-            local_directory=cfg.dask.local_directory or str(scratch),
-        ) as cluster,
+        SpecCluster(workers=workers, scheduler=scheduler, name="llmrl-grpo") as cluster,
         Client(cluster) as client,
     ):
-        client.wait_for_workers(cfg.rollout.workers + 1, timeout=120)
-        rollout, trainer = place_workers(client.scheduler_info()["workers"], cfg.rollout.workers, False)
+        client.wait_for_workers(len(workers), timeout=120)
+        rollout, trainer = place_workers(client.scheduler_info()["workers"], cfg.rollout.workers)
         yield Placement(client, rollout, trainer)

@@ -102,3 +102,74 @@ def test_two_iterations_crash_and_resume(tmp_path, default_model_path):
         info = version_lineage("t1", version, run_dir=runs / "t1")
         assert info["policy_version"] == version and info["parent_version"] == version - 1
         assert any(d["policy_version"] == version - 1 for d in info["data"])
+
+
+@pytest.mark.slow
+def test_sigkill_mid_iteration_then_resume_repeats_nothing(tmp_path, default_model_path):
+    """A real kill (SIGKILL to the flow process and its Dask workers) after the rollout stage of iteration 1,
+    then a resume: version 1's iteration is rebuilt once, version 0's partition is untouched."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from flows.grpo import grpo
+    from storage.trajectories import TrajectoryStore
+
+    overrides = _tiny(tmp_path, "progress=false")
+    runs = tmp_path / "runs"
+    staged = runs / "t1" / "staging" / "run_id=t1" / "policy_version=1"
+    args = [a for o in overrides for a in ("--set", o)]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from llmrl_cli.main import app; app()", "run", "grpo", *args],
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group: the kill reaches the Dask workers too
+    )
+    try:
+        deadline = time.monotonic() + 900
+        while not any(staged.glob("*.parquet")):
+            assert proc.poll() is None, f"the flow exited ({proc.returncode}) before staging version 1"
+            assert time.monotonic() < deadline, "version 1 was never staged"
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    state = runs / "t1" / "state"
+    assert sorted(p.name for p in state.glob("published-v*.json")) == ["published-v0.json", "published-v1.json"]
+    store = TrajectoryStore(runs / "trajectories")
+    assert store.versions("t1") == [0]  # version 1 was staged, never published
+    v0 = {s.name: Path(s.path).read_bytes() for s in store.shards("t1", version=0)}
+
+    summary = grpo(overrides=overrides)
+    assert summary["published_version"] == 2
+    assert store.versions("t1") == [0, 1]
+    assert {s.name: Path(s.path).read_bytes() for s in store.shards("t1", version=0)} == v0
+    records = store.read_records("t1", version=1)
+    assert len(records) == 4 and len({(r.group_id, r.sample_index) for r in records}) == 4
+    assert not any(staged.glob("*.parquet"))  # the staging partition was published and cleared
+
+
+def test_placement_is_by_declared_resources():
+    from tasks.cluster import local_worker_resources, place_workers
+
+    cfg = load_config(GRPOConfig, None, ["rollout.workers=2", "train.device=cpu"])
+    assert local_worker_resources(cfg) == {
+        "rollout-0": {"ROLLOUT": 1},
+        "rollout-1": {"ROLLOUT": 1},
+        "trainer": {"TRAINER": 1},
+    }
+    gpu = load_config(GRPOConfig, None, ["train.device=cuda"])
+    assert local_worker_resources(gpu)["trainer"] == {"TRAINER": 1, "GPU": 1}
+    workers = {
+        "tcp://a:1": {"resources": {"ROLLOUT": 1}},
+        "tcp://b:1": {"resources": {"GPU": 1}},
+        "tcp://c:1": {"resources": {"ROLLOUT": 1}},
+    }
+    assert place_workers(workers, 1) == (["tcp://a:1"], "tcp://b:1")
+    assert place_workers(workers, 2) == (["tcp://a:1", "tcp://c:1"], "tcp://b:1")
+    with pytest.raises(RuntimeError, match="must declare resources"):
+        place_workers({"tcp://a:1": {}, "tcp://b:1": {}}, 1)

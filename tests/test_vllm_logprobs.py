@@ -48,3 +48,17 @@ def test_greedy_vllm_answer_contains_5(vllm_engine_fp32, hf_model_fp32):
     prompt = render_chat_prompt(tokenizer, [{"role": "user", "content": "What is 2+3?"}])
     [[completion]] = generate(vllm_engine_fp32, [prompt], max_tokens=24, temperature=0.0)
     assert "5" in completion.text, completion.text
+
+
+def test_seeded_sampling_differs_across_repeated_prompts_and_repeats_across_calls(vllm_engine_fp32):
+    """The G copies of a GRPO group are separate requests: one shared seed would give G identical samples."""
+    tokenizer = vllm_engine_fp32.get_tokenizer()
+    ids = render_chat_prompt(tokenizer, [{"role": "user", "content": "Tell me a story about a cat."}])
+    first = generate(vllm_engine_fp32, [ids] * 6, max_tokens=12, temperature=1.0, seed=5)
+    again = generate(vllm_engine_fp32, [ids] * 6, max_tokens=12, temperature=1.0, seed=5)
+    samples = [tuple(group[0].token_ids) for group in first]
+    assert len(set(samples)) >= 5
+    assert samples == [tuple(group[0].token_ids) for group in again]
+    # stop strings reach the sampler
+    stopped = generate(vllm_engine_fp32, [ids], max_tokens=40, temperature=0.0, stop=[" "])
+    assert " " not in stopped[0][0].text and stopped[0][0].finish_reason == "stop"

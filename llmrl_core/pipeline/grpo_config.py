@@ -82,6 +82,7 @@ class GRPOConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     dask: DaskConfig = field(default_factory=DaskConfig)
+    progress: bool = True  # progress bars: iterations (flow), rollout prompts (vLLM), train micro-batches
     fail_after_stage: str | None = None  # fault injection for tests: "<stage>@<version>" raises after that stage
 
     def __post_init__(self) -> None:

@@ -80,6 +80,12 @@ def make_llm(config: EngineConfig | None = None) -> Any:
     )
     if config.resolved_device() == "cuda":
         kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
+    else:
+        # Per-request seeds on CPU: when chunked prefill splits a seeded prompt, vLLM rewinds the request's
+        # torch.Generator with set_offset, which CPU generators do not support ("CPU Generator does not use
+        # offset"). Whole-prompt prefill avoids it (vLLM does the same on CPU for MLA models).
+        kwargs["enable_chunked_prefill"] = False
+        kwargs["max_num_batched_tokens"] = max(config.max_model_len, 8192)
     if config.weight_sync_extension:
         from llmrl_core.weight_sync.worker_extension import WEIGHT_SYNC_EXTENSION
 
@@ -116,12 +122,28 @@ def generate(
 
     Prompts are token ids (render them with the tokenizer's chat template first), so the tokens
     the sampler saw are exactly the tokens a trainer will score.
+
+    ``seed`` seeds prompt ``i`` with ``seed + i``: the same call gives the same samples again, and repeated
+    prompts (the G copies of a GRPO group) get different samples. One seed for every request would make
+    identical prompts sample identical responses.
     """
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    params = SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, logprobs=0)
+    def params_for(index: int) -> Any:
+        return SamplingParams(
+            n=n,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=None if seed is None else seed + index,
+            stop=list(stop) if stop else None,
+            ignore_eos=ignore_eos,
+            logprobs=0,
+        )
+
     prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_token_ids]
+    params = [params_for(i) for i in range(len(prompts))] if seed is not None else params_for(0)
     outputs = llm.generate(prompts, params, use_tqdm=use_tqdm)
     results: list[list[Completion]] = []
     for out in outputs:

@@ -28,7 +28,9 @@ class vLLMWrapper(LLMWrapperBase):  # noqa: N801 - TorchRL's name
         pad_output: bool = False,
         chat_template: str | None = None,
         tokenizer: Any = None,
+        progress: bool = False,
     ) -> None:
+        self.progress = progress  # vLLM's own progress bar over the prompts of each generate call
         if llm is None or isinstance(llm, EngineConfig):
             llm = make_llm(llm)
         self.llm = getattr(llm, "llm", llm)  # unwrap a vLLMWorker
@@ -52,6 +54,7 @@ class vLLMWrapper(LLMWrapperBase):  # noqa: N801 - TorchRL's name
             top_p=cfg.top_p,
             seed=cfg.seed,
             stop=cfg.stop or None,
+            use_tqdm=self.progress,
         )
         completions = [group[0] for group in groups]
         return PolicyOutput(

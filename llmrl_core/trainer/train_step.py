@@ -46,6 +46,7 @@ class TrainerConfig:
     gradient_checkpointing: bool = False
     lora: LoraOptions | None = None
     seed: int = 0
+    progress: bool = False  # a tqdm bar over the micro-batches of each step (on stderr)
 
 
 def _disable_dropout(model: nn.Module) -> None:
@@ -130,7 +131,7 @@ class Trainer:
         sums: dict[str, float] = {}
         weights: dict[str, float] = {}
         total_loss = 0.0
-        for batch, unit in zip(batches, units, strict=True):
+        for batch, unit in self._progress(zip(batches, units, strict=True), len(batches), with_grad):
             scale = 1.0 if unit is None else (unit / total_units if total_units else 0.0)
             with self._autocast():
                 out = self.objective(batch.to(self.device))
@@ -158,6 +159,14 @@ class Trainer:
             skipped=float(total_units == 0 and all(u is not None for u in units)),
         )
         return metrics
+
+    def _progress(self, items: Any, total: int, with_grad: bool) -> Any:
+        if not self.config.progress:
+            return items
+        from tqdm.auto import tqdm
+
+        desc = f"train step {self.step_count + 1}" if with_grad else "evaluate"
+        return tqdm(items, total=total, desc=desc, unit="micro-batch", leave=False)
 
     def train_step(self, samples: Sequence[TrainSample]) -> dict[str, float]:
         """One optimizer step on ``samples`` (gradients accumulated over micro-batches); returns metrics.
