@@ -112,7 +112,7 @@ def test_nccl_push_matches_trainer(default_model_path):
 
 CROSS_PROCESS_SCRIPT = """
 import sys, torch
-from llmrl_core.policies.vllm_engine import EngineConfig, make_llm
+from llmrl_core.policies.vllm_engine import EngineConfig, make_llm, shutdown_llm
 from llmrl_core.policies.vllm_wrapper import score_with_vllm
 from llmrl_core.policies.hf_scoring import load_causal_lm
 from llmrl_core.weight_sync import vLLMUpdater
@@ -131,7 +131,8 @@ if __name__ == "__main__":
     expected = expected.gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
     vLLMUpdater("bytes").register_engine(llm).push_weights(model)
     after = score_with_vllm(llm, [prompt], [response])[0]
-    print("RESULT", (after - before).abs().max().item(), (after - expected).abs().max().item())
+    print("RESULT", (after - before).abs().max().item(), (after - expected).abs().max().item(), flush=True)
+    shutdown_llm(llm)
 """
 
 

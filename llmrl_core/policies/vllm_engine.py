@@ -94,6 +94,17 @@ def make_llm(config: EngineConfig | None = None) -> Any:
     return LLM(**kwargs)
 
 
+def shutdown_llm(llm: Any) -> None:
+    """Stop a ``vllm.LLM``'s engine core now (its processes, queues and threads) instead of at interpreter exit.
+
+    With the engine core in another process, teardown left to interpreter finalisation can abort the process
+    ("terminate called without an active exception", exit -6) after all work succeeded.
+    """
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        core.shutdown()
+
+
 @dataclass
 class Completion:
     """One sampled response: its tokens, their log-probs under the sampler, text and finish reason."""
