@@ -105,17 +105,28 @@ def grpo(config: str | None = None, overrides: list[str] | None = None) -> dict[
             rows, next_primer_state = stages.load_prompts(cfg, primer_state)
             shards = stages.rollout(engines, rows, version, staging_uri)
             _maybe_fail(cfg, "rollout", version)
-            if cfg.train.kl_coef > 0:
-                stages.score_reference(trainer, staging_uri, version)
+            ref_info = stages.score_reference(trainer, staging_uri, version) if cfg.train.kl_coef > 0 else {}
             adv = stages.compute_advantages(cfg, staging_uri, version)
             written = stages.write_trajectories(cfg, staging_uri, store_uri, version)
             _maybe_fail(cfg, "write_trajectories", version)
             train_metrics = stages.train(trainer, store_uri, version)
             _maybe_fail(cfg, "train", version)
+            if train_metrics.get("agreement_off"):
+                log.warning(
+                    "version %d: sampler and trainer disagree before training: mean |delta log-prob| %.4f "
+                    "(max %.3f, KL %.5f) > train.agreement_warn %.3f. The engines may hold other weights than "
+                    "the trainer (a failed weight publish), or sample in another dtype/temperature than it scores.",
+                    version,
+                    train_metrics["agreement_abs_diff_mean"],
+                    train_metrics.get("agreement_abs_diff_max", float("nan")),
+                    train_metrics.get("agreement_kl_to_sampler", float("nan")),
+                    cfg.train.agreement_warn,
+                )
             metrics = {
                 **stages.merge_shard_metrics(shards),
                 "rollout_s": max(s["seconds"] for s in shards),
                 "groups_with_signal": adv["groups"] - adv["zero_signal_groups"] - adv["dropped_groups"],
+                **{k: float(v) for k, v in ref_info.items() if k != "rows"},
                 **{k: float(v) for k, v in train_metrics.items() if isinstance(v, int | float)},
             }
             part = lineage.log_trajectory_partition(TrajectoryStore(store_uri), version)
@@ -142,7 +153,7 @@ def grpo(config: str | None = None, overrides: list[str] | None = None) -> dict[
                 )
             log.info(
                 "version %d -> %d: %d rollouts, reward %.3f, accuracy %.3f, distinct %.2f, %.0f response tokens, "
-                "loss %.4f, %.1f s; trajectories %s",
+                "loss %.4f, sampler/trainer |delta log-prob| mean %.2e max %.2e, %.1f s; trajectories %s",
                 version,
                 version + 1,
                 written["rows"],
@@ -151,6 +162,8 @@ def grpo(config: str | None = None, overrides: list[str] | None = None) -> dict[
                 metrics.get("distinct_responses", float("nan")),
                 metrics["response_tokens_mean"],
                 metrics.get("loss", float("nan")),
+                metrics.get("agreement_abs_diff_mean", float("nan")),
+                metrics.get("agreement_abs_diff_max", float("nan")),
                 metrics["iteration_s"],
                 written["partition"],
             )

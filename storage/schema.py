@@ -26,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: sampling_params.logprobs_mode
 SCHEMA_VERSION_KEY = b"llmrl.schema_version"
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -47,6 +47,9 @@ SAMPLING_PARAMS_TYPE = pa.struct(
         pa.field("top_k", pa.int32()),
         pa.field("max_tokens", pa.int32()),
         pa.field("seed", pa.int64()),
+        # "processed_logprobs": sampler_logprobs are of the temperature-scaled distribution (score at `temperature`);
+        # "raw_logprobs" or null (schema 1 rows): of the unscaled model (score at temperature 1).
+        pa.field("logprobs_mode", pa.string()),
     ]
 )
 
@@ -101,7 +104,7 @@ class TrajectoryRecord:
     ``response_mask`` is True on tokens the policy sampled (assistant) and False on tokens inserted by
     the environment (tool outputs, templates); ``sampler_logprobs`` and ``ref_logprobs`` have one entry
     per response token. ``turn`` is the index of the last assistant turn (0 for single-turn).
-    ``sampling_params`` holds temperature, top_p, top_k, max_tokens and seed (missing keys are null).
+    ``sampling_params`` holds temperature, top_p, top_k, max_tokens, seed and logprobs_mode (missing keys are null).
     """
 
     run_id: str

@@ -43,6 +43,9 @@ def sampling_config(cfg: GRPOConfig, version: int, shard: int) -> SamplingConfig
     )
 
 
+AGREEMENT_KEYS = ("sampler_abs_diff_mean", "sampler_abs_diff_max", "kl_to_sampler", "sampler_ess")
+
+
 def signal_rows(records: list[Any]) -> list[Any]:
     """The rows of groups whose rewards are not all equal (the only ones with a nonzero GRPO advantage)."""
     rewards: dict[str, set[float]] = {}
@@ -98,6 +101,7 @@ class RolloutWorker:
             "top_p": sampling.top_p,
             "max_tokens": sampling.max_new_tokens,
             "seed": sampling.seed,
+            "logprobs_mode": self.worker.config.logprobs_mode,
         }
         records = [
             trajectory_to_record(
@@ -136,6 +140,7 @@ class TrainerWorker:
 
         from llmrl_core.objectives import GRPOLoss
         from llmrl_core.trainer import Trainer, TrainerConfig
+        from llmrl_core.trainer.lora import LoraOptions
 
         t = cfg.train
         torch.set_num_threads(t.threads or os.cpu_count() or 1)
@@ -144,16 +149,13 @@ class TrainerWorker:
         self.layout = RunLayout(cfg.run_id, Path(runs_root))
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
         self.ref = None
-        options: dict[str, Any] = dict(
-            clip_epsilon=t.clip_epsilon,
-            aggregation=t.aggregation,
-            entropy_coeff=t.entropy_coeff,
-            kl_estimator=t.kl_estimator,
-        )
         if t.kl_coef > 0:
             self.ref = copy.deepcopy(self.model).eval().requires_grad_(False)
-            options["kl_to_ref_coeff"] = t.kl_coef
-        loss = GRPOLoss(self.model, entropy_bonus=t.entropy_coeff > 0, **options)
+        loss = GRPOLoss(self.model, entropy_bonus=t.entropy_coeff > 0, **t.loss_options(cfg.rollout.max_new_tokens))
+        lora = t.lora
+        lora_options = None
+        if lora.enabled:
+            lora_options = LoraOptions(lora.r, lora.alpha, lora.dropout, tuple(lora.target_modules))
         self.trainer = Trainer(
             loss,
             TrainerConfig(
@@ -161,6 +163,8 @@ class TrainerWorker:
                 max_grad_norm=t.max_grad_norm,
                 token_budget=t.token_budget,
                 mixed_precision=t.mixed_precision,
+                gradient_checkpointing=t.gradient_checkpointing,
+                lora=lora_options,
                 seed=cfg.seed,
                 progress=cfg.progress,
             ),
@@ -176,7 +180,7 @@ class TrainerWorker:
     def publish(self, version: int, config: dict[str, Any]) -> dict[str, Any]:
         """Checkpoint the weights as ``version`` and save optimizer + RNG state beside it (atomically)."""
         manifest = self.checkpoints.save(
-            self.model.state_dict(),
+            self.trainer.state_dict_for_inference(),
             version,
             parent_version=version - 1 if version > 0 else None,
             config=config,
@@ -192,6 +196,7 @@ class TrainerWorker:
                 "torch_rng": torch.get_rng_state(),
                 "python_rng": random.getstate(),
                 "numpy_rng": np.random.get_state(),
+                "lora": self._lora_state(),
             },
             tmp,
         )
@@ -215,14 +220,29 @@ class TrainerWorker:
             if stem.isdigit() and int(stem) < version - 1:
                 old.unlink(missing_ok=True)
 
+    def _lora_state(self) -> dict[str, torch.Tensor] | None:
+        """The LoRA adapter weights (the base model stays frozen at version 0), or None without LoRA."""
+        if self.trainer.config.lora is None:
+            return None
+        from peft import get_peft_model_state_dict
+
+        return {k: v.detach().cpu().clone() for k, v in get_peft_model_state_dict(self.trainer.model).items()}
+
     def restore(self, version: int) -> None:
-        """Continue from a published version: weights, optimizer state and RNG."""
-        loaded = self.checkpoints.load(version)
-        self.model.load_state_dict(loaded.state_dict, strict=False)
-        self.model.tie_weights()
+        """Continue from a published version: weights (or LoRA adapters), optimizer state and RNG."""
         state_path = self._state_path(version)
-        if state_path.exists():
-            state = torch.load(state_path, weights_only=False)
+        state = torch.load(state_path, weights_only=False) if state_path.exists() else None
+        if self.trainer.config.lora is None:
+            loaded = self.checkpoints.load(version)
+            self.model.load_state_dict(loaded.state_dict, strict=False)
+            self.model.tie_weights()
+        elif state is None or state.get("lora") is None:
+            raise RuntimeError(f"{state_path}: no LoRA adapter state to resume version {version} from")
+        else:
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(self.trainer.model, state["lora"])
+        if state is not None:
             self.trainer.optimizer.load_state_dict(state["optimizer"])
             self.trainer.step_count = state["step"]
             torch.set_rng_state(state["torch_rng"])
@@ -232,33 +252,61 @@ class TrainerWorker:
     # --- stages ----------------------------------------------------------------------------------
     @torch.no_grad()
     def score_reference(self, staging_uri: str, version: int) -> dict[str, Any]:
-        """Fill ``ref_logprobs`` of every staged row with the frozen reference model (rewrites each shard)."""
-        from llmrl_core.trainer.batch import pack_samples
+        """Fill ``ref_logprobs`` of every staged row with the frozen reference model (rewrites each shard).
+
+        Rows are scored in packed micro-batches under ``train.token_budget`` (one forward pass per micro-batch,
+        as the train step), at each row's sampling temperature (the same distribution as the sampler's and the
+        trainer's log-probs).
+        """
+        from llmrl_core.trainer.batch import pack_samples, plan_micro_batches
         from llmrl_core.trainer.scoring import score_packed
 
         if self.ref is None:
             raise RuntimeError("no reference model: train.kl_coef is 0")
+        start = time.perf_counter()
         store = TrajectoryStore(staging_uri)
         device = next(self.ref.parameters()).device
         rows = 0
+        tokens = 0
         for shard, records in read_shards(store, self.cfg.run_id, version):
-            for record in records:
-                sample = record_to_sample(dataclasses.replace(record, advantage=0.0))
-                scores = score_packed(self.ref, pack_samples([sample]).to(device))
-                record.ref_logprobs = scores.log_probs[0, : len(sample.response_ids)].float().cpu().tolist()
+            samples = [record_to_sample(dataclasses.replace(record, advantage=0.0)) for record in records]
+            plan = plan_micro_batches([s.length for s in samples], self.cfg.train.token_budget)
+            for group in plan:
+                batch = pack_samples([samples[i] for i in group])
+                with self.trainer.autocast():
+                    scores = score_packed(self.ref, batch.to(device))
+                for row, i in enumerate(group):
+                    n = len(samples[i].response_ids)
+                    records[i].ref_logprobs = scores.log_probs[row, :n].float().cpu().tolist()
+                tokens += batch.num_tokens
             store.write_shard(self.cfg.run_id, version, shard, records)
             rows += len(records)
-        return {"rows": rows}
+        seconds = time.perf_counter() - start
+        return {"rows": rows, "ref_seconds": seconds, "ref_tokens_per_s": tokens / seconds if seconds > 0 else 0.0}
 
     def train(self, store_uri: str, version: int) -> dict[str, float]:
-        """``steps_per_iteration`` optimizer steps on the published partition of ``version``."""
+        """``steps_per_iteration`` optimizer steps on the published partition of ``version``.
+
+        The first step's forward pass runs on the weights that sampled the partition, so its sampler/trainer
+        diagnostics are the iteration's agreement metrics (``agreement_*``: mean and max |trainer - sampler|
+        log-prob, k3 KL to the sampler, ESS of the ratio). When no group has signal (nothing to train), they are
+        measured with a forward pass alone. ``agreement_off`` is 1 when the mean gap exceeds
+        ``train.agreement_warn`` (e.g. engines holding other weights than the trainer).
+        """
         records = TrajectoryStore(store_uri).read_records(self.cfg.run_id, version=version)
-        if self.cfg.train.skip_zero_signal_groups:
-            records = signal_rows(records)
+        trained = signal_rows(records) if self.cfg.train.skip_zero_signal_groups else records
         if not records:
             return {"train_samples": 0.0}
-        samples = [record_to_sample(r) for r in records]
         metrics: dict[str, float] = {}
-        for _ in range(self.cfg.train.steps_per_iteration):
-            metrics = self.trainer.train_step(samples)
-        return {**metrics, "train_samples": float(len(samples))}
+        first: dict[str, float] | None = None
+        if trained:
+            samples = [record_to_sample(r) for r in trained]
+            for _ in range(self.cfg.train.steps_per_iteration):
+                metrics = self.trainer.train_step(samples)
+                first = first or metrics
+        else:
+            first = self.trainer.evaluate([record_to_sample(r) for r in records])
+        agreement = {f"agreement_{k.removeprefix('sampler_')}": first[k] for k in AGREEMENT_KEYS if k in first}
+        if "agreement_abs_diff_mean" in agreement:
+            agreement["agreement_off"] = float(agreement["agreement_abs_diff_mean"] > self.cfg.train.agreement_warn)
+        return {**metrics, **agreement, "train_samples": float(len(trained))}

@@ -19,6 +19,7 @@ from prefect.cache_policies import NO_CACHE
 from llmrl_core.builtin_data.sources import resolve_source
 from llmrl_core.collectors.dask_collector import shard_by_group
 from llmrl_core.envs.primer import DataLoadingPrimer
+from llmrl_core.envs.transforms.kl import kl_reward_penalty
 from llmrl_core.envs.types import PromptRow
 from llmrl_core.objectives import mc_advantage
 from llmrl_core.pipeline.grpo_config import GRPOConfig
@@ -88,13 +89,25 @@ def score_reference(trainer: Any, staging_uri: str, version: int) -> dict:
 
 @task(name="advantages", retries=1, **STAGE)
 def compute_advantages(cfg: GRPOConfig, staging_uri: str, version: int) -> dict:
-    """Group-normalised advantages over each GRPO group of the staged rows (rewrites the staging shards)."""
+    """Group advantages (``train.advantage``: grpo | dr_grpo | rloo) over each GRPO group of the staged rows
+    (rewrites the staging shards). With ``train.kl_in=reward`` the return of a row is its task reward minus
+    ``kl_coef`` times its summed per-token KL to the reference (stored as ``reward_components["kl_penalty"]``;
+    ``reward`` stays the task's reward)."""
     store = TrajectoryStore(staging_uri)
     shards = read_shards(store, cfg.run_id, version)
     records = [r for _, rs in shards for r in rs]
     if not records:
         raise RuntimeError(f"no staged rollouts for {cfg.run_id} version {version}")
-    result = mc_advantage([r.reward for r in records], [r.group_id for r in records])
+    t = cfg.train
+    if t.kl_coef > 0 and t.kl_in == "reward":
+        for record in records:
+            if record.ref_logprobs is None:
+                where = f"{record.group_id}#{record.sample_index}"
+                raise RuntimeError(f"train.kl_in=reward: row {where} has no ref_logprobs")
+            penalty = kl_reward_penalty(record.sampler_logprobs, record.ref_logprobs, record.response_mask, t.kl_coef)
+            record.reward_components = {**record.reward_components, "kl_penalty": -penalty}
+    returns = [r.reward + r.reward_components.get("kl_penalty", 0.0) for r in records]
+    result = mc_advantage(returns, [r.group_id for r in records], method=t.advantage)
     for record, advantage in zip(records, result.advantages.tolist(), strict=True):
         record.advantage = float(advantage)
     for shard, rs in shards:

@@ -48,8 +48,18 @@ def trajectory_to_record(
     )
 
 
+def logprob_temperature(row: TrajectoryRecord) -> float:
+    """The temperature whose distribution the row's ``sampler_logprobs`` describe (1.0 for raw log-probs)."""
+    params = row.sampling_params or {}
+    temperature = params.get("temperature")
+    if params.get("logprobs_mode") == "processed_logprobs" and temperature:
+        return float(temperature)
+    return 1.0
+
+
 def record_to_sample(row: TrajectoryRecord) -> TrainSample:
-    """The train step's view of a stored row (its advantage must be set)."""
+    """The train step's view of a stored row (its advantage must be set), scored at the row's sampling
+    temperature when its log-probs are the sampler's processed ones."""
     if row.advantage is None:
         raise ValueError(f"row {row.run_id}/v{row.policy_version}/{row.group_id}#{row.sample_index} has no advantage")
     return TrainSample(
@@ -60,6 +70,7 @@ def record_to_sample(row: TrajectoryRecord) -> TrainSample:
         advantage=float(row.advantage),
         ref_logprobs=row.ref_logprobs,
         sample_id=f"{row.run_id}/v{row.policy_version}/{row.group_id}#{row.sample_index}",
+        temperature=logprob_temperature(row),
     )
 
 

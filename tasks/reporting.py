@@ -1,4 +1,4 @@
-"""Per-iteration visibility: a Prefect metrics table, a PNG of the reward / KL / length curves, MLflow."""
+"""Per-iteration visibility: a Prefect metrics table, a PNG of the reward / KL / length / agreement curves, MLflow."""
 
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ CURVES = (
     ("kl_to_ref", "KL to reference"),
     ("response_tokens_mean", "response tokens"),
     ("loss", "loss"),
+    ("agreement_abs_diff_mean", "|trainer - sampler| log-prob (mean)"),
+    ("agreement_kl_to_sampler", "KL(trainer, sampler) k3"),
+    ("agreement_ess", "ESS of trainer/sampler ratio"),
 )
 
 

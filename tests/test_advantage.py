@@ -8,7 +8,13 @@ import pyarrow as pa
 import pytest
 import torch
 
-from llmrl_core.objectives import MCAdvantage, TopKRewardSelector, mc_advantage, select_top_k
+from llmrl_core.objectives import (
+    ADVANTAGE_METHODS,
+    MCAdvantage,
+    TopKRewardSelector,
+    mc_advantage,
+    select_top_k,
+)
 
 EPISODES = [[0.0, 1.0, 0.5], [0.2, 0.2], [1.0], [0.0, 0.0, 0.3, 0.1]]
 
@@ -120,6 +126,93 @@ def test_mc_advantage_transform_table():
     assert t.last_stats["dropped_groups"] == 1
     with pytest.raises(ValueError, match="no column 'reward'"):
         t.transform_table(table.drop_columns(["reward"]))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Advantage methods: grpo / dr_grpo / rloo, expected values worked out by hand
+# ---------------------------------------------------------------------------------------------------------------
+
+# Group "a" = [1, 0, 0, 1]: mean 1/2, centred [+1/2, -1/2, -1/2, +1/2], unbiased std sqrt((4 * 1/4) / 3) = 1/sqrt(3).
+# Group "b" = [0, 0, 1]: mean 1/3, centred [-1/3, -1/3, +2/3], unbiased std sqrt((1/9 + 1/9 + 4/9) / 2) = 1/sqrt(3).
+# Group "c" = [0.7]: a group of one; group "d" = [0.4, 0.4]: all equal. Both exactly 0 for every method.
+# rloo: a -> r_i - mean of the other three: 1 - 1/3 = 2/3, 0 - 2/3 = -2/3;  b -> 0 - 1/2 = -1/2, 1 - 0 = 1.
+METHOD_REWARDS = [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.7, 0.4, 0.4]
+METHOD_GROUPS = ["a", "a", "a", "a", "b", "b", "b", "c", "d", "d"]
+SQRT3 = 3.0**0.5
+METHOD_EXPECTED = {
+    "grpo": [SQRT3 / 2, -SQRT3 / 2, -SQRT3 / 2, SQRT3 / 2, -SQRT3 / 3, -SQRT3 / 3, 2 * SQRT3 / 3, 0.0, 0.0, 0.0],
+    "dr_grpo": [0.5, -0.5, -0.5, 0.5, -1 / 3, -1 / 3, 2 / 3, 0.0, 0.0, 0.0],
+    "rloo": [2 / 3, -2 / 3, -2 / 3, 2 / 3, -0.5, -0.5, 1.0, 0.0, 0.0, 0.0],
+}
+
+
+def test_advantage_methods_constant():
+    assert ADVANTAGE_METHODS == ("grpo", "dr_grpo", "rloo")
+
+
+@pytest.mark.parametrize("method", ["grpo", "dr_grpo", "rloo"])
+def test_advantage_methods_per_row_by_hand(method):
+    out = mc_advantage(METHOD_REWARDS, METHOD_GROUPS, method=method)
+    expected = torch.tensor(METHOD_EXPECTED[method], dtype=torch.float64).float()
+    torch.testing.assert_close(out.advantages, expected, atol=1e-7, rtol=0)
+    assert out.advantages[7:].tolist() == [0.0, 0.0, 0.0]  # exactly zero, not rounding error
+    assert out.keep.all()
+    assert out.stats == {"groups": 4, "dropped_groups": 0, "zero_signal_groups": 2, "kept_rows": 10}
+    via_class = MCAdvantage(method=method)(METHOD_REWARDS, METHOD_GROUPS)
+    assert via_class.advantages.tolist() == out.advantages.tolist()
+
+
+def test_grpo_method_is_the_default():
+    default = mc_advantage(METHOD_REWARDS, METHOD_GROUPS)
+    explicit = mc_advantage(METHOD_REWARDS, METHOD_GROUPS, method="grpo")
+    assert default.advantages.tolist() == explicit.advantages.tolist()
+
+
+@pytest.mark.parametrize("method", ["grpo", "dr_grpo", "rloo"])
+def test_advantage_methods_episode_mode_by_hand(method):
+    # Group "g": episode returns (sum) 1 + 0 = 1, 0, 0.5 + 0.5 + 1 = 2 -> mean 1, centred [0, -1, +1],
+    # unbiased std sqrt((0 + 1 + 1) / 2) = 1; rloo: 1 - (0 + 2)/2 = 0, 0 - (1 + 2)/2 = -1.5, 2 - (1 + 0)/2 = 1.5.
+    # Group "h": returns 0 and 0 -> mean 0, outside the (0.1, 1.9) bounds: dropped.
+    rewards = [1.0, 0.0, 0.0, 0.5, 0.5, 1.0, 0.0, 0.0]
+    groups = ["g", "g", "g", "g", "g", "g", "h", "h"]
+    episodes = [0, 0, 1, 2, 2, 2, 3, 4]
+    per_episode = {"grpo": [0.0, -1.0, 1.0], "dr_grpo": [0.0, -1.0, 1.0], "rloo": [0.0, -1.5, 1.5]}[method]
+    e0, e1, e2 = per_episode
+    out = mc_advantage(
+        rewards, groups, episode_ids=episodes, trajectory_return="sum", keep_return_bounds=(0.1, 1.9), method=method
+    )
+    torch.testing.assert_close(out.advantages, torch.tensor([e0, e0, e1, e2, e2, e2, 0.0, 0.0]), atol=1e-7, rtol=0)
+    assert out.keep.tolist() == [True] * 6 + [False] * 2
+    assert out.stats == {"groups": 2, "dropped_groups": 1, "zero_signal_groups": 0, "kept_rows": 6}
+    # All-equal episode returns: exactly zero and counted, whatever the method.
+    flat = mc_advantage([1.0, 0.0, 0.5, 0.5], ["g"] * 4, episode_ids=[0, 0, 1, 1], trajectory_return="sum",
+                        method=method)  # fmt: skip
+    assert flat.advantages.tolist() == [0.0] * 4 and flat.stats["zero_signal_groups"] == 1
+    with pytest.raises(ValueError, match="expected group_size=4"):
+        mc_advantage(rewards, groups, episode_ids=episodes, trajectory_return="sum", group_size=4, method=method)
+
+
+def test_rloo_against_brute_force_leave_one_out():
+    gen = torch.Generator().manual_seed(0)
+    rewards = torch.rand(40, generator=gen, dtype=torch.float64)
+    groups = (torch.arange(40) % 7).tolist()  # 7 interleaved groups of 5 or 6 rows
+    out = mc_advantage(rewards, groups, method="rloo")
+    expected = []
+    for i in range(40):
+        others = [float(rewards[j]) for j in range(40) if j != i and groups[j] == groups[i]]
+        expected.append(float(rewards[i]) - sum(others) / len(others))
+    torch.testing.assert_close(out.advantages, torch.tensor(expected, dtype=torch.float64).float(), atol=1e-7, rtol=0)
+    # rloo = G / (G - 1) * dr_grpo for every group of size G.
+    dr = mc_advantage(rewards, groups, method="dr_grpo").advantages.double()
+    size = torch.tensor([groups.count(g) for g in groups], dtype=torch.float64)
+    torch.testing.assert_close(out.advantages.double(), dr * size / (size - 1), atol=1e-6, rtol=0)
+
+
+def test_bad_advantage_method_names_the_setting():
+    with pytest.raises(ValueError, match=r"method must be one of \('grpo', 'dr_grpo', 'rloo'\), got 'ppo'"):
+        mc_advantage([0.0, 1.0], [0, 0], method="ppo")
+    with pytest.raises(ValueError, match="method must be one of"):
+        MCAdvantage(2, method="RLOO")
 
 
 # expected values from TorchRL 0.14.1 (torchrl.data.llm.topk.TopKRewardSelector on a replay buffer).

@@ -514,3 +514,235 @@ def test_nan_under_padding_never_reaches_values_or_gradients():
     )  # fmt: skip
     assert all(math.isfinite(v) for v in out.metrics().values())
     assert torch.isfinite(grad_of(out.loss, logits)).all()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GSPO sequence-level importance ratio, sequence-level TIS, sampler-agreement diagnostics (hand-computed, float64)
+# ---------------------------------------------------------------------------------------------------------------
+
+NAN = float("nan")
+TRAINED_2x3 = torch.tensor([[True, True, True], [True, True, False]])
+
+
+def leaf(values):
+    return torch.tensor(values, dtype=torch.float64, requires_grad=True)
+
+
+@pytest.mark.parametrize("adv0", [1.0, -1.0])
+def test_gspo_sequence_ratio_golden_by_hand(adv0):
+    lp_values = [[-1.0, -0.5, -2.0], [-0.3, -1.2, -0.7]]
+    sp_values = [[-1.1, -0.45, -2.05], [-0.32, -1.19, NAN]]  # (1, 2) is padding
+    adv1 = -0.5
+    eps = 0.02  # ratio bounds 0.98 and 1.02
+    # Sequence log-ratios: the mean of (log_probs - sampler) over each row's trained tokens.
+    s0 = ((-1.0 - -1.1) + (-0.5 - -0.45) + (-2.0 - -2.05)) / 3  # 0.1 / 3 = 0.0333 > log(1.02) = 0.0198: clipped
+    s1 = ((-0.3 - -0.32) + (-1.2 - -1.19)) / 2  # 0.01 / 2 = 0.005: inside the bounds
+    w0, w1 = math.exp(s0), math.exp(s1)
+    assert w0 > 1.02 and 0.98 < w1 < 1.02
+    # Row 1 (A < 0, unclipped): per-token term -w1 * A1, d/dlp_t = -w1 * A1 * (1/2) per token, two such tokens.
+    term1 = -w1 * adv1
+    if adv0 > 0:  # -min(w0 * A, 1.02 * A) = -1.02 * A: the clipped branch, no gradient
+        term0, dterm0_ds0 = -1.02 * adv0, 0.0
+    else:  # A < 0: w0 * A < 1.02 * A, the unclipped branch is the min, the gradient flows
+        term0, dterm0_ds0 = -w0 * adv0, -w0 * adv0
+
+    # token_mean over the 5 trained tokens: every token of a row carries its row's term.
+    expected_loss = (3 * term0 + 2 * term1) / 5
+    # d loss / d lp[0, t] = (3 tokens) * dterm0/ds0 * (1/3) / 5;  d loss / d lp[1, t] = 2 * term1 * (1/2) / 5.
+    expected_grad = [[dterm0_ds0 / 5] * 3, [term1 / 5, term1 / 5, 0.0]]
+    lp = leaf(lp_values)
+    sampler = torch.tensor(sp_values, dtype=torch.float64)
+    adv = torch.tensor([adv0, adv1], dtype=torch.float64)
+    out = grpo_loss(lp, sampler, adv, TRAINED_2x3, clip_epsilon=eps, importance_level="sequence")
+    assert abs(val(out.loss_objective) - expected_loss) < 1e-12
+    (grad,) = torch.autograd.grad(out.loss_objective, lp)
+    torch.testing.assert_close(grad, torch.tensor(expected_grad, dtype=torch.float64), atol=1e-12, rtol=0)
+    # Diagnostics on the weights actually applied: 3 of 5 trained tokens lie in the clipped sequence; ESS over
+    # the trained tokens, each carrying its row's sequence weight.
+    assert abs(float(out.clip_fraction) - 3 / 5) < 1e-12
+    expected_ess = (3 * w0 + 2 * w1) ** 2 / (3 * w0**2 + 2 * w1**2) / 5
+    assert abs(float(out.ESS) - expected_ess) < 1e-12
+
+    # prompt_mean is GSPO's own objective, the mean over sequences of the sequence-level surrogate.
+    lp = leaf(lp_values)
+    out = grpo_loss(lp, sampler, adv, TRAINED_2x3, clip_epsilon=eps, importance_level="sequence",
+                    aggregation="prompt_mean")  # fmt: skip
+    assert abs(val(out.loss_objective) - (term0 + term1) / 2) < 1e-12
+    (grad,) = torch.autograd.grad(out.loss_objective, lp)
+    # d/dlp[0, t] = dterm0/ds0 * (1/3) / 2;  d/dlp[1, t] = term1 * (1/2) / 2.
+    expected_grad = [[dterm0_ds0 / 6] * 3, [term1 / 4, term1 / 4, 0.0]]
+    torch.testing.assert_close(grad, torch.tensor(expected_grad, dtype=torch.float64), atol=1e-12, rtol=0)
+
+
+def test_gspo_gradient_goes_through_the_sequence_mean_with_per_token_advantages():
+    """With per-token advantages the sequence ratio (grad 1/|y| through s_i) and GSPO-token differ: check ours."""
+    lp_values = [[-1.0, -0.5, -2.0], [-0.3, -1.2, -0.7]]
+    sp_values = [[-1.1, -0.45, -2.05], [-0.32, -1.19, NAN]]
+    adv_values = [[1.0, 1.0, 1.0], [-0.5, -1.5, NAN]]  # NaN under padding must not leak
+    s0 = ((-1.0 - -1.1) + (-0.5 - -0.45) + (-2.0 - -2.05)) / 3  # clipped above, A > 0: constant -1.02 per token
+    s1 = ((-0.3 - -0.32) + (-1.2 - -1.19)) / 2  # unclipped
+    w1 = math.exp(s1)
+    # Row 1 terms: -w1 * A_t = 0.5 w1 and 1.5 w1. d/dlp[1, t] of their sum = (0.5 w1 + 1.5 w1) * (1/2) = w1 for
+    # both tokens (GSPO-token would give 0.5 w1 and 1.5 w1); token_mean divides by 5.
+    expected_loss = (3 * -1.02 + 0.5 * w1 + 1.5 * w1) / 5
+    expected_grad = [[0.0, 0.0, 0.0], [w1 / 5, w1 / 5, 0.0]]
+    lp = leaf(lp_values)
+    out = grpo_loss(lp, torch.tensor(sp_values, dtype=torch.float64), torch.tensor(adv_values, dtype=torch.float64),
+                    TRAINED_2x3, clip_epsilon=0.02, importance_level="sequence")  # fmt: skip
+    assert s0 > math.log(1.02)
+    assert abs(val(out.loss_objective) - expected_loss) < 1e-12
+    (grad,) = torch.autograd.grad(out.loss_objective, lp)
+    torch.testing.assert_close(grad, torch.tensor(expected_grad, dtype=torch.float64), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "prompt_mean", "sequence_sum"])
+@pytest.mark.parametrize("objective", ["ppo", "cispo"])
+@pytest.mark.parametrize("with_tis", [False, True])
+def test_sequence_level_equals_token_level_when_each_row_has_one_log_ratio(aggregation, objective, with_tis):
+    logits, tokens, mask, sampler, _, adv = fixed_inputs()
+    norm = 8.0 if aggregation == "sequence_sum" else None
+    # Per-row log-ratios: 0.05 (inside), -0.3 (below 0.8, clipped) and 0.25 (above 1.2, clipped).
+    shift = torch.tensor([0.05, -0.3, 0.25], dtype=torch.float64)[:, None]
+    results = []
+    for level in ("token", "sequence"):
+        logits64 = logits.double().requires_grad_(True)
+        lp, _ = policy_terms(logits64, tokens)
+        base = lp.detach() - shift
+        # Without TIS the ratio is against the sampler (= base); with TIS against old (= base), the sampler
+        # sitting 0.01 below it. The NaN sampler entry at (1, 2) stays.
+        extra = {"tis_cap": 2.0, "old_log_probs": base} if with_tis else {}
+        smp = torch.where(torch.isnan(sampler), sampler.double(), base - (0.01 if with_tis else 0.0))
+        out = grpo_loss(lp, smp, adv.double(), mask, clip_epsilon=0.2, objective=objective, aggregation=aggregation,
+                        norm_constant=norm, importance_level=level, **extra)  # fmt: skip
+        (grad,) = torch.autograd.grad(out.loss_objective, logits64)
+        results.append((out, grad))
+    (tok, tok_grad), (seq, seq_grad) = results
+    assert 0.0 < float(tok.clip_fraction) < 1.0
+    for key in ("loss_objective", "clip_fraction", "ESS", "kl_approx", "num_tokens"):
+        assert abs(val(getattr(tok, key)) - val(getattr(seq, key))) < 1e-12, key
+    torch.testing.assert_close(seq_grad, tok_grad, atol=1e-12, rtol=0)
+    assert tok_grad.abs().sum() > 0
+
+
+def tis_inputs():
+    lp_values = [[-1.0, -0.5, -2.0], [-0.3, -1.2, -0.7]]
+    old_values = [[-1.05, -0.45, -2.0], [-0.3, -1.1, 0.0]]
+    sp_values = [[-1.3, -0.6, -2.1], [-0.2, -1.0, NAN]]
+    return lp_values, old_values, sp_values
+
+
+def test_sequence_level_tis_truncate_by_hand():
+    lp_values, old_values, sp_values = tis_inputs()
+    adv, cap = [1.0, -0.5], 1.5
+    # PPO ratios exp(lp - old) (all within [0.8, 1.2], so unclipped): row 0 [0.05, -0.05, 0], row 1 [0, -0.1].
+    r = [[-1.0 - -1.05, -0.5 - -0.45, -2.0 - -2.0], [-0.3 - -0.3, -1.2 - -1.1]]
+    # Sequence behaviour ratios exp(sum (old - sampler)): row 0 exp(0.25 + 0.15 + 0.1) = exp(0.5) = 1.6487 > 1.5,
+    # row 1 exp(-0.1 - 0.1) = exp(-0.2) = 0.8187.
+    seq0 = math.exp((-1.05 - -1.3) + (-0.45 - -0.6) + (-2.0 - -2.1))
+    seq1 = math.exp((-0.3 - -0.2) + (-1.1 - -1.0))
+    w0, w1 = min(seq0, cap), min(seq1, cap)
+    assert w0 == cap and w1 < 1.0
+    # Unclipped PPO term per token: -exp(r) * A * w; token_mean over 5 tokens; d/dlp = the same value.
+    terms = [[-math.exp(x) * adv[0] * w0 for x in r[0]], [-math.exp(x) * adv[1] * w1 for x in r[1]]]
+    expected_loss = (sum(terms[0]) + sum(terms[1])) / 5
+    expected_grad = [[t / 5 for t in terms[0]], [t / 5 for t in terms[1]] + [0.0]]
+    lp = leaf(lp_values)
+    old = torch.tensor(old_values, dtype=torch.float64)
+    sampler = torch.tensor(sp_values, dtype=torch.float64)
+    adv_t = torch.tensor(adv, dtype=torch.float64)
+    out = grpo_loss(lp, sampler, adv_t, TRAINED_2x3, old_log_probs=old, tis_cap=cap, tis_level="sequence")
+    assert abs(val(out.loss_objective) - expected_loss) < 1e-12
+    (grad,) = torch.autograd.grad(out.loss_objective, lp)
+    torch.testing.assert_close(grad, torch.tensor(expected_grad, dtype=torch.float64), atol=1e-12, rtol=0)
+    assert int(out.num_tokens) == 5 and float(out.clip_fraction) == 0.0
+    # Token level differs here: no token's own ratio exceeds the cap (max exp(0.25) = 1.28), so row 0 is not capped.
+    token = grpo_loss(lp, sampler, adv_t, TRAINED_2x3, old_log_probs=old, tis_cap=cap, tis_level="token")
+    assert abs(val(token.loss_objective) - expected_loss) > 1e-3
+
+
+def test_sequence_level_tis_mask_drops_whole_rows_by_hand():
+    lp_values, old_values, sp_values = tis_inputs()
+    adv, cap = [1.0, -0.5], 1.5
+    # Row 0's sequence ratio exp(0.5) = 1.6487 > 1.5: the whole row is dropped; row 1 (exp(-0.2)) is kept with
+    # weight 1 (mask mode does not weight). token_mean over row 1's 2 tokens of -exp(r) * A1, r = [0, -0.1].
+    r1 = [-0.3 - -0.3, -1.2 - -1.1]
+    terms = [-math.exp(x) * adv[1] for x in r1]
+    expected_loss = sum(terms) / 2
+    expected_grad = [[0.0, 0.0, 0.0], [terms[0] / 2, terms[1] / 2, 0.0]]
+    lp = leaf(lp_values)
+    out = grpo_loss(
+        lp, torch.tensor(sp_values, dtype=torch.float64), torch.tensor(adv, dtype=torch.float64), TRAINED_2x3,
+        old_log_probs=torch.tensor(old_values, dtype=torch.float64), tis_cap=cap, tis_mode="mask",
+        tis_level="sequence",
+    )  # fmt: skip
+    assert int(out.num_tokens) == 2
+    assert abs(val(out.loss_objective) - expected_loss) < 1e-12
+    (grad,) = torch.autograd.grad(out.loss_objective, lp)
+    torch.testing.assert_close(grad, torch.tensor(expected_grad, dtype=torch.float64), atol=1e-12, rtol=0)
+    # Token-level masking keeps every token here (largest token ratio exp(0.25) = 1.28 <= 1.5).
+    token = grpo_loss(
+        lp, torch.tensor(sp_values, dtype=torch.float64), torch.tensor(adv, dtype=torch.float64), TRAINED_2x3,
+        old_log_probs=torch.tensor(old_values, dtype=torch.float64), tis_cap=cap, tis_mode="mask",
+    )  # fmt: skip
+    assert int(token.num_tokens) == 5
+
+
+def test_sampler_agreement_diagnostics_by_hand():
+    lp = torch.tensor([[-1.0, -2.0, -0.5], [-0.2, -3.0, -1.0]], dtype=torch.float64)
+    sampler = torch.tensor([[-1.5, -1.8, NAN], [-0.2, -2.0, -1.1]], dtype=torch.float64)
+    # Trained tokens with a finite sampler log-prob: (0,0), (0,1), (1,0), (1,1) (NaN at (0,2); (1,2) padding).
+    d = [-1.0 - -1.5, -2.0 - -1.8, -0.2 - -0.2, -3.0 - -2.0]  # log_probs - sampler = [0.5, -0.2, 0, -1]
+    abs_mean = (0.5 + 0.2 + 0.0 + 1.0) / 4
+    abs_max = 1.0
+    # k3 of kl_estimate(cur, sampler): x = sampler - cur = -d, k3 = exp(x) - 1 - x.
+    kl = (
+        (math.exp(-0.5) - 1 + 0.5) + (math.exp(0.2) - 1 - 0.2) + (math.exp(0.0) - 1 - 0.0) + (math.exp(1.0) - 1 - 1.0)
+    ) / 4
+    ess = (math.exp(0.5) + math.exp(-0.2) + 1.0 + math.exp(-1.0)) ** 2
+    ess /= math.exp(1.0) + math.exp(-0.4) + 1.0 + math.exp(-2.0)
+    ess /= 4
+    adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
+
+    def check(out):
+        assert abs(float(out.sampler_abs_diff_mean) - abs_mean) < 1e-12
+        assert abs(float(out.sampler_abs_diff_max) - abs_max) < 1e-12
+        assert abs(float(out.kl_to_sampler) - kl) < 1e-12
+        assert abs(float(out.sampler_ess) - ess) < 1e-12
+        for key in ("sampler_abs_diff_mean", "sampler_abs_diff_max", "kl_to_sampler", "sampler_ess"):
+            assert key in out.metrics() and not getattr(out, key).requires_grad
+
+    assert d == pytest.approx([0.5, -0.2, 0.0, -1.0], abs=1e-15)
+    plain = grpo_loss(lp.clone().requires_grad_(True), sampler, adv, TRAINED_2x3)
+    check(plain)
+    # Computed before the kl_mask_threshold / TIS-mask filters, and against the sampler (not old_log_probs):
+    # kl_mask_threshold=0.1 drops (0,0) (0.5 * 0.25) and (1,1) (0.5 * 1); the TIS mask (old = lp + 0.3 at (1,0),
+    # ratio exp(0.3) > 1) drops (1,0). Only (0,1) is trained, the diagnostics do not change.
+    old = lp.clone()
+    old[1, 0] += 0.3
+    filtered = grpo_loss(lp.clone().requires_grad_(True), sampler, adv, TRAINED_2x3, kl_mask_threshold=0.1,
+                         tis_cap=1.0, tis_mode="mask", old_log_probs=old)  # fmt: skip
+    assert int(filtered.num_tokens) == 1
+    check(filtered)
+    # No trained token: every diagnostic is 0.
+    empty = grpo_loss(lp, sampler, adv, torch.zeros_like(TRAINED_2x3))
+    for key in ("sampler_abs_diff_mean", "sampler_abs_diff_max", "kl_to_sampler", "sampler_ess"):
+        assert float(getattr(empty, key)) == 0.0, key
+
+
+def test_bad_level_options_name_the_option_and_values():
+    lp = torch.zeros(2, 3, dtype=torch.float64)
+    sampler = torch.zeros(2, 3, dtype=torch.float64)
+    adv = torch.zeros(2, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"importance_level must be one of \('token', 'sequence'\), got 'seq'"):
+        grpo_loss(lp, sampler, adv, TRAINED_2x3, importance_level="seq")
+    with pytest.raises(ValueError, match=r"tis_level must be one of \('token', 'sequence'\), got 'row'"):
+        grpo_loss(lp, sampler, adv, TRAINED_2x3, tis_cap=2.0, tis_level="row")
+    # GRPOLoss validates at construction, before any model work.
+    with pytest.raises(ValueError, match=r"importance_level must be one of \('token', 'sequence'\)"):
+        GRPOLoss(None, importance_level="sentence")
+    with pytest.raises(ValueError, match=r"tis_level must be one of \('token', 'sequence'\)"):
+        GRPOLoss(None, tis_cap=2.0, tis_level="episode")
+    with pytest.raises(ValueError, match="tis_mode must be one of"):
+        GRPOLoss(None, tis_cap=2.0, tis_mode="clip")
+    loss = GRPOLoss(None, importance_level="sequence", tis_level="sequence", tis_cap=2.0, clip_epsilon=(3e-4, 4e-4))
+    assert loss.options["importance_level"] == "sequence"

@@ -62,3 +62,31 @@ def test_seeded_sampling_differs_across_repeated_prompts_and_repeats_across_call
     # stop strings reach the sampler
     stopped = generate(vllm_engine_fp32, [ids], max_tokens=40, temperature=0.0, stop=[" "])
     assert " " not in stopped[0][0].text and stopped[0][0].finish_reason == "stop"
+
+
+def test_processed_logprobs_at_temperature_match_the_trainer_scoring_at_that_temperature(
+    vllm_engine_fp32, hf_model_fp32
+):
+    """At T = 0.7 the engine records the log-probs of the distribution it sampled from (logits / T), and the
+    trainer's packed scoring at the row's temperature gives the same numbers; at T = 1 it would not."""
+    from llmrl_core.trainer.batch import TrainSample, pack_samples
+    from llmrl_core.trainer.scoring import score_packed
+
+    model, tokenizer = hf_model_fp32
+    prompts = _gsm8k_prompts(tokenizer, 6)
+    results = generate(vllm_engine_fp32, prompts, max_tokens=40, temperature=0.7, seed=3)
+    samples = [
+        TrainSample(prompt, completion.token_ids, sampler_logprobs=completion.logprobs, temperature=0.7)
+        for prompt, [completion] in zip(prompts, results, strict=True)
+    ]
+    batch = pack_samples(samples)
+    with torch.no_grad():
+        at_t = score_packed(model, batch).log_probs  # per-sample temperatures (0.7)
+        raw = score_packed(model, batch, temperature=1.0).log_probs
+    mask = batch.mask
+    gap = (at_t - batch.sampler_log_probs)[mask].abs()
+    gap_raw = (raw - batch.sampler_log_probs)[mask].abs()
+    assert gap.numel() >= 6 * 10
+    assert gap.mean().item() < 1e-3, gap.mean().item()
+    assert gap.max().item() < 1e-2, gap.max().item()
+    assert gap_raw.mean().item() > 20 * gap.mean().item()  # raw (T = 1) scoring is another policy

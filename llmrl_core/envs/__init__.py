@@ -13,7 +13,17 @@ from llmrl_core.envs.hashing_env import LLMHashingEnv
 from llmrl_core.envs.ifeval import IFEvalEnv, IFEvalScoreData, IfEvalScorer
 from llmrl_core.envs.llm_env import LLMEnv
 from llmrl_core.envs.primer import DataLoadingPrimer
-from llmrl_core.envs.transforms import AddThinkingPrompt, PolicyVersion, TemplateTransform, Tokenizer, Transform
+from llmrl_core.envs.transforms import (
+    AddThinkingPrompt,
+    KLComputation,
+    KLRewardTransform,
+    PolicyVersion,
+    RetrieveKL,
+    RetrieveLogProb,
+    TemplateTransform,
+    Tokenizer,
+    Transform,
+)
 from llmrl_core.envs.types import EnvOutput, PromptRow, SlotState
 
 __all__ = [
@@ -29,10 +39,14 @@ __all__ = [
     "IFEvalEnv",
     "IFEvalScoreData",
     "IfEvalScorer",
+    "KLComputation",
+    "KLRewardTransform",
     "LLMEnv",
     "LLMHashingEnv",
     "PolicyVersion",
     "PromptRow",
+    "RetrieveKL",
+    "RetrieveLogProb",
     "SlotState",
     "TemplateTransform",
     "Tokenizer",

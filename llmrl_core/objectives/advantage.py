@@ -13,6 +13,17 @@ rows is at hand (read from the trajectory store), so groups are formed in one pa
 
 A group whose returns are all equal (including a group of one) gets exactly zero advantage, instead of
 ``rounding error / eps``.
+
+``method`` picks how a group's returns ``r_1..r_G`` become advantages (an addition to TorchRL, which only
+has the first):
+
+- ``"grpo"`` (default): ``(r_i - mean) / max(std, eps)``, the unbiased std (DeepSeekMath's GRPO).
+- ``"dr_grpo"``: ``r_i - mean``, no std division (Dr.GRPO, Liu et al. 2025, "Understanding R1-Zero-like
+  training": the division up-weights groups of near-equal rewards, i.e. too easy or too hard prompts).
+- ``"rloo"``: the leave-one-out baseline ``r_i - mean_{j != i} r_j``, which equals
+  ``G / (G - 1) * (r_i - mean)`` (REINFORCE leave-one-out; the baseline is independent of ``r_i``).
+
+The same methods apply to episode returns when ``trajectory_return`` is set (``G`` counts episodes).
 """
 
 from __future__ import annotations
@@ -24,6 +35,9 @@ from typing import Any, Literal
 import torch
 
 TrajectoryReturn = Literal["sum", "mean", "max"]
+AdvantageMethod = Literal["grpo", "dr_grpo", "rloo"]
+
+ADVANTAGE_METHODS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo")
 
 
 @dataclass
@@ -49,6 +63,22 @@ def _index(ids: Sequence[Hashable] | torch.Tensor, name: str, n: int) -> tuple[l
     return out, list(seen)
 
 
+def _check_method(method: str) -> None:
+    if method not in ADVANTAGE_METHODS:
+        raise ValueError(f"method must be one of {ADVANTAGE_METHODS}, got {method!r}")
+
+
+def _group_advantages(values: torch.Tensor, method: str, eps: float) -> torch.Tensor:
+    """Advantages of one group's ``G >= 2`` returns (not all equal) under ``method``."""
+    if method == "grpo":
+        return (values - values.mean()) / values.std().clamp_min(eps)
+    if method == "dr_grpo":
+        return values - values.mean()
+    # rloo: each value minus the mean of the other G - 1 values of its group.
+    size = values.numel()
+    return values - (values.sum() - values) / (size - 1)
+
+
 def mc_advantage(
     rewards: Sequence[float] | torch.Tensor,
     group_ids: Sequence[Hashable] | torch.Tensor,
@@ -58,6 +88,7 @@ def mc_advantage(
     keep_return_bounds: tuple[float, float] | None = None,
     eps: float = 1e-6,
     group_size: int | None = None,
+    method: AdvantageMethod = "grpo",
 ) -> AdvantageResult:
     """Group-normalised advantages for ``N`` rows (see the module docstring).
 
@@ -67,14 +98,16 @@ def mc_advantage(
         episode_ids: ``(N,)`` the episode of each row, for multi-step episodes (default: one episode per row).
         trajectory_return: how an episode's rewards become its return; ``None`` normalises rows directly.
         keep_return_bounds: exclusive ``(low, high)`` bounds on a group's mean return (needs trajectory_return).
-        eps: lower bound of the std divisor.
+        eps: lower bound of the std divisor (``method="grpo"`` only).
         group_size: when given, every group must hold exactly this many episodes.
+        method: ``"grpo"`` | ``"dr_grpo"`` | ``"rloo"`` (see the module docstring).
     """
     r = torch.as_tensor(rewards, dtype=torch.float64).reshape(-1)
     n = r.numel()
     if not torch.isfinite(r).all():
         rows = torch.nonzero(~torch.isfinite(r)).reshape(-1).tolist()
         raise ValueError(f"rewards has non-finite values at rows {rows}")
+    _check_method(method)
     if trajectory_return not in (None, "sum", "mean", "max"):
         raise ValueError(f"trajectory_return must be None, 'sum', 'mean' or 'max', got {trajectory_return!r}")
     if keep_return_bounds is not None:
@@ -116,7 +149,7 @@ def mc_advantage(
         if len(units) < 2 or bool((values == values[0]).all()):
             stats["zero_signal_groups"] += 1
             continue
-        normalised = (values - values.mean()) / values.std().clamp_min(eps)
+        normalised = _group_advantages(values, method, eps)
         for unit, adv in zip(units, normalised.tolist(), strict=True):
             advantages[unit_rows[unit]] = adv
     stats["kept_rows"] = int(keep.sum())
@@ -126,6 +159,7 @@ def mc_advantage(
 class MCAdvantage:
     """Monte-Carlo (group-relative) advantage over batches of trajectory rows; TorchRL's name and options.
 
+    ``method`` selects the advantage estimator (``"grpo"``, ``"dr_grpo"``, ``"rloo"``; see the module docstring).
     Call it on tensors (``mc_advantage`` arguments) or use :meth:`transform_table` on a pyarrow table of
     trajectory rows: it writes ``advantage_key`` and drops the rows of groups outside ``keep_return_bounds``.
     """
@@ -137,6 +171,7 @@ class MCAdvantage:
         trajectory_return: TrajectoryReturn | None = None,
         keep_return_bounds: tuple[float, float] | None = None,
         eps: float = 1e-6,
+        method: AdvantageMethod = "grpo",
         group_key: str = "group_id",
         rewards_key: str = "reward",
         advantage_key: str = "advantage",
@@ -144,10 +179,12 @@ class MCAdvantage:
     ):
         if trajectory_return is not None and grpo_size is not None and grpo_size < 2:
             raise ValueError(f"trajectory_return needs grpo_size >= 2, got {grpo_size}")
+        _check_method(method)
         self.grpo_size = grpo_size
         self.trajectory_return = trajectory_return
         self.keep_return_bounds = keep_return_bounds
         self.eps = eps
+        self.method = method
         self.group_key = group_key
         self.rewards_key = rewards_key
         self.advantage_key = advantage_key
@@ -169,6 +206,7 @@ class MCAdvantage:
             keep_return_bounds=self.keep_return_bounds,
             eps=self.eps,
             group_size=self.grpo_size,
+            method=self.method,
         )
         self.last_stats = result.stats
         return result

@@ -30,6 +30,31 @@ PPO ratio is taken against the trainer's own behaviour log-probs ``old_log_probs
 ``log_probs.detach()``, exact for the first optimizer step on a fresh batch), and each token's objective is
 weighted by ``min(exp(old - sampler), tis_cap)`` (``tis_mode="truncate"``) or dropped when that ratio
 exceeds the cap (``tis_mode="mask"``).
+
+Further additions:
+
+- ``importance_level="sequence"``: GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization"). Row
+  ``i``'s log importance weight is ``s_i = mean_t (log_probs - base)`` over its trained tokens (the mask after
+  the finite-sampler, TIS-mask and ``kl_mask_threshold`` filters; ``base`` is the sampler log-prob, or
+  ``old_log_probs`` under TIS, as for the token ratio). Every token of the row is clipped and weighted with
+  ``exp(s_i)``, and the gradient flows through the mean (``d s_i / d log_probs_t = 1 / |y_i|``: GSPO's
+  sequence ratio itself, not its "GSPO-token" variant). With ``objective="cispo"`` the stop-gradient weight is
+  the clipped sequence ratio and the gradient flows through ``s_i``. ``clip_epsilon`` keeps its meaning, now
+  on the sequence ratio: length-normalised ratios sit far closer to 1, so set much smaller epsilons, e.g.
+  ``clip_epsilon=(3e-4, 4e-4)`` as in the GSPO paper (the default 0.2 almost never clips). ``aggregation``
+  applies as configured: ``prompt_mean`` is GSPO's mean over sequences, ``token_mean`` weighs each sequence's
+  term by its trained-token count. ``clip_fraction`` and ``ESS`` are computed on what is actually applied:
+  over the trained tokens, each carrying its row's (clipped or not) ``exp(s_i)``, so ``clip_fraction`` is the
+  share of trained tokens lying in clipped sequences and ``ESS`` is token-weighted over sequences.
+- ``tis_level="sequence"``: the TIS behaviour ratio of a row is ``exp(sum_t (old - sampler))`` over its
+  trained tokens (the sequence-level IS weight; tokens with a finite sampler log-prob, counted before the
+  ``kl_mask_threshold`` filter), applied to every token of the row: ``truncate`` weights the row by
+  ``min(ratio, tis_cap)``, ``mask`` drops the whole row when ``ratio > tis_cap``.
+- Detached sampler/trainer agreement diagnostics against the *sampler* log-probs (never ``old_log_probs``),
+  over the trained tokens with a finite sampler log-prob, before the ``kl_mask_threshold`` and TIS-mask
+  filters: ``sampler_abs_diff_mean`` / ``sampler_abs_diff_max`` (of ``|log_probs - sampler|``; max 0 when there
+  is no token), ``kl_to_sampler`` (mean ``k3`` estimate, ``kl_estimate(log_probs, sampler, "k3")``) and
+  ``sampler_ess`` (the ESS formula above on ``exp(log_probs - sampler)``).
 """
 
 from __future__ import annotations
@@ -70,6 +95,10 @@ class GRPOLossOutput:
     kl_to_inference: torch.Tensor | None = None
     loss_kl_to_inference: torch.Tensor | None = None
     num_tokens: torch.Tensor | None = None
+    sampler_abs_diff_mean: torch.Tensor | None = None
+    sampler_abs_diff_max: torch.Tensor | None = None
+    kl_to_sampler: torch.Tensor | None = None
+    sampler_ess: torch.Tensor | None = None
 
     @property
     def loss(self) -> torch.Tensor:
@@ -89,6 +118,30 @@ class GRPOLossOutput:
             if isinstance(value, torch.Tensor) and value.numel() == 1:
                 out[f.name] = float(value.detach())
         return out
+
+
+IMPORTANCE_LEVELS: tuple[str, ...] = ("token", "sequence")
+TIS_LEVELS: tuple[str, ...] = ("token", "sequence")
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "objective": ("ppo", "cispo"),
+    "tis_mode": ("truncate", "mask"),
+    "importance_level": IMPORTANCE_LEVELS,
+    "tis_level": TIS_LEVELS,
+}
+
+
+def _check_choices(options: dict[str, Any]) -> None:
+    """Raise a ValueError naming the option and its valid values for a bad enumerated option."""
+    for name, valid in _CHOICES.items():
+        if name in options and options[name] not in valid:
+            raise ValueError(f"{name} must be one of {valid}, got {options[name]!r}")
+
+
+def _ess(log_weights: torch.Tensor) -> torch.Tensor:
+    """(sum w)^2 / sum w^2 / n of the 1-D ``log_weights`` (computed in log space); 0 when empty."""
+    if not log_weights.numel():
+        return log_weights.new_zeros(())
+    return (2 * log_weights.logsumexp(0) - (2 * log_weights).logsumexp(0)).exp() / log_weights.numel()
 
 
 def _clip_bounds(clip_epsilon: float | tuple[float, float]) -> tuple[float, float]:
@@ -123,6 +176,8 @@ def grpo_loss(
     old_log_probs: torch.Tensor | None = None,
     tis_cap: float | None = None,
     tis_mode: Literal["truncate", "mask"] = "truncate",
+    tis_level: Literal["token", "sequence"] = "token",
+    importance_level: Literal["token", "sequence"] = "token",
 ) -> GRPOLossOutput:
     """GRPO loss on padded per-token tensors (see the module docstring for the exact semantics).
 
@@ -140,6 +195,10 @@ def grpo_loss(
         kl_estimator: ``k1`` | ``k2`` | ``k3``.
         kl_mask_threshold: per-token trust region on ``0.5 * (log_probs - sampler_log_probs)^2``.
         old_log_probs / tis_cap / tis_mode: truncated importance-sampling correction.
+        tis_level: ``"token"`` (per-token behaviour ratio) or ``"sequence"`` (one ratio per row, the exp of
+            the row's summed ``old - sampler``).
+        importance_level: ``"token"`` (PPO/GRPO ratio per token) or ``"sequence"`` (GSPO: one
+            length-normalised ratio per row; use small ``clip_epsilon``, e.g. ``(3e-4, 4e-4)``).
     """
     if log_probs.ndim != 2:
         raise ValueError(f"log_probs must be (B, T), got shape {tuple(log_probs.shape)}")
@@ -150,16 +209,22 @@ def grpo_loss(
         raise TypeError(f"mask must be a bool tensor, got {mask.dtype}")
     if sampler_log_probs.requires_grad:
         raise ValueError("sampler_log_probs must not require grad (it is data from the sampler)")
-    if objective not in ("ppo", "cispo"):
-        raise ValueError(f"objective must be 'ppo' or 'cispo', got {objective!r}")
-    if tis_mode not in ("truncate", "mask"):
-        raise ValueError(f"tis_mode must be 'truncate' or 'mask', got {tis_mode!r}")
+    _check_choices(
+        {"objective": objective, "tis_mode": tis_mode, "importance_level": importance_level, "tis_level": tis_level}
+    )
     low, high = _clip_bounds(clip_epsilon)
     adv = broadcast_advantages(advantages.to(log_probs.dtype), shape)
 
     mask = mask & torch.isfinite(sampler_log_probs)
     cur = masked_zero(log_probs, mask)
     sampler = masked_zero(sampler_log_probs.to(log_probs.dtype), mask)
+    with torch.no_grad():  # sampler/trainer agreement, before the kl_mask_threshold / TIS-mask filters
+        sampler_diff = (cur.detach() - sampler)[mask]
+        abs_diff = sampler_diff.abs()
+        sampler_abs_diff_mean = abs_diff.mean() if abs_diff.numel() else abs_diff.new_zeros(())
+        sampler_abs_diff_max = abs_diff.max() if abs_diff.numel() else abs_diff.new_zeros(())
+        kl_to_sampler = masked_mean(kl_estimate(cur.detach(), sampler, "k3"), mask)
+        sampler_ess = _ess(sampler_diff)
 
     tis_weight = None
     base = sampler
@@ -172,7 +237,10 @@ def grpo_loss(
             check_token_tensor("old_log_probs", old_log_probs, shape)
             old = masked_zero(old_log_probs.detach().to(log_probs.dtype), mask)
         base = old
-        behaviour_ratio = (old - sampler).exp()
+        behaviour_log_ratio = old - sampler  # 0 off the mask
+        if tis_level == "sequence":
+            behaviour_log_ratio = behaviour_log_ratio.sum(-1, keepdim=True).expand(shape)
+        behaviour_ratio = behaviour_log_ratio.exp()
         if tis_mode == "truncate":
             tis_weight = behaviour_ratio.clamp(max=tis_cap)
         else:
@@ -184,11 +252,14 @@ def grpo_loss(
         mask = mask & (0.5 * (cur.detach() - sampler).square() <= kl_mask_threshold)
 
     log_weight = masked_zero(cur - base, mask)
+    if importance_level == "sequence":
+        # GSPO: the row's mean log-ratio over its trained tokens, shared by all of them (grad 1/|y| per token).
+        row_log_weight = log_weight.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp_min(1)
+        log_weight = masked_zero(row_log_weight.expand(shape), mask)
     adv = masked_zero(adv, mask)  # garbage (even NaN) under padding must not reach the gradient
     n_tokens = mask.sum()
     with torch.no_grad():
-        lw = log_weight.detach()[mask]
-        ess = (2 * lw.logsumexp(0) - (2 * lw).logsumexp(0)).exp() / n_tokens if lw.numel() else lw.new_zeros(())
+        ess = _ess(log_weight.detach()[mask])
         kl_approx = masked_mean(sampler - cur.detach(), mask)
 
     clipped = log_weight.clamp(low, high)
@@ -207,6 +278,10 @@ def grpo_loss(
         kl_approx=kl_approx,
         ESS=ess,
         num_tokens=n_tokens.detach(),
+        sampler_abs_diff_mean=sampler_abs_diff_mean,
+        sampler_abs_diff_max=sampler_abs_diff_max,
+        kl_to_sampler=kl_to_sampler,
+        sampler_ess=sampler_ess,
     )
     if entropy is not None:
         check_token_tensor("entropy", entropy, shape)
@@ -241,8 +316,9 @@ class GRPOLoss(nn.Module):
 
     Keyword options are those of :func:`grpo_loss` (TorchRL's names: ``clip_epsilon``, ``aggregation``,
     ``entropy_bonus``/``entropy_coeff``, ``kl_to_ref_coeff``, ``kl_to_inference_coeff``,
-    ``kl_mask_threshold``) plus ``objective="cispo"`` for CISPO and ``tis_cap``/``tis_mode`` for the
-    truncated importance-sampling correction. ``entropy_bonus=True`` (TorchRL's default) computes the
+    ``kl_mask_threshold``) plus ``objective="cispo"`` for CISPO, ``importance_level="sequence"`` for GSPO and
+    ``tis_cap``/``tis_mode``/``tis_level`` for the truncated importance-sampling correction (enumerated options
+    are validated here, before any model work). ``entropy_bonus=True`` (TorchRL's default) computes the
     per-token entropy from the full logits.
     """
 
@@ -254,6 +330,7 @@ class GRPOLoss(nn.Module):
         unknown = sorted(set(self.options) - _GRPO_OPTIONS)
         if unknown:
             raise TypeError(f"GRPOLoss got unknown options {unknown}; valid: {sorted(_GRPO_OPTIONS)}")
+        _check_choices(self.options)
         _clip_bounds(self.options.get("clip_epsilon", 0.2))
         if self.options.get("aggregation", "token_mean") == "sequence_sum" and not self.options.get("norm_constant"):
             raise ValueError("aggregation='sequence_sum' needs norm_constant (e.g. the max new tokens)")

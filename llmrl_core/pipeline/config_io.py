@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import yaml
 
 T = TypeVar("T")
+_YAML_BOOL_WORDS = {False: ("no", "off", "false"), True: ("yes", "on", "true")}
 
 
 class ConfigError(ValueError):
@@ -64,6 +65,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
         return dict(value)
     if origin is typing.Literal:
+        if isinstance(value, bool):  # YAML 1.1 reads a bare no/off/yes/on as a bool: map it back to the choice
+            value = next((c for c in typing.get_args(tp) if c in _YAML_BOOL_WORDS[value]), value)
         if value not in typing.get_args(tp):
             raise ConfigError(f"{where}: must be one of {list(typing.get_args(tp))}, got {value!r}")
         return value

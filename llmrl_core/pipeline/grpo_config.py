@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from llmrl_core.pipeline.task_config import TaskConfig
+
+
+def _check(ok: bool, setting: str, rule: str, value: Any) -> None:
+    """Raise a ValueError naming ``setting`` when ``ok`` is false (config errors surface before any work)."""
+    if not ok:
+        raise ValueError(f"{setting} {rule}, got {value!r}")
 
 
 @dataclass
@@ -22,9 +29,19 @@ class DataConfig:
             raise ValueError("prompts_per_iteration and group_size must be >= 1")
 
 
+ENGINE_DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
 @dataclass
 class RolloutConfig:
-    """Rollout workers and sampling: one resident vLLM engine per worker."""
+    """Rollout workers and sampling: one resident vLLM engine per worker.
+
+    The engine records the log-probs of the distribution it sampled from (vLLM's ``processed_logprobs``:
+    temperature and top-p applied) and every stored row says so (``sampling_params.logprobs_mode``); the trainer
+    divides its logits by the same temperature, so the GRPO ratio compares one policy on both sides. With
+    ``top_p < 1`` the engine's log-probs are renormalised over the nucleus while the trainer scores the full
+    temperature-scaled distribution: keep ``top_p = 1`` for exact agreement (the agreement metrics show the gap).
+    """
 
     workers: int = 1
     dtype: str = "bfloat16"
@@ -33,19 +50,91 @@ class RolloutConfig:
     temperature: float = 0.7
     top_p: float = 1.0
     max_model_len: int = 2048
+    logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = "processed_logprobs"
+
+    def __post_init__(self) -> None:
+        _check(self.workers >= 1, "rollout.workers", "must be >= 1", self.workers)
+        _check(self.dtype in ENGINE_DTYPES, "rollout.dtype", f"must be one of {list(ENGINE_DTYPES)}", self.dtype)
+        _check(self.kv_cache_gb > 0, "rollout.kv_cache_gb", "must be > 0", self.kv_cache_gb)
+        _check(self.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1", self.max_new_tokens)
+        _check(
+            math.isfinite(self.temperature) and self.temperature > 0,
+            "rollout.temperature",
+            "must be > 0 (GRPO samples a group per prompt; the trainer divides its logits by it)",
+            self.temperature,
+        )
+        _check(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]", self.top_p)
+        _check(
+            self.max_model_len > self.max_new_tokens,
+            "rollout.max_model_len",
+            f"must exceed rollout.max_new_tokens ({self.max_new_tokens})",
+            self.max_model_len,
+        )
+
+
+@dataclass
+class TISConfig:
+    """Off-policy correction against the sampler's log-probs (truncated / masked importance sampling).
+
+    With ``cap`` set, the PPO ratio is taken against the trainer's own behaviour log-probs and each token (or,
+    at ``level: sequence``, each row) is weighted by ``min(pi_trainer / pi_sampler, cap)`` (``mode: truncate``,
+    TIS) or dropped when that ratio exceeds ``cap`` (``mode: mask``, masked IS). ``cap: null`` turns it off.
+    """
+
+    cap: float | None = None
+    mode: Literal["truncate", "mask"] = "truncate"
+    level: Literal["token", "sequence"] = "token"
+
+    def __post_init__(self) -> None:
+        if self.cap is not None:
+            _check(math.isfinite(self.cap) and self.cap > 0, "train.tis.cap", "must be > 0 (or null: off)", self.cap)
+
+
+@dataclass
+class LoraConfig:
+    """LoRA adapters on the trainer (peft); published weights are the merged model."""
+
+    enabled: bool = False
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+
+    def __post_init__(self) -> None:
+        _check(self.r >= 1, "train.lora.r", "must be >= 1", self.r)
+        _check(self.alpha >= 1, "train.lora.alpha", "must be >= 1", self.alpha)
+        _check(0 <= self.dropout < 1, "train.lora.dropout", "must be in [0, 1)", self.dropout)
+        _check(bool(self.target_modules), "train.lora.target_modules", "must name at least one module", [])
 
 
 @dataclass
 class TrainConfig:
-    """The trainer: GRPO loss options, optimizer, steps per iteration and placement."""
+    """The trainer: GRPO loss options, advantages, KL, off-policy correction, optimizer, placement.
+
+    Loss menu (``llmrl_core.objectives.grpo_loss``): ``objective`` ppo | cispo; ``clip_epsilon`` with an
+    optional ``clip_epsilon_high`` (DAPO's clip-higher); ``aggregation`` token_mean | prompt_mean |
+    sequence_sum (Dr.GRPO's constant normaliser, ``rollout.max_new_tokens``); ``importance_level`` token |
+    sequence (GSPO); ``entropy_coeff``; ``tis`` (off-policy correction). ``advantage`` grpo | dr_grpo | rloo.
+    KL to the reference model (``kl_coef > 0``): in the loss (``kl_in: loss``) or subtracted from the reward
+    before advantages (``kl_in: reward``, TorchRL's ``KLRewardTransform``). ``agreement_warn``: the flow logs a
+    warning when the mean |trainer - sampler| log-prob gap before the first step of an iteration exceeds it.
+    """
 
     lr: float = 5e-6
     steps_per_iteration: int = 1
+    objective: Literal["ppo", "cispo"] = "ppo"
     clip_epsilon: float = 0.2
+    clip_epsilon_high: float | None = None  # None: symmetric clip
+    importance_level: Literal["token", "sequence"] = "token"
+    advantage: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
     kl_coef: float = 0.0
+    kl_in: Literal["loss", "reward"] = "loss"
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    aggregation: Literal["token_mean", "prompt_mean"] = "token_mean"
+    aggregation: Literal["token_mean", "prompt_mean", "sequence_sum"] = "token_mean"
     entropy_coeff: float = 0.0
+    tis: TISConfig = field(default_factory=TISConfig)
     max_grad_norm: float = 1.0
     # Train only on groups whose rewards differ: an all-equal group has zero advantage, so it adds no policy
     # gradient, only tokens to the token-mean (diluting the rest) and compute. With kl_coef > 0 those groups
@@ -53,8 +142,46 @@ class TrainConfig:
     skip_zero_signal_groups: bool = False
     token_budget: int = 2048  # tokens per packed micro-batch: bounds the (tokens x vocab) logits memory
     mixed_precision: Literal["auto", "bf16", "no"] = "auto"
+    gradient_checkpointing: bool = False
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    agreement_warn: float = 0.1
     threads: int = 0  # torch threads on the trainer worker (0: all cores)
     device: str = "auto"  # "auto" | "cpu" | "cuda"; a GPU trainer is placed on a worker with resource GPU=1
+
+    def __post_init__(self) -> None:
+        _check(math.isfinite(self.lr) and self.lr > 0, "train.lr", "must be > 0", self.lr)
+        _check(self.steps_per_iteration >= 1, "train.steps_per_iteration", "must be >= 1", self.steps_per_iteration)
+        _check(0 <= self.clip_epsilon < 1, "train.clip_epsilon", "must be in [0, 1)", self.clip_epsilon)
+        if self.clip_epsilon_high is not None:
+            _check(self.clip_epsilon_high >= 0, "train.clip_epsilon_high", "must be >= 0", self.clip_epsilon_high)
+        _check(math.isfinite(self.kl_coef) and self.kl_coef >= 0, "train.kl_coef", "must be >= 0", self.kl_coef)
+        _check(self.entropy_coeff >= 0, "train.entropy_coeff", "must be >= 0", self.entropy_coeff)
+        _check(self.max_grad_norm > 0, "train.max_grad_norm", "must be > 0", self.max_grad_norm)
+        _check(self.token_budget >= 16, "train.token_budget", "must be >= 16", self.token_budget)
+        _check(self.agreement_warn > 0, "train.agreement_warn", "must be > 0", self.agreement_warn)
+        _check(self.threads >= 0, "train.threads", "must be >= 0 (0: all cores)", self.threads)
+        _check(self.device in ("auto", "cpu", "cuda"), "train.device", "must be 'auto', 'cpu' or 'cuda'", self.device)
+
+    def loss_options(self, max_new_tokens: int) -> dict[str, Any]:
+        """The :class:`~llmrl_core.objectives.GRPOLoss` keyword options this config selects."""
+        clip: float | tuple[float, float] = self.clip_epsilon
+        if self.clip_epsilon_high is not None:
+            clip = (self.clip_epsilon, self.clip_epsilon_high)
+        options: dict[str, Any] = dict(
+            clip_epsilon=clip,
+            objective=self.objective,
+            aggregation=self.aggregation,
+            entropy_coeff=self.entropy_coeff,
+            kl_estimator=self.kl_estimator,
+            importance_level=self.importance_level,
+        )
+        if self.aggregation == "sequence_sum":
+            options["norm_constant"] = float(max_new_tokens)
+        if self.kl_coef > 0 and self.kl_in == "loss":
+            options["kl_to_ref_coeff"] = self.kl_coef
+        if self.tis.cap is not None:
+            options.update(tis_cap=self.tis.cap, tis_mode=self.tis.mode, tis_level=self.tis.level)
+        return options
 
 
 @dataclass
@@ -88,3 +215,9 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         if self.iterations < 0:
             raise ValueError("iterations must be >= 0")
+        from llmrl_core.objectives import GRPOLoss
+
+        try:  # the loss validates its own options: a bad combination fails here, before any engine starts
+            GRPOLoss(None, **self.train.loss_options(self.rollout.max_new_tokens))
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"train: {err}") from err

@@ -24,6 +24,9 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
+
+
 @dataclass
 class EngineConfig:
     """How to build a vLLM engine: model, dtype, KV-cache size, device and seed.
@@ -31,6 +34,11 @@ class EngineConfig:
     ``model`` takes anything :func:`llmrl_core.model_store.resolve_model` accepts (``None`` is the
     packaged SmolLM2). ``kv_cache_gb`` sizes the CPU KV cache; on GPU ``gpu_memory_utilization``
     is used instead. ``device="auto"`` picks CUDA when torch sees it.
+
+    ``logprobs_mode`` is vLLM's: ``processed_logprobs`` (the default here) returns the log-probs of the
+    distribution the token was drawn from (temperature, top-k/top-p applied), which is what an importance
+    ratio needs; ``raw_logprobs`` (vLLM's own default) those of the unscaled model. A trainer scoring
+    processed log-probs divides its logits by the same temperature (``TrainSample.temperature``).
     """
 
     model: str | None = None
@@ -43,7 +51,12 @@ class EngineConfig:
     enforce_eager: bool = True
     in_process: bool = True
     weight_sync_extension: bool = False
+    logprobs_mode: str = "processed_logprobs"
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"EngineConfig.logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
 
     def resolved_device(self) -> str:
         """``cuda`` or ``cpu``: the device this config runs on."""
@@ -77,6 +90,7 @@ def make_llm(config: EngineConfig | None = None) -> Any:
         max_model_len=config.max_model_len,
         seed=config.seed,
         enforce_eager=config.enforce_eager,
+        logprobs_mode=config.logprobs_mode,
     )
     if config.resolved_device() == "cuda":
         kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization

@@ -48,6 +48,9 @@ class TrainSample:
         old_logprobs: per response token, the trainer's log-prob under the behaviour policy (for the
             truncated importance-sampling correction with several optimizer steps per batch).
         sample_id: a label used in error messages (e.g. ``"run/v3/prompt17#2"``).
+        temperature: the sampling temperature whose distribution ``sampler_logprobs`` describe (vLLM's
+            processed log-probs); the trainer divides this sample's logits by it, so both sides score the
+            same policy. 1.0 for the model's raw distribution (and for rows whose log-probs were raw).
     """
 
     prompt_ids: Sequence[int]
@@ -58,9 +61,13 @@ class TrainSample:
     ref_logprobs: Sequence[float] | None = None
     old_logprobs: Sequence[float] | None = None
     sample_id: str = "?"
+    temperature: float = 1.0
 
     def __post_init__(self) -> None:
         where = f"TrainSample {self.sample_id}"
+        self.temperature = float(self.temperature)
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"{where}: field 'temperature' must be a finite number > 0, got {self.temperature}")
         self.prompt_ids = [int(t) for t in _as_list("prompt_ids", self.prompt_ids, where)]
         self.response_ids = [int(t) for t in _as_list("response_ids", self.response_ids, where)]
         if not self.prompt_ids:
@@ -144,7 +151,8 @@ class PackedBatch:
     """Samples concatenated into one row, plus padded ``(B, T)`` per-response-token tensors.
 
     ``logit_positions[j]`` is the packed position whose logits predict ``targets[j]``, the response token that
-    lands at ``(rows[j], cols[j])`` of the ``(B, T)`` tensors.
+    lands at ``(rows[j], cols[j])`` of the ``(B, T)`` tensors; ``temperatures[j]`` is the temperature its
+    logits are divided by (its sample's ``temperature``; ``None`` when every sample has 1.0).
     """
 
     input_ids: torch.Tensor
@@ -158,6 +166,7 @@ class PackedBatch:
     advantages: torch.Tensor
     ref_log_probs: torch.Tensor | None
     old_log_probs: torch.Tensor | None
+    temperatures: torch.Tensor | None = None
     sample_ids: list[str] = field(default_factory=list)
     missing_sampler: list[str] = field(default_factory=list)
 
@@ -198,6 +207,7 @@ def pack_samples(samples: Sequence[TrainSample]) -> PackedBatch:
     positions: list[int] = []
     logit_positions: list[int] = []
     targets: list[int] = []
+    temperatures: list[float] = []
     rows: list[int] = []
     cols: list[int] = []
     mask = torch.zeros(len(samples), width, dtype=torch.bool)
@@ -208,6 +218,7 @@ def pack_samples(samples: Sequence[TrainSample]) -> PackedBatch:
         positions.extend(range(p + r))
         logit_positions.extend(range(start + p - 1, start + p + r - 1))
         targets.extend(s.response_ids)
+        temperatures.extend([s.temperature] * r)
         rows.extend([b] * r)
         cols.extend(range(r))
         if r:
@@ -238,6 +249,7 @@ def pack_samples(samples: Sequence[TrainSample]) -> PackedBatch:
         advantages=advantages,
         ref_log_probs=_padded([s.ref_logprobs for s in samples], width, 0.0) if has_ref else None,
         old_log_probs=_padded([s.old_logprobs for s in samples], width, 0.0) if has_old else None,
+        temperatures=None if all(t == 1.0 for t in temperatures) else torch.tensor(temperatures, dtype=torch.float32),
         sample_ids=[s.sample_id for s in samples],
         missing_sampler=[s.sample_id for s in samples if s.sampler_logprobs is None],
     )

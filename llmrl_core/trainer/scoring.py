@@ -28,8 +28,17 @@ def _scatter(values: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
     return out.index_put((batch.rows, batch.cols), values)
 
 
-def score_packed(model: Any, batch: PackedBatch, with_entropy: bool = False) -> TokenScores:
-    """Run ``model`` on ``batch`` and return the log-prob (and optionally the entropy) of each response token."""
+def score_packed(
+    model: Any, batch: PackedBatch, with_entropy: bool = False, temperature: float | None = None
+) -> TokenScores:
+    """Run ``model`` on ``batch`` and return the log-prob (and optionally the entropy) of each response token.
+
+    The logits are divided by the sampling temperature first, so the log-probs (and entropies) are those of the
+    distribution the sampler drew from (vLLM's processed log-probs). ``temperature=None`` uses each sample's own
+    (``batch.temperatures``, 1.0 when absent); a float applies to every token (1.0: the raw distribution).
+    """
+    if temperature is not None and not temperature > 0:
+        raise ValueError(f"temperature must be > 0 to score log-probs, got {temperature!r}")
     if batch.targets.numel() == 0:
         zeros = torch.zeros(batch.mask.shape, device=batch.mask.device)
         return TokenScores(log_probs=zeros, entropy=zeros.clone() if with_entropy else None)
@@ -42,6 +51,11 @@ def score_packed(model: Any, batch: PackedBatch, with_entropy: bool = False) -> 
     logits = output.logits[0]
     if logits.dtype not in (torch.float32, torch.float64):
         logits = logits.float()
+    if temperature is not None:
+        if temperature != 1.0:
+            logits = logits / temperature
+    elif batch.temperatures is not None:
+        logits = logits / batch.temperatures.to(logits.device, logits.dtype)[:, None]
     log_normalizer = torch.logsumexp(logits, dim=-1)
     token_logits = logits.gather(-1, batch.targets[:, None]).squeeze(-1)
     log_probs = _scatter(token_logits - log_normalizer, batch)

@@ -5,6 +5,7 @@ Design:
   :mod:`llmrl_core.trainer.batch`); gradients are accumulated over them with weights chosen so that the
   accumulated gradient equals the gradient of the objective over the whole batch (each objective reports its
   ``accumulation_units``: trained tokens for ``token_mean``, sequences for ``prompt_mean``/``mean`` ...).
+  Reported diagnostics are token-weighted means over the micro-batches, except ``*_max`` (the maximum).
   With ``kl_mask_threshold`` or ``tis_mode="mask"`` the units are counted before those per-token filters.
 - AdamW over the trainable parameters (all, or the LoRA adapters), global-norm gradient clipping.
 - Dropout is always off (TorchRL advises training in eval mode so that trainer and sampler log-probs agree);
@@ -96,6 +97,10 @@ class Trainer:
         self.device = next(model.parameters()).device
         self.step_count = 0
 
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The compute-dtype context of this trainer's forward passes (bf16 autocast or nothing)."""
+        return self._autocast()
+
     def _autocast(self) -> contextlib.AbstractContextManager:
         mode = self.config.mixed_precision
         if mode == "bf16" or (mode == "auto" and self.device.type == "cuda"):
@@ -145,6 +150,9 @@ class Trainer:
             for key, value in out.metrics().items():
                 if key.startswith("loss_"):  # already weighted: the batch-level term is the weighted sum
                     sums[key] = sums.get(key, 0.0) + value * scale
+                    weights[key] = 1.0
+                elif key.endswith("_max"):  # extremes: the max over micro-batches
+                    sums[key] = max(sums.get(key, -math.inf), value)
                     weights[key] = 1.0
                 elif key != "num_tokens":  # diagnostics: mean over trained tokens
                     sums[key] = sums.get(key, 0.0) + value * tokens

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from llmrl_core.weight_sync.process_group import stateless_init_process_group
 from llmrl_core.weight_sync.serialization import state_dict_to_bytes, write_state_dict_atomic
 
 WEIGHT_SYNC_MODES = ("in_process", "bytes", "file", "nccl")
@@ -120,8 +121,6 @@ class vLLMUpdater:  # noqa: N801 - TorchRL's name
 
     # --- NCCL ------------------------------------------------------------------------------------
     def _init_nccl(self) -> None:
-        from vllm.distributed.weight_transfer.nccl_common import stateless_init_process_group
-
         if not torch.cuda.is_available():
             raise RuntimeError("mode='nccl' needs CUDA; use 'in_process', 'bytes' or 'file' on CPU")
         port = self.master_port or _free_port()

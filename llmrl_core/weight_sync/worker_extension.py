@@ -45,7 +45,8 @@ class WeightSyncExtension:
     def llmrl_init_nccl_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int) -> None:
         """Join the trainer's NCCL group (the trainer is rank 0) through vLLM's stateless process group."""
         from vllm.distributed.parallel_state import get_world_group
-        from vllm.distributed.weight_transfer.nccl_common import stateless_init_process_group
+
+        from llmrl_core.weight_sync.process_group import stateless_init_process_group
 
         rank = get_world_group().rank + rank_offset
         self._llmrl_nccl = stateless_init_process_group(master_address, master_port, rank, world_size, self.device)

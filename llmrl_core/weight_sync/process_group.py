@@ -1,0 +1,84 @@
+"""``stateless_init_process_group``: an NCCL communicator between a trainer and vLLM workers.
+
+vLLM's ``StatelessProcessGroup`` is a TCP-store rendezvous that does not touch ``torch.distributed``'s global
+state, so a trainer (rank 0) and the workers of any number of engines (ranks 1..N) can form a group of their
+own next to the groups vLLM already uses; ``PyNcclCommunicator`` then runs NCCL collectives (``broadcast``)
+over it. Every rank calls this function with the same address, port and world size and its own rank; the
+calls block until all ranks joined.
+
+Same role and arguments as TorchRL's helper of this name. Differences: vLLM is imported lazily (this module
+imports on machines without vLLM or CUDA); the device is required and must be a CUDA device, and a machine
+without CUDA gets a clear error up front instead of a communicator that silently disables itself; where the
+installed vLLM has ``unpinned_nccl_env`` the communicator is created inside it (as vLLM's own weight-transfer
+helper does) so a peer process need not copy the NCCL settings vLLM pins for its workers.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+
+NCCL_NEEDS_CUDA = "NCCL weight sync needs CUDA"
+
+
+def _cuda_device(device: torch.device | str | int) -> torch.device:
+    if isinstance(device, int):
+        return torch.device("cuda", device)
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"{NCCL_NEEDS_CUDA}: device must be a CUDA device, got {device}")
+    return device
+
+
+def _nccl_env() -> AbstractContextManager[Any]:
+    try:
+        from vllm.utils.nccl import unpinned_nccl_env
+    except ImportError:
+        return nullcontext()
+    return unpinned_nccl_env()
+
+
+def stateless_init_process_group(
+    master_address: str,
+    master_port: int,
+    rank: int,
+    world_size: int,
+    device: torch.device | str | int,
+) -> Any:
+    """Join (rank 0: host) a stateless process group and return a ``PyNcclCommunicator`` on ``device``.
+
+    Args:
+        master_address: the host rank 0 listens on (reachable by every rank).
+        master_port: the TCP port of the rendezvous store.
+        rank: this process's rank, ``0 <= rank < world_size`` (the trainer is 0 by convention).
+        world_size: number of ranks in the group.
+        device: this rank's CUDA device (``torch.device``, ``"cuda:1"`` or an index).
+
+    Returns:
+        vLLM's ``PyNcclCommunicator``: ``comm.broadcast(tensor, src=0, stream=...)`` etc. With
+        ``world_size == 1`` vLLM skips creating the NCCL communicator and its collectives are no-ops.
+
+    Raises:
+        RuntimeError: no CUDA on this machine (NCCL needs CUDA); ImportError: vLLM is not installed;
+        ValueError: bad rank / world size / non-CUDA device.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"{NCCL_NEEDS_CUDA}, and CUDA is not available on this machine; use the 'in_process', 'bytes' or "
+            "'file' weight sync modes on CPU"
+        )
+    cuda_device = _cuda_device(device)
+    try:
+        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+        from vllm.distributed.utils import StatelessProcessGroup
+    except ImportError as err:
+        raise ImportError(f"stateless_init_process_group needs vLLM with CUDA support ({err})") from err
+    group = StatelessProcessGroup.create(host=master_address, port=int(master_port), rank=rank, world_size=world_size)
+    with _nccl_env():
+        return PyNcclCommunicator(group, device=cuda_device)
