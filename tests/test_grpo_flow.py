@@ -175,3 +175,58 @@ def test_placement_is_by_declared_resources():
     assert place_workers(workers, 2) == (["tcp://a:1", "tcp://c:1"], "tcp://b:1")
     with pytest.raises(RuntimeError, match="must declare resources"):
         place_workers({"tcp://a:1": {}, "tcp://b:1": {}}, 1)
+
+
+def _reference_logprobs(model, record, temperature):
+    """Independent reference: one unpacked forward of prompt + response, logits / T, log-softmax."""
+    ids = torch.tensor([list(record.prompt_tokens) + list(record.response_tokens)])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(record.prompt_tokens) - 1 : -1] / temperature
+    targets = torch.tensor(record.response_tokens)[:, None]
+    return torch.log_softmax(logits, -1).gather(-1, targets).squeeze(-1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kl_in", ["loss", "reward"])
+def test_reference_kl_in_the_loss_or_the_reward(tmp_path, default_model_path, kl_in):
+    """2 iterations with kl_coef > 0 at T = 0.7 on an fp32 engine: stored ref_logprobs equal an independent
+    transformers computation, the KL lands in the loss or in the returns, and sampler/trainer agree."""
+    from transformers import AutoModelForCausalLM
+
+    from flows.grpo import grpo
+    from llmrl_core.objectives import mc_advantage
+    from storage.trajectories import TrajectoryStore
+
+    coef = 0.05
+    grpo(
+        overrides=_tiny(
+            tmp_path, "progress=false", "rollout.temperature=0.7", f"train.kl_coef={coef}", f"train.kl_in={kl_in}"
+        )
+    )
+    runs = tmp_path / "runs"
+    store = TrajectoryStore(runs / "trajectories")
+    reference = AutoModelForCausalLM.from_pretrained(default_model_path, dtype=torch.float32).eval()
+    for version in (0, 1):
+        records = store.read_records("t1", version=version)
+        assert len(records) == 4
+        for record in records:
+            assert record.sampling_params["logprobs_mode"] == "processed_logprobs"
+            assert record.sampling_params["temperature"] == pytest.approx(0.7)
+            expected = _reference_logprobs(reference, record, 0.7)
+            assert (expected - torch.tensor(record.ref_logprobs)).abs().max().item() < 1e-3
+            if kl_in == "reward":
+                kl = sum(s - r for s, r in zip(record.sampler_logprobs, record.ref_logprobs, strict=True))
+                assert record.reward_components["kl_penalty"] == pytest.approx(-coef * kl, abs=1e-5)
+            else:
+                assert "kl_penalty" not in record.reward_components
+        returns = [r.reward + r.reward_components.get("kl_penalty", 0.0) for r in records]
+        expected_adv = mc_advantage(returns, [r.group_id for r in records]).advantages.tolist()
+        assert [r.advantage for r in records] == pytest.approx(expected_adv, abs=1e-5)
+        metrics = json.loads((runs / "t1" / "state" / f"published-v{version + 1}.json").read_text())["metrics"]
+        assert metrics["agreement_abs_diff_mean"] < 1e-3, metrics  # fp32 engine, same temperature
+        assert metrics["agreement_off"] == 0.0
+        assert ("kl_to_ref" in metrics) == (kl_in == "loss")
+        assert metrics["ref_seconds"] > 0
+    # version 0's rollouts came from the reference weights themselves: KL(sampler || ref) ~ 0 there
+    v0 = store.read_records("t1", version=0)
+    assert max(abs(s - r) for rec in v0 for s, r in zip(rec.sampler_logprobs, rec.ref_logprobs, strict=True)) < 2e-2

@@ -127,7 +127,7 @@ def test_retrieve_log_prob_batched_matches_unpacked_forward_per_row(policy):
     finally:
         counter.remove()
     lengths = [len(full_ids(s)) for s in slots]
-    assert lengths == [12, 21, 18, 21] and counter.calls == 3  # first-fit decreasing: [21], [21], [18, 12]
+    assert lengths == [12, 21, 18, 21] and counter.calls == 2  # first-fit decreasing: [21, 18], [21, 12]
     for slot in slots:
         got = slot.info["log_probs"]
         want = reference_log_probs(policy, full_ids(slot), response_start(slot))
@@ -269,6 +269,7 @@ def test_token_kl_and_penalty_arithmetic():
     assert torch.isnan(token_kl(lp_bad, ref)[2])
     assert kl_reward_penalty(torch.tensor(lp), torch.tensor(ref), torch.tensor(mask), coeff=2.0) == pytest.approx(-2.0)
     assert kl_reward_penalty([], []) == 0.0
+    assert kl_reward_penalty([-0.5, None], [-1.0, -1.0]) == pytest.approx(0.5)  # unknown (None) is left out
     with pytest.raises(ValueError, match="same shape"):
         token_kl([0.0], [0.0, 1.0])
     with pytest.raises(ValueError, match="mask"):

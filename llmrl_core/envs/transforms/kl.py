@@ -48,6 +48,7 @@ Where we differ on purpose, and why:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -76,7 +77,10 @@ __all__ = [
 
 # --- pure functions ----------------------------------------------------------------------------------
 def _as_float_tensor(values: Sequence[float] | torch.Tensor, name: str) -> torch.Tensor:
-    tensor = values if isinstance(values, torch.Tensor) else torch.as_tensor(list(values), dtype=torch.float32)
+    if isinstance(values, torch.Tensor):
+        tensor = values
+    else:  # None (an unknown log-prob, e.g. a null in a stored row) becomes NaN, which the sums leave out
+        tensor = torch.tensor([math.nan if v is None else float(v) for v in values], dtype=torch.float32)
     if not tensor.is_floating_point():
         tensor = tensor.float()
     if tensor.ndim == 0:
@@ -91,9 +95,9 @@ def token_kl(
 ) -> torch.Tensor:
     """Per-token KL estimate ``log_probs - ref_log_probs`` (0 where ``mask`` is False).
 
-    Inputs have one entry per token (any matching shape); ``mask`` None counts every token. Non-finite entries
-    inside the mask are returned as they are (NaN / inf) so callers can see them; :func:`kl_reward_penalty`
-    leaves them out.
+    Inputs have one entry per token (any matching shape; ``None`` entries read as NaN); ``mask`` None counts every
+    token. Non-finite entries inside the mask are returned as they are (NaN / inf) so callers can see them;
+    :func:`kl_reward_penalty` leaves them out.
     """
     lp = _as_float_tensor(log_probs, "log_probs")
     ref = _as_float_tensor(ref_log_probs, "ref_log_probs").to(lp.device)

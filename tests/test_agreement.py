@@ -1,0 +1,107 @@
+"""Sampler/trainer agreement on the resident trainer: real engine samples at T = 0.7, the trainer's first-step
+diagnostics, and the alarm when the trainer holds other weights than the engine that sampled."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmrl_core.builtin_data import load_gsm8k
+from llmrl_core.pipeline.config_io import load_config
+from llmrl_core.pipeline.grpo_config import GRPOConfig
+from llmrl_core.policies.hf_scoring import render_chat_prompt
+from llmrl_core.policies.vllm_engine import generate
+from storage.schema import TrajectoryRecord
+from storage.trajectories import TrajectoryStore
+
+
+def _sampled_records(engine, tokenizer, logprobs_mode="processed_logprobs", temperature=0.7):
+    questions = [r["question"] for r in load_gsm8k("test", 3)]
+    prompts = [render_chat_prompt(tokenizer, [{"role": "user", "content": q}]) for q in questions]
+    results = generate(engine, [p for p in prompts for _ in range(2)], max_tokens=32, temperature=temperature, seed=7)
+    records = []
+    for i, [completion] in enumerate(results):
+        records.append(
+            TrajectoryRecord(
+                run_id="agree",
+                policy_version=0,
+                prompt_id=str(i // 2),
+                group_id=f"g{i // 2}",
+                sample_index=i % 2,
+                messages=[{"role": "user", "content": questions[i // 2]}],
+                prompt_tokens=list(completion.prompt_token_ids),
+                response_tokens=completion.token_ids,
+                response_mask=[True] * len(completion.token_ids),
+                sampler_logprobs=completion.logprobs,
+                reward=float(i % 2),
+                advantage=1.0 if i % 2 else -1.0,
+                finish_reason=completion.finish_reason or "length",
+                model_id="default",
+                sampling_params={"temperature": temperature, "logprobs_mode": logprobs_mode, "max_tokens": 32},
+            )
+        )
+    return records
+
+
+@pytest.fixture(scope="module")
+def trainer_worker(tmp_path_factory, default_model_path):
+    from tasks.actors import TrainerWorker
+
+    runs = tmp_path_factory.mktemp("runs")
+    cfg = load_config(GRPOConfig, None, ["run_id=agree", "progress=false", "train.lr=1e-6", "rollout.temperature=0.7"])
+    return TrainerWorker(cfg, default_model_path, str(runs))
+
+
+def _train(worker, tmp_path, records):
+    store = TrajectoryStore(tmp_path / "store")
+    store.write_shard("agree", 0, 0, records)
+    return worker.train(str(tmp_path / "store"), 0)
+
+
+def test_fp32_engine_and_trainer_agree_at_the_sampling_temperature(vllm_engine_fp32, trainer_worker, tmp_path):
+    tokenizer = vllm_engine_fp32.get_tokenizer()
+    state = {k: v.clone() for k, v in trainer_worker.model.state_dict().items()}
+    try:
+        metrics = _train(trainer_worker, tmp_path, _sampled_records(vllm_engine_fp32, tokenizer))
+    finally:
+        trainer_worker.model.load_state_dict(state)
+    assert metrics["train_samples"] == 6
+    assert metrics["agreement_abs_diff_mean"] < 1e-3, metrics
+    assert metrics["agreement_abs_diff_max"] < 2e-2, metrics
+    assert 0 <= metrics["agreement_kl_to_sampler"] < 1e-5
+    assert metrics["agreement_ess"] > 0.999
+    assert metrics["agreement_off"] == 0.0
+    assert metrics["agreement_abs_diff_max"] >= metrics["agreement_abs_diff_mean"]
+
+
+def test_rows_with_raw_logprobs_are_scored_at_temperature_one(vllm_engine_fp32, trainer_worker, tmp_path):
+    """A row that says its log-probs are raw (T = 1 distribution) is scored at T = 1 although sampled at 0.7."""
+
+    tokenizer = vllm_engine_fp32.get_tokenizer()
+    records = _sampled_records(vllm_engine_fp32, tokenizer, temperature=1.0)
+    for r in records:  # sampled at T = 1 (processed == raw), labelled as raw log-probs of a T = 0.7 sampler
+        r.sampling_params = {"temperature": 0.7, "logprobs_mode": "raw_logprobs"}
+    state = {k: v.clone() for k, v in trainer_worker.model.state_dict().items()}
+    try:
+        metrics = _train(trainer_worker, tmp_path, records)
+    finally:
+        trainer_worker.model.load_state_dict(state)
+    assert metrics["agreement_abs_diff_mean"] < 1e-3, metrics
+
+
+def test_a_trainer_holding_other_weights_is_flagged(vllm_engine_fp32, trainer_worker, tmp_path):
+    """What a broken weight publish looks like from the trainer: the engine sampled with other weights."""
+    tokenizer = vllm_engine_fp32.get_tokenizer()
+    records = _sampled_records(vllm_engine_fp32, tokenizer)
+    state = {k: v.clone() for k, v in trainer_worker.model.state_dict().items()}
+    try:
+        gen = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in trainer_worker.model.model.layers[-1].parameters():
+                p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+        metrics = _train(trainer_worker, tmp_path, records)
+    finally:
+        trainer_worker.model.load_state_dict(state)
+    assert metrics["agreement_abs_diff_mean"] > trainer_worker.cfg.train.agreement_warn, metrics
+    assert metrics["agreement_off"] == 1.0
+    assert metrics["agreement_ess"] < 0.99
