@@ -330,7 +330,8 @@ def test_lora_step_export_and_merge(default_model_path, tokenizer, tmp_path):
         torch.testing.assert_close(reloaded(input_ids=probe).logits, trained, atol=1e-4, rtol=0)
         merged = own_model(default_model_path).eval()
         merged.load_state_dict(trainer.state_dict_for_inference(), strict=True)
-        torch.testing.assert_close(merged(input_ids=probe).logits, trained, atol=1e-4, rtol=0)
+        # merged W + BA sums in another fp32 order than W x + B(A x): 1.1e-4 seen on an AVX-512 CPU
+        torch.testing.assert_close(merged(input_ids=probe).logits, trained, atol=5e-4, rtol=0)
     with pytest.raises(ValueError, match="LoRA"):
         Trainer(SFTLoss(tiny_llama()), TrainerConfig()).export_adapter(tmp_path / "x")
 
