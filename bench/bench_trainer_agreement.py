@@ -73,7 +73,8 @@ def main() -> None:
         with torch.no_grad(), ctx:
             lp = score_packed(model, batch).log_probs
         gap = (lp - batch.sampler_log_probs)[batch.mask].abs()
-        print(f"trainer {label} vs fp32 sampler: mean |dlogp| {gap.mean():.2e}, max {gap.max():.2e}, {gap.numel()} tokens")
+        summary = f"mean |dlogp| {gap.mean():.2e}, max {gap.max():.2e} ({gap.numel()} tokens)"
+        print(f"trainer {label} vs fp32 sampler: {summary}")
     rows = samples + samples
     for i, s in enumerate(rows):
         s.advantage = 1.0 if i % 2 else -1.0
