@@ -105,3 +105,51 @@ def test_a_trainer_holding_other_weights_is_flagged(vllm_engine_fp32, trainer_wo
     assert metrics["agreement_abs_diff_mean"] > trainer_worker.cfg.train.agreement_warn, metrics
     assert metrics["agreement_off"] == 1.0
     assert metrics["agreement_ess"] < 0.99
+
+
+def test_trainer_worker_takes_the_loss_menu_lora_and_checkpointing_from_the_config(
+    vllm_engine_fp32, default_model_path, tmp_path
+):
+    """LoRA + gradient checkpointing + GSPO + sequence-level TIS + RLOO-ready rows: the options reach the loss,
+    a step trains only the adapters, the published checkpoint holds merged Hugging Face weights, and a resume
+    restores the adapters."""
+    from storage.checkpoints import CheckpointStore
+    from tasks.actors import TrainerWorker
+
+    overrides = [
+        "run_id=agree",
+        "progress=false",
+        "train.lr=1e-4",
+        "rollout.temperature=0.7",
+        "train.lora.enabled=true",
+        "train.lora.r=4",
+        "train.gradient_checkpointing=true",
+        "train.importance_level=sequence",
+        "train.clip_epsilon=0.0003",
+        "train.clip_epsilon_high=0.0004",
+        "train.tis.cap=2",
+        "train.tis.level=sequence",
+    ]
+    cfg = load_config(GRPOConfig, None, overrides)
+    runs = tmp_path / "runs"
+    worker = TrainerWorker(cfg, default_model_path, str(runs))
+    options = worker.trainer.objective.options
+    assert options["importance_level"] == "sequence" and options["tis_level"] == "sequence"
+    assert options["clip_epsilon"] == (0.0003, 0.0004)
+    assert worker.trainer.model.is_gradient_checkpointing
+    base = worker.trainer.state_dict_for_inference()  # merged before any step: the base weights
+    metrics = _train(worker, tmp_path, _sampled_records(vllm_engine_fp32, vllm_engine_fp32.get_tokenizer()))
+    assert metrics["step"] == 1 and metrics["agreement_abs_diff_mean"] < 1e-3
+    adapters = worker._lora_state()
+    assert adapters and all("lora_" in k for k in adapters)
+    worker.publish(1, {"test": True})
+    published = CheckpointStore(worker.layout.checkpoints_dir).load(1).state_dict
+    assert not [k for k in published if "lora_" in k or "base_layer" in k]
+    changed = [k for k, v in published.items() if k in base and not torch.allclose(v, base[k])]
+    assert changed and all("proj" in k for k in changed)  # merged LoRA deltas, only on the adapted linears
+
+    fresh = TrainerWorker(cfg, default_model_path, str(runs))
+    fresh.restore(1)
+    restored = fresh._lora_state()
+    assert all(torch.equal(restored[k], v) for k, v in adapters.items())
+    assert fresh.trainer.step_count == 1

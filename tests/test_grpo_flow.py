@@ -230,3 +230,64 @@ def test_reference_kl_in_the_loss_or_the_reward(tmp_path, default_model_path, kl
     # version 0's rollouts came from the reference weights themselves: KL(sampler || ref) ~ 0 there
     v0 = store.read_records("t1", version=0)
     assert max(abs(s - r) for rec in v0 for s, r in zip(rec.sampler_logprobs, rec.ref_logprobs, strict=True)) < 2e-2
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("rollout.temperature=-1", "rollout.temperature must be > 0"),
+        ("rollout.temperature=0", "rollout.temperature must be > 0"),
+        ("rollout.top_p=1.5", r"rollout.top_p must be in \(0, 1\]"),
+        ("rollout.dtype=float8", "rollout.dtype must be one of"),
+        ("rollout.logprobs_mode=processed_logits", "rollout.logprobs_mode: must be one of"),
+        ("train.tis.cap=0", "train.tis.cap must be > 0"),
+        ("train.tis.mode=clip", "train.tis.mode: must be one of"),
+        ("train.tis.level=token_sum", "train.tis.level: must be one of"),
+        ("train.importance_level=group", "train.importance_level: must be one of"),
+        ("train.advantage=ppo", "train.advantage: must be one of"),
+        ("train.kl_in=advantage", "train.kl_in: must be one of"),
+        ("train.kl_coef=-0.1", "train.kl_coef must be >= 0"),
+        ("train.objective=dpo", "train.objective: must be one of"),
+        ("train.clip_epsilon=1.5", r"train.clip_epsilon must be in \[0, 1\)"),
+        ("train.clip_epsilon_high=-0.1", "train.clip_epsilon_high must be >= 0"),
+        ("train.lora.r=0", "train.lora.r must be >= 1"),
+        ("train.agreement_warn=0", "train.agreement_warn must be > 0"),
+        ("train.aggregation=none", "train.aggregation: must be one of"),
+    ],
+)
+def test_bad_loss_and_sampling_options_fail_before_anything_starts(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(GRPOConfig, None, [override])
+
+
+def test_option_words_that_yaml_reads_as_booleans_are_accepted():
+    cfg = load_config(GRPOConfig, None, ["train.mixed_precision=no"])
+    assert cfg.train.mixed_precision == "no"
+
+
+def test_train_config_selects_the_loss_options():
+    cfg = load_config(
+        GRPOConfig,
+        None,
+        [
+            "train.clip_epsilon=0.2",
+            "train.clip_epsilon_high=0.28",
+            "train.importance_level=sequence",
+            "train.aggregation=sequence_sum",
+            "train.tis.cap=2",
+            "train.tis.mode=mask",
+            "train.tis.level=sequence",
+            "train.kl_coef=0.1",
+            "train.kl_in=reward",
+            "train.objective=cispo",
+            "rollout.max_new_tokens=64",
+        ],
+    )
+    options = cfg.train.loss_options(cfg.rollout.max_new_tokens)
+    assert options["clip_epsilon"] == (0.2, 0.28)
+    assert options["importance_level"] == "sequence" and options["objective"] == "cispo"
+    assert options["aggregation"] == "sequence_sum" and options["norm_constant"] == 64.0
+    assert (options["tis_cap"], options["tis_mode"], options["tis_level"]) == (2.0, "mask", "sequence")
+    assert "kl_to_ref_coeff" not in options  # kl_in=reward: the KL goes into the returns, not the loss
+    in_loss = load_config(GRPOConfig, None, ["train.kl_coef=0.1"]).train.loss_options(128)
+    assert in_loss["kl_to_ref_coeff"] == 0.1 and "tis_cap" not in in_loss
