@@ -248,13 +248,17 @@ def validate_table(table: pa.Table) -> pa.Table:
         lengths = pc.list_value_length(table.column(name))
         _check(table, pc.not_equal(lengths, n_tokens), name, "length differs from len(response_tokens)")
     for name in ("sampler_logprobs", "ref_logprobs"):
-        flat = pc.list_flatten(table.column(name))
-        parents = pc.list_parent_indices(table.column(name))
-        bad = pc.or_(pc.is_nan(flat), pc.greater(flat, 1e-3))
+        present = pc.is_valid(table.column(name))  # ref_logprobs may be null for a whole row
+        values, mask = pc.filter(table.column(name), present), pc.filter(table.column("response_mask"), present)
+        rows = pc.filter(pa.array(range(table.num_rows)), present)
+        flat = pc.list_flatten(values)
+        parents = pc.take(rows, pc.list_parent_indices(values))
+        policy = pc.list_flatten(mask)  # NaN marks a token the policy did not sample
+        bad = pc.or_(pc.and_(pc.is_nan(flat), policy), pc.greater(flat, 1e-3))
         if pc.any(pc.fill_null(bad, False)).as_py():
             row = parents[_first_bad(bad)].as_py()
             raise TrajectoryValidationError(
-                f"row {row}: field '{name}': log-probs must be <= 0 and not NaN "
+                f"row {row}: field '{name}': log-probs must be <= 0, and not NaN on policy tokens (response_mask) "
                 f"(value: {table.column(name)[row].as_py()!r:.200})"
             )
     for name in ("prompt_tokens", "response_tokens"):

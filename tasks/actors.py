@@ -68,7 +68,7 @@ class RolloutWorker:
                 model=model_path, dtype=r.dtype, kv_cache_gb=r.kv_cache_gb, seed=cfg.seed, max_model_len=r.max_model_len
             )
         )
-        self.env = make_task_env(cfg.task, self.worker.get_tokenizer(), input_mode="tokens")
+        self.env = make_task_env(cfg.task, self.worker.get_tokenizer(), input_mode="tokens", env=cfg.env)
 
     def load(self, checkpoint_path: str, version: int) -> int:
         """Load published weights (a safetensors checkpoint) as ``version``."""

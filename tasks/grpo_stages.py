@@ -39,7 +39,7 @@ def load_prompts(cfg: GRPOConfig, primer_state: dict | None) -> tuple[list[Promp
         repeats=d.group_size,
         shuffle=d.shuffle,
         seed=cfg.seed,
-        rename={"question": "query"},
+        rename={cfg.env.prompt_field: "query"},
     )
     if primer_state is not None:
         primer.load_state_dict(primer_state)

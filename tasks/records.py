@@ -43,6 +43,7 @@ def trajectory_to_record(
         finish_reason=t.finish_reason or "unknown",
         truncated=bool(t.truncated),
         num_tool_calls=int(t.info.get("num_tool_calls", 0)),
+        tool_calls=[dict(call) for call in t.info.get("tool_calls", [])],
         model_id=model_id,
         sampling_params=dict(sampling),
     )

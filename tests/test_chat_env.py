@@ -9,6 +9,8 @@ from llmrl_core.data import History, LLMData, Response
 from llmrl_core.envs import (
     AddThinkingPrompt,
     ChatEnv,
+    DataLoadingPrimer,
+    DatasetChatEnv,
     GSM8KRewardParser,
     PolicyVersion,
     TemplateTransform,
@@ -221,3 +223,147 @@ def test_close_releases_transform_resources():
     with ChatEnv() as env:
         env.append_transform(Holder()).append_transform(Holder())
     assert Holder.closed == 2
+
+
+# --- partial resets, step_and_maybe_reset, set_seed, from_dataloader ----------------------------------------
+class RecordResets(Transform):
+    """Records which slots each on_reset call received, and ends a slot when its answer is 'stop'."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.resets: list[list[tuple[int, str]]] = []
+
+    def on_reset(self, slots):
+        self.resets.append([(s.index, s.data["query"]) for s in slots])
+
+    def step_slot(self, slot):
+        if slot.history[-1].text == "stop":
+            slot.terminate()
+
+
+def _rows(n):
+    return [{"id": f"p{i}", "query": f"question {i}"} for i in range(n)]
+
+
+def test_reset_slots_restarts_only_the_given_slots():
+    rec = RecordResets()
+    version = PolicyVersion()
+    env = ChatEnv(chat_template_name="chatml", system_prompt="S").append_transform(rec).append_transform(version)
+    env.reset(["a", "b", "c"])
+    out = env.step(["x", "stop", "y"])
+    kept = env.slots[0].history
+    version.increment_version()
+    out = env.reset_slots([1], [{"query": "d", "id": "new"}])
+    assert rec.resets == [[(0, "a"), (1, "b"), (2, "c")], [(1, "d")]]  # on_reset saw the new slot only
+    assert out.history[1].role == ["system", "user"] and out.history[1][1].content == "d"
+    assert out.prompt_id[1] == "new" and out.turn.tolist() == [1, 0, 1] and out.active == [0, 1, 2]
+    assert env.slots[0].history is kept and out.history[0].role == ["system", "user", "assistant"]
+    assert out.policy_version == 1 and out.info[1]["policy_version"] == 1
+    out = env.step(["stop", "z", "stop"])
+    assert out.done.tolist() == [True, False, True] and out.turn.tolist() == [2, 1, 2]
+    assert env.reset_slots([]).done.tolist() == [True, False, True]
+    with pytest.raises(ValueError, match="got 1 prompts for 2 slots"):
+        env.reset_slots([0, 2], ["q"])
+    with pytest.raises(ValueError, match="repeated slot indices"):
+        env.reset_slots([0, 0], ["q", "r"])
+    with pytest.raises(IndexError, match="slot 3 out of range"):
+        env.reset_slots([3], ["q"])
+    with pytest.raises(RuntimeError, match="before reset"):
+        ChatEnv().reset_slots([0], ["q"])
+    with pytest.raises(ValueError, match="no prompts and no transform provides them"):
+        env.reset_slots([0])
+
+
+def test_reset_slots_draws_from_the_primer_without_skipping_rows():
+    primer = DataLoadingPrimer(_rows(10), batch_size=1, repeats=2, shuffle=False)
+    env = ChatEnv(batch_size=2, chat_template_name="chatml").append_transform(primer)
+    out = env.reset()
+    assert list(zip(out.prompt_id, out.group_id, out.sample_index, strict=True)) == [("p0", 0, 0), ("p0", 0, 1)]
+    out = env.reset_slots([1])  # the primer serves a whole group; slot 1 takes its first copy
+    assert (out.prompt_id[1], out.group_id[1], out.sample_index[1]) == ("p1", 1, 0)
+    assert (out.prompt_id[0], out.group_id[0]) == ("p0", 0)
+    state = env.state_dict()
+    assert state["pending_prompts"] == [
+        {"data": {"id": "p1", "query": "question 1"}, "prompt_id": "p1", "group_id": 1, "sample_index": 1}
+    ]
+    out = env.reset_slots([0])  # the other copy, not a new row
+    assert (out.prompt_id[0], out.group_id[0], out.sample_index[0]) == ("p1", 1, 1)
+    assert "pending_prompts" not in env.state_dict()
+    # a checkpoint taken mid-group resumes with the copy that was still owed, then the next group
+    fresh = ChatEnv(batch_size=2, chat_template_name="chatml").append_transform(
+        DataLoadingPrimer(_rows(10), batch_size=1, repeats=2, shuffle=False)
+    )
+    fresh.load_state_dict(state)
+    out = fresh.reset()
+    assert list(zip(out.prompt_id, out.group_id, out.sample_index, strict=True)) == [("p1", 1, 1), ("p2", 2, 0)]
+
+
+def test_reset_slots_in_tokens_mode_tokenizes_the_new_prompt(tokenizer):
+    env = ChatEnv(tokenizer=tokenizer, input_mode="tokens", max_turns=3)
+    env.reset(["first", "second"])
+    out = env.step(["one<|im_end|>", "two<|im_end|>"])
+    before = out.tokens[0].tolist()
+    out = env.reset_slots([1], ["third"])
+    assert out.tokens[0].tolist() == before
+    assert tokenizer.decode(out.tokens[1].tolist()) == out.history[1].apply_chat_template(tokenizer)
+    assert not env.slots[1].policy_mask().any()
+
+
+def test_step_and_maybe_reset_returns_the_step_and_the_next_prompts():
+    primer = DataLoadingPrimer(_rows(10), batch_size=2, shuffle=False)
+    env = ChatEnv(batch_size=2, chat_template_name="chatml").append_transform(RecordResets()).append_transform(primer)
+    out = env.reset()
+    step_out, next_out = env.step_and_maybe_reset(["go on", "go on"])
+    assert step_out is next_out and next_out.active == [0, 1]  # nothing finished: nothing reset
+    step_out, next_out = env.step_and_maybe_reset(["stop", "go on"])
+    assert step_out.done.tolist() == [True, False]
+    assert [m.content for m in step_out.history[0]] == ["question 0", "go on", "stop"]  # the finished episode
+    assert next_out.done.tolist() == [False, False] and next_out.turn.tolist() == [0, 2]
+    assert next_out.prompt_id == ["p2", "p1"] and [m.content for m in next_out.history[0]] == ["question 2"]
+    step_out, next_out = env.step_and_maybe_reset(["stop", "stop"], prompts=["x", "y"])
+    assert [h[0].content for h in next_out.history] == ["x", "y"] and step_out.done.all()
+    assert out.prompt_id == ["p0", "p1"]
+
+
+def test_set_seed_restarts_the_prompt_order():
+    env = DatasetChatEnv(_rows(20), batch_size=2, seed=0)
+
+    def draw(n):
+        return [pid for _ in range(n) for pid in env.reset().prompt_id]
+
+    assert env.set_seed(7) == 7
+    first = draw(4)
+    env.reset_slots([0])  # leaves a drawn row pending: set_seed drops it
+    assert env.set_seed(7) == 7
+    assert draw(4) == first and len(set(first)) == 8
+    env.set_seed(8)
+    assert draw(4) != first
+    seed = env.set_seed()
+    assert isinstance(seed, int) and env.primer.seed == seed
+
+
+def test_from_dataloader_builds_a_primed_env(tmp_path):
+    import json
+
+    from torch.utils.data import DataLoader
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "question": f"q{i}"}) + "\n" for i in range(5)))
+    env = ChatEnv.from_dataloader(
+        str(path), batch_size=2, repeats=2, shuffle=False, rename={"question": "query"}, system_prompt="S", max_turns=2
+    )
+    assert isinstance(env, DatasetChatEnv) and env.batch_size == 4 and env.max_turns == 2
+    assert env.transforms == [env.primer]
+    out = env.reset()
+    assert out.prompt_id == [0, 0, 1, 1] and out.group_id == [0, 0, 1, 1] and out.sample_index == [0, 1, 0, 1]
+    assert [m.content for m in out.history[2]] == ["S", "q1"]
+    out = env.step(["a"] * 4)
+    assert not out.done.any()
+    assert env.step(["b"] * 4).truncated.all()
+
+    loader = DataLoader([{"query": f"row {i}"} for i in range(6)], batch_size=3, shuffle=False)
+    env = ChatEnv.from_dataloader(loader, chat_template_name="chatml")
+    assert env.batch_size == 3 and env.primer.shuffle is False
+    assert [h[0].content for h in env.reset().history] == ["row 0", "row 1", "row 2"]
+    ungrouped = ChatEnv.from_dataloader(_rows(4), batch_size=3, repeats=2, group_repeats=False)
+    assert ungrouped.batch_size == 3 and ungrouped.reset().sample_index == [0, 1, 0]

@@ -1,4 +1,4 @@
-"""LLMCollector (sync and async) and the Dask-distributed collector on the packaged model."""
+"""LLMCollector (sync and async) on the packaged model, and its scheduling options with a scripted policy."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 import pytest
 
 from llmrl_core.collectors import DialogTurn, LLMCollector, Trajectory
+from llmrl_core.data import LLMData
 from llmrl_core.envs import ChatEnv, PolicyVersion, Transform, make_gsm8k_env
 from llmrl_core.policies.base import SamplingConfig
 from llmrl_core.policies.vllm_wrapper import vLLMWrapper
@@ -124,3 +125,241 @@ def test_collector_argument_errors(policy):
         LLMCollector([env, env], policy)
     with pytest.raises(ValueError, match="needs total_dialog_turns or total_trajectories"):
         LLMCollector(env, policy).collect()
+
+
+# --- scripted policy: per-slot (rolling) resets, TorchRL's collector options -----------------------------------
+def scripted_policy(data: LLMData) -> LLMData:
+    """Answers every prompt with 'ok' (no model): the env's transforms decide how long an episode lasts."""
+    return LLMData(text_response=["ok"] * data.batch_size, finish_reasons=["stop"] * data.batch_size)
+
+
+class EpisodeLength(Transform):
+    """Ends an episode after ``slot.data['turns']`` turns (default 1) and logs starts, ends and env steps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[str, str]] = []
+        self.steps = 0
+
+    def reset_slot(self, slot) -> None:
+        self.events.append(("start", slot.data["query"]))
+
+    def on_step(self, slots) -> None:
+        self.steps += 1
+        super().on_step(slots)
+
+    def step_slot(self, slot) -> None:
+        if slot.turn >= slot.data.get("turns", 1):
+            slot.add_reward(float(slot.turn), name="turns")
+            slot.terminate()
+            self.events.append(("end", slot.data["query"]))
+
+
+def _counted(rows: list[dict], drawn: list[str]):
+    for row in rows:
+        drawn.append(row["query"])
+        yield row
+
+
+def _long_and_short(n_short: int = 9) -> list[dict]:
+    return [{"query": "long", "turns": 6}] + [{"query": f"q{i}"} for i in range(1, n_short + 1)]
+
+
+def _scripted_env(batch_size: int = 2) -> tuple[ChatEnv, EpisodeLength]:
+    lengths = EpisodeLength()
+    env = ChatEnv(batch_size=batch_size, chat_template_name="chatml", max_turns=20).append_transform(lengths)
+    return env, lengths
+
+
+def test_rolling_reset_lets_other_slots_take_new_prompts_during_a_long_episode():
+    env, lengths = _scripted_env()
+    drawn: list[str] = []
+    collector = LLMCollector(
+        env, scripted_policy, prompts=_counted(_long_and_short(), drawn), total_trajectories=6, rolling_reset=True
+    )
+    trajectories = collector.collect()
+    # slot 1 ran q1..q5 one after the other while slot 0 was still in its 6-turn episode
+    assert [t.data["query"] for t in trajectories] == ["q1", "q2", "q3", "q4", "q5", "long"]
+    assert lengths.events == [("start", "long"), ("start", "q1")] + [
+        e for i in range(1, 5) for e in (("end", f"q{i}"), ("start", f"q{i + 1}"))
+    ] + [("end", "q5"), ("end", "long")]
+    assert lengths.steps == 6  # the long episode's 6 turns: the short ones fitted alongside it
+    assert drawn == ["long", "q1", "q2", "q3", "q4", "q5"]  # exactly total_trajectories prompts drawn
+    assert [t.num_turns for t in trajectories] == [1] * 5 + [6] and trajectories[-1].reward == 6.0
+    assert collector.trajectories_collected == 6 and collector.episodes_started == 6
+
+    # the default (TorchRL's batch schedule kept): the next pair waits until the long episode is over
+    env, lengths = _scripted_env()
+    batch_mode = LLMCollector(env, scripted_policy, prompts=_long_and_short(), total_trajectories=6).collect()
+    assert [t.data["query"] for t in batch_mode] == ["long", "q1", "q2", "q3", "q4", "q5"]
+    assert lengths.steps == 8 and lengths.events.index(("start", "q2")) > lengths.events.index(("end", "long"))
+
+
+def test_rolling_reset_draws_only_the_prompts_it_needs():
+    env, lengths = _scripted_env(batch_size=3)
+    drawn: list[str] = []
+    rows = [{"query": f"q{i}", "turns": 1 + i % 2} for i in range(10)]
+    collector = LLMCollector(
+        env, scripted_policy, prompts=_counted(rows, drawn), total_trajectories=4, rolling_reset=True
+    )
+    batches = list(collector)
+    trajectories = [t for b in batches for t in b]
+    assert len(trajectories) == 4 and drawn == ["q0", "q1", "q2", "q3"]
+    assert sorted(t.data["query"] for t in trajectories) == ["q0", "q1", "q2", "q3"]
+    # the prompts run out before the total: the collector ends when the last running episode ends
+    env, _ = _scripted_env(batch_size=2)
+    short = LLMCollector(env, scripted_policy, prompts=rows[:3], total_trajectories=10, rolling_reset=True).collect()
+    assert sorted(t.data["query"] for t in short) == ["q0", "q1", "q2"]
+    # total_dialog_turns: no new episode is started for turns that will not be collected
+    env, _ = _scripted_env(batch_size=2)
+    drawn = []
+    turns = LLMCollector(
+        env,
+        scripted_policy,
+        prompts=_counted([{"query": f"t{i}"} for i in range(10)], drawn),
+        yield_completed_trajectories=False,
+        total_dialog_turns=5,
+        rolling_reset=True,
+    ).collect()
+    assert len(turns) == 5 and drawn == [f"t{i}" for i in range(5)]  # the last step samples one slot
+
+
+def test_rolling_reset_with_the_env_primer_keeps_group_ids():
+    from llmrl_core.envs import DatasetChatEnv
+
+    rows = [{"id": f"p{i}", "query": f"question {i}", "turns": 3 if i == 0 else 1} for i in range(8)]
+    env = DatasetChatEnv(rows, batch_size=1, repeats=2, shuffle=False, max_turns=None)
+    lengths = EpisodeLength()
+    env.append_transform(lengths)
+    trajectories = LLMCollector(env, scripted_policy, total_trajectories=6, rolling_reset=True).collect()
+    assert [(t.prompt_id, t.group_id, t.sample_index) for t in trajectories] == [
+        ("p0", 0, 0),  # both copies of p0 take 3 turns and finish together
+        ("p0", 0, 1),
+        ("p1", 1, 0),
+        ("p1", 1, 1),
+        ("p2", 2, 0),
+        ("p2", 2, 1),
+    ]
+    assert lengths.steps == 5
+
+
+def test_rolling_reset_with_async_envs():
+    envs, all_lengths = zip(*(_scripted_env(batch_size=2) for _ in range(2)), strict=True)
+    drawn: list[str] = []
+    rows = [{"query": f"q{i}", "turns": 1 + i % 3} for i in range(20)]
+    collector = LLMCollector(
+        list(envs),
+        scripted_policy,
+        prompts=_counted(rows, drawn),
+        total_trajectories=7,
+        rolling_reset=True,
+        async_envs=True,
+    )
+    trajectories = collector.collect()
+    assert len(trajectories) == 7 and len(drawn) == 7
+    assert sorted(t.data["query"] for t in trajectories) == sorted(drawn)
+    assert sum(len([e for e in lengths.events if e[0] == "start"]) for lengths in all_lengths) == 7
+
+
+def test_yield_only_last_steps_hands_out_the_last_turn_of_each_episode():
+    env, _ = _scripted_env(batch_size=2)
+    rows = [{"query": f"q{i}", "turns": i + 1} for i in range(4)]
+    collector = LLMCollector(env, scripted_policy, prompts=rows, yield_only_last_steps=True, total_trajectories=4)
+    assert collector.yield_completed_trajectories is False
+    turns = collector.collect()
+    assert all(isinstance(t, DialogTurn) and t.done for t in turns)
+    assert sorted((t.prompt.messages[0].text, t.turn) for t in turns) == [("q0", 1), ("q1", 2), ("q2", 3), ("q3", 4)]
+    assert sorted(t.reward for t in turns) == [1.0, 2.0, 3.0, 4.0]  # the last step's reward
+    assert collector.turns_collected == 1 + 2 + 3 + 4  # every sampled turn counts toward total_dialog_turns
+    # TorchRL's combination (yield_completed_trajectories=True with it) gives the same items; batches count items
+    env, _ = _scripted_env(batch_size=2)
+    batches = list(
+        LLMCollector(
+            env,
+            scripted_policy,
+            prompts=rows,
+            yield_only_last_steps=True,
+            yield_completed_trajectories=True,
+            dialog_turns_per_batch=1,
+            rolling_reset=True,
+        )
+    )
+    assert [len(b) for b in batches] == [1, 1, 1, 1] and [b[0].turn for b in batches] == [1, 2, 3, 4]
+
+
+def test_track_policy_version_options():
+    rows = [{"query": f"q{i}"} for i in range(4)]
+    env, _ = _scripted_env()
+    off = LLMCollector(env, scripted_policy, prompts=rows, track_policy_version=False, total_trajectories=4)
+    assert off.get_policy_version() is None and off.increment_version() is None
+    assert all(t.policy_versions == [None] and t.policy_version is None for t in off.collect())
+
+    env, _ = _scripted_env()
+    on = LLMCollector(env, scripted_policy, prompts=rows, total_trajectories=4, track_policy_version=True)
+    assert on.get_policy_version() == 0 and not any(isinstance(t, PolicyVersion) for t in env.transforms)
+    stamped = []
+    for batch in on:
+        stamped += [t.policy_version for t in batch]
+        on.increment_version()
+    assert stamped == [0, 0, 1, 1] and on.get_policy_version() == 2
+
+    custom = PolicyVersion("uuid")
+    env, _ = _scripted_env()
+    uid = LLMCollector(env, scripted_policy, prompts=rows, total_trajectories=2, track_policy_version=custom)
+    assert uid.policy_version_tracker is custom
+    assert {t.policy_version for t in uid.collect()} == {custom.version}
+    env, _ = _scripted_env()
+    with pytest.raises(ValueError, match="two different PolicyVersions"):
+        LLMCollector(env, scripted_policy, policy_version=PolicyVersion(), track_policy_version=custom)
+    with pytest.raises(ValueError, match="track_policy_version=False"):
+        LLMCollector(env, scripted_policy, policy_version=PolicyVersion(), track_policy_version=False)
+
+
+class RecordingUpdater:
+    """Stands in for a vLLMUpdater: records every push and increments its registered version trackers."""
+
+    def __init__(self) -> None:
+        self.pushed: list[dict] = []
+        self.trackers: list[PolicyVersion] = []
+
+    def register_version_tracker(self, tracker: PolicyVersion) -> RecordingUpdater:
+        self.trackers.append(tracker)
+        return self
+
+    def push_weights(self, weights) -> int:
+        self.pushed.append(dict(weights))
+        for tracker in self.trackers:
+            tracker.increment_version()
+        return len(self.pushed)
+
+
+def test_update_policy_weights_pushes_through_the_weight_updater():
+    import torch
+
+    env, _ = _scripted_env()
+    updater = RecordingUpdater()
+    collector = LLMCollector(
+        env,
+        scripted_policy,
+        prompts=[{"query": f"q{i}"} for i in range(6)],
+        total_trajectories=6,
+        weight_updater=updater,
+    )
+    assert updater.trackers == [collector.version_tracker]  # registered once: one increment per push
+    versions = []
+    for step, batch in enumerate(collector):
+        versions.append([t.policy_version for t in batch])
+        assert collector.update_policy_weights_({"w": torch.full((2,), float(step))}) == step + 1
+    assert versions == [[0, 0], [1, 1], [2, 2]]
+    assert [p["w"].tolist() for p in updater.pushed] == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
+    assert collector.get_policy_version() == 3
+
+    calls: list = []
+    plain = LLMCollector(env, scripted_policy, weight_updater=calls.append)  # a callable: the collector increments
+    assert plain.update_policy_weights_({"w": 1}) == 1 and calls == [{"w": 1}]
+    local = LLMCollector(env, scripted_policy)  # no updater: the policy changed in place, the version advances
+    assert local.update_policy_weights_() == 1
+    with pytest.raises(ValueError, match="needs a weight_updater"):
+        local.update_policy_weights_({"w": 1})
+    with pytest.raises(TypeError, match="push_weights"):
+        LLMCollector(env, scripted_policy, weight_updater=object())

@@ -320,3 +320,22 @@ def test_table_to_records_inverts_records_to_table(records):
     table = records_to_table(records)
     assert table_to_records(table) == records
     assert records_to_table(table_to_records(table)).equals(table)
+
+
+def test_nan_log_probs_are_allowed_only_on_tokens_the_policy_did_not_sample(tmp_path):
+    """Multi-turn rows hold tool tokens (response_mask False) that have no sampler log-prob: NaN there is
+    the honest value; NaN on a policy token is refused, naming the row."""
+    from storage.schema import TrajectoryValidationError, records_to_table
+    from tests.storage_records import make_records
+
+    records = make_records("r", 0, n_prompts=1, group_size=4)
+    tool_row = records[3]  # every 4th sample is a two-turn tool call with masked tool tokens
+    assert False in tool_row.response_mask
+    tool_row.sampler_logprobs = [
+        lp if m else float("nan") for lp, m in zip(tool_row.sampler_logprobs, tool_row.response_mask, strict=True)
+    ]
+    tool_row.ref_logprobs = None
+    assert records_to_table(records).num_rows == 4
+    records[0].sampler_logprobs = [float("nan")] + records[0].sampler_logprobs[1:]
+    with pytest.raises(TrajectoryValidationError, match="row 0: field 'sampler_logprobs'"):
+        records_to_table(records)

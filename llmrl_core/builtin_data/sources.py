@@ -19,9 +19,16 @@ def resolve_source(source: str) -> str | list[dict[str, str]]:
         return str(gsm8k_path(source.split(":", 1)[1]))
     if source.startswith("arithmetic:"):
         return arithmetic_rows(source)
+    if source in ("guess_number:train", "guess_number:test"):  # one row per game: its seed (held-out seeds for test)
+        first = 0 if source.endswith(":train") else 1_000_000
+        return [{"question": "guess the number", "answer": "", "seed": first + i} for i in range(10_000)]
+    if source in ("ifeval", "ifeval:train", "ifeval:test"):  # the 541 shipped prompts (one split)
+        from llmrl_core.builtin_data.ifeval_data import ifeval_path
+
+        return str(ifeval_path())
     if not Path(source).exists():
         raise FileNotFoundError(
-            f"source {source!r}: no such file (use gsm8k:train, gsm8k:test, arithmetic:train, arithmetic:test "
+            f"source {source!r}: no such file (use gsm8k:train, gsm8k:test, arithmetic:train, arithmetic:test, ifeval, guess_number:train "
             "or a .jsonl/.parquet path with question/answer fields)"
         )
     return source

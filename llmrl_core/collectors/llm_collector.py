@@ -3,17 +3,27 @@
 Two schedules:
 
 * **sync** (one batched env): every step generates for all active slots at once, then steps the env;
-  a batch of slots is reset when all of its slots are done.
+  a batch of slots is reset when all of its slots are done (or each slot on its own, see below).
 * **async** (``async_envs=True``, a list of envs — typically one GRPO group per env): each env steps in
   its own thread, and the collector generates for whichever envs are ready. A slow tool call in one env
   (a sandboxed interpreter, an MCP server) holds up only that env; the others keep generating.
 
-Every sampled turn is stamped with the policy version current when it was sampled. The version lives in
-a :class:`~llmrl_core.envs.transforms.policy_version.PolicyVersion` (the env's own, if it has one), which
-:meth:`LLMCollector.increment_version` — or a ``vLLMUpdater`` it is registered with — advances.
+Resets: by default a batch of slots is reset only when all of its slots are done. With
+``rolling_reset=True`` each slot is reset on its own (``ChatEnv.reset_slots``) as soon as its episode is done
+and handed out, so one slot in a long multi-turn episode or a slow tool call does not hold back the others'
+next prompts. That is what TorchRL's collector always does (``env.step_and_maybe_reset`` after every step);
+here it is an option so the batch schedule (all slots of a GRPO group sampled in the same steps, with the
+same weights) stays the default. With a total, rolling resets draw only the prompts still needed.
+
+Every sampled turn is stamped with the policy version current when it was sampled
+(``track_policy_version``, on by default; False stamps None). The version lives in a
+:class:`~llmrl_core.envs.transforms.policy_version.PolicyVersion` (the env's own, if it has one), which
+:meth:`LLMCollector.increment_version`, :meth:`LLMCollector.update_policy_weights_` or a ``vLLMUpdater`` it is
+registered with advances.
 
 Batches are lists of :class:`~llmrl_core.collectors.trajectory.Trajectory` (``yield_completed_trajectories``,
-the default) or of :class:`~llmrl_core.collectors.trajectory.DialogTurn`. With a ``sink`` (a
+the default) or of :class:`~llmrl_core.collectors.trajectory.DialogTurn` (every sampled turn, or with
+``yield_only_last_steps`` only the last turn of each finished episode). With a ``sink`` (a
 ``queue.Queue`` or anything with ``extend``), every batch is also delivered there.
 """
 
@@ -21,9 +31,11 @@ from __future__ import annotations
 
 import queue as queue_module
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
+
+import torch
 
 from llmrl_core.collectors.trajectory import DialogTurn, Trajectory
 from llmrl_core.data.history import HistoryBatch
@@ -33,6 +45,7 @@ from llmrl_core.envs.transforms.policy_version import PolicyVersion
 from llmrl_core.envs.types import EnvOutput
 
 Policy = Callable[[LLMData], Any]
+Version = int | str | None
 
 
 def select_slots(out: EnvOutput, indices: Sequence[int]) -> LLMData:
@@ -50,7 +63,7 @@ class _EnvTracker:
     def __init__(self, env: ChatEnv) -> None:
         self.env = env
         self.out: EnvOutput | None = None
-        self.versions: dict[int, list[int | str]] = {}
+        self.versions: dict[int, list[Version]] = {}
         self.components: dict[int, dict[str, float]] = {}
 
     def reset(self, prompts: list[Any] | None) -> EnvOutput:
@@ -59,18 +72,26 @@ class _EnvTracker:
         self.components = {i: {} for i in range(self.out.batch_size)}
         return self.out
 
-    def record_step(self, out: EnvOutput, active: Sequence[int], version: int | str) -> None:
+    def reset_slots(self, indices: list[int], prompts: list[Any] | None) -> EnvOutput:
+        self.out = self.env.reset_slots(indices, prompts)
+        for i in indices:
+            self.versions[i] = []
+            self.components[i] = {}
+        return self.out
+
+    def record_step(self, out: EnvOutput, active: Sequence[int], version: Version) -> None:
         for i in active:
             self.versions[i].append(version)
             for name, value in out.reward_components[i].items():
                 self.components[i][name] = self.components[i].get(name, 0.0) + value
         self.out = out
 
-    def trajectories(self) -> list[Trajectory]:
+    def trajectories(self, indices: Sequence[int] | None = None) -> list[Trajectory]:
         tokens_mode = self.env.input_mode == "tokens"
+        slots = self.env.slots if indices is None else [self.env.slots[i] for i in indices]
         return [
             Trajectory.from_slot(slot, self.versions[slot.index], self.components[slot.index], tokens_mode)
-            for slot in self.env.slots
+            for slot in slots
         ]
 
 
@@ -79,10 +100,19 @@ class LLMCollector:
 
     ``policy`` is a wrapper from :mod:`llmrl_core.policies` (or any callable taking :class:`LLMData` and
     returning an object with ``responses()``). ``prompts`` optionally feeds resets from an iterable of
-    rows (otherwise each env's primer does), ``prompts_per_reset`` at a time (default: the env's batch size).
-    ``dialog_turns_per_batch`` sets the batch size in turns (in
-    trajectory mode: at least that many turns of finished trajectories); ``total_dialog_turns`` or
-    ``total_trajectories`` end the iteration.
+    rows (otherwise each env's primer does), ``prompts_per_reset`` at a time (default: the env's batch size;
+    rolling resets take one row per freed slot). ``dialog_turns_per_batch`` sets the batch size in turns (in
+    trajectory mode: at least that many turns of finished trajectories); ``total_dialog_turns`` (sampled
+    turns) or ``total_trajectories`` (finished episodes) end the iteration.
+
+    TorchRL's options: ``yield_only_last_steps`` hands out only the last :class:`DialogTurn` of each finished
+    episode (``yield_completed_trajectories`` may then be left unset). ``track_policy_version``: True stamps
+    the version of ``policy_version``, else of the env's ``PolicyVersion``, else of a collector-owned one
+    (unlike TorchRL, the collector never appends a ``PolicyVersion`` to the env, so ``env.state_dict()``
+    keeps its shape and async envs work); a ``PolicyVersion`` is used as given; False stamps None.
+    ``weight_updater`` (e.g. a ``vLLMUpdater``, any object with ``push_weights(weights)``, or a callable) is
+    what :meth:`update_policy_weights_` pushes through. ``rolling_reset`` resets each finished slot on its own
+    (see the module docstring).
     """
 
     def __init__(
@@ -93,11 +123,15 @@ class LLMCollector:
         dialog_turns_per_batch: int | None = None,
         total_dialog_turns: int | None = None,
         total_trajectories: int | None = None,
-        yield_completed_trajectories: bool = True,
+        yield_completed_trajectories: bool | None = None,
+        yield_only_last_steps: bool = False,
         prompts: Iterable[Any] | None = None,
         prompts_per_reset: int | None = None,
         sink: Any = None,
         policy_version: PolicyVersion | None = None,
+        track_policy_version: bool | PolicyVersion = True,
+        weight_updater: Any = None,
+        rolling_reset: bool = False,
         async_envs: bool = False,
     ) -> None:
         self.envs = list(env) if isinstance(env, Sequence) else [env]
@@ -107,7 +141,13 @@ class LLMCollector:
             raise ValueError("several envs need async_envs=True (the sync collector steps one batched env)")
         self.policy = policy
         self.async_envs = async_envs
+        self.rolling_reset = rolling_reset
+        self.yield_only_last_steps = yield_only_last_steps
+        if yield_completed_trajectories is None:
+            yield_completed_trajectories = not yield_only_last_steps
         self.yield_completed_trajectories = yield_completed_trajectories
+        # What the items are: whole trajectories, or dialog turns (all, or the last of each episode).
+        self._yield_trajectories = yield_completed_trajectories and not yield_only_last_steps
         self.dialog_turns_per_batch = dialog_turns_per_batch
         self.total_dialog_turns = total_dialog_turns
         self.total_trajectories = total_trajectories
@@ -115,11 +155,31 @@ class LLMCollector:
         self._prompts = iter(prompts) if prompts is not None else None
         self.prompts_per_reset = prompts_per_reset
         self._prompt_lock = threading.Lock()
-        self.version_tracker = policy_version or self._find_version_tracker() or PolicyVersion()
+        self.version_tracker: PolicyVersion | None = self._resolve_version_tracker(policy_version, track_policy_version)
+        self.weight_updater: Any = None
+        self._updater_increments = False
+        if weight_updater is not None:
+            self.set_weight_updater(weight_updater)
         self.turns_collected = 0
         self.trajectories_collected = 0
+        self.episodes_started = 0
 
     # --- versions --------------------------------------------------------------------------------
+    def _resolve_version_tracker(
+        self, policy_version: PolicyVersion | None, track: bool | PolicyVersion
+    ) -> PolicyVersion | None:
+        if isinstance(track, PolicyVersion):
+            if policy_version is not None and policy_version is not track:
+                raise ValueError("policy_version and track_policy_version name two different PolicyVersions")
+            return track
+        if policy_version is not None:
+            if not track:
+                raise ValueError("policy_version was given but track_policy_version=False")
+            return policy_version
+        if not track:
+            return None
+        return self._find_version_tracker() or PolicyVersion()
+
     def _find_version_tracker(self) -> PolicyVersion | None:
         for env in self.envs:
             for transform in env.transforms:
@@ -128,13 +188,61 @@ class LLMCollector:
         return None
 
     @property
-    def policy_version(self) -> int | str:
-        """The version stamped on turns sampled from now on."""
-        return self.version_tracker.version
+    def policy_version_tracker(self) -> PolicyVersion | None:
+        """TorchRL's name for :attr:`version_tracker` (None when versions are not tracked)."""
+        return self.version_tracker
 
-    def increment_version(self) -> int | str:
-        """Advance the policy version (call after the policy's weights changed)."""
+    @property
+    def policy_version(self) -> Version:
+        """The version stamped on turns sampled from now on (None when versions are not tracked)."""
+        return self.version_tracker.version if self.version_tracker is not None else None
+
+    def get_policy_version(self) -> Version:
+        """The current policy version, as a method (TorchRL's, for remote calls where properties do not work)."""
+        return self.policy_version
+
+    def increment_version(self) -> Version:
+        """Advance the policy version (call after the policy's weights changed); a no-op when not tracking."""
+        if self.version_tracker is None:
+            return None
         return self.version_tracker.increment_version()
+
+    def set_weight_updater(self, weight_updater: Any) -> bool:
+        """Use ``weight_updater`` for :meth:`update_policy_weights_`; it learns the version tracker if it can."""
+        if not callable(getattr(weight_updater, "push_weights", None)) and not callable(weight_updater):
+            raise TypeError(f"weight_updater needs push_weights(weights) or __call__, got {type(weight_updater)}")
+        self.weight_updater = weight_updater
+        self._updater_increments = False
+        register = getattr(weight_updater, "register_version_tracker", None)
+        if self.version_tracker is not None and callable(register):
+            # A vLLMUpdater increments its registered trackers on every push; register ours once.
+            if not any(t is self.version_tracker for t in getattr(weight_updater, "trackers", [])):
+                register(self.version_tracker)
+            self._updater_increments = True
+        return True
+
+    def update_policy_weights_(
+        self, policy_or_weights: Mapping[str, torch.Tensor] | torch.nn.Module | None = None
+    ) -> Version:
+        """Push new weights to the policy through the weight updater and advance the version; returns it.
+
+        With a ``weight_updater``, ``policy_or_weights`` (a state dict or a module) goes to its
+        ``push_weights`` (or its ``__call__``); the version advances once (by the updater when it holds the
+        tracker, by the collector otherwise). Without one, the policy is taken to be updated in place: only
+        the version advances, and passing weights is an error.
+        """
+        if self.weight_updater is None:
+            if policy_or_weights is not None:
+                raise ValueError("update_policy_weights_(weights) needs a weight_updater (e.g. a vLLMUpdater)")
+            return self.increment_version()
+        push = getattr(self.weight_updater, "push_weights", None)
+        if callable(push):
+            push(policy_or_weights)
+        else:
+            self.weight_updater(policy_or_weights)
+        if not self._updater_increments:
+            self.increment_version()
+        return self.policy_version
 
     # --- iteration -------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[list[Trajectory] | list[DialogTurn]]:
@@ -162,7 +270,7 @@ class LLMCollector:
         return [item for batch in self for item in batch]
 
     def _turns(self, items: list[Any]) -> int:
-        return sum(t.num_turns for t in items) if self.yield_completed_trajectories else len(items)
+        return sum(t.num_turns for t in items) if self._yield_trajectories else len(items)
 
     def _batch_ready(self, buffer: list[Any]) -> bool:
         if self.dialog_turns_per_batch is None:
@@ -172,7 +280,7 @@ class LLMCollector:
     def _split_batch(self, buffer: list[Any]) -> tuple[list[Any], list[Any]]:
         if self.dialog_turns_per_batch is None:
             return buffer, []
-        if not self.yield_completed_trajectories:
+        if not self._yield_trajectories:
             n = self.dialog_turns_per_batch
             return buffer[:n], buffer[n:]
         taken, turns = 0, 0
@@ -194,15 +302,57 @@ class LLMCollector:
             return True
         return self.total_trajectories is not None and self.trajectories_collected >= self.total_trajectories
 
+    def _episodes_left(self) -> int | None:
+        """Rolling resets: how many more episodes the totals can still use (None: no limit known)."""
+        if self.total_trajectories is not None:
+            return max(0, self.total_trajectories - self.episodes_started)
+        return None
+
+    def _take_prompts(self, size: int) -> list[Any]:
+        assert self._prompts is not None
+        with self._prompt_lock:
+            # zip stops on the range first, so no row beyond ``size`` is pulled from the iterator
+            return [row for _, row in zip(range(size), self._prompts, strict=False)]
+
     def _next_prompts(self, env: ChatEnv) -> list[Any] | None:
         if self._prompts is None:
             return None
         size = self.prompts_per_reset or env.batch_size or 1
-        with self._prompt_lock:
-            rows = [row for _, row in zip(range(size), self._prompts, strict=False)]
+        left = self._episodes_left()
+        if self.rolling_reset and env.batch_size is None and left is not None:
+            size = min(size, max(left, 1))
+        rows = self._take_prompts(size)
         if not rows:
             raise StopIteration
         return rows
+
+    def _start(self, tracker: _EnvTracker) -> EnvOutput:
+        """Full reset of one env (raises StopIteration when the prompts ran out)."""
+        out = tracker.reset(self._next_prompts(tracker.env))
+        self.episodes_started += out.batch_size
+        return out
+
+    def _refill(self, tracker: _EnvTracker, finished: list[int]) -> None:
+        """Rolling reset: the slots that just finished take the next prompts, as many as are still needed."""
+        if not finished or self._finished():
+            return
+        n = len(finished)
+        left = self._episodes_left()
+        if left is not None:
+            n = min(n, left)
+        if self.total_dialog_turns is not None and tracker.out is not None:
+            # every new episode takes at least one turn; the running ones already take one each next step
+            n = min(n, self.total_dialog_turns - self.turns_collected - len(tracker.out.active))
+        if n <= 0:
+            return
+        rows = None
+        if self._prompts is not None:
+            rows = self._take_prompts(n)
+            n = len(rows)
+            if n == 0:
+                return
+        tracker.reset_slots(finished[:n], rows)
+        self.episodes_started += n
 
     # --- producing items -------------------------------------------------------------------------
     def _generate(self, data: LLMData) -> list[Any]:
@@ -210,15 +360,33 @@ class LLMCollector:
 
     def _snapshot(self, out: EnvOutput, active: Sequence[int]) -> list[Any] | None:
         """Copies of the prompts about to be answered (the env mutates its histories in ``step``)."""
-        return None if self.yield_completed_trajectories else [out.history[i].copy() for i in active]
+        return None if self._yield_trajectories else [out.history[i].copy() for i in active]
 
-    def _finish_step(self, tracker: _EnvTracker, prompts: list[Any] | None, out: EnvOutput, active, responses, version):
+    def _cap(self, items: list[Any]) -> list[Any]:
+        """Rolling resets: never hand out more finished episodes than ``total_trajectories``."""
+        if self.rolling_reset and self.total_trajectories is not None:
+            return items[: max(0, self.total_trajectories - self.trajectories_collected)]
+        return items
+
+    def _finish_step(
+        self,
+        tracker: _EnvTracker,
+        prompts: list[Any] | None,
+        out: EnvOutput,
+        active: list[int],
+        responses: list[Any],
+        version: Version,
+    ) -> tuple[list[Any], list[int]]:
+        """Record a step; returns the items to hand out and the slots whose episode just finished."""
         tracker.record_step(out, active, version)
         items: list[Any] = []
         self.turns_collected += len(active)
-        if not self.yield_completed_trajectories:
+        finished = [i for i in active if bool(out.done[i])]
+        if not self._yield_trajectories:
             assert prompts is not None
             for i, response, prompt in zip(active, responses, prompts, strict=True):
+                if self.yield_only_last_steps and not bool(out.done[i]):
+                    continue
                 items.append(
                     DialogTurn(
                         prompt=prompt,
@@ -233,23 +401,32 @@ class LLMCollector:
                         sample_index=out.sample_index[i],
                     )
                 )
+            if self.yield_only_last_steps:
+                items = self._cap(items)
+            self.trajectories_collected += len(finished)
+        elif self.rolling_reset:
+            trajectories = self._cap(tracker.trajectories(finished))
+            self.trajectories_collected += len(trajectories)
+            items.extend(trajectories)
         elif not out.active:
             trajectories = tracker.trajectories()
             self.trajectories_collected += len(trajectories)
             items.extend(trajectories)
-        return items
+        return items, finished
 
     def _run_sync(self) -> Iterator[list[Any]]:
         tracker = _EnvTracker(self.envs[0])
         try:
-            out = tracker.reset(self._next_prompts(tracker.env))
+            out = self._start(tracker)
         except StopIteration:
             return
         while not self._finished():
             active = out.active
             if not active:
+                if self.rolling_reset:
+                    return  # every slot is done and none could take a new prompt
                 try:
-                    out = tracker.reset(self._next_prompts(tracker.env))
+                    out = self._start(tracker)
                 except StopIteration:
                     return
                 continue
@@ -260,18 +437,26 @@ class LLMCollector:
                 actions[i] = response
             prompts = self._snapshot(out, active)
             out = tracker.env.step(actions)
-            yield self._finish_step(tracker, prompts, out, active, responses, version)
+            items, finished = self._finish_step(tracker, prompts, out, active, responses, version)
+            yield items
+            if self.rolling_reset:
+                # the finished episodes were handed out above: their slots alone take the next prompts
+                self._refill(tracker, finished)
+                assert tracker.out is not None
+                out = tracker.out
 
     def _run_async(self) -> Iterator[list[Any]]:
         trackers = [_EnvTracker(env) for env in self.envs]
         pool = ThreadPoolExecutor(max_workers=len(trackers), thread_name_prefix="llmrl-env")
-        running: dict[Future, tuple[_EnvTracker, list[Any] | None, list[int], list[Any], int | str]] = {}
+        running: dict[Future, tuple[_EnvTracker, list[Any] | None, list[int], list[Any], Version]] = {}
         ready: list[_EnvTracker] = []
         exhausted = False
         try:
             for tracker in trackers:
+                if self.rolling_reset and self._episodes_left() == 0:
+                    break
                 try:
-                    tracker.reset(self._next_prompts(tracker.env))
+                    self._start(tracker)
                     ready.append(tracker)
                 except StopIteration:
                     exhausted = True
@@ -279,10 +464,10 @@ class LLMCollector:
                 to_generate = []
                 for tracker in ready:
                     if tracker.out is not None and not tracker.out.active:
-                        if exhausted:
+                        if exhausted or self.rolling_reset:
                             continue
                         try:
-                            tracker.reset(self._next_prompts(tracker.env))
+                            self._start(tracker)
                         except StopIteration:
                             exhausted = True
                             continue
@@ -310,7 +495,10 @@ class LLMCollector:
                     tracker, prompts, idx, chunk, version = running.pop(future)
                     out = future.result()
                     ready.append(tracker)
-                    yield self._finish_step(tracker, prompts, out, idx, chunk, version)
+                    items, finished = self._finish_step(tracker, prompts, out, idx, chunk, version)
+                    yield items
+                    if self.rolling_reset:
+                        self._refill(tracker, finished)
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
 

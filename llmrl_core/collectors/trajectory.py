@@ -22,7 +22,7 @@ class DialogTurn:
     reward_components: dict[str, float]
     done: bool
     turn: int
-    policy_version: int | str
+    policy_version: int | str | None
     prompt_id: str | int | None = None
     group_id: int | None = None
     sample_index: int = 0
@@ -32,7 +32,8 @@ class DialogTurn:
 class Trajectory:
     """A finished episode of one env slot.
 
-    ``policy_versions`` holds the version that sampled each turn (``policy_version`` is the first);
+    ``policy_versions`` holds the version that sampled each turn (``policy_version`` is the first; None
+    entries when the collector does not track versions);
     ``tokens`` / ``policy_mask`` are set when the env ran in tokens mode (the exact sampled ids, with
     True on the tokens the policy produced). ``reward`` is the episode's summed reward and
     ``reward_components`` the summed named parts.
@@ -44,7 +45,7 @@ class Trajectory:
     reward_components: dict[str, float]
     terminated: bool
     truncated: bool
-    policy_versions: list[int | str]
+    policy_versions: list[int | str | None]
     prompt_id: str | int | None = None
     group_id: int | None = None
     sample_index: int = 0
@@ -54,9 +55,9 @@ class Trajectory:
     policy_mask: torch.Tensor | None = None
 
     @property
-    def policy_version(self) -> int | str:
+    def policy_version(self) -> int | str | None:
         """The version that sampled the first turn."""
-        return self.policy_versions[0]
+        return self.policy_versions[0] if self.policy_versions else None
 
     @property
     def num_turns(self) -> int:
@@ -70,7 +71,7 @@ class Trajectory:
 
     @classmethod
     def from_slot(
-        cls, slot: SlotState, versions: list[int | str], components: dict[str, float], tokens_mode: bool
+        cls, slot: SlotState, versions: list[int | str | None], components: dict[str, float], tokens_mode: bool
     ) -> Trajectory:
         """Snapshot a finished env slot (the slot is reused on the next reset, so everything is copied)."""
         return cls(

@@ -12,6 +12,7 @@ from llmrl_core.envs.gsm8k_reward import GSM8KRewardParser
 from llmrl_core.envs.hashing_env import LLMHashingEnv
 from llmrl_core.envs.ifeval import IFEvalEnv, IFEvalScoreData, IfEvalScorer
 from llmrl_core.envs.llm_env import LLMEnv
+from llmrl_core.envs.mlgym import MLGymWrapper, make_mlgym
 from llmrl_core.envs.primer import DataLoadingPrimer
 from llmrl_core.envs.transforms import (
     AddThinkingPrompt,
@@ -43,6 +44,7 @@ __all__ = [
     "KLRewardTransform",
     "LLMEnv",
     "LLMHashingEnv",
+    "MLGymWrapper",
     "PolicyVersion",
     "PromptRow",
     "RetrieveKL",
@@ -52,4 +54,5 @@ __all__ = [
     "Tokenizer",
     "Transform",
     "make_gsm8k_env",
+    "make_mlgym",
 ]

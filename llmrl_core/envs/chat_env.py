@@ -14,6 +14,9 @@ Contract with the policy (one env holds B slots; each GRPO copy is its own slot 
   (tools, reward parsers), and the full conversation becomes the next prompt (multi-turn).
 * ``done = terminated | truncated``: transforms terminate (e.g. an answer was given); the env truncates
   slots that reach ``max_turns`` (None = no limit). ``reward`` is the reward of this step (``(B,)`` float).
+* ``out = env.reset_slots(indices)`` starts new conversations in those slots only (the others keep theirs);
+  ``step_and_maybe_reset(actions)`` steps and then resets the slots that are done (TorchRL's partial reset),
+  so a slot in a long episode never holds back the others' next prompts.
 
 Why dataclasses and not TensorDict: see :mod:`llmrl_core.envs.types`. In tokens mode the env keeps each slot's
 ids exactly as sampled: next prompt = previous prompt + sampled response ids + the ids of whatever the
@@ -23,16 +26,21 @@ log-probs; ``SlotState.policy_mask()`` marks the sampled tokens.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+from torch.utils.data import DataLoader, RandomSampler
 
 from llmrl_core.data.chat_templates import assistant_char_spans, resolve_template
 from llmrl_core.data.history import History, HistoryBatch, Message
 from llmrl_core.data.llm_data import LLMData, Response
 from llmrl_core.envs.transforms.base import Transform
 from llmrl_core.envs.types import EnvOutput, PromptRow, SlotState
+
+if TYPE_CHECKING:
+    from llmrl_core.envs.dataset_chat_env import DatasetChatEnv
 
 InputMode = Literal["history", "text", "tokens"]
 Action = str | Response | None
@@ -76,6 +84,64 @@ class ChatEnv:
         self.transforms: list[Transform] = []
         self.slots: list[SlotState] = []
         self._template = resolve_template(tokenizer, chat_template_name=chat_template_name)
+        # Rows a primer supplied for a partial reset but no slot has taken yet (see ``reset_slots``).
+        self._pending_rows: list[PromptRow] = []
+        self._seed: int | None = None
+
+    @classmethod
+    def from_dataloader(
+        cls,
+        dataloader: Any,
+        *,
+        batch_size: int | None = None,
+        repeats: int = 1,
+        group_repeats: bool = True,
+        shuffle: bool | None = None,
+        seed: int = 0,
+        rename: dict[str, str] | None = None,
+        id_key: str | None = "id",
+        **chat_env_kwargs: Any,
+    ) -> DatasetChatEnv:
+        """A :class:`~llmrl_core.envs.dataset_chat_env.DatasetChatEnv` whose prompts come from ``dataloader``.
+
+        ``dataloader`` is anything :class:`~llmrl_core.envs.primer.DataLoadingPrimer` reads (a Hugging Face
+        ``Dataset``, a ``.jsonl``/``.parquet`` path, an iterable of dict rows), a ``torch.utils.data.DataLoader``
+        (its ``dataset`` is read; its ``batch_size`` and shuffling are the defaults here), or a ready
+        ``DataLoadingPrimer``. ``batch_size`` prompts per reset (default 1), each in ``repeats`` copies sharing a
+        group id; with ``group_repeats=True`` (the default, as in ``DatasetChatEnv``; TorchRL's is False) the env
+        holds ``batch_size * repeats`` slots, otherwise ``batch_size``. ``shuffle`` defaults to True (seeded by
+        ``seed``). The other keyword arguments go to :class:`ChatEnv` (``system_prompt``, ``tokenizer``,
+        ``input_mode``, ``max_turns`` (None by default here, 1 in ``DatasetChatEnv``), ...). As in TorchRL, a
+        subclass's own transforms are not added.
+        """
+        from llmrl_core.envs.dataset_chat_env import DatasetChatEnv
+        from llmrl_core.envs.primer import DataLoadingPrimer
+
+        if isinstance(dataloader, DataLoadingPrimer):
+            primer = dataloader
+        else:
+            source = dataloader
+            if isinstance(dataloader, DataLoader):
+                source = dataloader.dataset
+                batch_size = batch_size if batch_size is not None else dataloader.batch_size
+                shuffle = shuffle if shuffle is not None else isinstance(dataloader.sampler, RandomSampler)
+            primer = DataLoadingPrimer(
+                source,
+                batch_size=batch_size or 1,
+                repeats=repeats,
+                group_repeats=group_repeats,
+                shuffle=True if shuffle is None else shuffle,
+                seed=seed,
+                rename=rename,
+                id_key=id_key,
+            )
+        target = cls if issubclass(cls, DatasetChatEnv) else DatasetChatEnv
+        env = target.__new__(target)
+        slots = primer.batch_size * (primer.repeats if primer.group_repeats else 1)
+        ChatEnv.__init__(env, batch_size=slots, **chat_env_kwargs)
+        env.primer = primer
+        env.append_transform(primer)
+        return env
 
     # --- composition -----------------------------------------------------------------------------
     def append_transform(self, transform: Transform) -> ChatEnv:
@@ -106,14 +172,109 @@ class ChatEnv:
         self.slots = [self._make_slot(i, row) for i, row in enumerate(rows)]
         for transform in self.transforms:
             transform.on_reset(self.slots)
+        self._start_tokens(self.slots)
+        return self._output()
+
+    def reset_slots(self, indices: Sequence[int], prompts: Sequence[Any] | None = None) -> EnvOutput:
+        """Start new conversations in the slots ``indices`` only; every other slot keeps its episode as it is.
+
+        ``prompts`` gives one item per index (as in :meth:`reset`); without it the primer supplies them: it
+        draws whole batches as usual and the rows no slot took yet wait for the next reset, so no prompt is
+        skipped and a row keeps the ``group_id``/``sample_index`` the primer gave it. Transforms'
+        ``on_reset`` sees the new slots only. Any slot may be reset (a running episode is abandoned). The
+        output covers all slots; the others' ``reward``/``done`` are those of their last step.
+        """
+        if not self.slots:
+            raise RuntimeError("reset_slots() called before reset()")
+        index_list = [int(i) for i in indices]
+        if len(set(index_list)) != len(index_list):
+            raise ValueError(f"reset_slots(): repeated slot indices {index_list}")
+        for i in index_list:
+            if not 0 <= i < len(self.slots):
+                raise IndexError(f"reset_slots(): slot {i} out of range for {len(self.slots)} slots")
+        if not index_list:
+            return self._output()
+        if prompts is None:
+            rows = self._draw_rows(len(index_list), "reset_slots()")
+        else:
+            if isinstance(prompts, str | History | dict | PromptRow):
+                prompts = [prompts]
+            if len(prompts) != len(index_list):
+                raise ValueError(f"reset_slots() got {len(prompts)} prompts for {len(index_list)} slots")
+            rows = [self._as_row(item, i) for i, item in zip(index_list, prompts, strict=True)]
+        new_slots = [self._make_slot(i, row) for i, row in zip(index_list, rows, strict=True)]
+        for slot in new_slots:
+            self.slots[slot.index] = slot
+        for transform in self.transforms:
+            transform.on_reset(new_slots)
+        self._start_tokens(new_slots)
+        return self._output()
+
+    def step_and_maybe_reset(
+        self, actions: LLMData | Sequence[Action], prompts: Sequence[Any] | None = None
+    ) -> tuple[EnvOutput, EnvOutput]:
+        """Step, then reset the slots that are done; returns ``(step output, next output)``.
+
+        The step output is what :meth:`step` returned (rewards and done flags of this step, the finished
+        conversations). The next output holds the prompts to answer next: finished slots start new episodes
+        (from ``prompts``, one per finished slot in slot order, or the primer), running ones continue. When no
+        slot finished, both are the same object. A finished slot needs ``prompts`` or a primer. TorchRL returns
+        the step's tensordict (with ``"next"``) and the partially reset one; ours are two :class:`EnvOutput`.
+        """
+        out = self.step(actions)
+        done = [i for i, d in enumerate(out.done.tolist()) if d]
+        if not done:
+            return out, out
+        return out, self.reset_slots(done, prompts)
+
+    def set_seed(self, seed: int | None = None) -> int:
+        """Seed the prompt order: every primer restarts its stream in the order of ``seed``; returns the seed.
+
+        Transforms with their own ``set_seed(seed)`` get it too. Rows drawn for a partial reset but not used
+        yet are dropped (they came from the old order). ``None`` picks a random seed. (TorchRL's
+        ``set_seed`` returns a derived seed for a sibling env; this returns the seed itself.)
+        """
+        from llmrl_core.envs.primer import DataLoadingPrimer
+
+        seed = secrets.randbits(31) if seed is None else int(seed)
+        self._pending_rows = []
+        for transform in self.transforms:
+            set_seed = getattr(transform, "set_seed", None)
+            if callable(set_seed):
+                set_seed(seed)
+            elif isinstance(transform, DataLoadingPrimer):
+                transform.reset_dataloader(seed)
+        self._seed = seed
+        return seed
+
+    def _provided_rows(self, caller: str) -> list[Any]:
+        for transform in self.transforms:
+            provided = transform.provide_prompts(self.batch_size)
+            if provided is not None:
+                return list(provided)
+        raise ValueError(f"{caller} got no prompts and no transform provides them (add a DataLoadingPrimer)")
+
+    def _draw_rows(self, n: int, caller: str) -> list[PromptRow]:
+        """``n`` rows from the pending ones first, then from the primer, batch by batch."""
+        while len(self._pending_rows) < n:
+            provided = self._provided_rows(caller)
+            if not provided:
+                raise ValueError(f"{caller}: the primer supplied an empty batch")
+            self._pending_rows.extend(self._as_row(item, i) for i, item in enumerate(provided))
+        rows, self._pending_rows = self._pending_rows[:n], self._pending_rows[n:]
+        return rows
+
+    def _start_tokens(self, slots: list[SlotState]) -> None:
         if self.input_mode == "tokens":
-            for slot in self.slots:
+            for slot in slots:
                 slot.prompt_text = self._render(slot.history, add_generation_prompt=True)
                 slot.token_segments = [self._encode(slot.prompt_text)]
                 slot.segment_is_policy = [False]
-        return self._output()
 
     def _collect_prompts(self, prompts: Sequence[Any] | None) -> list[PromptRow]:
+        if prompts is None and self._pending_rows:
+            # Rows left over from a partial reset come first, so none is skipped.
+            prompts = self._draw_rows(self.batch_size or len(self.slots) or len(self._pending_rows), "reset()")
         if prompts is None:
             for transform in self.transforms:
                 provided = transform.provide_prompts(self.batch_size)
@@ -287,8 +448,17 @@ class ChatEnv:
 
     # --- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The transforms' checkpointable state, by position (e.g. the primer's cursor)."""
-        return {"transforms": [t.state_dict() for t in self.transforms]}
+        """The transforms' checkpointable state, by position (e.g. the primer's cursor).
+
+        After a partial reset, the primer rows no slot has taken yet are saved too (``pending_prompts``).
+        """
+        state: dict[str, Any] = {"transforms": [t.state_dict() for t in self.transforms]}
+        if self._pending_rows:
+            state["pending_prompts"] = [
+                {"data": r.data, "prompt_id": r.prompt_id, "group_id": r.group_id, "sample_index": r.sample_index}
+                for r in self._pending_rows
+            ]
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output into the same transform chain."""
@@ -297,6 +467,7 @@ class ChatEnv:
             raise ValueError(f"state has {len(states)} transform entries, env has {len(self.transforms)} transforms")
         for transform, sub in zip(self.transforms, states, strict=True):
             transform.load_state_dict(sub)
+        self._pending_rows = [PromptRow(**dict(row)) for row in state.get("pending_prompts", [])]
 
     def close(self) -> None:
         """Release what the transforms hold (sandboxed interpreters, MCP servers, browsers)."""

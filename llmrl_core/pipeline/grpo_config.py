@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from llmrl_core.pipeline.env_config import EnvConfig, validate_env_config
 from llmrl_core.pipeline.task_config import TaskConfig
 
 
@@ -206,6 +207,7 @@ class GRPOConfig:
     keep_every: int | None = None  # ...plus every version divisible by this (e.g. 10, for evaluation curves)
     data: DataConfig = field(default_factory=DataConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     dask: DaskConfig = field(default_factory=DaskConfig)
@@ -216,6 +218,8 @@ class GRPOConfig:
         if self.iterations < 0:
             raise ValueError("iterations must be >= 0")
         from llmrl_core.objectives import GRPOLoss
+
+        validate_env_config(self.env)  # names, import paths and options: before any engine starts
 
         try:  # the loss validates its own options: a bad combination fails here, before any engine starts
             GRPOLoss(None, **self.train.loss_options(self.rollout.max_new_tokens))

@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from llmrl_core.envs.gsm8k import GSM8K_QUESTION_TEMPLATE, GSM8K_SYSTEM_PROMPT, GSM8KEnv
+from llmrl_core.envs.chat_env import ChatEnv
+from llmrl_core.envs.gsm8k import GSM8K_QUESTION_TEMPLATE, GSM8K_SYSTEM_PROMPT
+from llmrl_core.pipeline.env_config import EnvConfig, build_env
 
 
 @dataclass
@@ -47,17 +49,9 @@ class TaskConfig:
         return asdict(self)
 
 
-def make_task_env(task: TaskConfig, tokenizer: Any, *, input_mode: str = "tokens", batch_size: int = 1) -> GSM8KEnv:
-    """The env of ``task`` for prompts given at reset (rollouts and evaluation pass their own rows)."""
-    return GSM8KEnv(
-        None,  # the env's own primer (shipped GSM8K) is unused: callers pass their rows to reset()
-        batch_size=batch_size,
-        shuffle=False,
-        tokenizer=tokenizer,
-        input_mode=input_mode,  # type: ignore[arg-type]
-        system_prompt=task.system_prompt,
-        question_template=task.question_template,
-        few_shot=task.few_shot,
-        format_reward=task.format_reward,
-        correct_reward=task.correct_reward,
-    )
+def make_task_env(
+    task: TaskConfig, tokenizer: Any, *, input_mode: str = "tokens", env: EnvConfig | None = None
+) -> ChatEnv:
+    """The run's env (``env`` section, default: GSM8K-style answer-tag reward) with ``task``'s prompt format and
+    reward values, for prompts given at reset (rollouts and evaluation pass their own rows)."""
+    return build_env(env or EnvConfig(), task, tokenizer, input_mode=input_mode)

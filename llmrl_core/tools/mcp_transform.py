@@ -26,7 +26,7 @@ from typing import Any
 from llmrl_core.envs.transforms.base import Transform
 from llmrl_core.envs.types import SlotState
 from llmrl_core.tools.mcp_client import MCPCallResult, MCPClientPool, MCPServerSpec, MCPToolInfo
-from llmrl_core.tools.tool_calls import ToolCall, ToolCallFormat, parse_tool_calls
+from llmrl_core.tools.tool_calls import ToolCall, ToolCallFormat, parse_tool_calls, tool_call_record
 
 
 def format_tool_result(result: MCPCallResult, max_chars: int) -> str:
@@ -119,7 +119,11 @@ class MCPToolTransform(Transform):
                     result = MCPCallResult(call.name or "<unnamed>", False, error=call.error or "no tool name")
                 else:
                     result = next(results)
-                slot.add_message(self.tool_role, format_tool_result(result, self.max_result_chars))
+                text = format_tool_result(result, self.max_result_chars)
+                slot.add_message(self.tool_role, text)
+                slot.info.setdefault("tool_calls", []).append(
+                    tool_call_record(slot.turn - 1, result.tool, call.arguments, text, not result.ok)
+                )
                 slot.info["num_tool_calls"] = slot.info.get("num_tool_calls", 0) + 1
                 if not result.ok:
                     slot.info["tool_errors"] = slot.info.get("tool_errors", 0) + 1

@@ -31,6 +31,7 @@ from typing import Any
 from llmrl_core.envs.transforms.base import Transform
 from llmrl_core.envs.types import SlotState
 from llmrl_core.tools.sandbox import ExecResult, Sandbox, SandboxConfig, SandboxLimits
+from llmrl_core.tools.tool_calls import tool_call_record
 
 CODE_BLOCK = re.compile(r"```python[ \t]*\r?\n(.*?)\r?\n?```", re.DOTALL)
 
@@ -61,6 +62,10 @@ def format_block_result(index: int, result: ExecResult) -> str:
     if tail:
         body = body + ("" if not body or body.endswith("\n") else "\n") + tail
     return head + body
+
+
+def _failed(text: str) -> bool:
+    return text.split("\n", 1)[0].endswith("failed:")
 
 
 class PythonInterpreter(Transform):
@@ -101,8 +106,12 @@ class PythonInterpreter(Transform):
 
     # --- lifecycle -------------------------------------------------------------------------------
     def on_reset(self, slots: list[SlotState]) -> None:
-        """A new episode: every persistent interpreter is discarded (fresh state per episode)."""
-        self.close()
+        """New episodes in ``slots``: their persistent interpreters are discarded (fresh state per episode);
+        other slots' interpreters live on (a rolling reset restarts some slots while others run)."""
+        for slot in slots:
+            box = self._sandboxes.pop(slot.index, None)
+            if box is not None:
+                box.close()
 
     def close(self) -> None:
         """Stop all interpreters and delete their working directories."""
@@ -157,12 +166,17 @@ class PythonInterpreter(Transform):
         else:
             with ThreadPoolExecutor(max_workers=min(self.max_workers, len(work))) as pool:
                 outputs = list(pool.map(lambda item: self._run_slot(*item), work))
-        for (slot, _blocks), messages in zip(work, outputs, strict=True):
-            for text in messages:
+        for (slot, blocks), messages in zip(work, outputs, strict=True):
+            calls = slot.info.setdefault("tool_calls", [])
+            for k, text in enumerate(messages):
                 slot.add_message(self.tool_role, text)
-            failed = sum(1 for text in messages if text.split("\n", 1)[0].endswith("failed:"))
+                code = blocks[k] if k < len(blocks) else ""
+                calls.append(tool_call_record(slot.turn - 1, "python", {"code": code}, text, _failed(text)))
+            failed = sum(1 for text in messages if _failed(text))
             slot.info["python_blocks"] = slot.info.get("python_blocks", 0) + len(messages)
             slot.info["python_failures"] = slot.info.get("python_failures", 0) + failed
+            slot.info["num_tool_calls"] = slot.info.get("num_tool_calls", 0) + len(messages)
+            slot.info["tool_errors"] = slot.info.get("tool_errors", 0) + failed
 
     def parent_policy_role(self) -> str:
         """The role of the policy's messages in the parent env (``"assistant"`` without a parent)."""

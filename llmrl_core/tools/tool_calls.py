@@ -153,3 +153,10 @@ def parse_tool_calls(text: str, format: ToolCallFormat = "auto") -> list[ToolCal
     if format in ("auto", "json"):
         calls.extend(_json_calls(text))
     return sorted(calls, key=lambda c: c.start)
+
+
+def tool_call_record(turn: int, name: str, arguments: Any, result: str, error: bool) -> dict[str, Any]:
+    """One executed tool call as stored in a trajectory row (``tool_calls``: turn, name, JSON arguments,
+    result text, error flag); transforms append these to ``slot.info["tool_calls"]``."""
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments, default=str)
+    return {"turn": int(turn), "name": str(name), "arguments": text, "result": str(result), "error": bool(error)}

@@ -1,0 +1,333 @@
+"""``EnvConfig``: the ``env`` section of a run — which chat environment the rollout workers build, with which
+tools, transforms and reward functions — and :func:`build_env`, which builds it on a worker.
+
+Three ways to name an environment, all checked by :func:`validate_env_config` before any engine starts:
+
+- a built-in ``name`` (:data:`BUILTIN_ENVS`): ``gsm8k`` / ``arithmetic`` (answer-tag reward; the prompt format
+  and reward values come from the run's ``task`` section), their tool-using variants ``gsm8k_python`` /
+  ``arithmetic_python`` (sandboxed Python interpreter) and ``arithmetic_mcp`` (the shipped MCP calculator
+  server), ``ifeval`` (IFEval's 25 instruction checkers) and ``guess_number`` (a Gymnasium-style text game
+  through :class:`~llmrl_core.envs.mlgym.MLGymWrapper`);
+- ``factory: "my_pkg.my_module:make_env"``: any importable function returning a
+  :class:`~llmrl_core.envs.chat_env.ChatEnv` (with its transforms), called as
+  ``factory(tokenizer=..., input_mode=..., **options)``;
+- on top of either, ``transforms`` (a list of ``{name: {options}}``, :data:`TRANSFORMS`) appends tools and
+  transforms, and ``rewards`` adds reward functions named ``module:function`` with weights. A reward function
+  takes ``(prompt, completion, row)`` — the rendered prompt text, the episode's last assistant message and the
+  prompt row's fields — and returns a float; TRL users know the convention. It is called once per episode,
+  when the episode ends; its weighted value is added to the reward and kept under its ``name`` in
+  ``reward_components``. ``env_reward: false`` drops the environment's own reward (the episode still ends
+  where the env says).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmrl_core.envs.transforms.base import Transform
+
+SINGLE_TURN = ("gsm8k", "arithmetic")
+PYTHON_TOOL = ("gsm8k_python", "arithmetic_python")
+BUILTIN_ENVS: tuple[str, ...] = (*SINGLE_TURN, *PYTHON_TOOL, "arithmetic_mcp", "ifeval", "guess_number")
+TOOL_MAX_TURNS = 3
+
+PYTHON_TOOL_PROMPT = (
+    "You can run Python: put code in a ```python block and you will get what it prints. "
+    "When you know the result, give it as <answer>NUMBER</answer>."
+)
+MCP_TOOL_PROMPT = (
+    'You can call a calculator: write <tool_call>{{"name": "calc.evaluate", "arguments": {{"expression": "2*3"}}}}'
+    "</tool_call> and you will get the result. When you know the result, give it as <answer>NUMBER</answer>."
+)
+
+
+@dataclass
+class RewardFunctionConfig:
+    """One reward function: ``function`` is ``module:function`` (called with prompt, completion, row)."""
+
+    function: str
+    weight: float = 1.0
+    name: str | None = None  # the reward component's name (default: the function's name)
+
+    def __post_init__(self) -> None:
+        if ":" not in self.function:
+            raise ValueError(f"env.rewards: function must look like 'module:function', got {self.function!r}")
+
+
+@dataclass
+class EnvConfig:
+    """The rollout environment: a built-in ``name`` or a ``factory``, extra ``transforms`` and ``rewards``."""
+
+    name: str = "gsm8k"
+    factory: str | None = None  # "module:function" returning a ChatEnv; wins over name
+    options: dict[str, Any] = field(default_factory=dict)  # keyword options of the factory / built-in
+    transforms: list[dict[str, Any]] = field(default_factory=list)  # [{python_interpreter: {timeout: 5}}, ...]
+    rewards: list[RewardFunctionConfig] = field(default_factory=list)
+    env_reward: bool = True
+    max_turns: int | None = None  # None: 1 for single-turn envs, 3 for the tool variants
+    query_field: str | None = None  # the data row field holding the prompt (default: question; ifeval: prompt)
+
+    def __post_init__(self) -> None:
+        if self.factory is None and self.name not in BUILTIN_ENVS:
+            raise ValueError(f"env.name must be one of {list(BUILTIN_ENVS)} (or set env.factory), got {self.name!r}")
+        if self.max_turns is not None and self.max_turns < 1:
+            raise ValueError(f"env.max_turns must be >= 1, got {self.max_turns}")
+        if not self.env_reward and not self.rewards:
+            raise ValueError("env.env_reward is false but env.rewards is empty: nothing would pay")
+
+    @property
+    def prompt_field(self) -> str:
+        """The field of a data row that becomes the user's message."""
+        if self.query_field:
+            return self.query_field
+        return "prompt" if self.factory is None and self.name == "ifeval" else "question"
+
+
+# --- resolving names ---------------------------------------------------------------------------------------
+def import_object(path: str, setting: str) -> Any:
+    """The object named by ``module:attribute`` (``setting`` names the config key in errors)."""
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"{setting}: {path!r} must look like 'module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"{setting}: cannot import module {module_name!r} ({err})") from err
+    obj = module
+    for part in attribute.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"{setting}: module {module_name!r} has no attribute {attribute!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"{setting}: {path!r} is not callable")
+    return obj
+
+
+def _python_interpreter(**options: Any) -> Transform:
+    from llmrl_core.tools.python_interpreter import PythonInterpreter
+
+    return PythonInterpreter(**options)
+
+
+def _mcp(servers: Mapping[str, Any] | None = None, **options: Any) -> Transform:
+    from llmrl_core.tools.mcp_transform import MCPToolTransform
+
+    return MCPToolTransform(dict(servers or calculator_servers()), **options)
+
+
+def _few_shot(examples: list[Mapping[str, str]] | None = None, **options: Any) -> Transform:
+    from llmrl_core.envs.transforms.few_shot import FewShotExamples
+
+    return FewShotExamples(list(examples or []), **options)
+
+
+def _thinking(**options: Any) -> Transform:
+    from llmrl_core.envs.transforms.thinking import AddThinkingPrompt
+
+    options.setdefault("cond", lambda slot: True)  # a config cannot hold a callable: think on every turn
+    return AddThinkingPrompt(**options)
+
+
+def _browser(**options: Any) -> Transform:
+    from llmrl_core.tools.browser import BrowserTransform
+
+    return BrowserTransform(**options)
+
+
+def _transform_class(name: str) -> Any:
+    """The class behind a transform name (for checking options without constructing it)."""
+    if name == "python_interpreter":
+        from llmrl_core.tools.python_interpreter import PythonInterpreter
+
+        return PythonInterpreter
+    if name == "mcp":
+        from llmrl_core.tools.mcp_transform import MCPToolTransform
+
+        return MCPToolTransform
+    if name == "few_shot":
+        from llmrl_core.envs.transforms.few_shot import FewShotExamples
+
+        return FewShotExamples
+    if name == "add_thinking_prompt":
+        from llmrl_core.envs.transforms.thinking import AddThinkingPrompt
+
+        return AddThinkingPrompt
+    from llmrl_core.tools.browser import BrowserTransform
+
+    return BrowserTransform
+
+
+TRANSFORMS: dict[str, Callable[..., Transform]] = {
+    "python_interpreter": _python_interpreter,
+    "mcp": _mcp,
+    "few_shot": _few_shot,
+    "add_thinking_prompt": _thinking,
+    "browser": _browser,
+}
+
+
+def calculator_servers() -> dict[str, Any]:
+    """The shipped MCP calculator server, started over stdio by the worker that uses it."""
+    return {"calc": {"command": sys.executable, "args": ["-m", "llmrl_core.tools.servers.calculator"]}}
+
+
+def _transform_items(cfg: EnvConfig) -> list[tuple[str, dict[str, Any]]]:
+    items = []
+    for index, entry in enumerate(cfg.transforms):
+        where = f"env.transforms[{index}]"
+        if not isinstance(entry, Mapping) or len(entry) != 1:
+            raise ValueError(f"{where}: expected one {{name: options}} mapping, got {entry!r}")
+        (name, options), = entry.items()
+        if name not in TRANSFORMS:
+            raise ValueError(f"{where}: unknown transform {name!r}; known: {sorted(TRANSFORMS)}")
+        if name == "few_shot" and isinstance(options, list):
+            options = {"examples": options}
+        if options is None:
+            options = {}
+        if not isinstance(options, Mapping):
+            raise ValueError(f"{where}.{name}: options must be a mapping, got {options!r}")
+        items.append((name, dict(options)))
+    return items
+
+
+def _check_options(target: Any, options: Mapping[str, Any], where: str) -> None:
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()):
+        return
+    unknown = sorted(set(options) - set(signature.parameters))
+    if unknown:
+        raise ValueError(f"{where}: unknown option(s) {unknown}; valid: {sorted(signature.parameters)}")
+
+
+def validate_env_config(cfg: EnvConfig) -> None:
+    """Check names, import paths and option names without building anything (raises ValueError naming the key)."""
+    if cfg.factory is not None:
+        _check_options(import_object(cfg.factory, "env.factory"), cfg.options, "env.options")
+    elif cfg.name == "guess_number":
+        from llmrl_core.envs.mlgym import MLGymWrapper
+        from llmrl_core.envs.text_games import GuessNumberEnv
+
+        valid = set(inspect.signature(GuessNumberEnv).parameters) | set(inspect.signature(MLGymWrapper).parameters)
+        unknown = sorted(set(cfg.options) - valid)
+        if unknown:
+            raise ValueError(f"env.options: unknown option(s) {unknown} for guess_number; valid: {sorted(valid)}")
+    for name, options in _transform_items(cfg):
+        _check_options(_transform_class(name), options, f"env.transforms.{name}")
+    for index, spec in enumerate(cfg.rewards):
+        fn = import_object(spec.function, f"env.rewards[{index}].function")
+        try:
+            inspect.signature(fn).bind("prompt", "completion", {})
+        except TypeError as err:
+            raise ValueError(
+                f"env.rewards[{index}].function {spec.function!r} must accept (prompt, completion, row): {err}"
+            ) from err
+
+
+# --- building ----------------------------------------------------------------------------------------------
+class RewardFunctions(Transform):
+    """Pays the configured reward functions once per episode, when it ends (see the module docstring)."""
+
+    def __init__(self, specs: list[RewardFunctionConfig], keep_env_reward: bool = True) -> None:
+        super().__init__()
+        self.functions = [
+            (import_object(s.function, f"env.rewards[{i}].function"), s.weight, s.name) for i, s in enumerate(specs)
+        ]
+        self.keep_env_reward = keep_env_reward
+
+    def step_slot(self, slot: Any) -> None:
+        """Add each function's weighted reward to a slot whose episode ended in this step."""
+        if not self.keep_env_reward:
+            slot.reward = 0.0
+            slot.reward_components = {}
+        if not slot.done:
+            return
+        assistant = slot.last_message("assistant")
+        completion = assistant.text if assistant is not None else ""
+        prompt = next((m.text for m in slot.history.messages if m.role == "user"), "")
+        for fn, weight, name in self.functions:
+            value = float(fn(prompt, completion, dict(slot.data)))
+            slot.add_reward(weight * value, name=name or getattr(fn, "__name__", "reward_fn"))
+
+
+def _builtin_env(cfg: EnvConfig, task: Any, tokenizer: Any, input_mode: str, max_turns: int) -> Any:
+    if cfg.name == "ifeval":
+        from llmrl_core.envs.ifeval import IFEvalEnv
+
+        return IFEvalEnv(
+            None, shuffle=False, tokenizer=tokenizer, input_mode=input_mode, max_turns=max_turns, **cfg.options
+        )
+    if cfg.name == "guess_number":
+        from llmrl_core.envs.text_games import make_guess_number_env
+
+        return make_guess_number_env(tokenizer=tokenizer, input_mode=input_mode, max_turns=max_turns, **cfg.options)
+    from llmrl_core.envs.gsm8k import GSM8KEnv
+
+    system_prompt = task.system_prompt
+    if cfg.name in PYTHON_TOOL:
+        system_prompt = f"{system_prompt}\n{PYTHON_TOOL_PROMPT}" if system_prompt else PYTHON_TOOL_PROMPT
+    elif cfg.name == "arithmetic_mcp":
+        system_prompt = f"{system_prompt}\n{MCP_TOOL_PROMPT}" if system_prompt else MCP_TOOL_PROMPT
+    env = GSM8KEnv(
+        None,  # the env's own primer (shipped GSM8K) is unused: callers pass their rows to reset()
+        batch_size=1,
+        shuffle=False,
+        tokenizer=tokenizer,
+        input_mode=input_mode,  # type: ignore[arg-type]
+        system_prompt=system_prompt,
+        question_template=task.question_template,
+        few_shot=task.few_shot,
+        format_reward=task.format_reward,
+        correct_reward=task.correct_reward,
+        max_turns=max_turns,
+        **cfg.options,
+    )
+    if cfg.name in PYTHON_TOOL:
+        env.append_transform(_python_interpreter(timeout=5.0))
+    elif cfg.name == "arithmetic_mcp":
+        env.append_transform(_mcp())
+    return env
+
+
+def default_max_turns(cfg: EnvConfig) -> int:
+    """``env.max_turns``, or the env's natural default (1, or 3 for tool-using and game envs)."""
+    if cfg.max_turns is not None:
+        return cfg.max_turns
+    if cfg.factory is None and (cfg.name in (*PYTHON_TOOL, "arithmetic_mcp", "guess_number")):
+        return TOOL_MAX_TURNS if cfg.name != "guess_number" else 6
+    return 1
+
+
+def build_env(cfg: EnvConfig, task: Any, tokenizer: Any, *, input_mode: str = "tokens") -> Any:
+    """Build the run's env on this worker: built-in or factory, then transforms, then reward functions."""
+    from llmrl_core.envs.chat_env import ChatEnv
+
+    max_turns = default_max_turns(cfg)
+    if cfg.factory is not None:
+        factory = import_object(cfg.factory, "env.factory")
+        kwargs = dict(cfg.options)
+        accepted = inspect.signature(factory).parameters
+        for key, value in (("tokenizer", tokenizer), ("input_mode", input_mode), ("max_turns", cfg.max_turns)):
+            if value is not None and (key in accepted or any(p.kind is p.VAR_KEYWORD for p in accepted.values())):
+                kwargs.setdefault(key, value)
+        env = factory(**kwargs)
+        if not isinstance(env, ChatEnv):
+            raise TypeError(f"env.factory {cfg.factory!r} returned {type(env).__name__}, expected a ChatEnv")
+        if env.input_mode != input_mode:
+            raise ValueError(f"env.factory {cfg.factory!r}: the env is in {env.input_mode!r} mode, need {input_mode!r}")
+        if cfg.max_turns is not None:
+            env.max_turns = cfg.max_turns
+    else:
+        env = _builtin_env(cfg, task, tokenizer, input_mode, max_turns)
+    for name, options in _transform_items(cfg):
+        env.append_transform(TRANSFORMS[name](**options))
+    if cfg.rewards:
+        env.append_transform(RewardFunctions(cfg.rewards, keep_env_reward=cfg.env_reward))
+    return env

@@ -1,0 +1,169 @@
+"""The ``env`` section end to end: tool-using multi-turn GRPO, a user's own env factory and reward function,
+IFEval and a Gymnasium-style game through the GRPO flow; and the env config's early errors."""
+
+from __future__ import annotations
+
+import math
+import sys
+import textwrap
+
+import pytest
+
+from llmrl_core.pipeline.config_io import ConfigError, load_config
+from llmrl_core.pipeline.grpo_config import GRPOConfig
+
+
+def _run(tmp_path, run_id, *extra):
+    from flows.grpo import grpo
+
+    overrides = [
+        f"run_id={run_id}",
+        f"runs_dir={tmp_path / 'runs'}",
+        "progress=false",
+        "iterations=2",
+        "data.prompts_per_iteration=2",
+        "data.group_size=2",
+        "rollout.max_new_tokens=32",
+        "rollout.dtype=float32",
+        "train.lr=1e-5",
+        *extra,
+    ]
+    grpo(overrides=overrides)
+    from storage.trajectories import TrajectoryStore
+
+    return TrajectoryStore(tmp_path / "runs" / "trajectories")
+
+
+PYTHON_SHOT = '[{question: "What is 23 + 45?", response: "```python\\nprint(23 + 45)\\n```"}]'
+
+
+@pytest.mark.slow
+def test_grpo_with_the_python_tool_stores_tool_turns_and_trains_on_the_policy_mask(tmp_path):
+    from llmrl_core.trainer.batch import pack_samples
+    from tasks.records import record_to_sample
+
+    store = _run(
+        tmp_path,
+        "tool",
+        "env.name=arithmetic_python",
+        "env.max_turns=2",
+        "data.source=arithmetic:train",
+        "task.question_template=null",
+        f"task.few_shot={PYTHON_SHOT}",
+    )
+    assert store.versions("tool") == [0, 1]
+    rows = [r for v in (0, 1) for r in store.read_records("tool", version=v)]
+    with_tool = [r for r in rows if r.num_tool_calls > 0]
+    assert with_tool, "no rollout called the interpreter"
+    for r in with_tool:
+        assert any(m["role"] == "tool" for m in r.messages)
+        assert len(r.tool_calls) == r.num_tool_calls
+        call = r.tool_calls[0]
+        assert call["name"] == "python" and "print" in call["arguments"]
+        assert call["result"].startswith("Code block 1")
+        assert False in r.response_mask  # the tool's tokens are in the response, masked out
+    for r in rows:
+        for m, lp in zip(r.response_mask, r.sampler_logprobs, strict=True):
+            assert m == math.isfinite(lp)  # sampler log-probs exactly on the policy's own tokens
+        sample = record_to_sample(r)
+        batch = pack_samples([sample])
+        trained = batch.mask & batch.sampler_log_probs.isfinite()  # what GRPOLoss trains on
+        assert trained[0, : len(r.response_mask)].tolist() == list(r.response_mask)
+
+
+@pytest.mark.slow
+def test_grpo_with_a_users_env_factory_and_reward_function(tmp_path, monkeypatch):
+    module = tmp_path / "my_env_pkg.py"
+    module.write_text(
+        textwrap.dedent(
+            """
+            from llmrl_core.envs import ChatEnv
+
+            CALLS = []
+
+            def make_env(tokenizer=None, input_mode="history", max_turns=1, greeting="Say hi"):
+                return ChatEnv(tokenizer=tokenizer, input_mode=input_mode, system_prompt=greeting, max_turns=1)
+
+            def short_answer(prompt, completion, row):
+                return 1.0 if len(completion) < 40 else 0.0
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    store = _run(
+        tmp_path,
+        "custom",
+        "iterations=1",
+        "env.factory=my_env_pkg:make_env",
+        "env.options={greeting: Answer in one word.}",
+        "env.rewards=[{function: 'my_env_pkg:short_answer', weight: 2.0}]",
+    )
+    rows = store.read_records("custom", version=0)
+    assert len(rows) == 4
+    assert rows[0].messages[0] == {"role": "system", "content": "Answer in one word."}
+    for r in rows:
+        completion = r.messages[-1]["content"]
+        assert r.reward_components == {"short_answer": 2.0 * (len(completion) < 40)}
+        assert r.reward == pytest.approx(2.0 * (len(completion) < 40))
+    sys.modules.pop("my_env_pkg", None)
+
+
+@pytest.mark.slow
+def test_grpo_on_ifeval(tmp_path):
+    store = _run(tmp_path, "ife", "iterations=1", "env.name=ifeval", "data.source=ifeval")
+    rows = store.read_records("ife", version=0)
+    assert len(rows) == 4
+    for r in rows:
+        assert {"prompt_strict", "instruction_strict"} <= set(r.reward_components) or r.reward_components
+        assert 0.0 <= r.reward <= 1.2
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("env.name=chess", "env.name must be one of"),
+        ("env.factory=no_such_module_xyz:make", "env.factory: cannot import module 'no_such_module_xyz'"),
+        ("env.factory=json:no_such_function", "env.factory: module 'json' has no attribute 'no_such_function'"),
+        ("env.factory=json", "must look like 'module:function'"),
+        ("env.transforms=[{sandbox: {}}]", r"env.transforms\[0\]: unknown transform 'sandbox'"),
+        ("env.transforms=[{python_interpreter: {persistant: true}}]", r"unknown option\(s\) \['persistant'\]"),
+        ("env.rewards=[{function: 'json:nope'}]", r"env.rewards\[0\].function: module 'json' has no attribute"),
+        ("env.rewards=[{function: 'json:dumps', weight: x}]", r"env.rewards\[0\].weight: expected float"),
+        ("env.rewards=[{function: 'math:sqrt'}]", r"must accept \(prompt, completion, row\)"),
+        ("env.max_turns=0", "env.max_turns must be >= 1"),
+        ("env.env_reward=false", "nothing would pay"),
+    ],
+)
+def test_bad_env_settings_fail_before_anything_starts(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(GRPOConfig, None, [override])
+
+
+def test_env_section_defaults_keep_the_task_section_working():
+    cfg = load_config(GRPOConfig, None, [])
+    assert cfg.env.name == "gsm8k" and cfg.env.prompt_field == "question"
+    assert load_config(GRPOConfig, None, ["env.name=ifeval"]).env.prompt_field == "prompt"
+
+
+@pytest.mark.slow
+def test_grpo_on_a_gymnasium_style_game_through_the_mlgym_wrapper(tmp_path):
+    store = _run(
+        tmp_path,
+        "game",
+        "iterations=1",
+        "env.name=guess_number",
+        "env.max_turns=3",
+        "data.source=guess_number:train",
+        "rollout.max_new_tokens=16",
+    )
+    rows = store.read_records("game", version=0)
+    assert len(rows) == 4
+    by_group: dict[str, set] = {}
+    for r in rows:
+        assert r.messages[1]["role"] == "user" and "guess" in r.messages[1]["content"].lower()
+        assert r.reward in (0.0, 1.0)
+        assert r.turn == sum(m["role"] == "assistant" for m in r.messages) - 1
+        if r.turn > 0:  # the game's replies are user turns inside the response, outside the policy mask
+            assert False in r.response_mask
+        by_group.setdefault(r.group_id, set()).add(r.messages[1]["content"])
+    assert all(len(prompts) == 1 for prompts in by_group.values())  # a GRPO group plays one game
