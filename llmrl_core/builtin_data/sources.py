@@ -28,8 +28,8 @@ def resolve_source(source: str) -> str | list[dict[str, str]]:
         return str(ifeval_path())
     if not Path(source).exists():
         raise FileNotFoundError(
-            f"source {source!r}: no such file (use gsm8k:train, gsm8k:test, arithmetic:train, arithmetic:test, ifeval, guess_number:train "
-            "or a .jsonl/.parquet path with question/answer fields)"
+            f"source {source!r}: no such file (use gsm8k:train, gsm8k:test, arithmetic:train, arithmetic:test, "
+            "ifeval, guess_number:train or a .jsonl/.parquet path with question/answer fields)"
         )
     return source
 
