@@ -247,7 +247,8 @@ class RewardFunctions(Transform):
         if not self.keep_env_reward:
             slot.reward = 0.0
             slot.reward_components = {}
-        if not slot.done:
+        max_turns = getattr(self.parent, "max_turns", None)
+        if not (slot.done or (max_turns is not None and slot.turn >= max_turns)):  # the env ends it after us
             return
         assistant = slot.last_message("assistant")
         completion = assistant.text if assistant is not None else ""
