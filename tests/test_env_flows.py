@@ -174,3 +174,38 @@ def test_grpo_on_a_gymnasium_style_game_through_the_mlgym_wrapper(tmp_path):
             assert False in r.response_mask
         by_group.setdefault(r.group_id, set()).add(first_user)
     assert all(len(prompts) == 1 for prompts in by_group.values())  # a GRPO group plays one game
+
+
+def test_the_readme_example_env_builds_and_pays(tmp_path, monkeypatch, default_model_path):
+    """The README's "Your own environment" code and YAML, as a user would copy them."""
+    import re
+    from pathlib import Path
+
+    import yaml
+    from transformers import AutoTokenizer
+
+    from llmrl_core.data.llm_data import Response
+    from llmrl_core.pipeline.config_io import build
+    from llmrl_core.pipeline.env_config import EnvConfig, build_env, validate_env_config
+    from llmrl_core.pipeline.task_config import TaskConfig
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("### Your own environment", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    config = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
+    (tmp_path / "my_env.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    env_cfg = build(EnvConfig, config["env"], "env")
+    validate_env_config(env_cfg)
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
+    env = build_env(env_cfg, TaskConfig(), tokenizer, input_mode="history")
+    try:
+        out = env.reset([{"query": "What is the capital of France?"}, {"query": "Name a colour."}])
+        assert out.history[0].messages[0].text == "Answer in capitals, briefly."
+        out = env.step([Response("PARIS"), Response("I think the colour is blue, " + "really " * 20)])
+        assert out.reward_components[0] == {"shout": 1.0, "brevity": 0.5}
+        assert out.reward_components[1] == {"shout": 0.0, "brevity": 0.0}
+        assert out.reward.tolist() == [1.5, 0.0] and out.done.tolist() == [True, True]
+    finally:
+        env.close()
+    sys.modules.pop("my_env", None)
