@@ -109,7 +109,17 @@ def show(
         key=lambda r: (-(r[by] if r[by] is not None else float("-inf")), r["prompt_id"], r["sample_index"]),
     )[:top]
     if as_json:
-        keep = ("prompt_id", "group_id", "sample_index", "reward", "advantage", "finish_reason", "reward_components")
+        keep = (
+            "prompt_id",
+            "group_id",
+            "sample_index",
+            "reward",
+            "advantage",
+            "finish_reason",
+            "reward_components",
+            "num_tool_calls",
+            "tool_calls",
+        )
         samples = [{**{k: r[k] for k in keep}, "response": _last_assistant(r["messages"])} for r in ranked]
         for sample in samples:
             sample["reward_components"] = dict(sample["reward_components"] or [])
@@ -125,9 +135,12 @@ def show(
     )
     if top:
         typer.echo(f"top {len(ranked)} by {by}:")
+    def clip(value: str) -> str:
+        value = " ".join(value.split())
+        return value if width == 0 or len(value) <= width else value[: width - 3] + "..."
+
     for rank, row in enumerate(ranked, 1):
-        text = " ".join(_last_assistant(row["messages"]).split())
-        text = text if width == 0 or len(text) <= width else text[: width - 3] + "..."
+        text = clip(_last_assistant(row["messages"]))
         advantage = "  n/a " if row["advantage"] is None else f"{row['advantage']:+.3f}"
         parts = ", ".join(f"{k}={v:g}" for k, v in (row["reward_components"] or []))
         typer.echo(
@@ -135,4 +148,12 @@ def show(
             f"prompt {row['prompt_id']} sample {row['sample_index']} tokens {len(row['response_tokens'])}"
             + (f" [{parts}]" if parts else "")
         )
-        typer.echo(f"     {text}")
+        if row.get("num_tool_calls"):
+            calls = row.get("tool_calls") or []
+            errors = sum(1 for c in calls if c.get("error"))
+            typer.echo(f"     {row['num_tool_calls']} tool call(s), {errors} failed; conversation after the prompt:")
+            first = next((i for i, m in enumerate(row["messages"]) if m["role"] == "assistant"), len(row["messages"]))
+            for message in row["messages"][first:]:
+                typer.echo(f"     [{message['role']}] {clip(message['content'] or '')}")
+        else:
+            typer.echo(f"     {text}")

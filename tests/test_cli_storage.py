@@ -112,3 +112,21 @@ def test_lineage_reports_missing_store_and_version(runs_dir, tmp_path):
     assert result.exit_code == 1 and "no lineage record for policy version 7 (recorded: [1, 2, 3])" in result.output
     result = runner.invoke(app, ["lineage", "gsm8k-1", "--runs-dir", str(tmp_path)])
     assert result.exit_code == 1 and "no lineage store for run 'gsm8k-1'" in result.output
+
+
+def test_trajectories_show_prints_tool_turns_readably(runs_dir):
+    result = runner.invoke(
+        app, ["trajectories", "show", "gsm8k-1", "--version", "3", "--top", "12", "--runs-dir", str(runs_dir)]
+    )
+    assert result.exit_code == 0, result.output
+    tool_rows = [
+        r
+        for r in TrajectoryStore(RunLayout("gsm8k-1", runs_root=runs_dir).trajectories_uri).read_records(
+            "gsm8k-1", version=3
+        )
+        if r.num_tool_calls
+    ]
+    assert tool_rows
+    assert result.output.count("tool call(s), 0 failed; conversation after the prompt:") == len(tool_rows)
+    assert "[assistant] <tool>python</tool>" in result.output
+    assert "[tool] " in result.output
