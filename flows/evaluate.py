@@ -30,6 +30,7 @@ from tasks.evaluate import (
     publish_artifacts,
     release_engines,
     resolve_versions,
+    run_env_name,
     run_task,
     write_report,
 )
@@ -66,8 +67,16 @@ def evaluate(
     if n_questions < 1:
         raise ValueError(f"n_questions must be >= 1, got {n_questions}")
     task_cfg = run_task(run_id, runs_dir, task)
-    source = source or task_cfg.eval_source
+    env_name = run_env_name(run_id, runs_dir)
+    if env_name not in ("gsm8k", "arithmetic", "ifeval"):
+        logger.warning(
+            "run %s trained in env %r: this evaluation scores single-turn answers without its tools or game",
+            run_id,
+            env_name,
+        )
+    source = source or ("ifeval" if env_name == "ifeval" else task_cfg.eval_source)
     settings = {
+        "env": "ifeval" if env_name == "ifeval" else "gsm8k",
         "task": task_cfg.to_dict(),
         "source": source,
         "n_questions": n_questions,

@@ -22,7 +22,15 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 
 from llmrl_core.builtin_data.sources import load_source_rows
-from llmrl_core.evaluation import evaluate_gsm8k, format_rows, load_result, markdown_table, plot_curves, report_rows
+from llmrl_core.evaluation import (
+    evaluate_gsm8k,
+    evaluate_ifeval,
+    format_rows,
+    load_result,
+    markdown_table,
+    plot_curves,
+    report_rows,
+)
 from llmrl_core.evaluation.report import verdict_lines
 from llmrl_core.evaluation.results import save_result, write_text_atomic
 from llmrl_core.model_store import resolve_model
@@ -35,6 +43,15 @@ from storage.hashing import config_hash
 from storage.layout import RunLayout
 
 _RESIDENT: dict[str, dict[str, Any]] = {}  # engine-config hash -> {"worker": vLLMWorker, "weights": source id}
+
+
+def ifeval_rows(source: str, limit: int) -> list[dict[str, Any]]:
+    """The first ``limit`` IFEval rows of ``source`` (``ifeval``: the shipped prompts, or a jsonl path)."""
+    from llmrl_core.builtin_data.sources import resolve_source
+
+    path = Path(resolve_source(source) if source.startswith("ifeval") else source)
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return rows[:limit]
 
 
 def engine_config_for(settings: dict[str, Any]) -> EngineConfig:
@@ -95,6 +112,17 @@ def _base_state_dict(model: str | None) -> dict[str, Any]:
             raise ValueError(f"{config_path}: tie_word_embeddings is set but no single embed_tokens weight in {folder}")
         state["lm_head.weight"] = state[embed[0]]
     return state
+
+
+def run_env_name(run_id: str, runs_dir: str | None) -> str:
+    """The built-in env a run trained in (``env.name`` of ``RUN/config.json``; ``gsm8k`` for older runs), or
+    ``factory`` when it used its own."""
+    layout = RunLayout(run_id, runs_root=Path(runs_dir)) if runs_dir else RunLayout(run_id)
+    path = layout.run_dir / "config.json"
+    if not path.is_file():
+        return "gsm8k"
+    env = json.loads(path.read_text()).get("env") or {}
+    return "factory" if env.get("factory") else str(env.get("name", "gsm8k"))
 
 
 def run_task(run_id: str, runs_dir: str | None, overrides: dict[str, Any] | None = None) -> TaskConfig:
@@ -161,7 +189,10 @@ def evaluate_version(run_id: str, runs_dir: str | None, version: int, settings: 
         worker.load_weights(state, version)
         resident["weights"] = weights_id
     worker.policy_version = version
-    rows = load_source_rows(settings["source"], limit=settings["n_questions"])
+    if settings.get("env") == "ifeval":
+        rows = ifeval_rows(settings["source"], settings["n_questions"])
+    else:
+        rows = load_source_rows(settings["source"], limit=settings["n_questions"])
     if len(rows) < settings["n_questions"]:
         raise ValueError(
             f"{settings['source']}: {len(rows)} questions, fewer than n_questions={settings['n_questions']}"
@@ -173,20 +204,25 @@ def evaluate_version(run_id: str, runs_dir: str | None, version: int, settings: 
         top_p=settings["top_p"],
         seed=settings["seed"],
     )
-    result = evaluate_gsm8k(
-        worker,
-        rows,
-        n_samples=settings["n_samples"],
-        k_values=settings["k_values"],
-        sampling=sampling,
-        greedy=settings["greedy"],
-        system_prompt=task.system_prompt,
-        question_template=task.question_template,
-        few_shot=task.few_shot,
-        format_reward=task.format_reward,
-        correct_reward=task.correct_reward,
-        task=settings["source"],
-    )
+    if settings.get("env") == "ifeval":
+        result = evaluate_ifeval(
+            worker, rows, settings["n_samples"], settings["k_values"], sampling, greedy=settings["greedy"]
+        )
+    else:
+        result = evaluate_gsm8k(
+            worker,
+            rows,
+            n_samples=settings["n_samples"],
+            k_values=settings["k_values"],
+            sampling=sampling,
+            greedy=settings["greedy"],
+            system_prompt=task.system_prompt,
+            question_template=task.question_template,
+            few_shot=task.few_shot,
+            format_reward=task.format_reward,
+            correct_reward=task.correct_reward,
+            task=settings["source"],
+        )
     result.settings.update(
         {"run_id": run_id, "policy_version": version, "weights_id": weights_id, "source": settings["source"]}
     )

@@ -122,6 +122,42 @@ def test_grpo_on_ifeval(tmp_path):
         user = next(m["content"] for m in r.messages if m["role"] == "user")
         assert any(p in user for p in shipped)  # an IFEval prompt, under IFEval's template
         assert 0.0 <= r.reward <= 1.15  # 0.4 + 0.3 + 0.2 + 0.1 for the checks, + 0.1 / 0.05 for the format
+        assert {"prompt_level_strict_acc", "inst_level_loose_acc"} <= set(r.reward_components)
+
+    # the evaluate flow reads the run's env and reports IFEval's four metrics per version
+    from flows.evaluate import evaluate
+    from llmrl_core.envs.ifeval.evaluation import score_response
+    from llmrl_core.envs.ifeval.reward import extract_blocks
+    from llmrl_core.evaluation import load_result
+    from tasks.evaluate import ifeval_rows
+
+    out = evaluate(
+        "ife",
+        versions=[0, 1],
+        runs_dir=str(tmp_path / "runs"),
+        n_questions=3,
+        n_samples=1,
+        max_new_tokens=24,
+        dtype="float32",
+        log_mlflow=False,
+    )
+    metrics = ("prompt_level_strict_acc", "inst_level_strict_acc", "prompt_level_loose_acc", "inst_level_loose_acc")
+    assert {(r["version"], r["mode"]) for r in out["rows"]} == {
+        (0, "greedy"),
+        (1, "greedy"),
+        (0, "sampled"),
+        (1, "sampled"),
+    }
+    rows3 = ifeval_rows("ifeval", 3)
+    for row in out["rows"]:
+        assert all(m in row and f"{m}_se" in row for m in metrics)
+    result = load_result(out["results"]["0"])
+    for q in result.modes["greedy"].questions:  # independent re-score of the stored response
+        sample = q.samples[0]
+        blocks = extract_blocks(sample.text, "answer")
+        row = rows3[q.index]
+        scored = score_response(row["instruction_id_list"], row["kwargs"], blocks[0] if blocks else "")
+        assert sample.correct == scored.prompt_level_strict_acc
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@
 * :mod:`~llmrl_core.evaluation.report`: the table over versions and the curve PNG.
 """
 
-from llmrl_core.evaluation.gsm8k_eval import evaluate_gsm8k, evaluate_prompts, gsm8k_prompt_ids
+from llmrl_core.evaluation.gsm8k_eval import evaluate_gsm8k, evaluate_ifeval, evaluate_prompts, gsm8k_prompt_ids
 from llmrl_core.evaluation.report import format_rows, markdown_table, plot_curves, report_rows
 from llmrl_core.evaluation.results import (
     EvaluationResult,
@@ -27,6 +27,7 @@ __all__ = [
     "QuestionOutcome",
     "SampleOutcome",
     "evaluate_gsm8k",
+    "evaluate_ifeval",
     "evaluate_prompts",
     "format_rows",
     "gsm8k_prompt_ids",

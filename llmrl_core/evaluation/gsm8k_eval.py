@@ -109,6 +109,7 @@ def _score_mode(
                     reward=float(out["reward"]),
                     num_tokens=len(completion.token_ids),
                     finish_reason=completion.finish_reason,
+                    extra={k: float(v) for k, v in dict(out.get("extra") or {}).items()},
                 )
             )
         questions.append(QuestionOutcome(index, normalize_answer(gold_answer(answer_field)), samples))
@@ -210,3 +211,58 @@ def evaluate_gsm8k(
         greedy=greedy,
         settings=settings,
     )
+
+
+def evaluate_ifeval(
+    engine: Any,
+    rows: Sequence[Mapping[str, Any]],
+    n_samples: int = 4,
+    k_values: Sequence[int] = (1,),
+    sampling: SamplingConfig | None = None,
+    *,
+    greedy: bool = True,
+    task: str = "ifeval",
+) -> EvaluationResult:
+    """IFEval's four metrics (prompt/instruction level, strict/loose), the reward, and ``accuracy`` = prompt-level
+    strict, of ``engine`` on IFEval ``rows`` (``key``, ``prompt``, ``instruction_id_list``, ``kwargs``), with the
+    prompts and scorer of :class:`~llmrl_core.envs.ifeval.IFEvalEnv` (as the GRPO flow's ``env.name=ifeval``)."""
+    from llmrl_core.envs.ifeval import IFEvalEnv, IfEvalScorer
+    from llmrl_core.envs.ifeval.reward import extract_blocks, metric_components
+    from llmrl_core.envs.ifeval.scorer import METRIC_NAMES
+
+    check_rows(rows, fields=("prompt",))
+    env = IFEvalEnv(
+        [dict(row) for row in rows],
+        batch_size=len(rows),
+        shuffle=False,
+        tokenizer=engine.get_tokenizer(),
+        input_mode="tokens",
+        compute_reward=False,
+    )
+    out = env.reset()
+    assert out.tokens is not None
+    prompt_ids = [t.tolist() for t in out.tokens]
+    scorer = IfEvalScorer()
+
+    def score(text: str, index: str) -> dict[str, Any]:
+        row = rows[int(index)]
+        result, reward = scorer.score_text(text, row["instruction_id_list"], row["kwargs"])
+        return {
+            "success": result.prompt_level_strict_acc,
+            "reward_answer": len(extract_blocks(text, "answer")) == 1,
+            "reward": reward,
+            "extra": dict(zip(METRIC_NAMES, metric_components(result), strict=True)),
+        }
+
+    return evaluate_prompts(
+        engine,
+        prompt_ids,
+        [str(i) for i in range(len(rows))],
+        score,
+        n_samples=n_samples,
+        k_values=k_values,
+        sampling=sampling,
+        greedy=greedy,
+        settings={"task": task},
+    )
+

@@ -34,6 +34,7 @@ class SampleOutcome:
     reward: float
     num_tokens: int
     finish_reason: str | None
+    extra: dict[str, float] = field(default_factory=dict)  # task metrics beyond accuracy (e.g. IFEval's four)
 
 
 @dataclass
@@ -58,8 +59,10 @@ class QuestionOutcome:
             values = [float(s.num_tokens) for s in self.samples]
         elif metric == "truncated_rate":
             values = [float(s.finish_reason == "length") for s in self.samples]
+        elif all(metric in s.extra for s in self.samples):
+            values = [float(s.extra[metric]) for s in self.samples]
         else:
-            raise ValueError(f"unknown metric {metric!r}; expected one of {PER_QUESTION_METRICS}")
+            raise ValueError(f"unknown metric {metric!r}; expected one of {PER_QUESTION_METRICS} or a task metric")
         return math.fsum(values) / len(values)
 
     @property
@@ -97,6 +100,9 @@ class ModeResult:
         """Flat metrics: each per-question metric and ``pass_at_k`` for each usable ``k``, each with ``_se``."""
         out: dict[str, float] = {"num_questions": float(len(self.questions)), "n_samples": float(self.n_samples)}
         for metric in PER_QUESTION_METRICS:
+            out.update(self.estimate(metric).as_dict(metric))
+        extras = [set(s.extra) for q in self.questions for s in q.samples]
+        for metric in sorted(set.intersection(*extras) if extras else set()):
             out.update(self.estimate(metric).as_dict(metric))
         for k in sorted(set(k_values)):
             if k <= self.n_samples:
