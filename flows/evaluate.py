@@ -51,7 +51,7 @@ def evaluate(
     source: str | None = None,
     task: dict[str, Any] | None = None,
     model: str | None = None,
-    dtype: str = "bfloat16",
+    dtype: str = "auto",
     log_mlflow: bool = True,
     tracking_uri: str | None = None,
     keep_engine: bool = False,

@@ -88,6 +88,17 @@ def grpo(config: str | None = None, overrides: list[str] | None = None) -> dict[
         ).result()
         engines = [e.result() for e in engines]
         log.info("%d rollout engine(s) and the trainer are resident (%.1f s)", len(engines), time.perf_counter() - t0)
+        hardware = {**engines[0].describe().result(), **trainer.describe().result()}
+        log.info(
+            "rollouts in %s on %s (%s); training in %s on %s (%s)",
+            hardware["rollout_dtype"],
+            hardware["rollout_device"],
+            hardware["rollout_dtype_reason"],
+            "bf16 autocast" if hardware["trainer_precision"] == "bf16" else "float32",
+            hardware["trainer_device"],
+            hardware["trainer_precision_reason"],
+        )
+        lineage.set_tags({f"llmrl.{k}": v for k, v in hardware.items()})
         config_dict = stages.lineage_config(cfg)
         published_to = dict(run_id=cfg.run_id, run_dir=run_dir, checkpoints=checkpoints, lineage=lineage)
         if published is None:

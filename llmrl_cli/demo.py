@@ -19,7 +19,7 @@ def demo(
     max_tokens: int = typer.Option(192, help="Maximum new tokens per answer."),
     temperature: float = typer.Option(0.7, help="Sampling temperature (0 = greedy)."),
     model: str = typer.Option("default", help="'default', a local folder or a Hugging Face id."),
-    dtype: str = typer.Option("bfloat16", help="Engine dtype: bfloat16 (fast) or float32 (exact)."),
+    dtype: str = typer.Option("auto", help="Engine dtype: auto (bf16 where native, else float32), bfloat16, float32."),
     seed: int = typer.Option(0, help="Sampling seed."),
     out: Path = typer.Option(None, help="Where to write responses.jsonl (default: under $LLMRL_HOME/runs)."),
 ) -> None:

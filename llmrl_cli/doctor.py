@@ -44,7 +44,7 @@ def _cpu_summary() -> str:
                     break
     except OSError:
         pass
-    extras = [name for name in ("avx512f", "amx_bf16") if f" {name}" in flags]
+    extras = [name for name in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f" {name}" in flags]
     return f"{model}, {os.cpu_count()} cores" + (f" ({', '.join(extras)})" if extras else "")
 
 
@@ -66,6 +66,10 @@ def doctor(
     except Exception as err:  # torch missing or broken: report, don't crash
         gpus, ok = [f"torch error: {err}"], False
     typer.echo(f"gpu           {', '.join(gpus) if gpus else 'none (CPU mode)'}")
+    from llmrl_core.hardware import choose_dtype
+
+    choice = choose_dtype("auto", "cuda" if gpus and not gpus[0].startswith("torch error") else "cpu")
+    typer.echo(f"dtype auto    {choice.dtype} ({choice.reason})")
 
     from llmrl_core import model_store
 

@@ -217,6 +217,11 @@ class LineageRecorder:
         """Mark the MLflow run finished (or FAILED / KILLED)."""
         self.client.set_terminated(self.mlflow_run_id, status=status)
 
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        """Tag the run (e.g. the dtype and device each stage resolved to on this hardware)."""
+        for key, value in tags.items():
+            self.client.set_tag(self.mlflow_run_id, key, str(value))
+
     # ----------------------------------------------------------------- per iteration
     def log_metrics(self, policy_version: int, metrics: Mapping[str, float]) -> None:
         """Log an iteration's metrics with ``step = policy_version``."""

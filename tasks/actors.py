@@ -22,6 +22,7 @@ import torch
 from llmrl_core.collectors import LLMCollector
 from llmrl_core.envs import PolicyVersion
 from llmrl_core.evaluation.rollout_health import rollout_health
+from llmrl_core.hardware import mixed_precision_for
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.pipeline.task_config import make_task_env
 from llmrl_core.policies.base import SamplingConfig
@@ -69,6 +70,18 @@ class RolloutWorker:
             )
         )
         self.env = make_task_env(cfg.task, self.worker.get_tokenizer(), input_mode="tokens", env=cfg.env)
+
+    def describe(self) -> dict[str, str]:
+        """The engine's device and dtype, and why (for the run's log and lineage)."""
+        from llmrl_core.hardware import choose_dtype
+
+        config = self.worker.config
+        choice = choose_dtype(config.dtype, config.resolved_device())
+        return {
+            "rollout_device": config.resolved_device(),
+            "rollout_dtype": choice.dtype,
+            "rollout_dtype_reason": choice.reason,
+        }
 
     def load(self, checkpoint_path: str, version: int) -> int:
         """Load published weights (a safetensors checkpoint) as ``version``."""
@@ -145,6 +158,7 @@ class TrainerWorker:
         t = cfg.train
         torch.set_num_threads(t.threads or os.cpu_count() or 1)
         device = "cuda" if t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available()) else "cpu"
+        self.mixed_precision, self.precision_reason = mixed_precision_for(t.mixed_precision, device)
         self.cfg = cfg
         self.layout = RunLayout(cfg.run_id, Path(runs_root))
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
@@ -162,7 +176,7 @@ class TrainerWorker:
                 lr=t.lr,
                 max_grad_norm=t.max_grad_norm,
                 token_budget=t.token_budget,
-                mixed_precision=t.mixed_precision,
+                mixed_precision=self.mixed_precision,
                 gradient_checkpointing=t.gradient_checkpointing,
                 lora=lora_options,
                 seed=cfg.seed,
@@ -172,6 +186,14 @@ class TrainerWorker:
         self.checkpoints = CheckpointStore(
             self.layout.checkpoints_dir, keep_last=cfg.keep_checkpoints, keep_every=cfg.keep_every
         )
+
+    def describe(self) -> dict[str, str]:
+        """The trainer's device and compute precision, and why (for the run's log and lineage)."""
+        return {
+            "trainer_device": str(self.trainer.device),
+            "trainer_precision": self.mixed_precision,
+            "trainer_precision_reason": self.precision_reason,
+        }
 
     # --- state -----------------------------------------------------------------------------------
     def _state_path(self, version: int) -> Path:

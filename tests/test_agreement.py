@@ -48,7 +48,14 @@ def trainer_worker(tmp_path_factory, default_model_path):
     from tasks.actors import TrainerWorker
 
     runs = tmp_path_factory.mktemp("runs")
-    cfg = load_config(GRPOConfig, None, ["run_id=agree", "progress=false", "train.lr=1e-6", "rollout.temperature=0.7"])
+    overrides = [
+        "run_id=agree",
+        "progress=false",
+        "train.lr=1e-6",
+        "rollout.temperature=0.7",
+        "train.mixed_precision=no",
+    ]
+    cfg = load_config(GRPOConfig, None, overrides)
     return TrainerWorker(cfg, default_model_path, str(runs))
 
 
@@ -121,6 +128,7 @@ def test_trainer_worker_takes_the_loss_menu_lora_and_checkpointing_from_the_conf
         "progress=false",
         "train.lr=1e-4",
         "rollout.temperature=0.7",
+        "train.mixed_precision=no",
         "train.lora.enabled=true",
         "train.lora.r=4",
         "train.gradient_checkpointing=true",

@@ -45,7 +45,7 @@ class RolloutConfig:
     """
 
     workers: int = 1
-    dtype: str = "bfloat16"
+    dtype: str = "auto"  # auto: bf16 on CUDA and on CPUs with AMX/AVX512-BF16, float32 elsewhere
     kv_cache_gb: float = 1.0
     max_new_tokens: int = 128
     temperature: float = 0.7
@@ -142,7 +142,7 @@ class TrainConfig:
     # would still pull towards the reference; they are dropped all the same. Rows stay in the store.
     skip_zero_signal_groups: bool = False
     token_budget: int = 2048  # tokens per packed micro-batch: bounds the (tokens x vocab) logits memory
-    mixed_precision: Literal["auto", "bf16", "no"] = "auto"
+    mixed_precision: Literal["auto", "bf16", "no"] = "auto"  # auto: bf16 autocast where bf16 is native (as dtype)
     gradient_checkpointing: bool = False
     lora: LoraConfig = field(default_factory=LoraConfig)
     agreement_warn: float = 0.1

@@ -42,7 +42,7 @@ class EngineConfig:
     """
 
     model: str | None = None
-    dtype: str = "bfloat16"
+    dtype: str = "auto"  # auto: bfloat16 where the hardware runs it fast, else float32 (llmrl_core.hardware)
     kv_cache_gb: float = 1.0
     gpu_memory_utilization: float = 0.4
     max_model_len: int = 2048
@@ -78,15 +78,17 @@ def configure_vllm_environment(config: EngineConfig) -> None:
 
 
 def make_llm(config: EngineConfig | None = None) -> Any:
-    """Build a ``vllm.LLM`` for ``config`` (the packaged model in bf16 on CPU by default)."""
+    """Build a ``vllm.LLM`` for ``config`` (the packaged model; ``dtype="auto"`` resolved for this hardware)."""
     config = config or EngineConfig()
     configure_vllm_environment(config)
     model = resolve_model(config.model)
     from vllm import LLM
 
+    from llmrl_core.hardware import choose_dtype
+
     kwargs: dict[str, Any] = dict(
         model=model,
-        dtype=config.dtype,
+        dtype=choose_dtype(config.dtype, config.resolved_device()).dtype,
         max_model_len=config.max_model_len,
         seed=config.seed,
         enforce_eager=config.enforce_eager,
