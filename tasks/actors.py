@@ -19,8 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from llmrl_core.collectors import LLMCollector
-from llmrl_core.envs import PolicyVersion
+from llmrl_core.collectors.dask_collector import RolloutActor
 from llmrl_core.evaluation.rollout_health import rollout_health
 from llmrl_core.hardware import mixed_precision_for
 from llmrl_core.pipeline.grpo_config import GRPOConfig
@@ -55,21 +54,27 @@ def signal_rows(records: list[Any]) -> list[Any]:
     return [r for r in records if len(rewards[r.group_id]) > 1]
 
 
-class RolloutWorker:
-    """A resident vLLM engine plus the task's env (prompt format and reward) in tokens mode; collects shards
-    at a given policy version."""
+class RolloutWorker(RolloutActor):
+    """The flows' rollout actor: the run's env (``env`` + ``task`` sections) in tokens mode on a resident engine;
+    collects staging shards at a given policy version (the engine and the episode loop are
+    :class:`~llmrl_core.collectors.dask_collector.RolloutActor`'s)."""
 
     def __init__(self, cfg: GRPOConfig, model_path: str) -> None:
-        from llmrl_core.policies.vllm_worker import vLLMWorker
-
         self.cfg = cfg
         r = cfg.rollout
-        self.worker = vLLMWorker(
-            EngineConfig(
-                model=model_path, dtype=r.dtype, kv_cache_gb=r.kv_cache_gb, seed=cfg.seed, max_model_len=r.max_model_len
-            )
+        engine = EngineConfig(
+            model=model_path,
+            dtype=r.dtype,
+            kv_cache_gb=r.kv_cache_gb,
+            seed=cfg.seed,
+            max_model_len=r.max_model_len,
+            logprobs_mode=r.logprobs_mode,
         )
-        self.env = make_task_env(cfg.task, self.worker.get_tokenizer(), input_mode="tokens", env=cfg.env)
+        super().__init__(
+            lambda tokenizer: make_task_env(cfg.task, tokenizer, input_mode="tokens", env=cfg.env),
+            engine,
+            sampling_config(cfg, 0, 0),
+        )
 
     def describe(self) -> dict[str, str]:
         """The engine's device and dtype, and why (for the run's log and lineage)."""
@@ -85,30 +90,16 @@ class RolloutWorker:
 
     def load(self, checkpoint_path: str, version: int) -> int:
         """Load published weights (a safetensors checkpoint) as ``version``."""
-        return int(self.worker.load_weights(checkpoint_path, version))
-
-    def version(self) -> int:
-        """The version of the weights in the engine."""
-        return int(self.worker.policy_version)
+        return self.load_weights(checkpoint_path, version)
 
     def rollout(self, rows: list[Any], version: int, staging_uri: str, shard: int) -> dict[str, Any]:
         """Collect every row once with the engine at ``version``; write the rows as a staging shard."""
-        from llmrl_core.policies.vllm_wrapper import vLLMWrapper
 
         if self.version() != version:
             raise RuntimeError(f"engine holds version {self.version()}, asked to roll out version {version}")
         start = time.perf_counter()
         sampling = sampling_config(self.cfg, version, shard)
-        policy = vLLMWrapper(self.worker.llm, input_mode="tokens", sampling=sampling, progress=self.cfg.progress)
-        collector = LLMCollector(
-            self.env,
-            policy,
-            prompts=rows,
-            prompts_per_reset=len(rows),
-            total_trajectories=len(rows),
-            policy_version=PolicyVersion(initial=version),
-        )
-        trajectories = collector.collect()
+        trajectories = self.collect(rows, sampling=sampling, progress=self.cfg.progress)
         params = {
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,

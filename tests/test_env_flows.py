@@ -245,3 +245,13 @@ def test_the_readme_example_env_builds_and_pays(tmp_path, monkeypatch, default_m
     finally:
         env.close()
     sys.modules.pop("my_env", None)
+
+
+def test_the_shipped_recipe_configs_load():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "recipes"
+    ifeval = load_config(GRPOConfig, root / "ifeval" / "grpo.yaml")
+    assert ifeval.env.name == "ifeval" and ifeval.env.prompt_field == "prompt" and ifeval.data.source == "ifeval"
+    arithmetic = load_config(GRPOConfig, root / "arithmetic" / "grpo.yaml")
+    assert arithmetic.env.name == "gsm8k" and arithmetic.train.mixed_precision == "auto"

@@ -30,7 +30,10 @@ EnvFactory = Callable[[Any], ChatEnv]  # tokenizer -> env (batch_size None: rese
 
 
 class RolloutActor:
-    """Lives on one Dask worker: a resident engine, an env factory, and the version of its weights."""
+    """Lives on one Dask worker: a resident engine, an env factory, and the version of its weights.
+
+    The one rollout actor of llmrl: :class:`DaskLLMCollector` uses it as is, and the GRPO/collect flows' rollout
+    worker (``tasks.actors.RolloutWorker``) extends it with staging shards and rollout metrics."""
 
     def __init__(self, env_factory: EnvFactory, engine_config: EngineConfig, sampling: SamplingConfig) -> None:
         from llmrl_core.policies.vllm_worker import vLLMWorker
@@ -39,11 +42,15 @@ class RolloutActor:
         self.env = env_factory(self.worker.get_tokenizer())
         self.sampling = sampling
 
-    def collect(self, rows: list[PromptRow]) -> list[Trajectory]:
-        """Run every row to the end of its episode with the current weights."""
+    def collect(
+        self, rows: list[PromptRow], sampling: SamplingConfig | None = None, progress: bool = False
+    ) -> list[Trajectory]:
+        """Run every row to the end of its episode (all turns) with the current weights; ``sampling`` overrides
+        the actor's own for this call (e.g. a seed per version and shard)."""
         from llmrl_core.policies.vllm_wrapper import vLLMWrapper
 
-        policy = vLLMWrapper(self.worker.llm, input_mode=self.env.input_mode, sampling=self.sampling)
+        sampling = sampling or self.sampling
+        policy = vLLMWrapper(self.worker.llm, input_mode=self.env.input_mode, sampling=sampling, progress=progress)
         collector = LLMCollector(
             self.env,
             policy,
