@@ -58,6 +58,7 @@ NOT_RUN: dict[str, str] = {  # 'flow/deployment' -> why the round trip only depl
     "evaluate/local": "needs a stored run; tests/test_evaluate_flow.py runs the flow itself end to end",
     "sft/local": "training takes minutes; tests/test_sft_flow.py runs the flow itself end to end",
     "offline/local": "needs a stored run; tests/test_offline_flow.py runs the flow itself end to end",
+    "collect/local": "starts an engine for minutes; tests/test_collect_flow.py runs the flow itself end to end",
 }
 
 

@@ -71,6 +71,11 @@ def _failed(text: str) -> bool:
 class PythonInterpreter(Transform):
     """Execute the assistant's Python code blocks in a sandbox and append the results as tool messages.
 
+    A block "failed" when it raised (or timed out, or crashed), not when it wrote to stderr: a warning printed to
+    stderr by working code is reported with the output of a successful block. TorchRL's interpreter counts any
+    stderr as a failure; we differ on purpose, since library warnings would otherwise fail correct code. The
+    same rule holds in persistent mode.
+
     Args:
         persistent: keep one interpreter per slot across turns (reset with the env), else one per block.
         timeout: wall-clock seconds per block (also the per-block CPU budget unless ``sandbox_config`` sets it).
