@@ -125,22 +125,36 @@ def test_grpo_on_ifeval(tmp_path):
         assert {"prompt_level_strict_acc", "inst_level_loose_acc"} <= set(r.reward_components)
 
     # the evaluate flow reads the run's env and reports IFEval's four metrics per version
-    from flows.evaluate import evaluate
+    import os
+    import subprocess
+    from pathlib import Path
+
     from llmrl_core.envs.ifeval.evaluation import score_response
     from llmrl_core.envs.ifeval.reward import extract_blocks
     from llmrl_core.evaluation import load_result
     from tasks.evaluate import ifeval_rows
 
-    out = evaluate(
-        "ife",
-        versions=[0, 1],
-        runs_dir=str(tmp_path / "runs"),
-        n_questions=3,
-        n_samples=1,
-        max_new_tokens=24,
-        dtype="float32",
-        log_mlflow=False,
+    # in its own process: an in-process engine's shutdown tears down vLLM's parallel state for the session's engine
+    kwargs = dict(versions=[0, 1], runs_dir=str(tmp_path / "runs"), n_questions=3, n_samples=1, max_new_tokens=24)
+    script = (
+        "import json, sys\nfrom flows.evaluate import evaluate\n"
+        "out = evaluate('ife', dtype='float32', log_mlflow=False, **json.loads(sys.argv[1]))\n"
+        "print('RESULT ' + json.dumps(out, default=str))\n"
     )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(kwargs)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=Path(__file__).resolve().parents[1],
+        env={
+            **os.environ,
+            "PREFECT_HOME": str(tmp_path / "prefect"),
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+        },
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    out = json.loads([x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1].removeprefix("RESULT "))
     metrics = ("prompt_level_strict_acc", "inst_level_strict_acc", "prompt_level_loose_acc", "inst_level_loose_acc")
     assert {(r["version"], r["mode"]) for r in out["rows"]} == {
         (0, "greedy"),

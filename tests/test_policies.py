@@ -82,7 +82,8 @@ def test_scoring_mode_log_probs_and_entropy_match_a_direct_forward(hf_model_fp32
         with torch.no_grad():
             logp = torch.log_softmax(model(ids).logits[0].float(), -1)[len(prompt) - 1 : -1]
         expected = logp.gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
-        torch.testing.assert_close(lps, expected, atol=1e-5, rtol=0)
+        # packed vs unpacked forward: other matmul shapes, ~1.2e-5 apart in fp32 on an AVX-512 CPU
+        torch.testing.assert_close(lps, expected, atol=5e-5, rtol=0)
         torch.testing.assert_close(ent, -(logp.exp() * logp).sum(-1), atol=1e-4, rtol=0)
     padded = out.padded
     assert padded.tokens.shape == padded.log_probs.shape == padded.mask.shape == (3, max(map(len, responses)))
