@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,67 +108,29 @@ def import_object(path: str, setting: str) -> Any:
     return obj
 
 
-def _python_interpreter(**options: Any) -> Transform:
-    from llmrl_core.tools.python_interpreter import PythonInterpreter
-
-    return PythonInterpreter(**options)
-
-
-def _mcp(servers: Mapping[str, Any] | None = None, **options: Any) -> Transform:
-    from llmrl_core.tools.mcp_transform import MCPToolTransform
-
-    return MCPToolTransform(dict(servers or calculator_servers()), **options)
-
-
-def _few_shot(examples: list[Mapping[str, str]] | None = None, **options: Any) -> Transform:
-    from llmrl_core.envs.transforms.few_shot import FewShotExamples
-
-    return FewShotExamples(list(examples or []), **options)
-
-
-def _thinking(**options: Any) -> Transform:
-    from llmrl_core.envs.transforms.thinking import AddThinkingPrompt
-
-    options.setdefault("cond", lambda slot: True)  # a config cannot hold a callable: think on every turn
-    return AddThinkingPrompt(**options)
-
-
-def _browser(**options: Any) -> Transform:
-    from llmrl_core.tools.browser import BrowserTransform
-
-    return BrowserTransform(**options)
+TRANSFORMS: dict[str, str] = {  # config name -> the transform class (imported when used)
+    "python_interpreter": "llmrl_core.tools.python_interpreter:PythonInterpreter",
+    "mcp": "llmrl_core.tools.mcp_transform:MCPToolTransform",
+    "few_shot": "llmrl_core.envs.transforms.few_shot:FewShotExamples",
+    "add_thinking_prompt": "llmrl_core.envs.transforms.thinking:AddThinkingPrompt",
+    "browser": "llmrl_core.tools.browser:BrowserTransform",
+}
 
 
 def _transform_class(name: str) -> Any:
     """The class behind a transform name (for checking options without constructing it)."""
-    if name == "python_interpreter":
-        from llmrl_core.tools.python_interpreter import PythonInterpreter
+    return import_object(TRANSFORMS[name], f"env.transforms.{name}")
 
-        return PythonInterpreter
+
+def make_transform(name: str, **options: Any) -> Transform:
+    """Build transform ``name`` from config options, filling what a config cannot hold or may leave out."""
     if name == "mcp":
-        from llmrl_core.tools.mcp_transform import MCPToolTransform
-
-        return MCPToolTransform
-    if name == "few_shot":
-        from llmrl_core.envs.transforms.few_shot import FewShotExamples
-
-        return FewShotExamples
-    if name == "add_thinking_prompt":
-        from llmrl_core.envs.transforms.thinking import AddThinkingPrompt
-
-        return AddThinkingPrompt
-    from llmrl_core.tools.browser import BrowserTransform
-
-    return BrowserTransform
-
-
-TRANSFORMS: dict[str, Callable[..., Transform]] = {
-    "python_interpreter": _python_interpreter,
-    "mcp": _mcp,
-    "few_shot": _few_shot,
-    "add_thinking_prompt": _thinking,
-    "browser": _browser,
-}
+        options["servers"] = dict(options.get("servers") or calculator_servers())
+    elif name == "few_shot":
+        options["examples"] = list(options.get("examples") or [])
+    elif name == "add_thinking_prompt":
+        options.setdefault("cond", lambda slot: True)  # a config cannot hold a callable: think on every turn
+    return _transform_class(name)(**options)
 
 
 def calculator_servers() -> dict[str, Any]:
@@ -291,9 +253,9 @@ def _builtin_env(cfg: EnvConfig, task: Any, tokenizer: Any, input_mode: str, max
         **cfg.options,
     )
     if cfg.name in PYTHON_TOOL:
-        env.append_transform(_python_interpreter(timeout=5.0))
+        env.append_transform(make_transform("python_interpreter", timeout=5.0))
     elif cfg.name == "arithmetic_mcp":
-        env.append_transform(_mcp())
+        env.append_transform(make_transform("mcp"))
     return env
 
 
@@ -328,7 +290,7 @@ def build_env(cfg: EnvConfig, task: Any, tokenizer: Any, *, input_mode: str = "t
     else:
         env = _builtin_env(cfg, task, tokenizer, input_mode, max_turns)
     for name, options in _transform_items(cfg):
-        env.append_transform(TRANSFORMS[name](**options))
+        env.append_transform(make_transform(name, **options))
     if cfg.rewards:
         env.append_transform(RewardFunctions(cfg.rewards, keep_env_reward=cfg.env_reward))
     return env
