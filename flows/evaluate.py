@@ -4,8 +4,10 @@ Every version is scored on the same held-out questions (the first ``n_questions`
 the run's ``task.eval_source``: GSM8K test, or the arithmetic test split for the arithmetic recipe), greedy
 and sampled (``n_samples`` per question at ``temperature``, the same ``seed`` for every version), with the
 prompt format and reward parser the run trained with (the ``task`` section of ``RUN/config.json``; keys of
-``task`` override it), and every metric carries a standard error over questions. Version 0 is
-the base model (``model``) unless the run stored a version-0 checkpoint. One engine serves all versions:
+``task`` override it), and every metric carries a standard error over questions. A run whose env has tools,
+several turns, a game or a factory (``env`` of ``RUN/config.json``) is scored by playing each question to the
+end of its episode in that env, as its rollouts were, with tool-call rate and tool success rate per version.
+Version 0 is the base model (``model``) unless the run stored a version-0 checkpoint. One engine serves all versions:
 each version's weights are loaded into it in turn. The report (a table with the paired change in accuracy
 against version 0, and a curve PNG) goes to ``RUN/evaluations/<settings hash>/``, to MLflow (experiment
 ``evaluate`` in the run's tracking store) and to Prefect artifacts.
@@ -24,13 +26,14 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from tasks.evaluate import (
+    env_scoring,
     evaluate_version,
     evaluation_dir,
     log_to_mlflow,
     publish_artifacts,
     release_engines,
     resolve_versions,
-    run_env_name,
+    run_env,
     run_task,
     write_report,
 )
@@ -67,16 +70,14 @@ def evaluate(
     if n_questions < 1:
         raise ValueError(f"n_questions must be >= 1, got {n_questions}")
     task_cfg = run_task(run_id, runs_dir, task)
-    env_name = run_env_name(run_id, runs_dir)
-    if env_name not in ("gsm8k", "arithmetic", "ifeval"):
-        logger.warning(
-            "run %s trained in env %r: this evaluation scores single-turn answers without its tools or game",
-            run_id,
-            env_name,
-        )
-    source = source or ("ifeval" if env_name == "ifeval" else task_cfg.eval_source)
+    env = run_env(run_id, runs_dir)
+    scoring = env_scoring(env)
+    if scoring == "episode":
+        logger.info("run %s trained in env %s: every episode is played in it, tools and turns included", run_id, env)
+    source = source or ("ifeval" if env.get("name") == "ifeval" else task_cfg.eval_source)
     settings = {
-        "env": "ifeval" if env_name == "ifeval" else "gsm8k",
+        "env": env if scoring == "episode" else ("ifeval" if scoring == "ifeval" else "gsm8k"),
+        "scoring": scoring,
         "task": task_cfg.to_dict(),
         "source": source,
         "n_questions": n_questions,

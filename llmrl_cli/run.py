@@ -78,6 +78,7 @@ def run_evaluate(
     ),
     samples: int = typer.Option(4, "--samples", min=1, help="Sampled answers per question (pass@k)."),
     temperature: float = typer.Option(0.7, help="Sampling temperature of the sampled mode."),
+    max_new_tokens: int = typer.Option(256, min=1, help="Token limit of each answer (each turn, in a tool env)."),
     runs_dir: str = typer.Option(None, help="Runs root (default $LLMRL_HOME/runs)."),
 ) -> None:
     """Held-out accuracy, tag rate, mean reward and pass@k of a run's versions, greedy and sampled."""
@@ -91,6 +92,7 @@ def run_evaluate(
         n_samples=samples,
         k_values=sorted({1, samples}),
         temperature=temperature,
+        max_new_tokens=max_new_tokens,
         runs_dir=runs_dir,
         source=source,
     )

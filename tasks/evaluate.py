@@ -114,15 +114,27 @@ def _base_state_dict(model: str | None) -> dict[str, Any]:
     return state
 
 
-def run_env_name(run_id: str, runs_dir: str | None) -> str:
-    """The built-in env a run trained in (``env.name`` of ``RUN/config.json``; ``gsm8k`` for older runs), or
-    ``factory`` when it used its own."""
+def run_env(run_id: str, runs_dir: str | None) -> dict[str, Any]:
+    """The ``env`` section a run trained with (``RUN/config.json``; ``{}`` — GSM8K-style — for older runs)."""
     layout = RunLayout(run_id, runs_root=Path(runs_dir)) if runs_dir else RunLayout(run_id)
     path = layout.run_dir / "config.json"
     if not path.is_file():
-        return "gsm8k"
-    env = json.loads(path.read_text()).get("env") or {}
-    return "factory" if env.get("factory") else str(env.get("name", "gsm8k"))
+        return {}
+    return dict(json.loads(path.read_text()).get("env") or {})
+
+
+def env_scoring(env: dict[str, Any]) -> str:
+    """How an env's versions are scored: ``single_turn`` (gsm8k/arithmetic answer tags, one engine batch),
+    ``ifeval`` (IFEval's four metrics), or ``episode`` (tools, games, factories: every turn played in the env)."""
+    if env.get("factory"):
+        return "episode"
+    name = str(env.get("name", "gsm8k"))
+    extras = env.get("transforms") or env.get("rewards") or env.get("max_turns") not in (None, 1)
+    if name in ("gsm8k", "arithmetic") and not extras:
+        return "single_turn"
+    if name == "ifeval" and not extras:
+        return "ifeval"
+    return "episode"
 
 
 def run_task(run_id: str, runs_dir: str | None, overrides: dict[str, Any] | None = None) -> TaskConfig:
@@ -189,7 +201,8 @@ def evaluate_version(run_id: str, runs_dir: str | None, version: int, settings: 
         worker.load_weights(state, version)
         resident["weights"] = weights_id
     worker.policy_version = version
-    if settings.get("env") == "ifeval":
+    scoring = settings.get("scoring", "ifeval" if settings.get("env") == "ifeval" else "single_turn")
+    if scoring == "ifeval" or (scoring == "episode" and settings["env"].get("name") == "ifeval"):
         rows = ifeval_rows(settings["source"], settings["n_questions"])
     else:
         rows = load_source_rows(settings["source"], limit=settings["n_questions"])
@@ -204,7 +217,9 @@ def evaluate_version(run_id: str, runs_dir: str | None, version: int, settings: 
         top_p=settings["top_p"],
         seed=settings["seed"],
     )
-    if settings.get("env") == "ifeval":
+    if scoring == "episode":
+        result = _evaluate_episodes(worker, rows, settings, task, sampling)
+    elif scoring == "ifeval":
         result = evaluate_ifeval(
             worker, rows, settings["n_samples"], settings["k_values"], sampling, greedy=settings["greedy"]
         )
@@ -232,6 +247,32 @@ def evaluate_version(run_id: str, runs_dir: str | None, version: int, settings: 
         "version %s: %s", version, ", ".join(f"{k}={v:.3f}" for k, v in summary.items() if k.endswith("accuracy"))
     )
     return {"version": version, "path": str(path), "summary": summary, "reused": False}
+
+
+def _evaluate_episodes(
+    worker: vLLMWorker, rows: list[dict[str, Any]], settings: dict[str, Any], task: TaskConfig, sampling: SamplingConfig
+) -> Any:
+    """Play every held-out row in the run's own env (tools and games included), built as a rollout worker does."""
+    from llmrl_core.evaluation.env_eval import evaluate_env
+    from llmrl_core.pipeline.config_io import build
+    from llmrl_core.pipeline.env_config import EnvConfig, build_env
+
+    env_cfg = build(EnvConfig, settings["env"], "env")
+    env = build_env(env_cfg, task, worker.get_tokenizer(), input_mode="tokens")
+    try:
+        return evaluate_env(
+            worker,
+            env,
+            rows,
+            settings["n_samples"],
+            settings["k_values"],
+            sampling,
+            greedy=settings["greedy"],
+            prompt_field=env_cfg.prompt_field,
+            settings={"task": settings["source"], "env": settings["env"]},
+        )
+    finally:
+        env.close()
 
 
 @task(name="write-eval-report")

@@ -29,6 +29,29 @@ from llmrl_core.weight_sync.serialization import state_dict_to_bytes, write_stat
 EnvFactory = Callable[[Any], ChatEnv]  # tokenizer -> env (batch_size None: reset takes any number of rows)
 
 
+def collect_episodes(
+    worker: Any, env: ChatEnv, rows: Sequence[PromptRow], sampling: SamplingConfig, progress: bool = False
+) -> list[Trajectory]:
+    """Every row of ``rows`` played to the end of its episode (all turns, tools included) by ``worker`` (a
+    :class:`~llmrl_core.policies.vllm_worker.vLLMWorker`) in ``env``, stamped with the worker's version. A slot
+    whose conversation outgrows the engine's context is truncated (``ChatEnv.max_prompt_tokens``). The
+    one episode loop of the rollout actors and the evaluation of multi-turn envs."""
+    from llmrl_core.policies.vllm_wrapper import vLLMWrapper
+
+    room = int(worker.config.max_model_len) - int(sampling.max_new_tokens)  # a prompt the engine can still answer
+    env.max_prompt_tokens = room if env.max_prompt_tokens is None else min(env.max_prompt_tokens, room)
+    policy = vLLMWrapper(worker.llm, input_mode=env.input_mode, sampling=sampling, progress=progress)
+    collector = LLMCollector(
+        env,
+        policy,
+        prompts=list(rows),
+        prompts_per_reset=len(rows),
+        total_trajectories=len(rows),
+        policy_version=PolicyVersion(initial=worker.policy_version),
+    )
+    return collector.collect()
+
+
 class RolloutActor:
     """Lives on one Dask worker: a resident engine, an env factory, and the version of its weights.
 
@@ -47,19 +70,7 @@ class RolloutActor:
     ) -> list[Trajectory]:
         """Run every row to the end of its episode (all turns) with the current weights; ``sampling`` overrides
         the actor's own for this call (e.g. a seed per version and shard)."""
-        from llmrl_core.policies.vllm_wrapper import vLLMWrapper
-
-        sampling = sampling or self.sampling
-        policy = vLLMWrapper(self.worker.llm, input_mode=self.env.input_mode, sampling=sampling, progress=progress)
-        collector = LLMCollector(
-            self.env,
-            policy,
-            prompts=rows,
-            prompts_per_reset=len(rows),
-            total_trajectories=len(rows),
-            policy_version=PolicyVersion(initial=self.worker.policy_version),
-        )
-        return collector.collect()
+        return collect_episodes(self.worker, self.env, rows, sampling or self.sampling, progress=progress)
 
     def load_weights(self, weights: bytes | str, version: int) -> int:
         """Load weights (safetensors bytes or file path) and adopt ``version``."""

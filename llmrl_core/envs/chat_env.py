@@ -81,6 +81,9 @@ class ChatEnv:
         self.policy_role = policy_role
         self.data_key = data_key
         self.max_turns = max_turns
+        # Tokens mode: a slot whose next prompt would be longer is truncated (``info["context_full"]``) instead of
+        # being sent to an engine that cannot take it. Rollout loops set it from the engine's context length.
+        self.max_prompt_tokens: int | None = None
         self.transforms: list[Transform] = []
         self.slots: list[SlotState] = []
         self._template = resolve_template(tokenizer, chat_template_name=chat_template_name)
@@ -351,6 +354,10 @@ class ChatEnv:
             slot.episode_reward += slot.reward
             if self.input_mode == "tokens":
                 self._extend_tokens(slot)
+                limit = self.max_prompt_tokens
+                if limit is not None and not slot.done and sum(len(t) for t in slot.token_segments) > limit:
+                    slot.info["context_full"] = True  # e.g. a tool printed pages: the next prompt would not fit
+                    slot.truncate()
         return self._output()
 
     def _apply_response(self, slot: SlotState, response: Response) -> None:

@@ -50,7 +50,7 @@ class GSM8KPrepareQuestion(Transform):
 class GSM8KEnv(DatasetChatEnv):
     """GSM8K as a DatasetChatEnv: prompts from ``dataset`` (default: the shipped train split), rows with
     ``question`` and ``answer`` fields, the question prepared with a format instruction, rewards from
-    :class:`GSM8KRewardParser`; one turn by default. ``few_shot`` (``{"question", "response"}`` mappings)
+    :class:`GSM8KRewardParser`; one turn by default. ``few_shot`` (``{"question", "response" | "turns"}`` mappings)
     adds worked examples as earlier turns (:class:`FewShotExamples`), their questions under the same template."""
 
     def __init__(
@@ -72,7 +72,7 @@ class GSM8KEnv(DatasetChatEnv):
         chat_template_name: str | None = None,
         format_reward: float = 0.1,
         correct_reward: float = 1.0,
-        few_shot: Sequence[Mapping[str, str]] = (),
+        few_shot: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         super().__init__(
             dataset if dataset is not None else gsm8k_path("train"),
@@ -97,7 +97,7 @@ class GSM8KEnv(DatasetChatEnv):
                     "question": question_template.format(question=e.get("question", ""))
                     if question_template and e.get("question")
                     else e.get("question", ""),
-                    "response": e.get("response", ""),
+                    **{k: v for k, v in e.items() if k != "question"},
                 }
                 for e in few_shot
             ]

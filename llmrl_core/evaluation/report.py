@@ -19,6 +19,7 @@ from llmrl_core.evaluation.results import EvaluationResult
 from llmrl_core.evaluation.statistics import paired_difference
 
 TABLE_METRICS = ("accuracy", "tag_rate", "mean_reward", "mean_length", "truncated_rate")
+TOOL_METRICS = ("tool_call_rate", "tool_success_rate", "turns")  # shown when the evaluation played a tool env
 
 
 def report_rows(results: Mapping[int, EvaluationResult], baseline: int | None = None) -> list[dict[str, Any]]:
@@ -64,6 +65,9 @@ def format_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
         }
         for metric in TABLE_METRICS:
             out[metric] = _pm(row[metric], row.get(f"{metric}_se"))
+        for metric in TOOL_METRICS:
+            if metric in row:
+                out[metric] = _pm(row[metric], row.get(f"{metric}_se"))
         for key in sorted(k for k in row if k.startswith("pass_at_") and not k.endswith("_se")):
             out[key.replace("pass_at_", "pass@")] = _pm(row[key], row.get(f"{key}_se"))
         if "delta_accuracy" in row:

@@ -102,8 +102,13 @@ class ModeResult:
         for metric in PER_QUESTION_METRICS:
             out.update(self.estimate(metric).as_dict(metric))
         extras = [set(s.extra) for q in self.questions for s in q.samples]
-        for metric in sorted(set.intersection(*extras) if extras else set()):
+        common = set.intersection(*extras) if extras else set()
+        for metric in sorted(common):
             out.update(self.estimate(metric).as_dict(metric))
+        if {"tool_calls", "tool_errors"} <= common:  # a ratio over all calls (no standard error: calls cluster)
+            calls = math.fsum(s.extra["tool_calls"] for q in self.questions for s in q.samples)
+            errors = math.fsum(s.extra["tool_errors"] for q in self.questions for s in q.samples)
+            out["tool_success_rate"] = 1.0 - errors / calls if calls else math.nan
         for k in sorted(set(k_values)):
             if k <= self.n_samples:
                 out.update(self.estimate(f"pass_at_{k}").as_dict(f"pass_at_{k}"))

@@ -12,6 +12,7 @@ from typing import Any
 
 from llmrl_core.envs.chat_env import ChatEnv
 from llmrl_core.envs.gsm8k import GSM8K_QUESTION_TEMPLATE, GSM8K_SYSTEM_PROMPT
+from llmrl_core.envs.transforms.few_shot import example_turns
 from llmrl_core.pipeline.env_config import EnvConfig, build_env
 
 
@@ -21,7 +22,7 @@ class TaskConfig:
 
     system_prompt: str | None = GSM8K_SYSTEM_PROMPT
     question_template: str | None = GSM8K_QUESTION_TEMPLATE  # must contain {question}; None: the bare question
-    few_shot: list[dict[str, str]] = field(default_factory=list)  # [{question, response}] turns before the question
+    few_shot: list[dict[str, Any]] = field(default_factory=list)  # [{question, response | turns}] before the question
     format_reward: float = 0.1  # for an answer tag with a wrong answer; 0 leaves nothing to farm
     correct_reward: float = 1.0
     eval_source: str = "gsm8k:test"  # held-out prompts of the evaluate flow (gsm8k:test, arithmetic:test, a path)
@@ -30,10 +31,9 @@ class TaskConfig:
         if self.question_template is not None and "{question}" not in self.question_template:
             raise ValueError("task.question_template must contain '{question}'")
         for index, example in enumerate(self.few_shot):
-            if set(example) != {"question", "response"}:
-                raise ValueError(
-                    f"task.few_shot[{index}]: needs exactly the keys question and response, got {sorted(example)}"
-                )
+            if not isinstance(example, dict):
+                raise ValueError(f"task.few_shot[{index}]: expected a mapping, got {example!r:.80}")
+            example_turns(example, f"task.few_shot[{index}]")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> TaskConfig:

@@ -3,30 +3,65 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from llmrl_core.data.history import Message
 from llmrl_core.envs.transforms.base import Transform
 from llmrl_core.envs.types import SlotState
 
 
+def example_turns(example: Mapping[str, Any], where: str, assistant_role: str = "assistant") -> list[tuple[str, str]]:
+    """The (role, text) turns that answer one example's question.
+
+    An example is ``{"question", "response"}`` (one assistant answer) or ``{"question", "turns"}`` where
+    ``turns`` is a list of ``{"role", "content"}`` messages — e.g. an assistant tool call, the tool's output and
+    the final answer — ending with an ``assistant`` message. ``where`` names the example in errors.
+    """
+    question = example.get("question")
+    if not isinstance(question, str) or not question:
+        raise ValueError(f"{where}: needs a non-empty 'question' string")
+    keys = set(example) - {"question"}
+    if keys == {"response"}:
+        response = example["response"]
+        if not isinstance(response, str) or not response:
+            raise ValueError(f"{where}: 'response' must be a non-empty string")
+        return [(assistant_role, response)]
+    if keys != {"turns"}:
+        raise ValueError(f"{where}: needs 'question' and one of 'response' or 'turns', got keys {sorted(example)}")
+    turns = example["turns"]
+    if not isinstance(turns, Sequence) or isinstance(turns, str) or not turns:
+        raise ValueError(f"{where}: 'turns' must be a non-empty list of {{role, content}} messages")
+    out = []
+    for index, turn in enumerate(turns):
+        if not isinstance(turn, Mapping) or set(turn) != {"role", "content"}:
+            raise ValueError(f"{where}.turns[{index}]: expected a {{role, content}} mapping, got {turn!r:.80}")
+        role, content = turn["role"], turn["content"]
+        if not isinstance(role, str) or not role or not isinstance(content, str) or not content:
+            raise ValueError(f"{where}.turns[{index}]: role and content must be non-empty strings")
+        out.append((assistant_role if role == "assistant" else role, content))
+    if out[-1][0] != assistant_role:
+        raise ValueError(f"{where}: the last of 'turns' must be an assistant message, got role {turns[-1]['role']!r}")
+    return out
+
+
 class FewShotExamples(Transform):
-    """Inserts ``examples`` (``{"question", "response"}`` mappings) as user/assistant turns before the last
-    user message of each new conversation (after the system prompt, if any).
+    """Inserts ``examples`` as earlier turns before the last user message of each new conversation (after the
+    system prompt, if any). An example is ``{"question", "response"}`` or, to show a tool round trip,
+    ``{"question", "turns": [{"role", "content"}, ...]}`` (see :func:`example_turns`).
 
     Small instruct models follow a shown format far more reliably than a described one (SmolLM2-135M: 1-3 %
     answer tags from an instruction, ~100 % from three examples). Examples are prompt, never policy tokens.
+    TorchRL has no few-shot transform; this one is ours.
     """
 
     def __init__(
-        self, examples: Sequence[Mapping[str, str]], user_role: str = "user", assistant_role: str = "assistant"
+        self, examples: Sequence[Mapping[str, Any]], user_role: str = "user", assistant_role: str = "assistant"
     ):
         super().__init__()
-        self.examples: list[tuple[str, str]] = []
-        for index, example in enumerate(examples):
-            question, response = example.get("question"), example.get("response")
-            if not isinstance(question, str) or not isinstance(response, str) or not question or not response:
-                raise ValueError(f"few-shot example {index}: needs non-empty 'question' and 'response' strings")
-            self.examples.append((question, response))
+        self.examples: list[tuple[str, list[tuple[str, str]]]] = [
+            (example.get("question", ""), example_turns(example, f"few-shot example {index}", assistant_role))
+            for index, example in enumerate(examples)
+        ]
         self.user_role = user_role
         self.assistant_role = assistant_role
 
@@ -37,6 +72,7 @@ class FewShotExamples(Transform):
         if where is None:
             raise ValueError(f"slot {slot.index}: no {self.user_role!r} message to put the examples before")
         turns = []
-        for question, response in self.examples:
-            turns += [Message(self.user_role, question), Message(self.assistant_role, response)]
+        for question, answer in self.examples:
+            turns.append(Message(self.user_role, question))
+            turns += [Message(role, text) for role, text in answer]
         messages[where:where] = turns
