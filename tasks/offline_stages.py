@@ -34,7 +34,10 @@ def rescore(cfg: OfflineConfig, store_uri: str, run_dir: Path) -> dict[str, Any]
     versions = list(cfg.source.versions) or source.versions(src)
     if not versions:
         raise ValueError(f"run {src!r} has no stored trajectories in {store_uri}")
-    scorer = make_rescorer(cfg.rescore.reward, cfg.rescore.answers, **cfg.rescore.options)
+    options = dict(cfg.rescore.options)
+    if cfg.rescore.reward == "env":
+        options["rewards"] = cfg.env.rewards
+    scorer = make_rescorer(cfg.rescore.reward, cfg.rescore.answers, **options)
     by_version, stored, changed = {}, [], 0
     for version in versions:
         records = source.read_records(src, version=version)

@@ -42,20 +42,32 @@ def dataset_path(source: str) -> Path:
     return path
 
 
-def gsm8k_chat(question: str, answer: str, fmt: str) -> list[dict[str, str]]:
-    """A GSM8K row as a chat: ``tags`` uses the GRPO prompt and ``<think>``/``<answer>`` tags; ``plain`` is verbatim."""
+def env_prompt(cfg: SFTConfig, env: Any, row: dict[str, Any]) -> list[dict[str, str]]:
+    """The messages ``env`` (built from the run's ``env`` + ``task`` sections) opens an episode of ``row`` with."""
+    out = env.reset([{**row, "query": row[cfg.env.prompt_field]}])
+    return [{"role": m.role, "content": m.text} for m in out.history[0].messages]
+
+
+def gsm8k_chat(
+    question: str, answer: str, fmt: str, prompt: list[dict[str, str]] | None = None
+) -> list[dict[str, str]]:
+    """A GSM8K row as a chat: ``tags`` puts ``<think>``/``<answer>`` tags after ``prompt`` (default: the GSM8K
+    system prompt and question template of the GRPO defaults); ``plain`` is verbatim."""
     if fmt == "plain":
         return [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
     reasoning = _CALCULATOR.sub("", answer.rsplit("####", 1)[0]).strip()
-    return [
-        {"role": "system", "content": GSM8K_SYSTEM_PROMPT},
-        {"role": "user", "content": GSM8K_QUESTION_TEMPLATE.format(question=question)},
-        {"role": "assistant", "content": f"<think>{reasoning}</think>\n<answer>{gsm8k_gold(answer)}</answer>"},
-    ]
+    target = f"<think>{reasoning}</think>\n<answer>{gsm8k_gold(answer)}</answer>" if reasoning else None
+    if prompt is None:
+        prompt = [
+            {"role": "system", "content": GSM8K_SYSTEM_PROMPT},
+            {"role": "user", "content": GSM8K_QUESTION_TEMPLATE.format(question=question)},
+        ]
+    return [*prompt, {"role": "assistant", "content": target or f"<answer>{gsm8k_gold(answer)}</answer>"}]
 
 
-def row_chat(row: dict[str, Any], cfg: SFTConfig, where: str) -> list[dict[str, Any]]:
-    """The chat of one dataset row: its ``messages_key`` list, else its question/answer fields."""
+def row_chat(row: dict[str, Any], cfg: SFTConfig, where: str, env: Any = None) -> list[dict[str, Any]]:
+    """The chat of one dataset row: its ``messages_key`` list, else its question/answer fields (prompted by
+    ``env``, the run's env in history mode, when given)."""
     key = cfg.data.messages_key
     if key in row:
         chat = row[key]
@@ -63,7 +75,8 @@ def row_chat(row: dict[str, Any], cfg: SFTConfig, where: str) -> list[dict[str, 
             raise ValueError(f"{where}: field {key!r} must be a list of {{role, content}} objects")
         return chat
     if "question" in row and "answer" in row:
-        return gsm8k_chat(str(row["question"]), str(row["answer"]), cfg.data.gsm8k_format)
+        prompt = env_prompt(cfg, env, row) if env is not None and cfg.data.gsm8k_format == "tags" else None
+        return gsm8k_chat(str(row["question"]), str(row["answer"]), cfg.data.gsm8k_format, prompt)
     raise ValueError(f"{where}: no {key!r} field and no question/answer fields (fields: {sorted(row)})")
 
 
@@ -98,11 +111,17 @@ def prepare_dataset(cfg: SFTConfig, model_path: str, run_dir: Path) -> dict[str,
     n = len(rows) if cfg.data.limit is None else min(cfg.data.limit, len(rows))
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     samples, truncated = [], 0
-    for i in range(n):
-        where = f"{path}: row {i}"
-        sample, cut = tokenize_chat(row_chat(rows[i], cfg, where), tokenizer, cfg.data.max_length, where)
-        samples.append(sample)
-        truncated += cut
+    from llmrl_core.pipeline.env_config import build_env
+
+    env = build_env(cfg.env, cfg.task, None, input_mode="history")  # prompts of question/answer rows
+    try:
+        for i in range(n):
+            where = f"{path}: row {i}"
+            sample, cut = tokenize_chat(row_chat(rows[i], cfg, where, env), tokenizer, cfg.data.max_length, where)
+            samples.append(sample)
+            truncated += cut
+    finally:
+        env.close()
     out = write_samples(run_dir / "sft-data" / "samples.parquet", samples, [s.sample_id for s in samples])
     return {
         "samples": str(out),

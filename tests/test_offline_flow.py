@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -49,6 +51,37 @@ def test_rescorers_by_hand():
         make_rescorer("nope")
     with pytest.raises(ValueError, match="has no 'assistant' message"):
         gsm8k({**_row("0", question, ""), "messages": [{"role": "user", "content": question}]})
+
+
+def test_env_reward_functions_rescore_stored_rows(tmp_path, monkeypatch):
+    (tmp_path / "my_rewards.py").write_text(
+        "def echo_len(prompt, completion, row):\n    return len(prompt) + 0.5 * len(completion)\n"
+        "def has_id(prompt, completion, row):\n    return float(row.get('prompt_id') == '7')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rewards = [{"function": "my_rewards:echo_len", "weight": 0.1}, {"function": "my_rewards:has_id", "name": "id"}]
+    scorer = make_rescorer("env", "", rewards=rewards)
+    row = {
+        "prompt_id": "7",
+        "turn": 0,
+        "messages": [
+            {"role": "user", "content": "example?"},  # a few-shot example: not the prompt
+            {"role": "assistant", "content": "shown"},
+            {"role": "user", "content": "real?"},
+            {"role": "assistant", "content": "abcd"},
+        ],
+    }
+    out = scorer(row)
+    assert out == pytest.approx({"reward": 0.1 * (5 + 2) + 1.0, "echo_len": 0.7, "id": 1.0})
+    with pytest.raises(ConfigError, match="rescore.reward 'env' re-scores with env.rewards"):
+        load_config(OfflineConfig, None, ["source.run_id=a", "rescore.reward=env"])
+    cfg = load_config(
+        OfflineConfig, None, ["source.run_id=a", "rescore.reward=env", "env.rewards=[{function: 'my_rewards:has_id'}]"]
+    )
+    assert cfg.env.rewards[0].function == "my_rewards:has_id"
+    with pytest.raises(ConfigError, match="cannot import module 'nowhere'"):
+        load_config(OfflineConfig, None, ["source.run_id=a", "env.rewards=[{function: 'nowhere:f'}]"])
+    sys.modules.pop("my_rewards", None)
 
 
 def test_config():

@@ -49,6 +49,42 @@ def test_gsm8k_chat_tags():
     assert chat[1]["content"].startswith("Q?")
 
 
+def test_question_rows_get_the_prompt_of_the_runs_env():
+    from llmrl_core.pipeline.config_io import build
+    from llmrl_core.pipeline.env_config import build_env
+    from llmrl_core.pipeline.sft_config import SFTConfig
+    from tasks.sft_stages import row_chat
+
+    row = {"question": "What is 12 * 13?", "answer": "#### 156"}
+    default = SFTConfig()
+    env = build_env(default.env, default.task, None, input_mode="history")
+    assert row_chat(row, default, "r0", env) == gsm8k_chat(row["question"], row["answer"], "tags")  # GRPO defaults
+    env.close()
+    shot = {
+        "question": "What is 2 * 3?",
+        "turns": [
+            {"role": "assistant", "content": "```python\nprint(2 * 3)\n```"},
+            {"role": "tool", "content": "Code block 1 executed successfully:\n6\n"},
+            {"role": "assistant", "content": "<answer>6</answer>"},
+        ],
+    }
+    cfg = build(
+        SFTConfig,
+        {
+            "env": {"name": "arithmetic_python"},
+            "task": {"system_prompt": "Solve.", "question_template": None, "few_shot": [shot]},
+        },
+    )
+    env = build_env(cfg.env, cfg.task, None, input_mode="history")
+    chat = row_chat(row, cfg, "r0", env)
+    env.close()
+    assert [m["role"] for m in chat] == ["system", "user", "assistant", "tool", "assistant", "user", "assistant"]
+    assert "```python" in chat[0]["content"]  # the tool's instructions, as the GRPO env gives them
+    assert chat[-2]["content"] == "What is 12 * 13?" and chat[-1]["content"] == "<answer>156</answer>"
+    with pytest.raises(ValueError, match="env.name"):
+        build(SFTConfig, {"env": {"name": "nope"}})
+
+
 def test_samples_file_round_trip(tmp_path):
     from llmrl_core.trainer.batch import TrainSample
 

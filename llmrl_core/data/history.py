@@ -337,3 +337,18 @@ class HistoryBatch:
 
 
 __all__ = ["ContentBase", "History", "HistoryBatch", "KNOWN_ROLES", "Message", "TokenizedChat"]
+
+
+def episode_start(messages: Sequence[Message], policy_role: str, turns: int) -> int:
+    """Index of the first of the last ``turns`` ``policy_role`` messages: where an episode's own answers begin,
+    after the prompt and any few-shot example turns (which are also ``policy_role`` messages)."""
+    policy = [i for i, m in enumerate(messages) if m.role == policy_role]
+    if turns < 1 or turns > len(policy):
+        return len(messages)
+    return policy[len(policy) - turns]
+
+
+def episode_prompt(messages: Sequence[Message], policy_role: str, turns: int, user_role: str = "user") -> str:
+    """The text of the user message an episode answers: the last ``user_role`` message before its first answer."""
+    start = episode_start(messages, policy_role, turns)
+    return next((m.text for m in reversed(messages[:start]) if m.role == user_role), "")

@@ -20,13 +20,14 @@ from dataclasses import replace
 from typing import Any
 
 from llmrl_core.collectors.trajectory import Trajectory
+from llmrl_core.data.history import episode_start
 from llmrl_core.envs.chat_env import ChatEnv
 from llmrl_core.envs.types import PromptRow
 from llmrl_core.evaluation.results import EvaluationResult, ModeResult, QuestionOutcome, SampleOutcome
 from llmrl_core.policies.base import SamplingConfig
 
 
-def episode_outcome(t: Trajectory) -> SampleOutcome:
+def episode_outcome(t: Trajectory, policy_role: str = "assistant") -> SampleOutcome:
     """One finished episode as a scored sample (see the module docstring)."""
     info = t.info
     if "success" in info:
@@ -38,8 +39,7 @@ def episode_outcome(t: Trajectory) -> SampleOutcome:
     calls = list(info.get("tool_calls", []))
     n_calls = int(info.get("num_tool_calls", len(calls)))
     errors = sum(1 for call in calls if call.get("error"))
-    first_user = max((i for i, m in enumerate(t.history.messages) if m.role == "user"), default=-1)
-    after = t.history.messages[first_user + 1 :]
+    after = t.history.messages[episode_start(t.history.messages, policy_role, t.num_turns) :]
     text = "\n".join(f"[{m.role}] {m.text}" for m in after) if len(after) > 1 else (after[0].text if after else "")
     return SampleOutcome(
         text=text,
@@ -76,9 +76,11 @@ def _play(
     return [sorted(g, key=lambda t: t.sample_index) for g in groups]
 
 
-def _mode(name: str, groups: list[list[Trajectory]], answers: Sequence[str], n: int, temperature: float) -> ModeResult:
+def _mode(
+    name: str, groups: list[list[Trajectory]], answers: Sequence[str], n: int, temperature: float, role: str
+) -> ModeResult:
     questions = [
-        QuestionOutcome(index, answers[index], [episode_outcome(t) for t in group])
+        QuestionOutcome(index, answers[index], [episode_outcome(t, role) for t in group])
         for index, group in enumerate(groups)
     ]
     return ModeResult(mode=name, n_samples=n, temperature=temperature, questions=questions)
@@ -115,13 +117,14 @@ def evaluate_env(
     if bad_k:
         raise ValueError(f"k_values {bad_k} must lie in 1..n_samples ({n_samples})")
     answers = [str(row.get(answer_field, "")) for row in rows]
+    role = env.policy_role
     modes: dict[str, ModeResult] = {}
     if greedy:
         greedy_cfg = replace(sampling, temperature=0.0, top_p=1.0)
-        modes["greedy"] = _mode("greedy", _play(worker, env, rows, prompt_field, greedy_cfg, 1), answers, 1, 0.0)
+        modes["greedy"] = _mode("greedy", _play(worker, env, rows, prompt_field, greedy_cfg, 1), answers, 1, 0.0, role)
     if n_samples > 0:
         groups = _play(worker, env, rows, prompt_field, sampling, n_samples)
-        modes["sampled"] = _mode("sampled", groups, answers, n_samples, sampling.temperature)
+        modes["sampled"] = _mode("sampled", groups, answers, n_samples, sampling.temperature, role)
     info = {
         "num_questions": len(rows),
         "n_samples": n_samples,

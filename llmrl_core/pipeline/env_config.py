@@ -13,11 +13,11 @@ Three ways to name an environment, all checked by :func:`validate_env_config` be
   ``factory(tokenizer=..., input_mode=..., **options)``;
 - on top of either, ``transforms`` (a list of ``{name: {options}}``, :data:`TRANSFORMS`) appends tools and
   transforms, and ``rewards`` adds reward functions named ``module:function`` with weights. A reward function
-  takes ``(prompt, completion, row)`` — the rendered prompt text, the episode's last assistant message and the
-  prompt row's fields — and returns a float; TRL users know the convention. It is called once per episode,
-  when the episode ends; its weighted value is added to the reward and kept under its ``name`` in
-  ``reward_components``. ``env_reward: false`` drops the environment's own reward (the episode still ends
-  where the env says).
+  takes ``(prompt, completion, row)`` — the text of the user message the episode answers (not a few-shot
+  example's), the episode's last assistant message and the prompt row's fields — and returns a float; TRL
+  users know the convention. It is called once per episode, when the episode ends; its weighted value is
+  added to the reward and kept under its ``name`` in ``reward_components``. ``env_reward: false`` drops the
+  environment's own reward (the episode still ends where the env says).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmrl_core.data.history import episode_prompt
 from llmrl_core.envs.transforms.base import Transform
 
 SINGLE_TURN = ("gsm8k", "arithmetic")
@@ -212,9 +213,11 @@ class RewardFunctions(Transform):
         max_turns = getattr(self.parent, "max_turns", None)
         if not (slot.done or (max_turns is not None and slot.turn >= max_turns)):  # the env ends it after us
             return
-        assistant = slot.last_message("assistant")
+        role = getattr(self.parent, "policy_role", "assistant")
+        assistant = slot.last_message(role)
         completion = assistant.text if assistant is not None else ""
-        prompt = next((m.text for m in slot.history.messages if m.role == "user"), "")
+        user_role = getattr(self.parent, "user_role", "user")
+        prompt = episode_prompt(slot.history.messages, role, slot.turn, user_role)  # not a few-shot example's
         for fn, weight, name in self.functions:
             value = float(fn(prompt, completion, dict(slot.data)))
             slot.add_reward(weight * value, name=name or getattr(fn, "__name__", "reward_fn"))

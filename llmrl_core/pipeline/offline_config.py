@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmrl_core.pipeline.env_config import EnvConfig, validate_env_config
 from llmrl_core.pipeline.grpo_config import DaskConfig, TrainConfig
+from llmrl_core.pipeline.task_config import TaskConfig
 
 
 @dataclass
@@ -28,7 +30,7 @@ class OfflineSourceConfig:
 class RescoreConfig:
     """The reward to re-score stored responses with (``stored`` keeps their rewards)."""
 
-    reward: str = "stored"  # a name in llmrl_core.pipeline.rescoring.REWARDS: stored | gsm8k | gsm8k_strict | brevity
+    reward: str = "stored"  # in rescoring.REWARDS: stored | gsm8k | gsm8k_strict | brevity | env (env.rewards)
     answers: str = "gsm8k:train"  # gsm8k rewards: the dataset the stored prompt ids index (gsm8k:SPLIT or a path)
     options: dict[str, Any] = field(default_factory=dict)  # reward options, e.g. {format_reward: 0.0}
 
@@ -50,10 +52,17 @@ class OfflineConfig:
     rescore: RescoreConfig = field(default_factory=RescoreConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     dask: DaskConfig = field(default_factory=DaskConfig)
+    # The env the trained versions are used in (`llmrl run evaluate` plays it); with rescore.reward "env" its
+    # reward functions re-score the stored responses.
+    task: TaskConfig = field(default_factory=TaskConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
 
     def __post_init__(self) -> None:
         if self.epochs < 0:
             raise ValueError("epochs must be >= 0")
+        validate_env_config(self.env)
+        if self.rescore.reward == "env" and not self.env.rewards:
+            raise ValueError("rescore.reward 'env' re-scores with env.rewards, which is empty")
         if self.groups_per_step < 1:
             raise ValueError("groups_per_step must be >= 1")
         if self.run_id == self.source.run_id:

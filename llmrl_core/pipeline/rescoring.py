@@ -12,15 +12,19 @@ A reward here is a callable on one stored row (a mapping with the trajectory fie
   message, so a wrong dataset fails loudly instead of scoring against the wrong answers.
 - ``gsm8k_strict``: as ``gsm8k`` with no format bonus (``format_reward`` 0).
 - ``brevity``: ``1 - min(n, max_tokens) / max_tokens`` for ``n`` assistant tokens (shorter is better).
+- ``env``: the run's ``env.rewards`` functions (``module:function`` on ``(prompt, completion, row)``, weighted, as
+  the GRPO flow pays them): ``prompt`` is the user message the episode answered, ``completion`` its last
+  assistant message, ``row`` the dataset row from ``answers`` when given (else the stored row's ids).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from llmrl_core.builtin_data import gsm8k_path
+from llmrl_core.data.history import Message, episode_prompt
 from llmrl_core.envs.data_sources import open_source
 from llmrl_core.envs.gsm8k_reward import GSM8KRewardParser
 
@@ -122,5 +126,36 @@ def _brevity(answers: str = "", max_tokens: int = 256) -> Rescorer:
         mask = row.get("response_mask") or [True] * len(row["response_tokens"])
         n = sum(bool(m) for m in mask)
         return {"reward": 1.0 - min(n, max_tokens) / max_tokens, "assistant_tokens": float(n)}
+
+    return score
+
+
+@register_reward("env")
+def _env_rewards(answers: str = "", rewards: Sequence[Any] = ()) -> Rescorer:
+    from llmrl_core.pipeline.env_config import RewardFunctionConfig, import_object
+
+    specs = [r if isinstance(r, RewardFunctionConfig) else RewardFunctionConfig(**r) for r in rewards]
+    if not specs:
+        raise ValueError("reward 'env' needs the env's reward functions (env.rewards is empty)")
+    functions = [
+        (import_object(s.function, f"env.rewards[{i}].function"), s.weight, s.name) for i, s in enumerate(specs)
+    ]
+    table = AnswerTable(answers) if answers else None
+
+    def score(row: Mapping[str, Any]) -> dict[str, float]:
+        messages = [Message(m["role"], m.get("content") or "") for m in row["messages"]]
+        turns = sum(1 for m in messages if m.role == "assistant") if row.get("turn") is None else int(row["turn"]) + 1
+        prompt = episode_prompt(messages, "assistant", turns)
+        if table is not None:
+            table.lookup(row)  # the row's question must be the stored prompt's: a wrong dataset fails here
+            data = dict(table.rows[str(row["prompt_id"])])
+        else:
+            data = {"prompt_id": row.get("prompt_id")}
+        out = {"reward": 0.0}
+        for fn, weight, name in functions:
+            value = weight * float(fn(prompt, last_message(row, "assistant"), data))
+            out[name or getattr(fn, "__name__", "reward_fn")] = value
+            out["reward"] += value
+        return out
 
     return score

@@ -16,7 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from llmrl_core.pipeline.env_config import EnvConfig, validate_env_config
 from llmrl_core.pipeline.grpo_config import DaskConfig
+from llmrl_core.pipeline.task_config import TaskConfig
 
 
 @dataclass
@@ -25,7 +27,7 @@ class SFTDataConfig:
 
     source: str = "gsm8k:train"  # "gsm8k:train" | "gsm8k:test" | a .jsonl/.parquet path
     messages_key: str = "messages"  # rows with this field are chats; otherwise question/answer rows
-    gsm8k_format: Literal["tags", "plain"] = "tags"  # tags: GRPO prompt + <think>..</think><answer>..</answer>
+    gsm8k_format: Literal["tags", "plain"] = "tags"  # tags: the env's prompt + <think>..</think><answer>..</answer>
     limit: int | None = 64  # first N rows (None: all)
     max_length: int = 1024  # tokens per sample (prompt + response); longer samples are truncated
 
@@ -88,9 +90,14 @@ class SFTConfig:
     trajectories: SFTTrajectoriesConfig = field(default_factory=SFTTrajectoriesConfig)
     train: SFTTrainConfig = field(default_factory=SFTTrainConfig)
     dask: DaskConfig = field(default_factory=DaskConfig)
+    # The env the run's versions are used in: question/answer rows (gsm8k_format "tags") get the prompt this env
+    # gives them (system prompt, few-shot turns, tool instructions), and `llmrl run evaluate` plays it.
+    task: TaskConfig = field(default_factory=TaskConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
 
     def __post_init__(self) -> None:
         if self.epochs < 0:
             raise ValueError("epochs must be >= 0")
+        validate_env_config(self.env)
         if self.source == "trajectories" and not self.trajectories.run_id:
             raise ValueError("source 'trajectories' needs trajectories.run_id")
