@@ -18,6 +18,7 @@ from prefect import flow, get_run_logger
 from llmrl_core.model_store import resolve_model
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
+from llmrl_core.pipeline.preflight import preflight
 from storage.checkpoints import CheckpointStore
 from storage.layout import RunLayout, default_runs_root
 from storage.trajectories import TrajectoryStore
@@ -37,6 +38,7 @@ def collect(
     """Collect ``batches`` batches of rollouts with ``policy_version`` of the configured run."""
     log = get_run_logger()
     cfg = load_config(GRPOConfig, config, overrides or [])
+    preflight(cfg)  # before any task, cluster, engine or write
     out_run = out_run_id or f"{cfg.run_id}-collect"
     layout = RunLayout(cfg.run_id, Path(cfg.runs_dir) if cfg.runs_dir else default_runs_root())
     out_layout = RunLayout(out_run, layout.runs_root)

@@ -25,6 +25,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from llmrl_core.pipeline.preflight import PreflightError, check_run_id
 from tasks.evaluate import (
     env_scoring,
     evaluate_version,
@@ -34,6 +35,7 @@ from tasks.evaluate import (
     release_engines,
     resolve_versions,
     run_env,
+    run_exists,
     run_task,
     write_report,
 )
@@ -63,6 +65,9 @@ def evaluate(
     the report rows and where MLflow recorded them. ``source`` names the held-out prompts (default: the run's
     ``task.eval_source``), ``task`` overrides keys of the run's task section (prompt format, rewards).
     ``keep_engine`` keeps the engine resident after the run."""
+    check_run_id(run_id)
+    if not run_exists(run_id, runs_dir):
+        raise PreflightError(f"run_id: no run {run_id!r} under {runs_dir or 'the runs root ($LLMRL_HOME/runs)'}")
     logger = get_run_logger()
     if k_values is None:
         k_values = [1, n_samples] if n_samples > 1 else [1]

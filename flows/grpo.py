@@ -21,6 +21,7 @@ from prefect import flow, get_run_logger
 from llmrl_core.model_store import resolve_model
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
+from llmrl_core.pipeline.preflight import preflight
 from storage.checkpoints import CheckpointStore
 from storage.layout import RunLayout, default_runs_root
 from storage.lineage import LineageConfig, LineageRecorder
@@ -54,6 +55,7 @@ def grpo(config: str | None = None, overrides: list[str] | None = None) -> dict[
     """Run (or resume) GRPO: ``config`` is a YAML file, ``overrides`` are ``section.key=value`` strings."""
     log = get_run_logger()
     cfg = load_config(GRPOConfig, config, overrides or [])
+    preflight(cfg)  # before any task, cluster, engine or write
     layout = RunLayout(cfg.run_id, Path(cfg.runs_dir) if cfg.runs_dir else default_runs_root())
     run_dir, store_uri = layout.run_dir, layout.trajectories_uri
     staging_uri = str(run_dir / "staging")

@@ -21,6 +21,7 @@ from flows.sft import EPOCH_METRICS
 from llmrl_core.model_store import resolve_model
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.offline_config import OfflineConfig
+from llmrl_core.pipeline.preflight import preflight
 from storage.checkpoints import CheckpointStore
 from storage.layout import RunLayout, default_runs_root
 from storage.lineage import LineageConfig, LineageRecorder
@@ -37,6 +38,7 @@ def offline(config: str | None = None, overrides: list[str] | None = None) -> di
     """Run (or resume) offline GRPO: ``config`` is a YAML file, ``overrides`` are ``section.key=value`` strings."""
     log = get_run_logger()
     cfg = load_config(OfflineConfig, config, overrides or [])
+    preflight(cfg)  # before any task, cluster, engine or write
     layout = RunLayout(cfg.run_id, Path(cfg.runs_dir) if cfg.runs_dir else default_runs_root())
     run_dir = layout.run_dir
     model_path = resolve_model(cfg.model)

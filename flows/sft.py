@@ -21,6 +21,7 @@ from prefect import flow, get_run_logger
 
 from llmrl_core.model_store import resolve_model
 from llmrl_core.pipeline.config_io import load_config
+from llmrl_core.pipeline.preflight import preflight
 from llmrl_core.pipeline.sft_config import SFTConfig
 from storage.checkpoints import CheckpointStore
 from storage.layout import RunLayout, default_runs_root
@@ -57,6 +58,7 @@ def sft(config: str | None = None, overrides: list[str] | None = None) -> dict[s
     """Run (or resume) SFT: ``config`` is a YAML file, ``overrides`` are ``section.key=value`` strings."""
     log = get_run_logger()
     cfg = load_config(SFTConfig, config, overrides or [])
+    preflight(cfg)  # before any task, cluster, engine or write
     layout = RunLayout(cfg.run_id, Path(cfg.runs_dir) if cfg.runs_dir else default_runs_root())
     run_dir = layout.run_dir
     model_path = resolve_model(cfg.model)

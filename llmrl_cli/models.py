@@ -45,4 +45,11 @@ def path(
     model: str = typer.Argument("default", help="'default', a local folder or a Hugging Face id."),
 ) -> None:
     """Print where a model reference resolves to (preparing the default model if needed)."""
+    from llmrl_core.pipeline.preflight import PreflightError, check_model
+
+    try:
+        check_model(model, "model")
+    except PreflightError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from err
     typer.echo(model_store.resolve_model(model, progress=lambda m: typer.echo(f"  {m}", err=True)))

@@ -25,18 +25,10 @@ def run_grpo(
 
     Running the same run_id again resumes after its last published version.
     """
-    from llmrl_core.pipeline.config_io import ConfigError, load_config, to_dict
+    from llmrl_cli.run_more import load_checked
     from llmrl_core.pipeline.grpo_config import GRPOConfig
 
-    try:
-        cfg = load_config(GRPOConfig, config, overrides or [])
-    except ConfigError as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(2) from err
-    if show_config:
-        import yaml
-
-        typer.echo(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    if load_checked(GRPOConfig, config, overrides, show_config) is None:
         return
     from flows.grpo import grpo
 
@@ -56,6 +48,12 @@ def run_collect(
     out_run_id: str = typer.Option(None, "--out-run-id", help="Run id to store the rollouts under."),
 ) -> None:
     """Rollouts only: sample a stored policy version and keep every response (no training)."""
+    from llmrl_cli.run_more import load_checked
+    from llmrl_core.pipeline.grpo_config import GRPOConfig
+
+    load_checked(GRPOConfig, config, overrides, False)
+    if out_run_id is not None:
+        _check_id(out_run_id, "--out-run-id")
     from flows.collect import collect
 
     summary = collect(
@@ -82,9 +80,21 @@ def run_evaluate(
     runs_dir: str = typer.Option(None, help="Runs root (default $LLMRL_HOME/runs)."),
 ) -> None:
     """Held-out accuracy, tag rate, mean reward and pass@k of a run's versions, greedy and sampled."""
+    _check_id(run_id, "RUN_ID")
+    chosen: list[int] | str = "all"
+    if versions != "all":
+        try:
+            chosen = [int(v) for v in versions.split(",")]
+        except ValueError:
+            typer.echo(f"error: --versions must be 'all' or a comma list of integers (e.g. 0,2,3), got {versions!r}")
+            raise typer.Exit(2) from None
+    from tasks.evaluate import run_exists
+
+    if not run_exists(run_id, runs_dir):
+        typer.echo(f"error: no run {run_id!r} under {runs_dir or 'the runs root ($LLMRL_HOME/runs)'}", err=True)
+        raise typer.Exit(2)
     from flows.evaluate import evaluate
 
-    chosen: list[int] | str = versions if versions == "all" else [int(v) for v in versions.split(",")]
     summary = evaluate(
         run_id,
         versions=chosen,
@@ -97,3 +107,13 @@ def run_evaluate(
         source=source,
     )
     typer.echo(f"report: {summary['report_markdown']}\ncurves: {summary['report_png']}")
+
+
+def _check_id(run_id: str, setting: str) -> None:
+    from llmrl_core.pipeline.preflight import PreflightError, check_run_id
+
+    try:
+        check_run_id(run_id, setting)
+    except PreflightError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from err

@@ -12,12 +12,17 @@ from typing import Any
 import typer
 
 
-def _load(config_cls: type, config: Path | None, overrides: list[str] | None, show_config: bool) -> Any:
+def load_checked(config_cls: type, config: Path | None, overrides: list[str] | None, show_config: bool) -> Any:
+    """The run config, loaded and pre-flight checked (a bad setting exits 2 with its message before any flow,
+    server, cluster or engine starts); None when ``--show-config`` printed it."""
     from llmrl_core.pipeline.config_io import ConfigError, load_config, to_dict
+    from llmrl_core.pipeline.preflight import PreflightError, preflight
 
     try:
         cfg = load_config(config_cls, config, overrides or [])
-    except ConfigError as err:
+        if not show_config:
+            preflight(cfg)
+    except (ConfigError, PreflightError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from err
     if show_config:
@@ -51,7 +56,7 @@ def run_sft(
     """
     from llmrl_core.pipeline.sft_config import SFTConfig
 
-    cfg = _load(SFTConfig, config, overrides, show_config)
+    cfg = load_checked(SFTConfig, config, overrides, show_config)
     if cfg is None:
         return
     from flows.sft import sft
@@ -75,7 +80,7 @@ def run_offline(
     """
     from llmrl_core.pipeline.offline_config import OfflineConfig
 
-    cfg = _load(OfflineConfig, config, overrides, show_config)
+    cfg = load_checked(OfflineConfig, config, overrides, show_config)
     if cfg is None:
         return
     from flows.offline import offline

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 
@@ -15,3 +16,7 @@ def llmrl_home() -> Path:
 def models_dir() -> Path:
     """Folder that holds prepared Hugging Face model folders."""
     return llmrl_home() / "models"
+
+
+# A run id / shard name becomes a path segment: letters, digits, '.', '_', '-' (not first), at most 200 characters.
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")

@@ -34,6 +34,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from llmrl_core.paths import SAFE_NAME
 from storage.filesystems import TEMP_MARKER, is_temp_name, read_bytes, resolve_filesystem, write_bytes_atomic
 from storage.schema import (
     SCHEMA_VERSION,
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     import datasets
 
 PARTITIONING = ds.partitioning(pa.schema([("run_id", pa.string()), ("policy_version", pa.int64())]), flavor="hive")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+_NAME = SAFE_NAME
 _RUN_DIR = re.compile(r"^run_id=(.+)$")
 _VERSION_DIR = re.compile(r"^policy_version=(\d+)$")
 
@@ -74,10 +75,14 @@ class ShardInfo:
     size_bytes: int | None = None
 
 
+class InvalidNameError(TrajectoryStoreError, ValueError):
+    """A run id or shard name that cannot be a path segment (a bad input, so also a ValueError)."""
+
+
 def check_name(value: str, what: str) -> str:
     """Validate a run id or shard name: it becomes a path segment."""
     if not isinstance(value, str) or not _NAME.match(value) or ".tmp-" in value:
-        raise TrajectoryStoreError(
+        raise InvalidNameError(
             f"invalid {what} {value!r}: use letters, digits, '.', '_' or '-' (not first), at most 200 characters"
         )
     return value
@@ -135,6 +140,8 @@ class TrajectoryStore:
         """
         path = self.shard_path(run_id, policy_version, shard)
         table = validate_table(rows) if isinstance(rows, pa.Table) else records_to_table(rows)
+        if table.num_rows == 0:  # a 0-row shard would make an empty partition look like a stored version
+            raise TrajectoryValidationError(f"shard {path}: no rows to write (a shard holds at least one row)")
         for field, expected in (("run_id", run_id), ("policy_version", policy_version)):
             bad = pc.not_equal(table.column(field), pa.scalar(expected, TRAJECTORY_SCHEMA.field(field).type))
             if pc.any(bad).as_py():
@@ -275,11 +282,30 @@ class TrajectoryStore:
 
     def read_table(self, run_id: str | Sequence[str] | None = None, **selection: Any) -> pa.Table:
         """The selected rows as one pyarrow Table (same selection arguments as :meth:`scanner`)."""
-        return self.scanner(run_id, **selection).to_table()
+        try:
+            return self.scanner(run_id, **selection).to_table()
+        except (OSError, pa.ArrowException) as err:
+            raise self._corruption_error(run_id, selection, err) from err
 
     def iter_batches(self, run_id: str | Sequence[str] | None = None, **selection: Any) -> Iterator[pa.RecordBatch]:
         """The selected rows as record batches of at most ``batch_size`` rows (streaming, low memory)."""
-        yield from self.scanner(run_id, **selection).to_batches()
+        try:
+            yield from self.scanner(run_id, **selection).to_batches()
+        except (OSError, pa.ArrowException) as err:
+            raise self._corruption_error(run_id, selection, err) from err
+
+    def _corruption_error(self, run_id: Any, selection: Mapping[str, Any], err: Exception) -> TrajectoryStoreError:
+        """Name the shard that cannot be read (each shard of the selection is read alone to find it)."""
+        keys = ("version", "min_version", "max_version")
+        for shard in self.shards(run_id, **{k: v for k, v in selection.items() if k in keys}):
+            try:
+                pq.read_table(shard.path, filesystem=self.fs)
+            except (OSError, pa.ArrowException) as shard_err:
+                return TrajectoryStoreError(
+                    f"shard {shard.path} is corrupt ({shard_err}); the run's other shards and versions stay readable: "
+                    "move the file away (select other versions to read around it) or re-collect that version"
+                )
+        return TrajectoryStoreError(f"cannot read the selected trajectories under {self.uri}: {err}")
 
     def read_records(self, run_id: str | Sequence[str] | None = None, **selection: Any) -> list[TrajectoryRecord]:
         """The selected rows as :class:`TrajectoryRecord` objects."""
@@ -304,7 +330,13 @@ class TrajectoryStore:
             digest.update(shard.name.encode() + b"\0")
             data = read_bytes(self.fs, shard.path)
             digest.update(hashlib.sha256(data).digest())
-            rows += pq.read_metadata(pa.BufferReader(data)).num_rows
+            try:
+                rows += pq.read_metadata(pa.BufferReader(data)).num_rows
+            except (OSError, pa.ArrowException) as err:
+                raise TrajectoryStoreError(
+                    f"shard {shard.path} is not a readable parquet file ({err}); move it away or re-collect "
+                    f"version {policy_version} of run {run_id!r}"
+                ) from err
         return digest.hexdigest(), rows, shards
 
     def partition_uri(self, run_id: str, policy_version: int) -> str:

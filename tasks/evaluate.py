@@ -114,6 +114,12 @@ def _base_state_dict(model: str | None) -> dict[str, Any]:
     return state
 
 
+def run_exists(run_id: str, runs_dir: str | None) -> bool:
+    """Whether ``run_id`` has a run folder with a stored config or checkpoints under the runs root."""
+    layout = RunLayout(run_id, runs_root=Path(runs_dir)) if runs_dir else RunLayout(run_id)
+    return (layout.run_dir / "config.json").is_file() or layout.checkpoints_dir.is_dir()
+
+
 def run_env(run_id: str, runs_dir: str | None) -> dict[str, Any]:
     """The ``env`` section a run trained with (``RUN/config.json``; ``{}`` — GSM8K-style — for older runs)."""
     layout = RunLayout(run_id, runs_root=Path(runs_dir)) if runs_dir else RunLayout(run_id)

@@ -1,0 +1,148 @@
+"""Pre-flight checks: everything a run needs that can be checked cheaply, checked before it starts anything.
+
+Every flow calls :func:`preflight` on its config before its first Prefect task, Dask cluster, engine or
+file write (and the CLI before it starts a flow at all), so a bad run id, model reference or data source fails
+in a second with a message naming the setting, the file and the row, and leaves nothing behind:
+
+- run ids (``run_id``, ``source.run_id``, ``trajectories.run_id``) are safe folder names;
+- ``model``: the packaged default, a local model folder (with ``config.json``), or a hub id that is in the local
+  Hugging Face cache (an uncached id fails when the machine is offline: ``HF_HUB_OFFLINE`` /
+  ``TRANSFORMERS_OFFLINE``);
+- data sources open, are not empty, and their first rows have the fields the env reads, as non-empty strings.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from llmrl_core.paths import SAFE_NAME
+
+FIRST_ROWS = 16  # rows read from each data source (a first batch)
+
+
+class PreflightError(ValueError):
+    """A setting that would make the run fail later; the message names the setting and what to do."""
+
+
+def check_run_id(run_id: Any, setting: str = "run_id") -> str:
+    """``run_id`` as a safe folder name (letters, digits, ``.``, ``_``, ``-``; no path separators)."""
+    if not isinstance(run_id, str) or not SAFE_NAME.match(run_id) or ".tmp-" in run_id:
+        raise PreflightError(
+            f"{setting}: {run_id!r} is not a valid run id (use letters, digits, '.', '_' and '-', starting with a "
+            "letter or digit, at most 200 characters; no '/')"
+        )
+    return run_id
+
+
+def _offline() -> bool:
+    flags = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    return any(os.environ.get(k, "").lower() in ("1", "true", "yes") for k in flags)
+
+
+def check_model(model: Any, setting: str = "model") -> None:
+    """The model reference resolves without a download this machine cannot make (see the module docstring)."""
+    from llmrl_core.model_store import DEFAULT_MODEL_ALIASES
+
+    if model is None or (isinstance(model, str) and model.lower() in DEFAULT_MODEL_ALIASES):
+        return
+    text = str(model)
+    path = Path(text).expanduser()
+    looks_like_path = text.startswith(("/", ".", "~")) or os.sep + os.sep in text or text.count("/") > 1
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise PreflightError(f"{setting}: {path} is a folder but has no config.json (not a Hugging Face model)")
+        return
+    if path.exists():
+        raise PreflightError(f"{setting}: {path} is a file; give the model's folder (the one with config.json)")
+    if looks_like_path:
+        raise PreflightError(f"{setting}: {text!r}: no such folder (give a model folder, a hub id, or 'default')")
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover (transformers depends on it)
+        return
+    cached = try_to_load_from_cache(text, "config.json")
+    if isinstance(cached, str):
+        return
+    if _offline():
+        raise PreflightError(
+            f"{setting}: {text!r} is neither a local folder nor a model in the Hugging Face cache, and this "
+            "machine is offline (HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE); download it where there is a network "
+            "(`huggingface-cli download`) or use 'default' (the packaged SmolLM2-135M)"
+        )
+
+
+def source_rows(source: str, setting: str, limit: int = FIRST_ROWS) -> list[dict[str, Any]]:
+    """The first ``limit`` rows of a data source string (clear errors for unknown schemes, bad files, no rows)."""
+    from llmrl_core.builtin_data.sources import resolve_source
+    from llmrl_core.envs.data_sources import open_source
+
+    if not isinstance(source, str) or not source:
+        raise PreflightError(f"{setting}: expected a source name or a file path, got {source!r}")
+    if "://" in source:
+        raise PreflightError(
+            f"{setting}: {source!r}: remote sources are not read here (no downloads at run time); save the rows "
+            "as a local .jsonl/.parquet file, or use gsm8k:train, arithmetic:train, ifeval, guess_number:train"
+        )
+    try:
+        resolved = resolve_source(source)
+        rows = open_source(resolved)
+        count = len(rows)
+        first = [rows[i] for i in range(min(limit, count))]
+    except (OSError, ValueError, TypeError) as err:
+        raise PreflightError(f"{setting}: {err}") from err
+    if count == 0:
+        raise PreflightError(f"{setting}: {source!r} has no rows")
+    return first
+
+
+def check_rows(rows: Iterable[dict[str, Any]], fields: Iterable[str], where: str) -> None:
+    """Each row has each field as a non-empty string; the error names the row and the field."""
+    for index, row in enumerate(rows):
+        for name in fields:
+            if name not in row:
+                raise PreflightError(f"{where}: row {index} has no field {name!r} (fields: {sorted(row)})")
+            value = row[name]
+            if not isinstance(value, str) or not value.strip():
+                raise PreflightError(
+                    f"{where}: row {index} field {name!r} must be a non-empty string, got "
+                    f"{type(value).__name__} {value!r:.60}"
+                )
+
+
+def env_fields(env: Any) -> tuple[str, ...]:
+    """The row fields the run's env reads: its prompt field, and ``answer`` for the answer-checking built-ins."""
+    if env.factory is not None:
+        return (env.prompt_field,)
+    if env.name in ("gsm8k", "arithmetic", "gsm8k_python", "arithmetic_python", "arithmetic_mcp"):
+        return (env.prompt_field, "answer")
+    return (env.prompt_field,)
+
+
+def check_source(source: str, fields: Iterable[str], setting: str) -> None:
+    """The source opens, has rows, and its first rows carry ``fields`` as non-empty strings."""
+    check_rows(source_rows(source, setting), tuple(fields), f"{setting} {source!r}")
+
+
+def preflight(cfg: Any) -> None:
+    """Check a run config of any flow (GRPO/collect, SFT, offline) before the flow starts anything."""
+    from llmrl_core.pipeline.grpo_config import GRPOConfig
+    from llmrl_core.pipeline.offline_config import OfflineConfig
+    from llmrl_core.pipeline.sft_config import SFTConfig
+
+    check_run_id(cfg.run_id)
+    check_model(cfg.model)
+    if isinstance(cfg, GRPOConfig):
+        check_source(cfg.data.source, env_fields(cfg.env), "data.source")
+    elif isinstance(cfg, SFTConfig):
+        if cfg.source == "dataset":
+            rows = source_rows(cfg.data.source, "data.source")
+            key = cfg.data.messages_key
+            plain = [r for r in rows if key not in r]
+            check_rows(plain, ("question", "answer"), f"data.source {cfg.data.source!r} (rows without {key!r})")
+        else:
+            check_run_id(cfg.trajectories.run_id, "trajectories.run_id")
+    elif isinstance(cfg, OfflineConfig):
+        check_run_id(cfg.source.run_id, "source.run_id")

@@ -1,0 +1,143 @@
+"""Bad input fails before anything starts: each case asserts the message names the setting / file / row, and that
+nothing was written (no run folder, no trajectories, no MLflow store). Cases from the "first hour" review."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from llmrl_cli.main import app
+
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch):
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("LLMRL_RUNS_DIR", str(runs))
+    runner = CliRunner()
+
+    def invoke(*args: str) -> tuple[int, str]:
+        result = runner.invoke(app, list(args))
+        return result.exit_code, result.output
+
+    invoke.runs = runs  # type: ignore[attr-defined]
+    return invoke
+
+
+def _nothing_written(runs) -> bool:
+    return not runs.exists() or not any(runs.rglob("*"))
+
+
+def _data(tmp_path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("make_overrides", "message"),
+    [
+        (lambda d: ["data.source=" + str(d / "missing.jsonl")], "missing.jsonl"),
+        (lambda d: ["data.source=" + _data(d, "noq.jsonl", '{"prompt": "x", "answer": "1"}\n')], "no field 'question'"),
+        (lambda d: ["data.source=" + _data(d, "empty.jsonl", "")], "has no rows"),
+        (lambda d: ["data.source=" + _data(d, "bad.jsonl", '{"question": "q", "answer": "1"}\n{oops\n')], "bad.jsonl:2"),
+        (lambda d: ["data.source=arithmetic:train?ops=^"], "arithmetic ops must be"),
+        (lambda d: ["data.source=hf://datasets/openai/gsm8k"], "remote sources are not read here"),
+        (lambda d: ["model=/nonexistent/model"], "model: '/nonexistent/model': no such folder"),
+        (lambda d: ["model=" + _data(d, "weights.bin", "x")], "is a file; give the model's folder"),
+        (lambda d: ["rollout.temperature=-1"], "rollout.temperature"),
+        (lambda d: ["run_id=a/b"], "run_id: 'a/b' is not a valid run id"),
+        (lambda d: ["data.source=" + _data(d, "blank.jsonl", '{"question": " ", "answer": "1"}\n')], "row 0 field"),
+    ],
+)
+def test_grpo_bad_input_fails_before_anything_starts(cli, tmp_path, make_overrides, message):
+    args = ["run", "grpo"]
+    for override in make_overrides(tmp_path):
+        args += ["--set", override]
+    code, output = cli(*args)
+    assert code == 2, output
+    assert message in output
+    assert _nothing_written(cli.runs)
+
+
+def test_a_parquet_whose_question_is_an_int_is_named(cli, tmp_path):
+    path = tmp_path / "ints.parquet"
+    pq.write_table(pa.table({"question": [1, 2], "answer": ["#### 1", "#### 2"]}), path)
+    code, output = cli("run", "grpo", "--set", f"data.source={path}")
+    assert code == 2 and "row 0 field 'question' must be a non-empty string, got int" in output
+    assert _nothing_written(cli.runs)
+
+
+def test_an_uncached_hub_id_offline_is_named(cli, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, output = cli("run", "grpo", "--set", "model=nobody-llmrl/no-such-model")
+    assert code == 2 and "'nobody-llmrl/no-such-model' is neither a local folder nor" in output and "offline" in output
+    assert _nothing_written(cli.runs)
+
+
+def test_sft_and_offline_and_collect_are_checked_too(cli, tmp_path):
+    code, output = cli("run", "sft", "--set", "data.source=" + _data(tmp_path, "e.jsonl", ""))
+    assert code == 2 and "has no rows" in output
+    code, output = cli("run", "offline", "--set", "source.run_id=x/y")
+    assert code == 2 and "source.run_id" in output
+    code, output = cli("run", "collect", "--set", "data.source=hf://x")
+    assert code == 2 and "remote sources" in output
+    code, output = cli("run", "collect", "--out-run-id", "../up")
+    assert code == 2 and "--out-run-id" in output
+    assert _nothing_written(cli.runs)
+
+
+def test_evaluate_names_a_missing_run_and_bad_versions(cli):
+    code, output = cli("run", "evaluate", "NO_SUCH_RUN")
+    assert code == 2 and "no run 'NO_SUCH_RUN'" in output
+    code, output = cli("run", "evaluate", "NO_SUCH_RUN", "--versions", "1")
+    assert code == 2 and "no run 'NO_SUCH_RUN'" in output
+    code, output = cli("run", "evaluate", "NO_SUCH_RUN", "--versions", "a,b")
+    assert code == 2 and "--versions must be 'all' or a comma list of integers" in output
+    code, output = cli("run", "evaluate", "a/b")
+    assert code == 2 and "not a valid run id" in output
+    assert _nothing_written(cli.runs)
+
+
+def test_the_evaluate_flow_itself_refuses_a_missing_run(tmp_path):
+    from flows.evaluate import evaluate
+    from llmrl_core.pipeline.preflight import PreflightError
+
+    with pytest.raises(PreflightError, match="no run 'ghost'"):
+        evaluate.fn("ghost", runs_dir=str(tmp_path / "runs"))
+    assert not (tmp_path / "runs").exists()
+
+
+def test_models_path_and_lineage_name_bad_references(cli):
+    code, output = cli("models", "path", "/nonexistent")
+    assert code == 2 and "no such folder" in output
+    code, output = cli("lineage", "a/b")
+    assert code != 0 and "a/b" in output and "Traceback" not in output
+
+
+def test_store_refuses_an_empty_shard_and_names_corrupt_ones(tmp_path):
+    from storage.trajectories import TrajectoryStore, TrajectoryStoreError, TrajectoryValidationError
+    from storage_records import make_records
+
+    store = TrajectoryStore(tmp_path / "store")
+    with pytest.raises(TrajectoryValidationError, match="no rows to write"):
+        store.write_shard("r", 0, 0, [])
+    assert store.versions("r") == []
+    store.write_shard("r", 0, 0, make_records("r", 0))
+    info = store.write_shard("r", 1, 0, make_records("r", 1))
+    data = bytearray(open(info.path, "rb").read())
+    middle = len(data) // 2
+    data[8:72] = b"\xff" * 64  # a corrupt data page at the start; the footer still parses
+    open(info.path, "wb").write(bytes(data))
+    with pytest.raises(TrajectoryStoreError, match=r"shard .*policy_version=1/shard-00000.parquet is corrupt"):
+        store.read_records("r")
+    assert len(store.read_records("r", version=0)) == 8  # the other version stays readable
+    open(info.path, "wb").write(bytes(data[: middle // 2]))  # truncated: no footer
+    with pytest.raises(TrajectoryStoreError, match="shard-00000.parquet"):
+        store.partition_digest("r", 1)
+    with pytest.raises(TrajectoryStoreError, match="shard-00000.parquet"):
+        store.read_records("r", version=1)
+    json.dumps(store.partition_digest("r", 0)[:2])  # the healthy partition still digests
