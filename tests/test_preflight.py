@@ -43,7 +43,10 @@ def _data(tmp_path, name: str, text: str) -> str:
         (lambda d: ["data.source=" + str(d / "missing.jsonl")], "missing.jsonl"),
         (lambda d: ["data.source=" + _data(d, "noq.jsonl", '{"prompt": "x", "answer": "1"}\n')], "no field 'question'"),
         (lambda d: ["data.source=" + _data(d, "empty.jsonl", "")], "has no rows"),
-        (lambda d: ["data.source=" + _data(d, "bad.jsonl", '{"question": "q", "answer": "1"}\n{oops\n')], "bad.jsonl:2"),
+        (
+            lambda d: ["data.source=" + _data(d, "bad.jsonl", '{"question": "q", "answer": "1"}\n{oops\n')],
+            "bad.jsonl:2",
+        ),
         (lambda d: ["data.source=arithmetic:train?ops=^"], "arithmetic ops must be"),
         (lambda d: ["data.source=hf://datasets/openai/gsm8k"], "remote sources are not read here"),
         (lambda d: ["model=/nonexistent/model"], "model: '/nonexistent/model': no such folder"),
@@ -119,8 +122,9 @@ def test_models_path_and_lineage_name_bad_references(cli):
 
 
 def test_store_refuses_an_empty_shard_and_names_corrupt_ones(tmp_path):
-    from storage.trajectories import TrajectoryStore, TrajectoryStoreError, TrajectoryValidationError
     from storage_records import make_records
+
+    from storage.trajectories import TrajectoryStore, TrajectoryStoreError, TrajectoryValidationError
 
     store = TrajectoryStore(tmp_path / "store")
     with pytest.raises(TrajectoryValidationError, match="no rows to write"):
