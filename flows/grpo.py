@@ -189,9 +189,43 @@ def grpo(config: str | None = None, overrides: list[str] | None = None) -> dict[
         "checkpoints": str(layout.checkpoints_dir),
         "mlflow_tracking_uri": lineage.tracking_uri,
         "run_dir": str(run_dir),
+        "curves": str(run_dir / "reports" / "curves.png"),
     }
+    final = summary["published_version"]
+    if cfg.final_eval.questions > 0 and final > 0:
+        summary["final_eval"] = final_evaluation(cfg, final)
+        log.info("%s", summary["final_eval"]["line"])
     log.info("done: %s", summary)
     return summary
+
+
+def final_evaluation(cfg: GRPOConfig, final: int) -> dict[str, Any]:
+    """Evaluate version 0 and ``final`` on held-out problems (the evaluate flow, as a subflow)."""
+    from flows.evaluate import evaluate
+
+    e = cfg.final_eval
+    out = evaluate(
+        cfg.run_id,
+        versions=[0, final],
+        runs_dir=cfg.runs_dir,
+        n_questions=e.questions,
+        n_samples=e.samples,
+        k_values=[1],
+        temperature=cfg.rollout.temperature,
+        seed=cfg.seed,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        model=cfg.model,
+        dtype=cfg.rollout.dtype,
+        tracking_uri=cfg.tracking_uri,
+    )
+    greedy = {row["version"]: row for row in out["rows"] if row["mode"] == "greedy"}
+    base, last = greedy[0], greedy[final]
+    line = (
+        f"held-out accuracy {base['accuracy']:.2f} -> {last['accuracy']:.2f} "
+        f"({last['delta_accuracy']:+.2f} ± {last['delta_accuracy_se']:.2f}, z = {last['z']:.1f}; greedy, "
+        f"{last['num_questions']} problems of {cfg.task.eval_source}, version 0 -> {final})"
+    )
+    return {"line": line, "report": out["report_markdown"], "curves": out["report_png"], "rows": out["rows"]}
 
 
 if __name__ == "__main__":

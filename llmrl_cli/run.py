@@ -10,6 +10,8 @@ import typer
 # Flows start an ephemeral Prefect API; on a busy 2-core machine it can need more than the 20 s default.
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
+MAIN_JOB = Path(__file__).with_name("main_job.yaml")  # what `llmrl run grpo` runs without --config
+
 run_app = typer.Typer(
     help="Run a pipeline flow (ephemeral Prefect, local Dask and MLflow by default).", no_args_is_help=True
 )
@@ -21,19 +23,31 @@ def run_grpo(
     overrides: list[str] = typer.Option(None, "--set", help="Override one setting, e.g. --set train.lr=1e-6."),
     show_config: bool = typer.Option(False, "--show-config", help="Print the resolved config and exit."),
 ) -> None:
-    """GRPO on the embedded defaults (packaged SmolLM2, GSM8K, vLLM) unless the config says otherwise.
+    """GRPO: without --config, the main job (two-digit addition with the packaged SmolLM2-135M, 10 iterations,
+    then base vs last version on 100 held-out problems); --config recipes/gsm8k-demo.yaml for GSM8K.
 
     Running the same run_id again resumes after its last published version.
     """
     from llmrl_cli.run_more import load_checked
     from llmrl_core.pipeline.grpo_config import GRPOConfig
 
+    if config is None:
+        config = MAIN_JOB
+        typer.echo(
+            f"no --config: the main job ({MAIN_JOB.name}: two-digit addition, 10 iterations, then a held-out "
+            "evaluation); GSM8K: --config recipes/gsm8k-demo.yaml",
+            err=True,
+        )
     if load_checked(GRPOConfig, config, overrides, show_config) is None:
         return
     from flows.grpo import grpo
 
-    summary = grpo(config=str(config) if config else None, overrides=list(overrides or []))
+    summary = grpo(config=str(config), overrides=list(overrides or []))
     typer.echo(f"run {summary['run_id']}: published version {summary['published_version']}")
+    if "final_eval" in summary:
+        typer.echo(f"  {summary['final_eval']['line']}")
+        typer.echo(f"  evaluation:   {summary['final_eval']['report']}")
+    typer.echo(f"  curves:       {summary['curves']}")
     typer.echo(f"  trajectories: {summary['trajectories']}  (llmrl trajectories show {summary['run_id']} --version 0)")
     typer.echo(f"  checkpoints:  {summary['checkpoints']}")
     typer.echo(f"  MLflow:       {summary['mlflow_tracking_uri']}  (llmrl lineage {summary['run_id']} --version 1)")

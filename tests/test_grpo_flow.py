@@ -124,7 +124,7 @@ def test_sigkill_mid_iteration_then_resume_repeats_nothing(tmp_path, default_mod
     runs = tmp_path / "runs"
     staged = runs / "t1" / "staging" / "run_id=t1" / "policy_version=1"
     committed = runs / "t1" / "state" / "published-v1.json"
-    args = [a for o in overrides for a in ("--set", o)]
+    args = ["--config", "recipes/gsm8k-demo.yaml", *(a for o in overrides for a in ("--set", o))]  # as grpo()
     proc = subprocess.Popen(
         [sys.executable, "-c", "from llmrl_cli.main import app; app()", "run", "grpo", *args],
         cwd=Path(__file__).resolve().parents[1],

@@ -186,6 +186,20 @@ class TrainConfig:
 
 
 @dataclass
+class FinalEvalConfig:
+    """A held-out evaluation at the end of the run: the base model (version 0) against the last version, greedy,
+    on the first ``questions`` problems of ``task.eval_source`` (0 turns it off). The result is printed as
+    "held-out accuracy a -> b (± s.e.)" and written like ``llmrl run evaluate``'s report."""
+
+    questions: int = 0
+    samples: int = 0  # sampled answers per question at rollout.temperature (0: greedy only)
+
+    def __post_init__(self) -> None:
+        if self.questions < 0 or self.samples < 0:
+            raise ValueError("final_eval.questions and final_eval.samples must be >= 0")
+
+
+@dataclass
 class DaskConfig:
     """Where the stages run: a LocalCluster (rollout workers + 1 trainer) or an existing scheduler."""
 
@@ -211,6 +225,7 @@ class GRPOConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     dask: DaskConfig = field(default_factory=DaskConfig)
+    final_eval: FinalEvalConfig = field(default_factory=FinalEvalConfig)
     progress: bool = True  # progress bars: iterations (flow), rollout prompts (vLLM), train micro-batches
     fail_after_stage: str | None = None  # fault injection for tests: "<stage>@<version>" raises after that stage
 

@@ -1,0 +1,55 @@
+"""The main job (`llmrl run grpo` with no --config): the shipped config loads, and a shortened run ends with the
+held-out evaluation line (run in a subprocess: its evaluation engine must not share this process's vLLM state)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_main_job_config_is_the_arithmetic_task_with_a_final_evaluation():
+    from llmrl_cli.run import MAIN_JOB
+    from llmrl_core.pipeline.config_io import load_config
+    from llmrl_core.pipeline.grpo_config import GRPOConfig
+
+    cfg = load_config(GRPOConfig, MAIN_JOB)
+    assert cfg.data.source.startswith("arithmetic:train") and cfg.task.eval_source.startswith("arithmetic:test")
+    assert cfg.final_eval.questions == 100 and cfg.task.format_reward == 0.0
+    assert load_config(GRPOConfig, ROOT / "recipes" / "gsm8k-demo.yaml").data.source == "gsm8k:train"
+
+
+@pytest.mark.slow
+def test_a_short_main_job_prints_the_held_out_accuracy(tmp_path):
+    overrides = [
+        f"runs_dir={tmp_path / 'runs'}",
+        "iterations=1",
+        "progress=false",
+        "data.prompts_per_iteration=2",
+        "data.group_size=2",
+        "rollout.dtype=float32",
+        "final_eval.questions=6",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-c", "from llmrl_cli.main import app; app()", "run", "grpo"]
+        + [a for o in overrides for a in ("--set", o)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    line = re.search(r"held-out accuracy (\d\.\d\d) -> (\d\.\d\d) \(([+-]\d\.\d\d) ± (\d\.\d\d)", proc.stdout)
+    assert line, proc.stdout
+    base, last, delta = (float(line.group(i)) for i in (1, 2, 3))
+    assert delta == pytest.approx(last - base, abs=0.011)
+    assert "6 problems of arithmetic:test" in proc.stdout
+    report = re.search(r"evaluation:\s+(\S+)", proc.stdout).group(1)
+    text = Path(report).read_text()
+    assert "| 0 | greedy" in text and "| 1 | greedy" in text
+    assert Path(re.search(r"curves:\s+(\S+)", proc.stdout).group(1)).is_file()
