@@ -180,6 +180,13 @@ def grpo(config: str | None = None, overrides: list[str] | None = None) -> dict[
                 metrics["iteration_s"],
                 written["partition"],
             )
+            if "tool_call_rate" in metrics:
+                log.info(
+                    "version %d: %.0f%% of rollouts called a tool, %.0f%% of the calls worked",
+                    version,
+                    100 * metrics["tool_call_rate"],
+                    100 * metrics["tool_success_rate"],
+                )
         if bar is not None:
             bar.close()
     summary = {

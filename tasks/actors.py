@@ -123,12 +123,18 @@ class RolloutWorker(RolloutActor):
             num_tokens=[len(r.response_tokens) for r in records],
             truncated=[r.finish_reason == "length" for r in records],
         )
+        calls = sum(r.num_tool_calls for r in records)
+        errors = sum(1 for r in records for call in r.tool_calls if call.get("error"))
+        tools = {"tool_call_rate": float(np.mean([r.num_tool_calls > 0 for r in records]))} if calls else {}
+        if calls:
+            tools |= {"tool_calls": float(calls), "tool_errors": float(errors)}
         return {
             "shard": info.path,
             "rows": len(records),
             "seconds": time.perf_counter() - start,
             "reward_mean": float(np.mean(rewards)),
             **health,
+            **tools,
         }
 
     def score(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:

@@ -62,6 +62,10 @@ def merge_shard_metrics(shards: list[dict]) -> dict[str, float]:
     ):
         if all(key in s for s in shards):
             merged[key] = sum(s[key] * s["rows"] for s in shards) / rows
+    calls = sum(s.get("tool_calls", 0.0) for s in shards)
+    if calls:  # a tool env: the share of rollouts that called a tool, and the share of calls that worked
+        merged["tool_call_rate"] = sum(s.get("tool_call_rate", 0.0) * s["rows"] for s in shards) / rows
+        merged["tool_success_rate"] = 1.0 - sum(s.get("tool_errors", 0.0) for s in shards) / calls
     if all("response_tokens_min" in s for s in shards):
         merged["response_tokens_min"] = min(s["response_tokens_min"] for s in shards)
         merged["response_tokens_max"] = max(s["response_tokens_max"] for s in shards)

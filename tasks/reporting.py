@@ -22,6 +22,7 @@ CURVES = (
     ("agreement_kl_to_sampler", "KL(trainer, sampler) k3"),
     ("agreement_ess", "ESS of trainer/sampler ratio"),
 )
+TOOL_CURVES = (("tool_call_rate", "rollouts calling a tool"), ("tool_success_rate", "tool calls that worked"))
 
 
 def artifact_key(*parts: str) -> str:
@@ -36,11 +37,14 @@ def plot_curves(history: list[dict[str, Any]], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    curves = CURVES + tuple(c for c in TOOL_CURVES if any(c[0] in row for row in history))  # tool runs only
     columns = 3
-    rows = -(-len(CURVES) // columns)
+    rows = -(-len(curves) // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(4 * columns, 3 * rows), squeeze=False)
     versions = [row["version"] for row in history]
-    for ax, (key, title) in zip(axes.flat, CURVES, strict=True):
+    for ax in axes.flat[len(curves) :]:
+        ax.axis("off")
+    for ax, (key, title) in zip(axes.flat, curves, strict=False):
         values = [row.get(key) for row in history]
         points = [(v, y) for v, y in zip(versions, values, strict=True) if y is not None]
         if points:

@@ -55,6 +55,15 @@ def test_grpo_with_the_python_tool_stores_tool_turns_and_trains_on_the_policy_ma
     rows = [r for v in (0, 1) for r in store.read_records("tool", version=v)]
     with_tool = [r for r in rows if r.num_tool_calls > 0]
     assert with_tool, "no rollout called the interpreter"
+    import json
+
+    v0 = store.read_records("tool", version=0)
+    published = json.loads((tmp_path / "runs" / "tool" / "state" / "published-v1.json").read_text())
+    metrics = published.get("metrics", published)
+    if any(r.num_tool_calls for r in v0):  # the per-version tool metrics, recomputed from the stored rows
+        assert metrics["tool_call_rate"] == pytest.approx(sum(r.num_tool_calls > 0 for r in v0) / len(v0))
+        calls = [c for r in v0 for c in r.tool_calls]
+        assert metrics["tool_success_rate"] == pytest.approx(1 - sum(c["error"] for c in calls) / len(calls))
     for r in with_tool:
         assert any(m["role"] == "tool" for m in r.messages)
         assert len(r.tool_calls) == r.num_tool_calls
