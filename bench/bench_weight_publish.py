@@ -1,0 +1,137 @@
+"""Weight publish: ``vLLMWorker.load_weights`` vs an in-memory copy of the same bytes (target P4: <= 2x).
+
+Usage: ``.venv/bin/python bench/bench_weight_publish.py [--repeats 3] [--dtype float32] [--kv-cache-gb 1.0]``
+
+Starts one resident :class:`~llmrl_core.policies.vllm_worker.vLLMWorker` (packaged SmolLM2-135M) and loads the
+base weights (tied ``lm_head.weight`` spelled out, as ``tasks/evaluate.py`` does). Then, interleaved and
+repeated after one untimed warm-up of each: (a) ``load_weights(path)`` of a safetensors file written once,
+(b) ``load_weights(bytes)`` of ``state_dict_to_bytes``, and the baselines (c) ``{k: v.clone()}`` of the state
+dict and (c') a ``bytes`` copy of the serialized blob. Prints min and median seconds of each and the ratios
+(a)/(c), (b)/(c) (and against c') from medians and from mins; P4 target: engine reload / copy <= 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+for _path in (REPO, REPO / "bench"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from _machine import machine_line  # noqa: E402
+
+
+def base_state_dict(model: str | None) -> dict[str, Any]:
+    """The model folder's safetensors weights, with ``lm_head.weight`` = the embedding when tied and absent."""
+    from safetensors.torch import load_file
+
+    from llmrl_core.model_store import resolve_model
+
+    folder = Path(resolve_model(model))
+    state: dict[str, Any] = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        state.update(load_file(str(file)))
+    if not state:
+        raise FileNotFoundError(f"{folder} has no *.safetensors weights")
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+    if config.get("tie_word_embeddings") and "lm_head.weight" not in state:
+        embed = [k for k in state if k.endswith("embed_tokens.weight")]
+        if len(embed) != 1:
+            raise ValueError(f"{config_path}: tie_word_embeddings is set but no single embed_tokens weight")
+        state["lm_head.weight"] = state[embed[0]]
+    return state
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "auto"])
+    parser.add_argument("--kv-cache-gb", type=float, default=1.0)
+    parser.add_argument("--tmpdir", default=None, help="Where to write the safetensors file (default: system temp).")
+    args = parser.parse_args()
+
+    from llmrl_core.policies.vllm_engine import EngineConfig, shutdown_llm
+    from llmrl_core.policies.vllm_worker import vLLMWorker
+    from llmrl_core.weight_sync.serialization import state_dict_to_bytes, write_state_dict_atomic
+
+    state = base_state_dict(None)
+    blob = state_dict_to_bytes(state)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-weights-", dir=args.tmpdir))
+    path = write_state_dict_atomic(state, tmp / "policy.safetensors")
+
+    t = time.perf_counter()
+    worker = vLLMWorker(EngineConfig(model=None, dtype=args.dtype, kv_cache_gb=args.kv_cache_gb, seed=0))
+    startup_s = time.perf_counter() - t
+    version = 0
+
+    def load_file() -> None:
+        nonlocal version
+        version += 1
+        worker.load_weights(path, version)
+
+    def load_bytes() -> None:
+        nonlocal version
+        version += 1
+        worker.load_weights(blob, version)
+
+    def copy_tensors() -> None:
+        copy = {k: v.clone() for k, v in state.items()}
+        del copy
+
+    def copy_bytes() -> None:
+        copy = bytes(memoryview(blob))  # bytes(blob) would return blob itself, not a copy
+        assert len(copy) == len(blob)
+        del copy
+
+    sides = {
+        "(a) load file": load_file,
+        "(b) load bytes": load_bytes,
+        "(c) clone tensors": copy_tensors,
+        "(c') copy bytes": copy_bytes,
+    }
+    timings: dict[str, list[float]] = {name: [] for name in sides}
+    try:
+        for fn in sides.values():  # untimed warm-up (first reload, allocator, page cache)
+            fn()
+        for _ in range(args.repeats):  # interleaved: fair under background load
+            for name, fn in sides.items():
+                t = time.perf_counter()
+                fn()
+                timings[name].append(time.perf_counter() - t)
+    finally:
+        shutdown_llm(worker.llm)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    mins = {name: min(v) for name, v in timings.items()}
+    meds = {name: statistics.median(v) for name, v in timings.items()}
+    print(machine_line())
+    print(
+        f"weights: {len(state)} tensors, safetensors blob {len(blob) / 1e6:.1f} MB (file "
+        f"{path.name}); engine dtype={args.dtype}, started in {startup_s:.1f} s; {args.repeats} repeats; "
+        f"last version loaded {worker.policy_version}"
+    )
+    print(f"{'side':<18} {'min s':>9} {'median s':>9} {'MB/s (med)':>11}")
+    for name in sides:
+        print(f"{name:<18} {mins[name]:9.4f} {meds[name]:9.4f} {len(blob) / 1e6 / meds[name]:11.0f}")
+    for ours in ("(a) load file", "(b) load bytes"):
+        for base in ("(c) clone tensors", "(c') copy bytes"):
+            med, low = meds[ours] / meds[base], mins[ours] / mins[base]
+            verdict = "meets" if med <= 2.0 else "misses"
+            print(
+                f"ratio {ours[:3]}/{base[:4]:<4}: median {med:7.2f}, min {low:7.2f}  "
+                f"(P4 target <= 2, lower is better; median {verdict} it)"
+            )
+
+
+if __name__ == "__main__":
+    main()
