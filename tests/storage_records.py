@@ -26,7 +26,7 @@ def make_records(
     rng = np.random.default_rng(seed + 1000 * policy_version)
     records = []
     for p, row in enumerate(load_gsm8k("test", limit=n_prompts)):
-        gold = gsm8k_gold(row["answer"])
+        gold = gsm8k_gold(row["answer"]).replace(",", "")  # "2,125" -> "2125" (a few answers use commas)
         user = {"role": "user", "content": row["question"]}
         if tokenizer is not None:
             prompt_text = tokenizer.apply_chat_template([user], add_generation_prompt=True, tokenize=False)
