@@ -276,5 +276,8 @@ def test_the_shipped_recipe_configs_load():
     root = Path(__file__).resolve().parents[1] / "recipes"
     ifeval = load_config(GRPOConfig, root / "ifeval" / "grpo.yaml")
     assert ifeval.env.name == "ifeval" and ifeval.env.prompt_field == "prompt" and ifeval.data.source == "ifeval"
+    tool = load_config(GRPOConfig, root / "arithmetic-tool" / "grpo.yaml")
+    assert tool.env.name == "arithmetic_python" and tool.env.prompt_field == "question"
+    assert [set(e) for e in tool.task.few_shot] == [{"question", "response"}, {"question", "turns"}]
     arithmetic = load_config(GRPOConfig, root / "arithmetic" / "grpo.yaml")
     assert arithmetic.env.name == "gsm8k" and arithmetic.train.mixed_precision == "auto"
