@@ -13,14 +13,12 @@ dict and (c') a ``bytes`` copy of the serialized blob. Prints min and median sec
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 for _path in (REPO, REPO / "bench"):
@@ -28,28 +26,6 @@ for _path in (REPO, REPO / "bench"):
         sys.path.insert(0, str(_path))
 
 from _machine import machine_line  # noqa: E402
-
-
-def base_state_dict(model: str | None) -> dict[str, Any]:
-    """The model folder's safetensors weights, with ``lm_head.weight`` = the embedding when tied and absent."""
-    from safetensors.torch import load_file
-
-    from llmrl_core.model_store import resolve_model
-
-    folder = Path(resolve_model(model))
-    state: dict[str, Any] = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        state.update(load_file(str(file)))
-    if not state:
-        raise FileNotFoundError(f"{folder} has no *.safetensors weights")
-    config_path = folder / "config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
-    if config.get("tie_word_embeddings") and "lm_head.weight" not in state:
-        embed = [k for k in state if k.endswith("embed_tokens.weight")]
-        if len(embed) != 1:
-            raise ValueError(f"{config_path}: tie_word_embeddings is set but no single embed_tokens weight")
-        state["lm_head.weight"] = state[embed[0]]
-    return state
 
 
 def main() -> None:
@@ -60,6 +36,7 @@ def main() -> None:
     parser.add_argument("--tmpdir", default=None, help="Where to write the safetensors file (default: system temp).")
     args = parser.parse_args()
 
+    from llmrl_core.model_store import base_state_dict
     from llmrl_core.policies.vllm_engine import EngineConfig, shutdown_llm
     from llmrl_core.policies.vllm_worker import vLLMWorker
     from llmrl_core.weight_sync.serialization import state_dict_to_bytes, write_state_dict_atomic

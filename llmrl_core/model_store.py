@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 
@@ -233,3 +234,29 @@ def resolve_model(model: str | os.PathLike | None = None, progress: Progress | N
             raise ModelPreparationError(f"{path} is a folder but has no config.json: not a Hugging Face model")
         return str(path.resolve())
     return str(model)
+
+
+def base_state_dict(model: str | os.PathLike | None) -> dict[str, Any]:
+    """The base model's weights from its folder, with a tied ``lm_head.weight`` spelled out.
+
+    A checkpoint folder stores tied embeddings once; vLLM on CPU keeps the output projection as its own
+    (repacked) copy, so a state dict without ``lm_head.weight`` would leave the previous version's head in
+    place (measured: log-probs off by ~0.1 after a round trip). The tie is restored by name here.
+    """
+    from safetensors.torch import load_file
+
+    folder = Path(resolve_model(model))
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"base model {folder} has no *.safetensors weights to reload")
+    state: dict[str, Any] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+    if config.get("tie_word_embeddings") and "lm_head.weight" not in state:
+        embed = [k for k in state if k.endswith("embed_tokens.weight")]
+        if len(embed) != 1:
+            raise ValueError(f"{config_path}: tie_word_embeddings is set but no single embed_tokens weight in {folder}")
+        state["lm_head.weight"] = state[embed[0]]
+    return state

@@ -33,7 +33,7 @@ from llmrl_core.evaluation import (
 )
 from llmrl_core.evaluation.report import verdict_lines
 from llmrl_core.evaluation.results import save_result, write_text_atomic
-from llmrl_core.model_store import resolve_model
+from llmrl_core.model_store import base_state_dict, resolve_model
 from llmrl_core.pipeline.task_config import TaskConfig
 from llmrl_core.policies.base import SamplingConfig
 from llmrl_core.policies.vllm_engine import EngineConfig
@@ -86,32 +86,6 @@ def release_engines() -> int:
 def base_weights_id(model: str | None) -> str:
     """Identity of the base model's weights: its resolved folder."""
     return f"base:{resolve_model(model)}"
-
-
-def _base_state_dict(model: str | None) -> dict[str, Any]:
-    """The base model's weights from its folder, with a tied ``lm_head.weight`` spelled out.
-
-    A checkpoint folder stores tied embeddings once; vLLM on CPU keeps the output projection as its own
-    (repacked) copy, so a state dict without ``lm_head.weight`` would leave the previous version's head in
-    place (measured: log-probs off by ~0.1 after a round trip). The tie is restored by name here.
-    """
-    from safetensors.torch import load_file
-
-    folder = Path(resolve_model(model))
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"base model {folder} has no *.safetensors weights to reload")
-    state: dict[str, Any] = {}
-    for file in files:
-        state.update(load_file(str(file)))
-    config_path = folder / "config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
-    if config.get("tie_word_embeddings") and "lm_head.weight" not in state:
-        embed = [k for k in state if k.endswith("embed_tokens.weight")]
-        if len(embed) != 1:
-            raise ValueError(f"{config_path}: tie_word_embeddings is set but no single embed_tokens weight in {folder}")
-        state["lm_head.weight"] = state[embed[0]]
-    return state
 
 
 def run_exists(run_id: str, runs_dir: str | None) -> bool:
@@ -203,7 +177,7 @@ def evaluate_version(run_id: str, runs_dir: str | None, version: int, settings: 
     resident = resident_worker(engine_config_for(settings))
     worker: vLLMWorker = resident["worker"]
     if resident["weights"] != weights_id:
-        state = store.load(version).state_dict if stored else _base_state_dict(settings["model"])
+        state = store.load(version).state_dict if stored else base_state_dict(settings["model"])
         worker.load_weights(state, version)
         resident["weights"] = weights_id
     worker.policy_version = version

@@ -160,7 +160,8 @@ def test_report_mlflow_and_prefect_artifacts(flow_run):
 
 
 def test_version_selection_and_base_weights(tmp_path, default_model_path):
-    from tasks.evaluate import _base_state_dict, artifact_key, resolve_versions
+    from llmrl_core.model_store import base_state_dict
+    from tasks.evaluate import artifact_key, resolve_versions
 
     assert resolve_versions.fn("r1", str(tmp_path), "all") == [0]  # nothing stored yet: the base model only
     store = CheckpointStore(RunLayout("r1", runs_root=tmp_path).checkpoints_dir)
@@ -171,6 +172,6 @@ def test_version_selection_and_base_weights(tmp_path, default_model_path):
         resolve_versions.fn("r1", str(tmp_path), [1, 2])
     with pytest.raises(ValueError, match="list of ints or 'all'"):
         resolve_versions.fn("r1", str(tmp_path), "latest")
-    state = _base_state_dict(default_model_path)
+    state = base_state_dict(default_model_path)
     assert state["lm_head.weight"] is state["model.embed_tokens.weight"]  # the tied head is sent explicitly
     assert artifact_key("Evaluate-Run_1.x") == "evaluate-run-1-x"

@@ -9,6 +9,7 @@ exported are left alone.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,6 +74,12 @@ def configure_vllm_environment(config: EngineConfig) -> None:
     os.environ.setdefault("VLLM_CACHE_ROOT", str(llmrl_home() / "vllm-cache"))
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("DO_NOT_TRACK", "1")
+    if "prefect" in sys.modules:
+        # vLLM's logging set-up (dictConfig) shuts down every existing handler. In a Prefect flow process that
+        # flushes Prefect's API log handler while holding the logging lock, and the flush waits on Prefect's
+        # event thread, which needs that lock: the engine start deadlocked (seen in the GRPO flow's final
+        # evaluation). Leave logging to the process that owns it.
+        os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
     if config.resolved_device() == "cpu":
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(config.kv_cache_gb))))
 
