@@ -16,13 +16,13 @@ metrics: ``tool_call_rate`` (the episode called a tool), ``tool_calls`` and ``to
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from llmrl_core.collectors.trajectory import Trajectory
 from llmrl_core.data.history import episode_start
 from llmrl_core.envs.chat_env import ChatEnv
 from llmrl_core.envs.types import PromptRow
+from llmrl_core.evaluation.gsm8k_eval import run_decoding_modes
 from llmrl_core.evaluation.results import EvaluationResult, ModeResult, QuestionOutcome, SampleOutcome
 from llmrl_core.policies.base import SamplingConfig
 
@@ -101,7 +101,6 @@ def evaluate_env(
 ) -> EvaluationResult:
     """Play every row in ``env`` with ``worker`` (greedy if ``greedy``, ``n_samples`` sampled if > 0) and score
     the episodes (see the module docstring). ``prompt_field`` is the row field that becomes the user message."""
-    sampling = sampling or SamplingConfig(max_new_tokens=256, temperature=0.7, seed=0)
     if not rows:
         raise ValueError("no rows to evaluate")
     missing = [i for i, row in enumerate(rows) if not isinstance(row.get(prompt_field), str)]
@@ -109,30 +108,11 @@ def evaluate_env(
         raise ValueError(
             f"row {missing[0]}: field {prompt_field!r} must be a string (fields: {sorted(rows[missing[0]])})"
         )
-    if not greedy and n_samples == 0:
-        raise ValueError("nothing to evaluate: greedy=False and n_samples=0")
-    if n_samples > 0 and sampling.temperature == 0:
-        raise ValueError("sampled mode needs a temperature > 0 (greedy is its own mode)")
-    bad_k = [k for k in k_values if not 1 <= k <= max(n_samples, 1)]
-    if bad_k:
-        raise ValueError(f"k_values {bad_k} must lie in 1..n_samples ({n_samples})")
     answers = [str(row.get(answer_field, "")) for row in rows]
-    role = env.policy_role
-    modes: dict[str, ModeResult] = {}
-    if greedy:
-        greedy_cfg = replace(sampling, temperature=0.0, top_p=1.0)
-        modes["greedy"] = _mode("greedy", _play(worker, env, rows, prompt_field, greedy_cfg, 1), answers, 1, 0.0, role)
-    if n_samples > 0:
-        groups = _play(worker, env, rows, prompt_field, sampling, n_samples)
-        modes["sampled"] = _mode("sampled", groups, answers, n_samples, sampling.temperature, role)
-    info = {
-        "num_questions": len(rows),
-        "n_samples": n_samples,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "max_new_tokens": sampling.max_new_tokens,
-        "seed": sampling.seed,
-        "multi_turn": True,
-        **dict(settings or {}),
-    }
-    return EvaluationResult(modes=modes, k_values=sorted(set(k_values)), settings=info)
+
+    def run_mode(name: str, cfg: SamplingConfig, n: int) -> ModeResult:
+        groups = _play(worker, env, rows, prompt_field, cfg, n)
+        return _mode(name, groups, answers, n, cfg.temperature, env.policy_role)
+
+    info = {"multi_turn": True, **dict(settings or {})}
+    return run_decoding_modes(run_mode, len(rows), n_samples, k_values, sampling, greedy, info)

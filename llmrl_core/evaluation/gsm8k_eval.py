@@ -133,9 +133,32 @@ def evaluate_prompts(
     ``score(text, answer_field)`` returns at least ``success``, ``reward_answer`` and ``reward`` (the keys of
     :meth:`GSM8KRewardParser.score`).
     """
-    sampling = sampling or SamplingConfig(max_new_tokens=256, temperature=0.7, seed=0)
     if len(prompt_ids) != len(answers):
         raise ValueError(f"{len(prompt_ids)} prompts but {len(answers)} answers")
+    prompts = [list(p) for p in prompt_ids]
+
+    def run_mode(name: str, cfg: SamplingConfig, n: int) -> ModeResult:
+        return _score_mode(name, _sample(engine, prompts, cfg, n), answers, score, n, cfg.temperature)
+
+    return run_decoding_modes(run_mode, len(prompts), n_samples, k_values, sampling, greedy, settings)
+
+
+ModeRunner = Callable[[str, SamplingConfig, int], ModeResult]  # (mode name, sampling, samples per question)
+
+
+def run_decoding_modes(
+    run_mode: ModeRunner,
+    num_questions: int,
+    n_samples: int,
+    k_values: Sequence[int],
+    sampling: SamplingConfig | None,
+    greedy: bool,
+    settings: Mapping[str, Any] | None,
+) -> EvaluationResult:
+    """The greedy mode (temperature 0, one sample) if ``greedy`` and the sampled mode (``n_samples`` at
+    ``sampling``) if ``n_samples > 0``, each produced by ``run_mode``, after checking the settings; the one
+    driver of single-turn (:func:`evaluate_prompts`) and episode (``env_eval.evaluate_env``) evaluation."""
+    sampling = sampling or SamplingConfig(max_new_tokens=256, temperature=0.7, seed=0)
     if n_samples < 0:
         raise ValueError(f"n_samples must be >= 0, got {n_samples}")
     if not greedy and n_samples == 0:
@@ -145,17 +168,13 @@ def evaluate_prompts(
         raise ValueError(f"k_values {bad_k} must lie in 1..n_samples ({n_samples})")
     if n_samples > 0 and sampling.temperature == 0:
         raise ValueError("sampled mode needs a temperature > 0 (greedy is its own mode)")
-    prompts = [list(p) for p in prompt_ids]
     modes: dict[str, ModeResult] = {}
     if greedy:
-        greedy_cfg = replace(sampling, temperature=0.0, top_p=1.0)
-        groups = _sample(engine, prompts, greedy_cfg, 1)
-        modes["greedy"] = _score_mode("greedy", groups, answers, score, 1, 0.0)
+        modes["greedy"] = run_mode("greedy", replace(sampling, temperature=0.0, top_p=1.0), 1)
     if n_samples > 0:
-        groups = _sample(engine, prompts, sampling, n_samples)
-        modes["sampled"] = _score_mode("sampled", groups, answers, score, n_samples, sampling.temperature)
+        modes["sampled"] = run_mode("sampled", sampling, n_samples)
     info = {
-        "num_questions": len(prompts),
+        "num_questions": num_questions,
         "n_samples": n_samples,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
