@@ -14,8 +14,6 @@ from llmrl_core.envs import ChatEnv, PolicyVersion, Transform, make_gsm8k_env
 from llmrl_core.policies.base import SamplingConfig
 from llmrl_core.policies.vllm_wrapper import vLLMWrapper
 
-GSM8K_TEST = "../shared/data/gsm8k_test.jsonl"
-
 
 @pytest.fixture(scope="module")
 def policy(vllm_engine_fp32):

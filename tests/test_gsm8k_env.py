@@ -1,19 +1,18 @@
-"""GSM8K: the reward parser on tricky responses (TorchRL reference values) and the env on the shared test set."""
+"""GSM8K: the reward parser on tricky responses (TorchRL reference values) and the env on the packaged test set."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-from llmrl_core.builtin_data import gsm8k_gold
+from llmrl_core.builtin_data import gsm8k_gold, gsm8k_path
 from llmrl_core.data import Response
 from llmrl_core.envs import GSM8KEnv, GSM8KPrepareQuestion, GSM8KRewardParser, make_gsm8k_env
 from llmrl_core.envs.gsm8k_reward import normalize_answer
 
-GSM8K_TEST = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k_test.jsonl"
+GSM8K_TEST = gsm8k_path("test")  # the copy shipped in the package, so the tests run from any checkout
 
 # Expected values from TorchRL 0.14.1: GSM8KRewardParser(eos_token="<|im_end|>") -- extract_tags on the response
 # without its EOS, then _single_correctness_reward(gold, answer, think) with gold = "x\n#### <gold>".split("#### ")[1].
@@ -74,7 +73,7 @@ def test_custom_reward_values_and_gold_without_marker():
     assert parser.score("<answer>4</answer>", "3")["reward"] == 0.2
 
 
-def test_every_shared_test_gold_answer_scores_as_correct():
+def test_every_packaged_test_gold_answer_scores_as_correct():
     rows = [json.loads(line) for line in GSM8K_TEST.read_text().splitlines() if line.strip()]
     assert len(rows) == 1319
     parser = GSM8KRewardParser()
@@ -92,7 +91,7 @@ def test_every_shared_test_gold_answer_scores_as_correct():
     assert off_by_one == []
 
 
-def test_gsm8k_env_on_the_shared_test_set():
+def test_gsm8k_env_on_the_packaged_test_set():
     env = make_gsm8k_env(str(GSM8K_TEST), batch_size=3, repeats=2, seed=0, chat_template_name="chatml")
     out = env.reset()
     assert out.batch_size == 6 and out.group_id == [0, 0, 1, 1, 2, 2]
