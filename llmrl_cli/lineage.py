@@ -11,7 +11,9 @@ import typer
 def lineage(
     run: str = typer.Argument(..., help="Run id."),
     version: int = typer.Option(None, "--version", "-v", help="Policy version (default: the latest recorded)."),
-    tracking_uri: str = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (default: the run's sqlite)."),
+    tracking_uri: str = typer.Option(
+        None, "--tracking-uri", help="MLflow tracking URI (default: the runs root's sqlite)."
+    ),
     runs_dir: Path = typer.Option(None, "--runs-dir", help="Runs root (default: $LLMRL_RUNS_DIR or $LLMRL_HOME/runs)."),
     as_json: bool = typer.Option(False, "--json", help="Print the full record as JSON."),
 ) -> None:
@@ -19,13 +21,14 @@ def lineage(
     from mlflow import MlflowClient
 
     from storage.layout import RunLayout, default_runs_root
-    from storage.lineage import LineageError, default_tracking_uri
+    from storage.lineage import LineageError, default_tracking_uri, tracking_root
     from storage.lineage_query import find_run, format_lineage, recorded_versions, version_lineage
 
     try:
         run_dir = RunLayout(run, runs_root=runs_dir or default_runs_root()).run_dir
-        if tracking_uri is None and not (run_dir / "mlflow.db").is_file():
-            raise LineageError(f"no lineage store for run {run!r}: {run_dir / 'mlflow.db'} does not exist")
+        store = tracking_root(run_dir) / "mlflow.db"
+        if tracking_uri is None and not store.is_file():
+            raise LineageError(f"no lineage store for run {run!r}: {store} does not exist")
         uri = tracking_uri or default_tracking_uri(run_dir)
         if version is None:
             client = MlflowClient(tracking_uri=uri)

@@ -3,12 +3,12 @@
 ::
 
     RUNS_ROOT/                      # $LLMRL_RUNS_DIR, default $LLMRL_HOME/runs
+      mlflow.db                     # default MLflow tracking store (sqlite), shared by the runs here
+      mlartifacts/                  # default MLflow artifact location
       trajectories/                 # one trajectory store shared by all runs, partitioned by run_id
         run_id=<RUN>/policy_version=<v>/shard-00000.parquet
       <RUN>/                        # the run directory
         checkpoints/                # policy_v000003.safetensors + .manifest.json
-        mlflow.db                   # default MLflow tracking store (sqlite)
-        mlartifacts/                # default MLflow artifact location
 
 A shared trajectory store lets offline training read many runs with one reader; the trajectory root
 may also be any URI (e.g. ``s3://bucket/trajectories``).

@@ -16,8 +16,10 @@ Mapping onto MLflow:
 - a JSON document per version (``lineage/policy_version=<N>.json`` in the run's artifacts) holds the
   whole answer for ``llmrl lineage RUN --version N`` (see :mod:`storage.lineage_query`).
 
-The default tracking store is ``sqlite:///<run_dir>/mlflow.db`` with artifacts in
-``<run_dir>/mlartifacts``; :class:`LineageConfig` names any other tracking URI. Everything goes
+The default tracking store is one per runs root, shared by every run under it (so one MLflow UI shows
+them all: ``llmrl ui``): ``sqlite:///<runs root>/mlflow.db`` with artifacts in ``<runs root>/mlartifacts``.
+A run recorded before that (its own ``<run_dir>/mlflow.db``) keeps its store. :class:`LineageConfig` names
+any other tracking URI (a server for many concurrent runs: sqlite serialises writers). Everything goes
 through an explicit ``MlflowClient`` (no global MLflow state), so several recorders can coexist in
 one process. Record lineage from one process (the flow), not from many Dask workers: sqlite
 serialises writers.
@@ -48,6 +50,7 @@ from storage.trajectories import TrajectoryStore, check_name  # noqa: E402
 
 RUN_TAG = "llmrl_run_id"
 PIPELINE_TAG = "llmrl_pipeline"
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 CONFIG_HASH_TAG = "llmrl_config_hash"
 MODEL_NAME = "policy"
 MAX_PARAM_LEN = 6000
@@ -79,14 +82,21 @@ class DataRef:
     policy_version: int | None = None
 
 
+def tracking_root(run_dir: str | os.PathLike[str]) -> Path:
+    """The folder holding the default MLflow store of ``run_dir``: its runs root, or the run dir itself for a
+    run recorded with a per-run store (``<run_dir>/mlflow.db``, before the store was shared)."""
+    run_dir = Path(run_dir).expanduser().absolute()
+    return run_dir if (run_dir / "mlflow.db").is_file() else run_dir.parent
+
+
 def default_tracking_uri(run_dir: str | os.PathLike[str]) -> str:
-    """``sqlite:///<absolute run_dir>/mlflow.db``."""
-    return f"sqlite:///{Path(run_dir).expanduser().absolute() / 'mlflow.db'}"
+    """``sqlite:///<runs root>/mlflow.db``: one store for every run under the runs root (see :func:`tracking_root`)."""
+    return f"sqlite:///{tracking_root(run_dir) / 'mlflow.db'}"
 
 
 def default_artifact_location(run_dir: str | os.PathLike[str]) -> str:
-    """``file://<absolute run_dir>/mlartifacts``."""
-    return (Path(run_dir).expanduser().absolute() / "mlartifacts").as_uri()
+    """``file://<runs root>/mlartifacts`` (MLflow keeps each run's artifacts under its own run uuid there)."""
+    return (tracking_root(run_dir) / "mlartifacts").as_uri()
 
 
 def git_state(path: str | os.PathLike[str] | None = None) -> tuple[str | None, bool | None]:
@@ -155,8 +165,8 @@ class LineageRecorder:
         self.run_dir = Path(run_dir).expanduser().absolute()
         self.settings = lineage_config or LineageConfig()
         self.tracking_uri = self.settings.tracking_uri or default_tracking_uri(self.run_dir)
-        if self.tracking_uri.startswith("sqlite:"):
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.tracking_uri.startswith("sqlite:///"):
+            Path(self.tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         self.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.settings.registry_uri)
         self.pipeline = pipeline
         self.run_id = check_name(run_id, "run id")
@@ -169,12 +179,16 @@ class LineageRecorder:
     def _experiment(self, name: str) -> str:
         found = self.client.get_experiment_by_name(name)
         if found is not None:
+            if EXPERIMENT_KIND_TAG not in found.tags:  # created by an older llmrl
+                self.client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, "custom_model_development")
             return found.experiment_id
         location = self.settings.artifact_location
         if location is None and self.settings.tracking_uri is None:
             location = default_artifact_location(self.run_dir)
         try:
-            return self.client.create_experiment(name, artifact_location=location, tags={PIPELINE_TAG: name})
+            # the kind tag opens the experiment in MLflow 3's training-runs view (not the GenAI traces view)
+            tags = {PIPELINE_TAG: name, EXPERIMENT_KIND_TAG: "custom_model_development"}
+            return self.client.create_experiment(name, artifact_location=location, tags=tags)
         except MlflowException:  # created concurrently
             return self.client.get_experiment_by_name(name).experiment_id
 

@@ -20,7 +20,7 @@ from mlflow import MlflowClient  # noqa: E402
 from mlflow.entities import Run, ViewType  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 
-from storage.lineage import RUN_TAG, LineageError, default_tracking_uri, version_artifact_path  # noqa: E402
+from storage.lineage import RUN_TAG, LineageError, default_tracking_uri, tracking_root, version_artifact_path  # noqa: E402
 
 
 def find_run(client: MlflowClient, run_id: str) -> Run:
@@ -56,12 +56,12 @@ def version_lineage(
 ) -> dict[str, Any]:
     """Which data, config, code and parent weights produced ``policy_version`` of ``run_id``.
 
-    Give the tracking URI, or the run directory (its default sqlite store is used).
+    Give the tracking URI, or the run directory (the default sqlite store of its runs root is used).
     """
     if tracking_uri is None:
         if run_dir is None:
             raise LineageError("give run_dir or tracking_uri")
-        db = Path(run_dir).expanduser() / "mlflow.db"
+        db = tracking_root(run_dir) / "mlflow.db"
         if not db.is_file():
             raise LineageError(f"no lineage store at {db}")
         tracking_uri = default_tracking_uri(run_dir)

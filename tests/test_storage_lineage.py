@@ -14,7 +14,7 @@ from storage_records import make_records
 
 from storage.checkpoints import CheckpointStore
 from storage.hashing import config_hash
-from storage.lineage import LineageConfig, LineageError, LineageRecorder
+from storage.lineage import LineageConfig, LineageError, LineageRecorder, default_tracking_uri
 from storage.lineage_query import version_lineage
 from storage.trajectories import TrajectoryStore
 
@@ -28,13 +28,14 @@ def _weights(version: int) -> dict[str, torch.Tensor]:
 
 
 def _simulate_run(run_dir: Path, store: TrajectoryStore, versions: int = 3, **kwargs) -> LineageRecorder:
-    """Three GRPO iterations: version v's trajectories train version v+1."""
+    """Three GRPO iterations of run ``run_dir.name``: version v's trajectories train version v+1."""
     checkpoints = CheckpointStore(run_dir / "checkpoints")
-    recorder = LineageRecorder(run_dir, pipeline="grpo", run_id="run-a", config=CONFIG, **kwargs)
+    run_id = run_dir.name
+    recorder = LineageRecorder(run_dir, pipeline="grpo", run_id=run_id, config=CONFIG, **kwargs)
     prompts = recorder.log_training_dataset(next(GSM8K.glob("*train*")), name="gsm8k-train")
     checkpoints.save(_weights(0), 0, config=CONFIG)
     for version in range(versions):
-        store.write_shard("run-a", version, 0, make_records("run-a", version))
+        store.write_shard(run_id, version, 0, make_records(run_id, version))
         partition = recorder.log_trajectory_partition(store, version)
         manifest = checkpoints.save(_weights(version + 1), version + 1, parent_version=version, config=CONFIG)
         recorder.log_version(
@@ -58,13 +59,14 @@ def recorded(tmp_path_factory):
     return base, store, recorder
 
 
-def test_default_tracking_store_is_sqlite_under_the_run_dir(recorded):
+def test_default_tracking_store_is_one_sqlite_per_runs_root(recorded):
     base, _, recorder = recorded
-    assert recorder.tracking_uri == f"sqlite:///{base / 'run-a' / 'mlflow.db'}"
-    assert (base / "run-a" / "mlflow.db").is_file()
+    assert recorder.tracking_uri == f"sqlite:///{base / 'mlflow.db'}"
+    assert (base / "mlflow.db").is_file() and not (base / "run-a" / "mlflow.db").exists()
     client = MlflowClient(recorder.tracking_uri)
     experiment = client.get_experiment_by_name("grpo")
-    assert experiment.artifact_location == (base / "run-a" / "mlartifacts").as_uri()
+    assert experiment.artifact_location == (base / "mlartifacts").as_uri()
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # MLflow UI: training-runs view
     run = client.get_run(recorder.mlflow_run_id)
     assert run.info.status == "FINISHED" and run.info.run_name == "run-a"
     assert run.data.tags["llmrl_run_id"] == "run-a" and run.data.tags["llmrl_config_hash"] == config_hash(CONFIG)
@@ -164,7 +166,7 @@ def test_any_tracking_uri_from_config(tmp_path):
     ) as recorder:
         recorder.log_metrics(0, {"loss": 2.0})
         recorder.log_version(1, parent_version=0, metrics={"loss": 1.5})
-    assert (elsewhere / "tracking.db").is_file() and not (tmp_path / "run-b" / "mlflow.db").exists()
+    assert (elsewhere / "tracking.db").is_file() and not (tmp_path / "mlflow.db").exists()
     info = version_lineage("run-b", 1, tracking_uri=settings.tracking_uri)
     assert info["experiment"] == "sft" and info["parent_version"] == 0 and info["step_metrics"] == {"loss": 1.5}
     assert MlflowClient(settings.tracking_uri).get_run(recorder.mlflow_run_id).info.status == "FINISHED"
@@ -214,7 +216,7 @@ def test_lineage_against_an_mlflow_tracking_server(mlflow_server, tmp_path):
     store = TrajectoryStore(tmp_path / "trajectories")
     settings = LineageConfig(tracking_uri=mlflow_server, registered_model="grpo-policy")
     _simulate_run(tmp_path / "run-a", store, versions=2, lineage_config=settings).end()
-    assert not (tmp_path / "run-a" / "mlflow.db").exists()
+    assert not (tmp_path / "mlflow.db").exists()
     info = version_lineage("run-a", 2, tracking_uri=mlflow_server)
     assert info["parent_version"] == 1 and info["data"][0]["name"] == "trajectories/run-a/policy_version=1"
     assert info["checkpoint"]["sha256"] == CheckpointStore(tmp_path / "run-a" / "checkpoints").manifest(2).sha256
@@ -223,3 +225,19 @@ def test_lineage_against_an_mlflow_tracking_server(mlflow_server, tmp_path):
     experiment = client.get_experiment_by_name("grpo").experiment_id
     [model] = client.search_logged_models([experiment], filter_string="tags.policy_version = '1'")
     assert model.tags["llmrl_run_id"] == "run-a"
+
+
+def test_runs_under_one_root_share_the_store_and_old_per_run_stores_are_kept(tmp_path):
+    """Two runs under one runs root land in one sqlite store (one MLflow UI shows both); a run recorded
+    before the store was shared (its own run_dir/mlflow.db) keeps using that store."""
+    store = TrajectoryStore(tmp_path / "trajectories")
+    for name in ("run-x", "run-y"):
+        _simulate_run(tmp_path / name, store).end()
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    names = {r.info.run_name for r in client.search_runs([client.get_experiment_by_name("grpo").experiment_id])}
+    assert names == {"run-x", "run-y"}
+    legacy = tmp_path / "legacy" / "old-run"
+    legacy.mkdir(parents=True)
+    (legacy / "mlflow.db").touch()
+    assert default_tracking_uri(legacy) == f"sqlite:///{legacy / 'mlflow.db'}"
+    assert default_tracking_uri(tmp_path / "new-run") == f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -216,7 +216,7 @@ class GRPOConfig:
     iterations: int = 3
     seed: int = 0
     runs_dir: str | None = None  # default $LLMRL_HOME/runs
-    tracking_uri: str | None = None  # default sqlite under the run dir
+    tracking_uri: str | None = None  # default: one sqlite store per runs root (<runs_dir>/mlflow.db)
     keep_checkpoints: int = 3  # the newest N checkpoints are kept...
     keep_every: int | None = None  # ...plus every version divisible by this (e.g. 10, for evaluation curves)
     data: DataConfig = field(default_factory=DataConfig)

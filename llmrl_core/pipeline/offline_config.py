@@ -46,7 +46,7 @@ class OfflineConfig:
     skip_zero_signal: bool = True  # leave out groups whose (re-scored) rewards are all equal: no gradient
     seed: int = 0
     runs_dir: str | None = None  # default $LLMRL_HOME/runs
-    tracking_uri: str | None = None  # default sqlite under the run dir
+    tracking_uri: str | None = None  # default: one sqlite store per runs root (<runs_dir>/mlflow.db)
     keep_checkpoints: int = 3
     source: OfflineSourceConfig = field(default_factory=OfflineSourceConfig)
     rescore: RescoreConfig = field(default_factory=RescoreConfig)

@@ -84,7 +84,7 @@ class SFTConfig:
     epochs: int = 1
     seed: int = 0
     runs_dir: str | None = None  # default $LLMRL_HOME/runs
-    tracking_uri: str | None = None  # default sqlite under the run dir
+    tracking_uri: str | None = None  # default: one sqlite store per runs root (<runs_dir>/mlflow.db)
     keep_checkpoints: int = 3
     data: SFTDataConfig = field(default_factory=SFTDataConfig)
     trajectories: SFTTrajectoriesConfig = field(default_factory=SFTTrajectoriesConfig)
