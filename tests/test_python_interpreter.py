@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
@@ -97,6 +98,27 @@ def test_timeout_and_crash_are_reported_and_env_goes_on(make_env):
     out = env.step([block("print('on')"), block("print('back')")])
     assert tool_messages(out.history[0])[-1] == "Code block 1 executed successfully:\non\n"
     assert tool_messages(out.history[1])[-1].startswith("Code block 1 executed successfully:\nback\n")
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="traceback carets are new in Python 3.11")
+@pytest.mark.parametrize(
+    "code,expression",
+    [
+        ("x = 1\ny = x + undefined_name", "undefined_name"),
+        ("if True:\n    y = 2 + undefined_name", "undefined_name"),
+    ],
+)
+def test_traceback_carets_align_on_the_last_line(make_env, code, expression):
+    """The fenced block reaches the sandbox without a final newline; the carets still sit under the expression."""
+    env, _ = make_env(batch_size=1)
+    env.reset(["a"])
+    out = env.step([block(code)])
+    lines = tool_messages(out.history[0])[-1].splitlines()
+    source_row = next(i for i, line in enumerate(lines) if line.strip() == code.splitlines()[-1].strip())
+    source, carets = lines[source_row], lines[source_row + 1]
+    assert set(carets.strip()) == {"^"}
+    assert carets.index("^") == source.index(expression)
+    assert len(carets.strip()) == len(expression)
 
 
 def test_done_slots_are_left_alone(make_env):

@@ -255,7 +255,12 @@ def _on_timeout(signum: int, _frame: object) -> None:
 
 
 def _run_block(code: str, namespace: dict) -> tuple[bool, str]:
-    linecache.cache["<code block>"] = (len(code), None, code.splitlines(True), "<code block>")
+    lines = code.splitlines(True)
+    if lines and not lines[-1].endswith("\n"):
+        # traceback counts the line's newline among the characters it strips before placing the carets (as
+        # linecache does for files, end every line with one), else a last line without one has them a column right
+        lines[-1] += "\n"
+    linecache.cache["<code block>"] = (len(code), None, lines, "<code block>")
     try:
         exec(compile(code, "<code block>", "exec"), namespace)  # noqa: S102 (running untrusted code is the job)
         return True, ""
