@@ -85,6 +85,17 @@ def test_one_shot_mode_keeps_nothing(make_env):
     assert interp._sandboxes == {}
 
 
+@pytest.mark.parametrize("persistent", [True, False])
+def test_stderr_output_alone_is_not_a_failure(make_env, persistent):
+    """Failure is the exception raised, not stderr (TorchRL's persistent mode counts any stderr as failure)."""
+    env, _ = make_env(batch_size=1, persistent=persistent)
+    env.reset(["a"])
+    code = "import sys, warnings\nprint('note', file=sys.stderr)\nwarnings.warn('careful')\nprint(6 * 7)"
+    out = env.step([block(code)])
+    assert tool_messages(out.history[0])[-1] == "Code block 1 executed successfully:\n42\n"
+    assert out.info[0]["python_failures"] == 0 and out.info[0]["tool_calls"][-1]["error"] is False
+
+
 def test_timeout_and_crash_are_reported_and_env_goes_on(make_env):
     env, _ = make_env(persistent=True)
     env.reset(["a", "b"])

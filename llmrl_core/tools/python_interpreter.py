@@ -71,10 +71,11 @@ def _failed(text: str) -> bool:
 class PythonInterpreter(Transform):
     """Execute the assistant's Python code blocks in a sandbox and append the results as tool messages.
 
-    A block "failed" when it raised (or timed out, or crashed), not when it wrote to stderr: a warning printed to
-    stderr by working code is reported with the output of a successful block. TorchRL's interpreter counts any
-    stderr as a failure; we differ on purpose, since library warnings would otherwise fail correct code. The
-    same rule holds in persistent mode.
+    Failure is judged by the exception raised, not by stderr, in both modes: a block "failed" when it raised (or
+    timed out, or crashed). Code that writes to stderr (a library warning, a ``print(..., file=sys.stderr)``) and
+    finishes is a success, and its message carries its stdout only, as TorchRL's success message does. TorchRL's
+    persistent mode counts any stderr output as a failure; we differ on purpose, since warnings would otherwise
+    fail correct code.
 
     Args:
         persistent: keep one interpreter per slot across turns (reset with the env), else one per block.
