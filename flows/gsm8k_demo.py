@@ -1,6 +1,6 @@
 """Flow ``gsm8k-demo``: the packaged model answers GSM8K questions; responses keep their log-probs.
 
-Run it directly (``python -m flows.gsm8k_demo``) or as the ``gsm8k-demo/local`` deployment in
+Run it directly (``python -m flows.gsm8k_demo``) or as the ``gsm8k-demo/answer-gsm8k`` deployment in
 ``prefect.yaml``.
 """
 

@@ -11,6 +11,7 @@ from llmrl_cli.models import models_app
 from llmrl_cli.run import run_app
 from llmrl_cli.run_more import run_offline, run_sft
 from llmrl_cli.trajectories import trajectories_app
+from llmrl_cli.ui import ui
 
 app = typer.Typer(
     name="llmrl",
@@ -26,6 +27,7 @@ app.add_typer(run_app, name="run")
 app.command("lineage")(lineage)
 app.command("doctor")(doctor)
 app.command("demo")(demo)
+app.command("ui")(ui)
 
 
 @app.command("version")

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import typer
 
-# Flows start an ephemeral Prefect API; on a busy 2-core machine it can need more than the 20 s default.
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
-
 MAIN_JOB = Path(__file__).with_name("main_job.yaml")  # what `llmrl run grpo` runs without --config
 
 run_app = typer.Typer(
-    help="Run a pipeline flow (ephemeral Prefect, local Dask and MLflow by default).", no_args_is_help=True
+    help="Run a pipeline flow (recorded in llmrl's Prefect home and MLflow store; shown by `llmrl ui`).",
+    no_args_is_help=True,
 )
+
+
+@run_app.callback()
+def use_one_prefect_home() -> None:
+    """Record every flow run in llmrl's one Prefect home (or the running `llmrl ui` server)."""
+    from llmrl_cli.prefect_home import use_llmrl_prefect
+
+    use_llmrl_prefect()
 
 
 @run_app.command("grpo")

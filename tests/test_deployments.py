@@ -48,17 +48,17 @@ class SmokeRun:
 
 
 SMOKE_RUNS: dict[str, SmokeRun] = {
-    "gsm8k-demo/local": SmokeRun(
+    "gsm8k-demo/answer-gsm8k": SmokeRun(
         params={"questions": 2, "max_tokens": 16, "out_dir": "{out}"},
         check=_check_gsm8k_demo,
     ),
 }
 NOT_RUN: dict[str, str] = {  # 'flow/deployment' -> why the round trip only deploys it
-    "grpo/local": "a GRPO run takes minutes; tests/test_grpo_flow.py runs the flow itself end to end",
-    "evaluate/local": "needs a stored run; tests/test_evaluate_flow.py runs the flow itself end to end",
-    "sft/local": "training takes minutes; tests/test_sft_flow.py runs the flow itself end to end",
-    "offline/local": "needs a stored run; tests/test_offline_flow.py runs the flow itself end to end",
-    "collect/local": "starts an engine for minutes; tests/test_collect_flow.py runs the flow itself end to end",
+    "grpo/grpo-arithmetic": "a GRPO run takes minutes; tests/test_grpo_flow.py runs the flow itself end to end",
+    "evaluate/evaluate-run": "needs a stored run; tests/test_evaluate_flow.py runs the flow itself end to end",
+    "sft/sft-gsm8k": "training takes minutes; tests/test_sft_flow.py runs the flow itself end to end",
+    "offline/offline-rescore": "needs a stored run; tests/test_offline_flow.py runs the flow itself end to end",
+    "collect/collect-rollouts": "starts an engine for minutes; tests/test_collect_flow.py runs the flow end to end",
 }
 
 
@@ -70,6 +70,8 @@ def test_prefect_yaml_shape():
     """Every deployment uses the process pool, schedules are off, and code is found from any clone."""
     config = _prefect_yaml()
     assert config["deployments"], "prefect.yaml has no deployments"
+    names = [dep.get("name") for dep in config["deployments"]]
+    assert len(set(names)) == len(names), f"deployment names must be distinct (the UI lists them by name): {names}"
     for dep in config["deployments"]:
         where = f"prefect.yaml deployment {dep.get('name')!r} ({dep.get('entrypoint')})"
         assert dep.get("entrypoint") and dep.get("name"), where
@@ -145,7 +147,7 @@ def _wait_for(condition: Callable[[], Any], timeout_s: float, what: str, poll_s:
 
 
 def test_example_schedule_is_off_and_fires_when_switched_on(deployed):
-    name = "gsm8k-demo/local"
+    name = "gsm8k-demo/answer-gsm8k"
     record = deployed.deployment(name)
     (schedule,) = record["schedules"]
     assert (schedule["schedule"]["cron"], schedule["schedule"]["timezone"]) == EXAMPLE_CRON

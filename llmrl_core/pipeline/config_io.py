@@ -9,6 +9,7 @@ valid keys, so a typo never passes silently.
 from __future__ import annotations
 
 import dataclasses
+import json
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -126,6 +127,19 @@ def _apply_override(data: dict[str, Any], cls: type, override: str) -> None:
                 raise ConfigError(f"{'.'.join(keys[: i + 1])} is not a section in override {override!r}")
             node = node.setdefault(key, {})
             node_cls = field_type
+
+
+def settings_overrides(settings: Mapping[str, Any]) -> list[str]:
+    """``section.key=value`` override strings for the settings that are given (not ``None``).
+
+    Flows take their main settings as typed parameters (a form in the Prefect UI) and pass them on with this;
+    strings are quoted, so a run id such as ``no`` or ``007`` stays a string.
+    """
+    return [
+        f"{key}={json.dumps(value) if isinstance(value, str) else value}"
+        for key, value in settings.items()
+        if value is not None
+    ]
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: Iterable[str] = ()) -> T:

@@ -1,0 +1,98 @@
+"""A small page driver over llmrl's own headless-Chromium CDP client, for tests of the web UIs.
+
+It waits on conditions evaluated in the page (never on fixed sleeps alone), clicks elements found by
+their visible text, types like a user (focus + ``Input.insertText``), and takes screenshots.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from llmrl_core.tools.browser_cdp import ChromiumBrowser
+
+
+class PageDriver:
+    """One tab of a :class:`ChromiumBrowser`, driven by JavaScript conditions and clicks."""
+
+    def __init__(self, browser: ChromiumBrowser, width: int = 1400, height: int = 1000) -> None:
+        self.browser = browser
+        self.session = browser.new_page()
+        browser.send("Runtime.enable", session=self.session)
+        browser.send(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+            session=self.session,
+        )
+
+    def goto(self, url: str) -> None:
+        """Navigate and wait for the load event."""
+        since = self.browser.event_count
+        self.browser.send("Page.navigate", {"url": url}, session=self.session)
+        self.browser.wait_event("Page.loadEventFired", self.session, timeout=60, since=since)
+
+    def eval(self, expression: str) -> Any:
+        """The value of a JavaScript expression in the page (promises awaited)."""
+        reply = self.browser.send(
+            "Runtime.evaluate",
+            {"expression": expression, "returnByValue": True, "awaitPromise": True},
+            session=self.session,
+        )
+        if "exceptionDetails" in reply:
+            raise AssertionError(f"page script failed: {reply['exceptionDetails'].get('text')} in {expression[:200]}")
+        return reply.get("result", {}).get("value")
+
+    def text(self) -> str:
+        """The visible text of the page."""
+        return self.eval("document.body ? document.body.innerText : ''") or ""
+
+    def wait_for(self, expression: str, timeout_s: float = 60.0, what: str = "") -> Any:
+        """Wait until ``expression`` is truthy in the page; fail with the page text when it never is."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            value = self.eval(expression)
+            if value:
+                return value
+            self.browser.pump(0.5)
+        raise AssertionError(
+            f"timed out after {timeout_s:.0f} s waiting for {what or expression}; page:\n{self.text()[:3000]}"
+        )
+
+    def wait_text(self, needle: str, timeout_s: float = 60.0) -> None:
+        """Wait until ``needle`` is in the visible text."""
+        self.wait_for(
+            f"document.body && document.body.innerText.includes({json.dumps(needle)})", timeout_s, repr(needle)
+        )
+
+    def click_text(self, label: str, selector: str = "button, a, [role=button], [role=tab], [role=menuitem]") -> None:
+        """Click the first visible element matching ``selector`` whose text is ``label`` (trimmed)."""
+        script = f"""(() => {{
+            const want = {json.dumps(label)};
+            const found = [...document.querySelectorAll({json.dumps(selector)})].find(
+                e => e.innerText && e.innerText.trim() === want && e.offsetParent !== null);
+            if (!found) return false;
+            found.scrollIntoView({{block: 'center'}});
+            found.click();
+            return true;
+        }})()"""
+        self.wait_for(script, 30, f"a clickable {label!r}")
+
+    def type_into(self, selector: str, text: str) -> None:
+        """Replace the value of the input found by ``selector`` as a user would (select all, type)."""
+        self.wait_for(
+            f"(() => {{ const e = document.querySelector({json.dumps(selector)}); if (!e) return false; "
+            "e.scrollIntoView({block: 'center'}); e.focus(); e.select && e.select(); return true; })()",
+            30,
+            f"input {selector}",
+        )
+        self.browser.send("Input.insertText", {"text": text}, session=self.session)
+
+    def screenshot(self, path: Path) -> Path:
+        """Save a PNG of the viewport."""
+        data = self.browser.send("Page.captureScreenshot", {"format": "png"}, session=self.session)["data"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(data))
+        return path
