@@ -25,6 +25,7 @@ from storage.trajectories import TrajectoryStore
 from tasks import grpo_stages as stages
 from tasks.actors import RolloutWorker
 from tasks.cluster import dask_cluster
+from tasks.reporting import artifact_key, live_markdown
 
 
 @flow(name="collect")
@@ -74,6 +75,13 @@ def collect(
         written = stages.write_trajectories(collect_cfg, staging_uri, out_layout.trajectories_uri, policy_version)
     log.info(
         "collected %d rollouts of %s version %d into %s", rows_total, cfg.run_id, policy_version, written["partition"]
+    )
+    live_markdown(
+        artifact_key(out_run, "collected"),
+        f"## {out_run}\n\n{rows_total} rollouts of `{cfg.run_id}` version {policy_version} in {batches} batch(es), "
+        f"stored in `{written['partition']}`.\n\n"
+        f"Read them: `llmrl trajectories show {out_run} --version {policy_version}`",
+        f"rollouts collected from {cfg.run_id} v{policy_version}",
     )
     return {"run_id": out_run, "policy_version": policy_version, **written}
 

@@ -8,6 +8,7 @@ from prefect import task
 
 from llmrl_core.jobs.gsm8k_answers import answer_gsm8k, write_jsonl_atomic
 from llmrl_core.policies.vllm_engine import EngineConfig, make_llm
+from tasks.reporting import live_table
 
 
 @task(name="answer-gsm8k-questions")
@@ -17,13 +18,19 @@ def answer_questions(
     max_tokens: int = 192,
     temperature: float = 0.7,
     model: str = "default",
-    dtype: str = "bfloat16",
+    dtype: str = "auto",
     seed: int = 0,
 ) -> dict:
-    """Start an engine, answer ``questions`` GSM8K test questions, write them; returns a summary only."""
+    """Start an engine, answer ``questions`` GSM8K test questions, write them (and a table artifact for the UI);
+    returns a summary only."""
     llm = make_llm(EngineConfig(model=model, dtype=dtype, seed=seed))
     records, stats = answer_gsm8k(llm, questions=questions, max_tokens=max_tokens, temperature=temperature, seed=seed)
     path = write_jsonl_atomic(Path(out_path), records)
+    live_table(
+        "gsm8k-demo-answers",
+        [{"question": r["question"], "gold": r["gold"], "response": r["response"]} for r in records],
+        f"{len(records)} answers of the model, {stats.tokens} tokens at {stats.tokens_per_second:.1f} tok/s; {path}",
+    )
     return {
         "path": str(path),
         "questions": stats.questions,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,7 @@ from llmrl_core.policies.vllm_worker import vLLMWorker
 from storage.checkpoints import CheckpointStore
 from storage.hashing import config_hash
 from storage.layout import RunLayout
+from tasks.reporting import artifact_key
 
 _RESIDENT: dict[str, dict[str, Any]] = {}  # engine-config hash -> {"worker": vLLMWorker, "weights": source id}
 
@@ -269,15 +269,10 @@ def write_report(result_paths: dict[int, str], out_dir: str, title: str = "") ->
     return {"rows": rows, "markdown": str(md), "json": str(js), "png": str(png), "table": table, "verdict": verdict}
 
 
-def artifact_key(text: str) -> str:
-    """A Prefect artifact key from ``text``: lowercase letters, digits and dashes only."""
-    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", text.lower())).strip("-")[:100] or "evaluation"
-
-
 @task(name="publish-eval-artifacts")
 def publish_artifacts(report: dict[str, Any], key: str, description: str) -> dict[str, str]:
     """The report as Prefect artifacts: a table, the curve PNG (inline data URL) and a markdown summary."""
-    key = artifact_key(key)
+    key = artifact_key(key) or "evaluation"
     table_id = create_table_artifact(format_rows(report["rows"]), key=f"{key}-table", description=description)
     png = base64.b64encode(Path(report["png"]).read_bytes()).decode()
     image_id = create_image_artifact(f"data:image/png;base64,{png}", key=f"{key}-curves", description=description)

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import base64
+import json
 import re
 from pathlib import Path
 from typing import Any
 
 from prefect import task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import TableArtifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import ArtifactUpdate
+from prefect.runtime import flow_run
 
 CURVES = (
     ("reward_mean", "mean reward"),
@@ -26,8 +30,37 @@ TOOL_CURVES = (("tool_call_rate", "rollouts calling a tool"), ("tool_success_rat
 
 
 def artifact_key(*parts: str) -> str:
-    """Prefect artifact keys allow lowercase letters, digits and dashes only."""
-    return re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
+    """Prefect artifact keys allow lowercase letters, digits and dashes only (at most 100 characters)."""
+    key = re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower())).strip("-")
+    return key[:100] or "llmrl"
+
+
+# (flow run id, artifact key) -> the artifact this flow run keeps up to date
+_LIVE_ARTIFACTS: dict[tuple[str, str], Any] = {}
+
+
+def live_table(key: str, table: list[dict[str, Any]], description: str) -> Any:
+    """One table artifact per (flow run, key): created on the first call, updated in place after (so a run page
+    shows one live table, not a copy per iteration). Returns its id."""
+    return _live(key, lambda: create_table_artifact(table, key=key, description=description), table, description)
+
+
+def live_markdown(key: str, markdown: str, description: str | None = None) -> Any:
+    """Like :func:`live_table`, for a markdown artifact."""
+    create = lambda: create_markdown_artifact(markdown, key=key, description=description)  # noqa: E731
+    return _live(key, create, markdown, description)
+
+
+def _live(key: str, create: Any, data: Any, description: str | None) -> Any:
+    where = (str(flow_run.get_id()), key)
+    known = _LIVE_ARTIFACTS.get(where)
+    if known is None:
+        _LIVE_ARTIFACTS[where] = known = create()
+    else:
+        payload = json.dumps(TableArtifact._sanitize(data)) if isinstance(data, list) else data
+        with get_client(sync_client=True) as client:
+            client.update_artifact(known, ArtifactUpdate(data=payload, description=description))
+    return known
 
 
 def plot_curves(history: list[dict[str, Any]], path: Path) -> Path:
@@ -60,17 +93,14 @@ def plot_curves(history: list[dict[str, Any]], path: Path) -> Path:
 
 @task(name="report-iteration", cache_policy=NO_CACHE, persist_result=False)
 def report_iteration(run_id: str, history: list[dict[str, Any]], report_dir: Path, recorder: Any = None) -> str:
-    """Publish the metrics table and the curves PNG as Prefect artifacts (and the PNG to MLflow)."""
+    """The metrics table and the curves PNG as live Prefect artifacts of this flow run (and the PNG to MLflow)."""
     png = plot_curves(history, report_dir / "curves.png")
-    create_table_artifact(
-        key=artifact_key(run_id, "metrics"),
-        table=history,
-        description=f"GRPO metrics per policy version for run {run_id}",
-    )
+    live_table(artifact_key(run_id, "metrics"), history, f"metrics per policy version for run {run_id}")
     encoded = base64.b64encode(png.read_bytes()).decode()
-    create_markdown_artifact(
-        key=artifact_key(run_id, "curves"),
-        markdown=f"## {run_id}: rollout curves\n\n![curves](data:image/png;base64,{encoded})\n",
+    live_markdown(
+        artifact_key(run_id, "curves"),
+        f"## {run_id}: curves per policy version\n\n![curves](data:image/png;base64,{encoded})\n",
+        f"curves per policy version for run {run_id}",
     )
     if recorder is not None:
         recorder.client.log_artifact(recorder.mlflow_run_id, str(png), "reports")

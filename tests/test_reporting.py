@@ -1,0 +1,48 @@
+"""Prefect artifacts of a training run: one live metrics table and one curves artifact per flow run, updated in
+place each iteration (not a new copy per iteration), with the latest data; a new flow run gets its own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+from prefect.runtime import flow_run
+
+from tasks.reporting import artifact_key, report_iteration
+
+
+@flow(name="report-twice")
+def report_twice(report_dir: str) -> str:
+    history = [{"version": 1, "reward_mean": 0.25, "accuracy": 0.5}]
+    report_iteration("Run_A", history, Path(report_dir))
+    history.append({"version": 2, "reward_mean": 0.75, "accuracy": float("nan")})
+    report_iteration("Run_A", history, Path(report_dir))
+    return str(flow_run.get_id())
+
+
+def _artifacts_of(run_id: str) -> list:
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]))
+        )
+    return sorted(found, key=lambda a: a.key)
+
+
+def test_one_live_table_and_curve_per_flow_run(tmp_path):
+    first = report_twice(str(tmp_path))
+    artifacts = _artifacts_of(first)
+    assert [a.key for a in artifacts] == ["run-a-curves", "run-a-metrics"]  # one of each, not one per iteration
+    table = json.loads(artifacts[1].data)
+    assert [row["version"] for row in table] == [1, 2] and table[1]["accuracy"] is None  # latest data, NaN sanitised
+    assert "data:image/png;base64," in artifacts[0].data
+    second = report_twice(str(tmp_path))  # a resumed run is a new flow run: its own artifacts
+    assert second != first and len(_artifacts_of(second)) == 2 and len(_artifacts_of(first)) == 2
+
+
+def test_artifact_keys_are_valid_prefect_keys():
+    assert artifact_key("Run_A", "metrics") == "run-a-metrics"
+    assert artifact_key("evaluate-grpo.demo v2") == "evaluate-grpo-demo-v2"
+    assert len(artifact_key("x" * 300)) == 100 and artifact_key("__") == "llmrl"
