@@ -8,31 +8,26 @@
 
 Version 0 is the starting model. Like GRPO, a version counts once its commit marker exists, and running the
 same run id again resumes after the last published epoch (weights, optimizer and RNG restored; each epoch's
-batch order depends only on (seed, epoch)). Raising ``epochs`` extends a finished run.
+batch order depends only on (seed, epoch)). Raising ``epochs`` extends a finished run. The epoch loop is
+:mod:`flows.epoch_runs`, shared with the offline flow.
 Run it with ``llmrl run sft [--config x.yaml] [--set section.key=value ...]``.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from prefect import flow, get_run_logger
 
-from llmrl_core.model_store import resolve_model
-from llmrl_core.pipeline.config_io import load_config
+from flows.epoch_runs import EpochPlan, EpochRun, train_epochs
+from llmrl_core.pipeline.config_io import load_config, settings_overrides
 from llmrl_core.pipeline.preflight import preflight
 from llmrl_core.pipeline.sft_config import SFTConfig
-from storage.checkpoints import CheckpointStore
-from storage.layout import RunLayout, default_runs_root
-from storage.lineage import DataRef, LineageConfig, LineageRecorder
+from storage.lineage import DataRef, LineageRecorder
 from storage.trajectories import TrajectoryStore
 from tasks import sft_stages as stages
-from tasks.grpo_stages import latest_published
-from tasks.publishing import publish_version, version_history
-from tasks.sft_actor import start_trainer, trainer_cluster
-
-EPOCH_METRICS = ("loss_first", "loss_last", "loss_mean", "steps", "grad_norm", "epoch_s")
+from tasks.epoch_stages import evaluate_loss
+from tasks.publishing import version_history
 
 
 def log_data(cfg: SFTConfig, data: dict[str, Any], lineage: LineageRecorder, store_uri: str) -> list[DataRef]:
@@ -54,76 +49,70 @@ def log_data(cfg: SFTConfig, data: dict[str, Any], lineage: LineageRecorder, sto
 
 
 @flow(name="sft")
-def sft(config: str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
-    """Run (or resume) SFT: ``config`` is a YAML file, ``overrides`` are ``section.key=value`` strings."""
+def sft(
+    config: str | None = None,
+    run_id: str | None = None,
+    source: Literal["dataset", "trajectories"] | None = None,
+    dataset: str | None = None,
+    limit: int | None = None,
+    trajectories_run_id: str | None = None,
+    epochs: int | None = None,
+    lr: float | None = None,
+    batch_size: int | None = None,
+    overrides: list[str] | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) SFT. Settings left empty keep the config file's values (or the built-in defaults).
+
+    Args:
+        config: YAML config file, relative to the checkout (sections data, trajectories, train, dask). Empty: the
+            built-in defaults (GSM8K train chats).
+        run_id: Name of the run; running an existing run id again resumes it after its last published epoch.
+        source: What to train on: dataset (chats of data.source) or trajectories (a run's best stored responses).
+        dataset: The chat dataset of source dataset: gsm8k:train, gsm8k:test or a .jsonl/.parquet path
+            (data.source).
+        limit: Train on the first N rows of the dataset (data.limit; the config's default is 64).
+        trajectories_run_id: The run whose stored responses source trajectories trains on (trajectories.run_id).
+        epochs: Passes over the training set, one published version each (the run's final version number).
+        lr: AdamW learning rate (train.lr).
+        batch_size: Samples per optimizer step (train.batch_size).
+        overrides: Any other setting as section.key=value, e.g. trajectories.topk=2; applied last.
+    """
     log = get_run_logger()
-    cfg = load_config(SFTConfig, config, overrides or [])
+    typed = {
+        "run_id": run_id,
+        "source": source,
+        "data.source": dataset,
+        "data.limit": limit,
+        "trajectories.run_id": trajectories_run_id,
+        "epochs": epochs,
+        "train.lr": lr,
+        "train.batch_size": batch_size,
+    }
+    cfg = load_config(SFTConfig, config, [*settings_overrides(typed), *(overrides or [])])
     preflight(cfg)  # before any task, cluster, engine or write
-    layout = RunLayout(cfg.run_id, Path(cfg.runs_dir) if cfg.runs_dir else default_runs_root())
-    run_dir = layout.run_dir
-    model_path = resolve_model(cfg.model)
-    published = latest_published(run_dir)
-    start = published[0] if published else 0
-    config_dict = stages.lineage_config(cfg)
-    lineage = LineageRecorder(
-        run_dir,
-        pipeline="sft",
-        run_id=cfg.run_id,
-        config=config_dict,
-        lineage_config=LineageConfig(tracking_uri=cfg.tracking_uri),
-    )
-    checkpoints = CheckpointStore(layout.checkpoints_dir)
-    published_to = dict(run_id=cfg.run_id, run_dir=run_dir, checkpoints=checkpoints, lineage=lineage)
-    store_uri = cfg.trajectories.store or layout.trajectories_uri
-    with lineage:
+    run = EpochRun.open(cfg, "sft")
+    store_uri = cfg.trajectories.store or run.layout.trajectories_uri
+    with run.lineage:
         if cfg.source == "dataset":
-            data = stages.prepare_dataset(cfg, model_path, run_dir)
+            data = stages.prepare_dataset(cfg, run.model_path, run.run_dir)
         else:
-            data = stages.select_trajectories(cfg, store_uri, run_dir)
-        refs = log_data(cfg, data, lineage, store_uri)
+            data = stages.select_trajectories(cfg, store_uri, run.run_dir)
+        refs = log_data(cfg, data, run.lineage, store_uri)
         samples = data["samples"]
         log.info(
-            "run %s: %d training samples (%s); epochs %d..%d", cfg.run_id, data["rows"], samples, start, cfg.epochs
+            "run %s: %d training samples (%s); epochs %d..%d", cfg.run_id, data["rows"], samples, run.start, cfg.epochs
         )
-        if published is not None and start >= cfg.epochs:
-            log.info("run %s already has version %d: nothing to train", cfg.run_id, start)
-        else:
-            with trainer_cluster(cfg.dask, run_dir / "dask") as place:
-                trainer = start_trainer(place, stages.trainer_setup(cfg), model_path, str(layout.runs_root))
-                if published is None:
-                    metrics = {"data_loss": stages.evaluate_loss(trainer, samples)["loss"]}
-                    publish_version(trainer, [], 0, config_dict, data=refs, metrics=metrics, **published_to)
-                    log.info(
-                        "version 0 (starting model) published; loss on the training set %.4f", metrics["data_loss"]
-                    )
-                elif start > 0:
-                    trainer.restore(start).result()
-                for epoch in range(start, cfg.epochs):
-                    trained = stages.train_epoch(trainer, samples, epoch, cfg.train.batch_size)
-                    data_loss = stages.evaluate_loss(trainer, samples)["loss"]
-                    metrics = {"data_loss": data_loss, **{k: trained[k] for k in EPOCH_METRICS}}
-                    info = publish_version(
-                        trainer, [], epoch + 1, config_dict, data=refs, metrics=metrics, **published_to
-                    )
-                    log.info(
-                        "epoch %d -> version %d: %d steps, loss on the training set %.4f, %.1f s; %s",
-                        epoch,
-                        epoch + 1,
-                        int(metrics["steps"]),
-                        metrics["data_loss"],
-                        metrics["epoch_s"],
-                        info["checkpoint"],
-                    )
-    final = max(start, cfg.epochs)
-    summary = {
-        "run_id": cfg.run_id,
-        "published_version": final,
-        "samples": samples,
-        "data_loss": {row["version"]: row.get("data_loss") for row in version_history(run_dir, final)},
-        "checkpoints": str(layout.checkpoints_dir),
-        "mlflow_tracking_uri": lineage.tracking_uri,
-        "run_dir": str(run_dir),
-    }
+        plan = EpochPlan(
+            stages.trainer_setup(cfg),
+            samples,
+            groups_per_batch=cfg.train.batch_size,
+            data=refs,
+            measure=lambda trainer: {"data_loss": evaluate_loss(trainer, samples)["loss"]},
+            reported_loss=("loss on the training set", "data_loss"),
+        )
+        train_epochs(run, plan)
+    history = version_history(run.run_dir, run.final)
+    summary = run.summary(samples=samples, data_loss={row["version"]: row.get("data_loss") for row in history})
     log.info("done: %s", summary)
     return summary
 

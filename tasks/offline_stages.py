@@ -1,6 +1,6 @@
 """The offline-training stages as thin Prefect tasks: re-score stored trajectories, recompute advantages, and
 write the training set that the resident GRPO trainer runs epochs over (training itself reuses
-:mod:`tasks.sft_stages`' evaluate / train-epoch tasks).
+:mod:`tasks.epoch_stages`' train-epoch task).
 
 The re-scored rows keep their original run id and policy version (they are still that policy's samples) and
 are written to the offline run's own ``rescored/`` trajectory store, with the new reward's parts in
@@ -99,18 +99,4 @@ def trainer_setup(cfg: OfflineConfig) -> TrainerSetup:
     )
     if t.kl_coef > 0:
         options["kl_to_ref_coeff"] = t.kl_coef
-    return TrainerSetup(
-        run_id=cfg.run_id,
-        model=cfg.model,
-        objective="grpo",
-        loss_options=options,
-        ref_model=t.kl_coef > 0,
-        seed=cfg.seed,
-        keep_checkpoints=cfg.keep_checkpoints,
-        lr=t.lr,
-        max_grad_norm=t.max_grad_norm,
-        token_budget=t.token_budget,
-        mixed_precision=t.mixed_precision,
-        threads=t.threads,
-        device=t.device,
-    )
+    return TrainerSetup.for_run(cfg, "grpo", options, ref_model=t.kl_coef > 0)

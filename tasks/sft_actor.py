@@ -3,8 +3,8 @@
 :class:`EpochTrainerWorker` is a :class:`~tasks.actors.TrainerWorker` (same checkpoint, optimizer-state and
 RNG publishing and restoring, so the SFT and offline flows resume exactly as GRPO does) whose objective is
 chosen by a small :class:`TrainerSetup` -- ``SFTLoss`` or ``GRPOLoss`` -- and whose data is a training-set
-file (:mod:`tasks.train_data`) read by path and cached on the worker. :func:`trainer_cluster` places it: a
-one-worker ``LocalCluster`` by default, or the ``TRAINER`` / ``GPU`` worker of an existing scheduler.
+file (:mod:`tasks.train_data`) read by path and cached on the worker. :func:`start_trainer` places it on the
+trainer worker of :func:`tasks.cluster.dask_cluster` (a trainer-only cluster, ``rollout_workers=0``).
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ import copy
 import dataclasses
 import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -22,10 +20,12 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from llmrl_core.pipeline.grpo_config import DaskConfig
+from llmrl_core.pipeline.offline_config import OfflineConfig
+from llmrl_core.pipeline.sft_config import SFTConfig
 from storage.checkpoints import CheckpointStore
 from storage.layout import RunLayout
 from tasks.actors import TrainerWorker
+from tasks.cluster import Placement
 from tasks.train_data import epoch_batches, read_samples
 
 
@@ -46,6 +46,32 @@ class TrainerSetup:
     mixed_precision: str = "auto"
     threads: int = 0
     device: str = "auto"
+
+    @classmethod
+    def for_run(
+        cls,
+        cfg: SFTConfig | OfflineConfig,
+        objective: Literal["sft", "grpo"],
+        loss_options: dict[str, Any],
+        ref_model: bool,
+    ) -> TrainerSetup:
+        """The setup of ``cfg``'s run: its run, model, seed and checkpoints, and its ``train`` section's optimizer."""
+        t = cfg.train
+        return cls(
+            run_id=cfg.run_id,
+            model=cfg.model,
+            objective=objective,
+            loss_options=loss_options,
+            ref_model=ref_model,
+            seed=cfg.seed,
+            keep_checkpoints=cfg.keep_checkpoints,
+            lr=t.lr,
+            max_grad_norm=t.max_grad_norm,
+            token_budget=t.token_budget,
+            mixed_precision=t.mixed_precision,
+            threads=t.threads,
+            device=t.device,
+        )
 
 
 class EpochTrainerWorker(TrainerWorker):
@@ -124,54 +150,7 @@ class EpochTrainerWorker(TrainerWorker):
         }
 
 
-@dataclass
-class TrainerPlacement:
-    """The Dask client and the worker that hosts the trainer."""
-
-    client: Any
-    trainer: str
-
-
-def pick_trainer(workers: dict[str, dict]) -> str:
-    """The worker declaring ``TRAINER`` or ``GPU`` (the only worker when there is one)."""
-    declared = sorted(a for a, w in workers.items() if {"GPU", "TRAINER"} & set(w.get("resources", {})))
-    if declared:
-        return declared[0]
-    if len(workers) == 1:
-        return next(iter(workers))
-    raise RuntimeError(
-        "several Dask workers and none declares a TRAINER or GPU resource; start the trainer worker with "
-        f"--resources 'TRAINER=1' (found {sorted(workers)})"
-    )
-
-
-@contextmanager
-def trainer_cluster(dask: DaskConfig, scratch: Path) -> Iterator[TrainerPlacement]:
-    """A one-worker LocalCluster for the flow run (or an existing scheduler when ``dask.address`` is set)."""
-    from dask.distributed import Client, LocalCluster
-
-    if dask.address:
-        with Client(dask.address) as client:
-            yield TrainerPlacement(client, pick_trainer(client.scheduler_info()["workers"]))
-        return
-    scratch.mkdir(parents=True, exist_ok=True)
-    with (
-        LocalCluster(
-            n_workers=1,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=None,
-            host="127.0.0.1",
-            memory_limit=0,  # the resident trainer is not Dask data: never pause or restart it
-            local_directory=dask.local_directory or str(scratch),
-        ) as cluster,
-        Client(cluster) as client,
-    ):
-        client.wait_for_workers(1, timeout=120)
-        yield TrainerPlacement(client, pick_trainer(client.scheduler_info()["workers"]))
-
-
-def start_trainer(place: TrainerPlacement, setup: TrainerSetup, model_path: str, runs_root: str) -> Any:
+def start_trainer(place: Placement, setup: TrainerSetup, model_path: str, runs_root: str) -> Any:
     """Create the resident trainer actor on the trainer worker; returns the actor handle."""
     future = place.client.submit(
         EpochTrainerWorker, setup, model_path, runs_root, actor=True, workers=[place.trainer], pure=False

@@ -1,5 +1,5 @@
 """The SFT stages as thin Prefect tasks: prepare the training set (a chat dataset, or stored trajectories kept by
-``TopKRewardSelector``), then evaluate / train an epoch / publish on the resident trainer.
+``TopKRewardSelector``), and the resident trainer's SFT objective (training itself: :mod:`tasks.epoch_stages`).
 
 Chats are tokenized with ``History.apply_chat_template(..., return_assistant_tokens_mask=True)``: the prompt is
 everything before the first assistant token, the loss covers assistant tokens only (user / tool turns of a
@@ -12,7 +12,6 @@ so lineage can name exactly what was trained on.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -170,45 +169,13 @@ def select_trajectories(cfg: SFTConfig, store_uri: str, run_dir: Path) -> dict[s
     }
 
 
-@task(name="evaluate-loss", **STAGE)
-def evaluate_loss(trainer: Any, samples_path: str) -> dict[str, float]:
-    """The objective on the whole training set without gradients (on the trainer worker)."""
-    return trainer.evaluate(samples_path).result()
-
-
-@task(name="train-epoch", **STAGE)
-def train_epoch(trainer: Any, samples_path: str, epoch: int, groups_per_batch: int, steps_per_batch: int = 1) -> dict:
-    """One epoch of optimizer steps over the training set (on the trainer worker)."""
-    return trainer.train_epoch(samples_path, epoch, groups_per_batch, steps_per_batch).result()
-
-
 def trainer_setup(cfg: SFTConfig) -> TrainerSetup:
     """The resident trainer of an SFT run (``SFTLoss`` with TorchRL's option names)."""
     t = cfg.train
-    return TrainerSetup(
-        run_id=cfg.run_id,
-        model=cfg.model,
-        objective="sft",
-        loss_options=dict(
-            loss_function=t.loss_function,
-            normalize_by_seq_length=t.normalize_by_seq_length,
-            beta=t.beta,
-            kl_to_ref_coeff=t.kl_to_ref_coeff if t.kl_to_ref_coeff > 0 else None,
-        ),
-        ref_model=t.kl_to_ref_coeff > 0 or t.loss_function == "minor_sft",
-        seed=cfg.seed,
-        keep_checkpoints=cfg.keep_checkpoints,
-        lr=t.lr,
-        max_grad_norm=t.max_grad_norm,
-        token_budget=t.token_budget,
-        mixed_precision=t.mixed_precision,
-        threads=t.threads,
-        device=t.device,
+    options = dict(
+        loss_function=t.loss_function,
+        normalize_by_seq_length=t.normalize_by_seq_length,
+        beta=t.beta,
+        kl_to_ref_coeff=t.kl_to_ref_coeff if t.kl_to_ref_coeff > 0 else None,
     )
-
-
-def lineage_config(cfg: Any) -> dict:
-    """The settings that define what a version is (the run length ``epochs`` excluded, so a run can be extended)."""
-    data = asdict(cfg)
-    data.pop("epochs")
-    return data
+    return TrainerSetup.for_run(cfg, "sft", options, ref_model=t.kl_to_ref_coeff > 0 or t.loss_function == "minor_sft")
