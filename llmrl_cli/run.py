@@ -56,6 +56,7 @@ def run_grpo(
     typer.echo(f"  trajectories: {summary['trajectories']}  (llmrl trajectories show {summary['run_id']} --version 0)")
     typer.echo(f"  checkpoints:  {summary['checkpoints']}")
     typer.echo(f"  MLflow:       {summary['mlflow_tracking_uri']}  (llmrl lineage {summary['run_id']} --version 1)")
+    typer.echo("  in the UIs:   llmrl ui  (Prefect: this run and its artifacts; MLflow: every run)")
 
 
 @run_app.command("collect")

@@ -38,6 +38,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
     typer.echo(f"  training set: {summary['samples']}")
     typer.echo(f"  checkpoints:  {summary['checkpoints']}")
     typer.echo(f"  MLflow:       {summary['mlflow_tracking_uri']}  (llmrl lineage {summary['run_id']} --version 1)")
+    typer.echo("  in the UIs:   llmrl ui  (Prefect: this run and its artifacts; MLflow: every run)")
 
 
 def run_sft(

@@ -8,6 +8,7 @@ log files under ``$LLMRL_HOME/ui/``; Ctrl-C (or SIGTERM) stops them all.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -71,19 +72,26 @@ class UIServices:
         raise UIError(f"{name} did not answer {url} within {timeout_s:.0f} s; see {self.log_dir / f'{name}.log'}")
 
     def stop(self, grace_s: float = 20.0) -> None:
-        """Stop every child, newest first (the worker before the server it talks to): SIGTERM, then SIGKILL."""
+        """Stop every child and its descendants (a worker's flow runs live in sessions of their own), newest
+        first (the worker before the server it talks to): SIGTERM, then SIGKILL after ``grace_s``."""
+        import psutil
+
         while self.procs:
             _, proc = self.procs.pop()
-            if proc.poll() is not None:
-                continue
             try:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+            for member in family:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    member.terminate()
+            _, alive = psutil.wait_procs(family, timeout=grace_s)
+            for member in alive:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    member.kill()
+            psutil.wait_procs(alive, timeout=10)
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
-            except ProcessLookupError:
-                pass
 
 
 def ui(
@@ -121,6 +129,8 @@ def ui(
         "prefect_api_url": api_url,
         "prefect_ui_url": f"http://{host}:{prefect_port}",
         "mlflow_url": f"http://{host}:{mlflow_port}",
+        # MLflow 3's UI opens experiments in its GenAI view unless the link asks for the training-runs view
+        "mlflow_runs_url": f"http://{host}:{mlflow_port}/#/experiments?workflowType=machine_learning",
         "runs_dir": str(runs_root),
         "pid": os.getpid(),
     }
@@ -162,7 +172,7 @@ def ui(
         services.wait_http("mlflow", f"{state['mlflow_url']}/health", timeout_s=240)
         ui_state_file().write_text(json.dumps(state, indent=2))
         typer.echo(f"Prefect UI: {state['prefect_ui_url']}   (deployments, flow runs, artifacts)")
-        typer.echo(f"MLflow UI:  {state['mlflow_url']}   (every run's metrics, lineage and models)")
+        typer.echo(f"MLflow UI:  {state['mlflow_runs_url']}   (every run's metrics, lineage and models)")
         typer.echo(f"`llmrl run ...` in another shell now reports here. Logs: {log_dir}. Ctrl-C stops all.")
         while all(proc.poll() is None for _, proc in services.procs):
             time.sleep(1.0)

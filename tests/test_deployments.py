@@ -210,3 +210,15 @@ def test_deployment_run_completes(deployed, name, tmp_path):
     spec.check(out)
     # The inactive example schedule created nothing in all that time: the only run is ours.
     assert [r["id"] for r in deployed.flow_runs(deployment["id"])] == [run["id"]]
+
+
+def test_deployment_parameters_are_parameters_of_their_flows():
+    """A parameter in prefect.yaml that the flow does not take fails only when a run starts: catch it here."""
+    import importlib
+    import inspect
+
+    for dep in _prefect_yaml()["deployments"]:
+        path, name = dep["entrypoint"].split(":")
+        flow = getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), name)
+        unknown = set(dep.get("parameters") or {}) - set(inspect.signature(flow.fn).parameters)
+        assert not unknown, f"prefect.yaml deployment {dep['name']!r}: {flow.name} takes no {sorted(unknown)}"

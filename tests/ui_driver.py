@@ -50,7 +50,9 @@ class PageDriver:
         return self.eval("document.body ? document.body.innerText : ''") or ""
 
     def wait_for(self, expression: str, timeout_s: float = 60.0, what: str = "") -> Any:
-        """Wait until ``expression`` is truthy in the page; fail with the page text when it never is."""
+        """Wait until ``expression`` is truthy in the page; fail with the page text when it never is.
+
+        The value crosses over as JSON: write ``!!el`` for an element (an element arrives as an empty dict)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             value = self.eval(expression)
@@ -68,11 +70,12 @@ class PageDriver:
         )
 
     def click_text(self, label: str, selector: str = "button, a, [role=button], [role=tab], [role=menuitem]") -> None:
-        """Click the first visible element matching ``selector`` whose text is ``label`` (trimmed)."""
+        """Click the first (innermost) visible element matching ``selector`` whose text is ``label`` (trimmed)."""
         script = f"""(() => {{
             const want = {json.dumps(label)};
-            const found = [...document.querySelectorAll({json.dumps(selector)})].find(
+            const hits = [...document.querySelectorAll({json.dumps(selector)})].filter(
                 e => e.innerText && e.innerText.trim() === want && e.offsetParent !== null);
+            const found = hits.find(e => !hits.some(h => h !== e && e.contains(h)));  // the innermost
             if (!found) return false;
             found.scrollIntoView({{block: 'center'}});
             found.click();
@@ -89,6 +92,25 @@ class PageDriver:
             f"input {selector}",
         )
         self.browser.send("Input.insertText", {"text": text}, session=self.session)
+
+    def set_field(self, label: str, value: str) -> None:
+        """Type ``value`` into the Prefect run-form field whose label starts with ``label`` (e.g. "iterations")."""
+        mark = f"field-{abs(hash(label))}"
+        self.wait_for(
+            f"""(() => {{
+                const prop = [...document.querySelectorAll('.schema-form-property')].find(p => {{
+                    const l = p.querySelector('.schema-form-property__label');
+                    return l && l.innerText.trim().split(' ')[0] === {json.dumps(label)}; }});
+                const input = prop && prop.querySelector('input, textarea');
+                if (!input) return false;
+                input.setAttribute('data-llmrl-field', {json.dumps(mark)});
+                return true; }})()""",
+            30,
+            f"the form field {label!r}",
+        )
+        self.type_into(f"[data-llmrl-field={mark}]", value)
+        got = self.eval(f"document.querySelector('[data-llmrl-field={mark}]').value")
+        assert str(got) == value, f"field {label!r} holds {got!r} after typing {value!r}"
 
     def screenshot(self, path: Path) -> Path:
         """Save a PNG of the viewport."""

@@ -1,0 +1,216 @@
+"""``llmrl ui`` end to end, driven as a user would, through headless Chromium:
+
+start ``llmrl ui`` (its own LLMRL_HOME, free ports), open the Prefect UI, find the GRPO deployment among
+distinctly named ones, start a *custom* run with changed settings in the typed run form, see it complete
+and show its artifacts; open the MLflow UI on the same run in the training-runs view; stop the UI with
+Ctrl-C and find nothing left running. Screenshots of each step go to the test's folder (and to
+``$LLMRL_SCREENSHOTS`` when set, which is how the README's screenshots were made).
+
+Also, without a browser: ``llmrl run`` commands record into the UI's Prefect home, or into the running
+UI's server (the one-home logic of :mod:`llmrl_cli.prefect_home`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+from prefect_server import free_port, log_tail
+from ui_driver import PageDriver
+
+from llmrl_core.tools.browser_cdp import ChromiumBrowser, find_chromium
+
+ROOT = Path(__file__).resolve().parents[1]
+LLMRL = str(Path(sys.executable).with_name("llmrl"))
+RUN_ID = "grpo-from-the-ui"
+CHANGED = {  # the custom run's settings, typed into the form (the deployment's defaults are the 10-minute main job)
+    "run_id": RUN_ID,
+    "iterations": "1",
+    "prompts_per_iteration": "2",
+    "group_size": "2",
+    "max_new_tokens": "8",
+    "final_eval_questions": "0",
+}
+
+
+def _get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=30) as reply:
+        return json.loads(reply.read())
+
+
+def _shot(page: PageDriver, folder: Path, name: str) -> None:
+    page.screenshot(folder / f"{name}.png")
+    if os.environ.get("LLMRL_SCREENSHOTS"):
+        shutil.copy(folder / f"{name}.png", Path(os.environ["LLMRL_SCREENSHOTS"]) / f"{name}.png")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(find_chromium() is None, reason="needs Debian's chromium (scripts/install.sh installs it)")
+def test_llmrl_ui_runs_a_custom_grpo_run_and_shows_it_in_both_uis(tmp_path):
+    home, shots = tmp_path / "home", tmp_path / "screenshots"
+    shots.mkdir()
+    prefect_port, mlflow_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "LLMRL_RUNS_DIR"}
+    env["LLMRL_HOME"] = str(home)
+    out = tmp_path / "ui.out"
+    with open(out, "wb") as sink:
+        ui = subprocess.Popen(
+            [LLMRL, "ui", "--prefect-port", str(prefect_port), "--mlflow-port", str(mlflow_port)],
+            cwd=tmp_path,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    browser = None
+    try:
+        deadline = time.monotonic() + 420
+        while "MLflow UI:" not in out.read_text():
+            assert ui.poll() is None, f"llmrl ui exited {ui.returncode}:\n{out.read_text()}"
+            assert time.monotonic() < deadline, f"llmrl ui not up after 420 s:\n{out.read_text()}"
+            time.sleep(1)
+        state = json.loads((home / "ui.json").read_text())
+        prefect_url, mlflow_url = state["prefect_ui_url"], state["mlflow_url"]
+        assert prefect_url == f"http://127.0.0.1:{prefect_port}" and mlflow_url == f"http://127.0.0.1:{mlflow_port}"
+        assert prefect_url in out.read_text() and state["mlflow_runs_url"] in out.read_text()
+        listening = {c.laddr for p in psutil.Process(ui.pid).children(recursive=True) for c in _listening(p)}
+        assert {("127.0.0.1", prefect_port), ("127.0.0.1", mlflow_port)} <= {(a.ip, a.port) for a in listening}
+        assert all(a.ip == "127.0.0.1" for a in listening if a.port in (prefect_port, mlflow_port))
+
+        # `llmrl run` in another shell finds the running UI and reports to it
+        probe = subprocess.run(
+            [sys.executable, "-c", "from llmrl_cli.prefect_home import use_llmrl_prefect; print(use_llmrl_prefect())"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert probe.stdout.strip() == state["prefect_api_url"], probe.stderr
+
+        browser = ChromiumBrowser()
+        page = PageDriver(browser)
+        page.goto(f"{prefect_url}/deployments")
+        for name in ("answer-gsm8k", "grpo-arithmetic", "evaluate-run", "sft-gsm8k", "collect-rollouts"):
+            page.wait_text(name, 90)
+        _shot(page, shots, "prefect-deployments")
+        page.click_text("grpo-arithmetic", "a")
+        page.wait_text("Parameters", 60)
+        page.click_text("Run")
+        page.click_text("Custom run", "*")
+        page.wait_text("final_eval_questions", 60)
+        for field in ("iterations", "group_size", "lr", "max_new_tokens"):  # typed fields, with their descriptions
+            assert page.eval(
+                "[...document.querySelectorAll('.schema-form-property')].some(p => "
+                f"p.innerText.startsWith('{field} (Optional)') && "
+                "p.querySelector('.schema-form-property__description'))"
+            ), f"the run form has no described field {field!r}"
+        for field, value in CHANGED.items():
+            page.set_field(field, value)
+        _shot(page, shots, "prefect-custom-run")
+        page.click_text("Submit")
+        page.wait_for("!location.pathname.endsWith('/run')", 180, "the form to be submitted")
+
+        deployment = _post(f"{state['prefect_api_url']}/deployments/filter", {})
+        grpo_dep = next(d for d in deployment if d["name"] == "grpo-arithmetic")
+        deadline = time.monotonic() + 180
+        while not (
+            runs := _post(
+                f"{state['prefect_api_url']}/flow_runs/filter", {"deployments": {"id": {"any_": [grpo_dep["id"]]}}}
+            )
+        ):
+            assert time.monotonic() < deadline, "no flow run was created by the form"
+            time.sleep(1)
+        flow_run = runs[0]
+        assert {k: flow_run["parameters"][k] for k in CHANGED} == {
+            k: (v if k == "run_id" else int(v)) for k, v in CHANGED.items()
+        }, "the run did not get the settings typed into the form"
+        page.goto(f"{prefect_url}/runs/flow-run/{flow_run['id']}")
+        page.wait_for(
+            "!!document.querySelector("
+            "'.state-badge.state--completed, .state-badge.state--failed, .state-badge.state--crashed')",
+            900,
+            "the flow run to finish",
+        )
+        worker_log = log_tail(home / "ui" / "worker.log")
+        assert page.eval("!!document.querySelector('.state-badge.state--completed')"), f"run failed:\n{worker_log}"
+        page.click_text("Artifacts", "*")
+        page.wait_text(f"{RUN_ID}-metrics", 60)
+        page.wait_text(f"{RUN_ID}-curves", 60)
+        assert page.text().count(f"{RUN_ID}-metrics") == 1  # one live table per run, not one per iteration
+        _shot(page, shots, "prefect-run-artifacts")
+        assert (home / "runs" / RUN_ID / "checkpoints" / "policy_v000001.safetensors").is_file()
+        assert not (home / "runs" / RUN_ID / "checkpoints" / "policy_v000002.safetensors").exists()  # 1, not 10
+
+        experiment = _get_json(f"{mlflow_url}/api/2.0/mlflow/experiments/get-by-name?experiment_name=grpo")[
+            "experiment"
+        ]
+        page.goto(f"{mlflow_url}/#/experiments/{experiment['experiment_id']}?workflowType=machine_learning")
+        page.wait_text(RUN_ID, 120)
+        _shot(page, shots, "mlflow-runs")
+        href = page.eval(f"[...document.querySelectorAll('a')].find(a => a.innerText.trim() === '{RUN_ID}').href")
+        page.goto(f"{href}?workflowType=machine_learning")
+        page.wait_text("reward_mean", 120)
+        page.wait_text("Finished", 60)
+        _shot(page, shots, "mlflow-run")
+    finally:
+        if browser is not None:
+            browser.close()
+        family = _family(ui)
+        ui.send_signal(signal.SIGINT)  # Ctrl-C
+        try:
+            ui.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(ui.pid, signal.SIGKILL)
+            raise
+    _, alive = psutil.wait_procs(family, timeout=30)
+    assert not alive, f"left running after Ctrl-C: {[p.pid for p in alive]}\n{out.read_text()}"
+    assert ui.returncode == 0 and not (home / "ui.json").exists()
+
+
+def _post(url: str, body: dict) -> list[dict]:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        return json.loads(reply.read())
+
+
+def _listening(proc: psutil.Process) -> list:
+    try:
+        return [c for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+
+
+def _family(proc: subprocess.Popen) -> list[psutil.Process]:
+    try:
+        return psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def test_llmrl_run_records_into_the_one_prefect_home(tmp_path):
+    """Without a running UI, commands use Prefect's ephemeral API over $LLMRL_HOME/prefect (what `llmrl ui`
+    serves); a stale ui.json (nothing answering) is ignored; a PREFECT_API_URL the user set wins."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env["LLMRL_HOME"] = str(tmp_path)
+    (tmp_path / "ui.json").write_text(json.dumps({"prefect_api_url": f"http://127.0.0.1:{free_port()}/api"}))
+    script = (
+        "import os; from llmrl_cli.prefect_home import use_llmrl_prefect; where = use_llmrl_prefect(); "
+        "print(where); print(os.environ.get('PREFECT_HOME')); print(os.environ.get('PREFECT_API_URL'))"
+    )
+    lines = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    where, home, api = lines.stdout.splitlines()
+    assert home == str(tmp_path / "prefect") and api == "None" and where.startswith("ephemeral")
+    env["PREFECT_API_URL"] = "http://127.0.0.1:1/api"
+    lines = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert lines.stdout.splitlines()[2] == "http://127.0.0.1:1/api"
