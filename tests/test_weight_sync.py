@@ -167,3 +167,23 @@ def test_state_without_the_tied_head_still_updates_the_output_layer(engine, trai
         assert (after - _trainer_logprobs(model, prompt, response)).abs().max().item() < 1e-3
     finally:
         model.load_state_dict(original)
+
+
+def test_the_rotary_reload_warning_is_explained_once_then_hidden(caplog):
+    """vLLM warns "RotaryEmbedding: Failed to load weights" on every reload (its cos/sin cache is computed,
+    never a checkpoint weight): llmrl explains it once and hides it; other reload warnings still show."""
+    import logging
+
+    from llmrl_core.policies.vllm_engine import quiet_reload_warnings
+
+    quiet_reload_warnings()
+    quiet_reload_warnings()  # idempotent
+    reload_logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    with caplog.at_level(logging.INFO):
+        for _ in range(3):
+            reload_logger.warning("%s: Failed to load weights", "RotaryEmbedding")
+        reload_logger.warning("%s: Failed to load weights", "QKVParallelLinear")
+    messages = [r.getMessage() for r in caplog.records]
+    assert "QKVParallelLinear: Failed to load weights" in messages
+    assert "RotaryEmbedding: Failed to load weights" not in messages
+    assert sum("cos/sin cache is computed" in m for m in messages) <= 1

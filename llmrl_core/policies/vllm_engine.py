@@ -8,6 +8,7 @@ exported are left alone.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -84,6 +85,41 @@ def configure_vllm_environment(config: EngineConfig) -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(config.kv_cache_gb))))
 
 
+class ComputedBufferReloadFilter(logging.Filter):
+    """Hide vLLM's "RotaryEmbedding: Failed to load weights" warning, printed on every weight reload.
+
+    A rotary embedding has no weights in any checkpoint: its cos/sin cache is computed from the model config,
+    and vLLM keeps it as it was. The warning reads like a broken weight sync although every trained tensor was
+    loaded (tests/test_weight_sync.py compares the engine's log-probs with the trainer's after a reload), so
+    it is explained once on llmrl's logger and then dropped.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.explained = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == "%s: Failed to load weights" and record.args == ("RotaryEmbedding",):
+            if not self.explained:
+                self.explained = True
+                logging.getLogger("llmrl.weight_sync").info(
+                    "weight reloads leave RotaryEmbedding as it is: its cos/sin cache is computed, not a weight "
+                    "(vLLM's 'Failed to load weights' warning for it is hidden)"
+                )
+            return False
+        return True
+
+
+_RELOAD_FILTER = ComputedBufferReloadFilter()
+
+
+def quiet_reload_warnings() -> None:
+    """Install :class:`ComputedBufferReloadFilter` on vLLM's layer-wise reload logger (idempotent)."""
+    reload_logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    if _RELOAD_FILTER not in reload_logger.filters:
+        reload_logger.addFilter(_RELOAD_FILTER)
+
+
 def make_llm(config: EngineConfig | None = None) -> Any:
     """Build a ``vllm.LLM`` for ``config`` (the packaged model; ``dtype="auto"`` resolved for this hardware)."""
     config = config or EngineConfig()
@@ -114,7 +150,9 @@ def make_llm(config: EngineConfig | None = None) -> Any:
 
         kwargs["worker_extension_cls"] = WEIGHT_SYNC_EXTENSION
     kwargs.update(config.extra)
-    return LLM(**kwargs)
+    llm = LLM(**kwargs)
+    quiet_reload_warnings()  # after LLM(): vLLM's logging set-up, where it runs, replaces handlers, not filters
+    return llm
 
 
 def shutdown_llm(llm: Any) -> None:
