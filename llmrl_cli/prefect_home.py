@@ -58,6 +58,7 @@ def use_llmrl_prefect() -> str:
     if os.environ.get("PREFECT_API_URL"):
         return os.environ["PREFECT_API_URL"]
     os.environ.setdefault("PREFECT_HOME", str(prefect_home()))
+    Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)  # Prefect makes the leaf only
     ui = running_ui()
     if ui is not None:
         os.environ["PREFECT_API_URL"] = ui["prefect_api_url"]

@@ -202,15 +202,18 @@ def test_llmrl_run_records_into_the_one_prefect_home(tmp_path):
     """Without a running UI, commands use Prefect's ephemeral API over $LLMRL_HOME/prefect (what `llmrl ui`
     serves); a stale ui.json (nothing answering) is ignored; a PREFECT_API_URL the user set wins."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env["LLMRL_HOME"] = str(tmp_path)
-    (tmp_path / "ui.json").write_text(json.dumps({"prefect_api_url": f"http://127.0.0.1:{free_port()}/api"}))
+    home = tmp_path / "fresh" / "home"  # not there yet: the Prefect home is made, parents too
+    env["LLMRL_HOME"] = str(home)
     script = (
         "import os; from llmrl_cli.prefect_home import use_llmrl_prefect; where = use_llmrl_prefect(); "
         "print(where); print(os.environ.get('PREFECT_HOME')); print(os.environ.get('PREFECT_API_URL'))"
     )
-    lines = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
-    where, home, api = lines.stdout.splitlines()
-    assert home == str(tmp_path / "prefect") and api == "None" and where.startswith("ephemeral")
+    for _ in ("no ui.json", "a stale ui.json"):
+        lines = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+        where, prefect_home, api = lines.stdout.splitlines()
+        assert prefect_home == str(home / "prefect") and Path(prefect_home).is_dir()
+        assert api == "None" and where.startswith("ephemeral")
+        (home / "ui.json").write_text(json.dumps({"prefect_api_url": f"http://127.0.0.1:{free_port()}/api"}))
     env["PREFECT_API_URL"] = "http://127.0.0.1:1/api"
     lines = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
     assert lines.stdout.splitlines()[2] == "http://127.0.0.1:1/api"
