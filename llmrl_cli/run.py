@@ -14,12 +14,23 @@ run_app = typer.Typer(
 )
 
 
+def stop_on_sigterm(signum: int, _frame: object) -> None:
+    """SIGTERM ends a run the way Ctrl-C does: by an exception, so every context closes (Dask workers and engines,
+    the MLflow run marked KILLED) and the interpreter's exit hooks stop the ephemeral Prefect API. Without it,
+    Prefect marks the flow run crashed and then re-raises SIGTERM on the default handler, which ends the process
+    at once and leaves the ephemeral API server running."""
+    raise SystemExit(128 + signum)
+
+
 @run_app.callback()
 def use_one_prefect_home() -> None:
-    """Record every flow run in llmrl's one Prefect home (or the running `llmrl ui` server)."""
+    """Record every flow run in llmrl's one Prefect home (or the running `llmrl ui` server); stop cleanly on SIGTERM."""
+    import signal
+
     from llmrl_cli.prefect_home import use_llmrl_prefect
 
     use_llmrl_prefect()
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
 
 
 @run_app.command("grpo")

@@ -225,7 +225,10 @@ class LineageRecorder:
         return self
 
     def __exit__(self, exc_type: Any, *_: Any) -> None:
-        self.end("FAILED" if exc_type else "FINISHED")
+        stopped = exc_type is not None and (
+            issubclass(exc_type, KeyboardInterrupt | SystemExit) or exc_type.__name__ == "TerminationSignal"
+        )
+        self.end("KILLED" if stopped else "FAILED" if exc_type else "FINISHED")
 
     def end(self, status: str = "FINISHED") -> None:
         """Mark the MLflow run finished (or FAILED / KILLED)."""

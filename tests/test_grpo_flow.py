@@ -292,3 +292,51 @@ def test_train_config_selects_the_loss_options():
     assert "kl_to_ref_coeff" not in options  # kl_in=reward: the KL goes into the returns, not the loss
     in_loss = load_config(GRPOConfig, None, ["train.kl_coef=0.1"]).train.loss_options(128)
     assert in_loss["kl_to_ref_coeff"] == 0.1 and "tis_cap" not in in_loss
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_run_cleanly(tmp_path):
+    """SIGTERM to `llmrl run grpo` mid-run: it exits (143) within a minute, with its Dask workers, engines and the
+    ephemeral Prefect API all gone, and the MLflow run marked KILLED; what was published stays published."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import psutil
+    from mlflow import MlflowClient
+
+    overrides = [*_tiny(tmp_path, "progress=false"), "run_id=t-term"]
+    runs = tmp_path / "runs"
+    published = runs / "t-term" / "state" / "published-v0.json"
+    args = ["--config", "recipes/gsm8k-demo.yaml", *(a for o in overrides for a in ("--set", o))]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from llmrl_cli.main import app; app()", "run", "grpo", *args],
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while not published.exists():  # engines and trainer are resident once version 0 is published
+            assert proc.poll() is None, f"the flow exited ({proc.returncode}) before publishing version 0"
+            assert time.monotonic() < deadline, "version 0 was never published"
+            time.sleep(0.2)
+        family = psutil.Process(proc.pid).children(recursive=True)
+        commands = " ".join(" ".join(p.cmdline()) for p in family)
+        assert "dask" in commands and "uvicorn" in commands, commands  # workers and the ephemeral API are up
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 128 + signal.SIGTERM
+        _, alive = psutil.wait_procs(family, timeout=30)
+        assert not alive, f"left running after SIGTERM: {[' '.join(p.cmdline())[:80] for p in alive]}"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+    client = MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("grpo").experiment_id])
+    assert run.info.status == "KILLED"
+    assert published.exists()
