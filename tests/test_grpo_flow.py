@@ -62,6 +62,11 @@ def test_two_iterations_crash_and_resume(tmp_path, default_model_path):
     store = TrajectoryStore(runs / "trajectories")
     v0_before = {s.name: s for s in store.shards("t1", version=0)}
     v0_bytes = {name: open(s.path, "rb").read() for name, s in v0_before.items()}
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
+    (crashed,) = client.search_runs([client.get_experiment_by_name("grpo").experiment_id])
+    assert crashed.info.status == "FAILED"  # a run that fails after it started is marked so in MLflow
 
     # 2) resume with the same run id: only the unpublished iteration runs again
     summary = grpo(overrides=_tiny(tmp_path))
