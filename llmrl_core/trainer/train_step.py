@@ -7,6 +7,9 @@ Design:
   ``accumulation_units``: trained tokens for ``token_mean``, sequences for ``prompt_mean``/``mean`` ...).
   Reported diagnostics are token-weighted means over the micro-batches, except ``*_max`` (the maximum).
   With ``kl_mask_threshold`` or ``tis_mode="mask"`` the units are counted before those per-token filters.
+- The pass is split into hooks (:meth:`Trainer.accumulate` with an external normaliser ``total_units``,
+  :class:`StepTotals` metric totals that merge across ranks, :meth:`Trainer.optimizer_step`) so that
+  :mod:`llmrl_core.trainer.data_parallel` runs the same step over several processes.
 - AdamW over the trainable parameters (all, or the LoRA adapters), global-norm gradient clipping.
 - Dropout is always off (TorchRL advises training in eval mode so that trainer and sampler log-probs agree);
   the model is put in train mode only so that gradient checkpointing engages, with every dropout disabled.
@@ -21,7 +24,7 @@ import contextlib
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -48,6 +51,60 @@ class TrainerConfig:
     lora: LoraOptions | None = None
     seed: int = 0
     progress: bool = False  # a tqdm bar over the micro-batches of each step (on stderr)
+
+
+@dataclass
+class StepTotals:
+    """Unnormalised metric totals of a backward/evaluate pass, mergeable across data-parallel ranks.
+
+    ``sums``/``weights``: per metric key, ``loss_*`` terms are unit-weighted sums (weight 1), ``*_max`` maxima
+    (weight 1), other diagnostics sums of ``value * trained tokens`` with the token count as weight.
+    ``loss`` is the unit-weighted loss; ``skipped`` is true when the batch had no trained unit at all.
+    """
+
+    sums: dict[str, float] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+    loss: float = 0.0
+    num_samples: int = 0
+    num_tokens: int = 0
+    num_loss_tokens: int = 0
+    num_micro_batches: int = 0
+    skipped: bool = False
+
+    @classmethod
+    def merge(cls, parts: Sequence[StepTotals]) -> StepTotals:
+        """The totals of the union of disjoint passes whose ``loss_*`` weights share one normaliser."""
+        out = cls(skipped=all(p.skipped for p in parts))
+        for part in parts:
+            out.loss += part.loss
+            out.num_samples += part.num_samples
+            out.num_tokens += part.num_tokens
+            out.num_loss_tokens += part.num_loss_tokens
+            out.num_micro_batches += part.num_micro_batches
+            for key, value in part.sums.items():
+                if key.startswith("loss_"):
+                    out.sums[key] = out.sums.get(key, 0.0) + value
+                    out.weights[key] = 1.0
+                elif key.endswith("_max"):
+                    out.sums[key] = max(out.sums.get(key, -math.inf), value)
+                    out.weights[key] = 1.0
+                else:
+                    out.sums[key] = out.sums.get(key, 0.0) + value
+                    out.weights[key] = out.weights.get(key, 0.0) + part.weights[key]
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        """The reported metrics: the ``loss_*`` terms, token-weighted diagnostics, maxima and batch counts."""
+        metrics = {key: self.sums[key] / self.weights[key] if self.weights[key] else 0.0 for key in self.sums}
+        metrics.update(
+            loss=self.loss,
+            num_samples=float(self.num_samples),
+            num_tokens=float(self.num_tokens),
+            num_loss_tokens=float(self.num_loss_tokens),
+            num_micro_batches=float(self.num_micro_batches),
+            skipped=float(self.skipped),
+        )
+        return metrics
 
 
 def _disable_dropout(model: nn.Module) -> None:
@@ -129,13 +186,41 @@ class Trainer:
         if not samples:
             raise ValueError("train_step needs at least one sample")
         batches = self.micro_batches(samples)
-        units = [self.objective.accumulation_units(b) for b in batches]
-        total_units = sum(u for u in units if u is not None)
+        return self.accumulate(batches, self.batch_units(batches), with_grad=with_grad).metrics()
+
+    def batch_units(self, batches: Sequence[PackedBatch]) -> list[float | None]:
+        """The objective's ``accumulation_units`` of each micro-batch (``None``: that batch's loss is summed)."""
+        return [self.objective.accumulation_units(b) for b in batches]
+
+    def accumulate(
+        self,
+        batches: Sequence[PackedBatch],
+        units: Sequence[float | None],
+        *,
+        with_grad: bool,
+        total_units: float | None = None,
+    ) -> StepTotals:
+        """Run the objective on ``batches`` (zeroing the gradients first when ``with_grad``) and backpropagate
+        each micro-batch loss scaled by ``unit / total_units`` (1 for a ``None`` unit).
+
+        ``total_units`` is the normaliser of the batch-level mean: by default the sum of ``units`` (these
+        micro-batches are the whole batch); a data-parallel step passes the sum over every rank's micro-batches,
+        so that the ranks' gradients add up to the gradient over the global batch
+        (:mod:`llmrl_core.trainer.data_parallel`). ``batches`` may be empty (a rank with no sample): the
+        gradients are then left unset. Returns the unnormalised metric totals (see :class:`StepTotals`).
+        """
+        if total_units is None:
+            total_units = sum(u for u in units if u is not None)
         if with_grad:
             self.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {}
-        weights: dict[str, float] = {}
-        total_loss = 0.0
+        totals = StepTotals(
+            num_samples=sum(b.num_sequences for b in batches),
+            num_tokens=sum(b.num_tokens for b in batches),
+            num_loss_tokens=sum(int(b.mask.sum()) for b in batches),
+            num_micro_batches=len(batches),
+            skipped=total_units == 0 and all(u is not None for u in units),
+        )
+        sums, weights = totals.sums, totals.weights
         for batch, unit in self._progress(zip(batches, units, strict=True), len(batches), with_grad):
             scale = 1.0 if unit is None else (unit / total_units if total_units else 0.0)
             with self._autocast():
@@ -145,7 +230,7 @@ class Trainer:
                 raise ValueError("train_step needs a scalar loss: aggregation/reduction 'none' cannot be trained")
             if with_grad:
                 (loss * scale).backward()
-            total_loss += float(loss.detach()) * scale
+            totals.loss += float(loss.detach()) * scale
             tokens = float(out.num_tokens) if out.num_tokens is not None else 1.0
             for key, value in out.metrics().items():
                 if key.startswith("loss_"):  # already weighted: the batch-level term is the weighted sum
@@ -157,16 +242,7 @@ class Trainer:
                 elif key != "num_tokens":  # diagnostics: mean over trained tokens
                     sums[key] = sums.get(key, 0.0) + value * tokens
                     weights[key] = weights.get(key, 0.0) + tokens
-        metrics = {key: sums[key] / weights[key] if weights[key] else 0.0 for key in sums}
-        metrics.update(
-            loss=total_loss,
-            num_samples=float(len(samples)),
-            num_tokens=float(sum(b.num_tokens for b in batches)),
-            num_loss_tokens=float(sum(int(b.mask.sum()) for b in batches)),
-            num_micro_batches=float(len(batches)),
-            skipped=float(total_units == 0 and all(u is not None for u in units)),
-        )
-        return metrics
+        return totals
 
     def _progress(self, items: Any, total: int, with_grad: bool) -> Any:
         if not self.config.progress:
@@ -182,7 +258,14 @@ class Trainer:
         A batch with no trained token at all (every unit 0) takes no optimizer step (``skipped = 1``).
         """
         start = time.perf_counter()
-        metrics = self.backward(samples)
+        return self.optimizer_step(self.backward(samples), start)
+
+    def optimizer_step(self, metrics: dict[str, float], start: float) -> dict[str, float]:
+        """Clip the accumulated gradients, step the optimizer (unless ``metrics["skipped"]``), zero the gradients.
+
+        ``metrics`` are those of the backward pass that produced the gradients and ``start`` its
+        ``time.perf_counter()`` start; returns them with ``grad_norm``, ``lr``, timing and ``step`` added.
+        """
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm is not None else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
         if not metrics["skipped"]:
