@@ -34,5 +34,14 @@ def machine_line() -> str:
     return f"machine: {model}, {os.cpu_count()} cores, {marks}"
 
 
+def load_line() -> str:
+    """E.g. ``load average 1.52 (1 min), 2 cores``: how busy the (possibly shared) machine is right now."""
+    try:
+        one, five, _ = os.getloadavg()
+    except OSError:
+        return "load average unknown"
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min), {os.cpu_count()} cores"
+
+
 if __name__ == "__main__":
     print(machine_line())

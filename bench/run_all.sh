@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The benchmark suite, one script after the other (never side by side: each measures ours against the raw
-# library interleaved in one process). About 17 minutes on 2 cores. Results: bench/README.md.
+# library interleaved in one process). About 29 minutes on 2 quiet cores (the first run adds ~1 minute to create
+# bench/.venv-trl). P2, P3 and scaling run smaller sizes here than their defaults. Results: bench/README.md.
 #   bash bench/run_all.sh [--quick]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-REPEATS=5
-[ "${1:-}" = "--quick" ] && REPEATS=2
+REPEATS=5 TRL_REPEATS=3 P3_ITERATIONS=3 SCALING=(--prompts 4 16 --workers 1 2 --workers-at 4)
+if [ "${1:-}" = "--quick" ]; then
+  REPEATS=2 TRL_REPEATS=2 P3_ITERATIONS=2 SCALING=(--prompts 4 --workers 1 2 --workers-at 4)
+fi
 "$PY" bench/_machine.py
 echo "== P1 (engine call) generation: llmrl generate vs raw vllm.LLM.generate, float32 and bfloat16"
 "$PY" bench/bench_generate.py --prompts 16 --max-tokens 64 --dtype float32 --repeats 3 --skip-hf
@@ -19,3 +22,9 @@ echo "== P5 storage: TrajectoryStore write+read vs raw pyarrow"
 "$PY" bench/bench_storage.py --rows 2048 --repeats "$REPEATS"
 echo "== train step and sampler agreement: fp32 vs bf16 autocast"
 "$PY" bench/bench_trainer_agreement.py --prompts 16 --max-new-tokens 48
+echo "== P2 train step: ours vs TRL GRPOTrainer (separate venv bench/.venv-trl), bf16 autocast"
+"$PY" bench/bench_train_vs_trl.py --prompts 4 --group-size 4 --repeats "$TRL_REPEATS"
+echo "== P3 orchestration: the GRPO flow's iteration time minus engine/trainer compute"
+"$PY" bench/bench_orchestration.py --iterations "$P3_ITERATIONS"
+echo "== scaling: GRPO flow iteration time vs prompts per iteration and rollout workers"
+"$PY" bench/bench_scaling.py "${SCALING[@]}"
