@@ -18,7 +18,6 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from llmrl_core.model_store import resolve_model
 from llmrl_core.pipeline.config_io import load_config, settings_overrides
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.pipeline.preflight import preflight
@@ -30,6 +29,7 @@ from tasks import grpo_stages as stages
 from tasks.actors import RolloutWorker, TrainerWorker
 from tasks.cluster import dask_cluster
 from tasks.publishing import publish_version
+from tasks.rollout_ahead import RolloutAhead
 
 
 class InjectedFailure(RuntimeError):
@@ -93,8 +93,6 @@ def grpo(
     preflight(cfg)  # before any task, cluster, engine or write
     layout = RunLayout(cfg.run_id, Path(cfg.runs_dir) if cfg.runs_dir else default_runs_root())
     run_dir, store_uri = layout.run_dir, layout.trajectories_uri
-    staging_uri = str(run_dir / "staging")
-    model_path = resolve_model(cfg.model)
     published = stages.latest_published(run_dir)
     start = published[0] if published else 0
     primer_state = published[1]["primer_state"] if published else None
@@ -118,10 +116,12 @@ def grpo(
         client = place.client
         t0 = time.perf_counter()
         engines = [
-            client.submit(RolloutWorker, cfg, model_path, actor=True, workers=[a], pure=False) for a in place.rollout
+            # each worker resolves cfg.model itself (the packaged default: under its own $LLMRL_HOME)
+            client.submit(RolloutWorker, cfg, actor=True, workers=[a], pure=False)
+            for a in place.rollout
         ]
         trainer = client.submit(
-            TrainerWorker, cfg, model_path, str(layout.runs_root), actor=True, workers=[place.trainer], pure=False
+            TrainerWorker, cfg, runs_root=str(layout.runs_root), actor=True, workers=[place.trainer], pure=False
         ).result()
         engines = [e.result() for e in engines]
         log.info("%d rollout engine(s) and the trainer are resident (%.1f s)", len(engines), time.perf_counter() - t0)
@@ -142,22 +142,24 @@ def grpo(
             info = publish_version(trainer, engines, 0, config_dict, **published_to)
             log.info("version 0 (base model) published: %s", info["checkpoint"])
         elif start > 0:
-            trainer.restore(start).result()
-            path = str(checkpoints.weights_path(start))
-            for engine in engines:
-                engine.load(path, start).result()
+            trainer.restore(start).result()  # the engines get the weights each batch needs when it is sent
+        ahead = RolloutAhead(cfg, run_dir, engines, checkpoints, 0, primer_state)
+        ahead.fill(start)  # asynchronous runs: rollout.max_staleness batches in flight before training starts
         bar = iteration_bar(cfg, start)
         for version in range(start, cfg.iterations):
             t_iter = time.perf_counter()
-            TrajectoryStore(staging_uri).delete_partition(cfg.run_id, version)
-            rows, next_primer_state = stages.load_prompts(cfg, primer_state)
-            shards = stages.rollout(engines, rows, version, staging_uri)
+            ahead.send(version + cfg.rollout.max_staleness)  # sampled by `version` while the trainer trains
+            arrived = ahead.take(version)
+            batch, shards, next_primer_state = arrived.batch, arrived.shards, arrived.primer_state
             _maybe_fail(cfg, "rollout", version)
-            ref_info = stages.score_reference(trainer, staging_uri, version) if cfg.train.kl_coef > 0 else {}
-            adv = stages.compute_advantages(cfg, staging_uri, version)
-            written = stages.write_trajectories(cfg, staging_uri, store_uri, version)
+            sampled = batch.policy_version
+            ref_info = stages.score_reference(trainer, batch.staging_uri, sampled) if cfg.train.kl_coef > 0 else {}
+            adv = stages.compute_advantages(cfg, batch.staging_uri, sampled)
+            written = stages.write_trajectories(cfg, batch.staging_uri, store_uri, sampled, batch.shard_prefix)
             _maybe_fail(cfg, "write_trajectories", version)
-            train_metrics = stages.train(trainer, store_uri, version)
+            t_train = time.perf_counter()
+            train_metrics = stages.train(trainer, store_uri, batch)
+            train_wall_s = time.perf_counter() - t_train
             _maybe_fail(cfg, "train", version)
             if train_metrics.get("agreement_off"):
                 log.warning(
@@ -173,11 +175,18 @@ def grpo(
             metrics = {
                 **stages.merge_shard_metrics(shards),
                 "rollout_s": max(s["seconds"] for s in shards),
+                "trainer_wait_s": arrived.wait_s,  # the trainer idle, waiting for this batch's rollouts
+                # the engines idle (no rollout, no weight load) before they started this batch
+                "rollout_idle_s": max(s["engine_idle_s"] for s in shards),
+                "train_s": train_wall_s,
+                "sampled_by_version": float(sampled),
                 "groups_with_signal": adv["groups"] - adv["zero_signal_groups"] - adv["dropped_groups"],
                 **{k: float(v) for k, v in ref_info.items() if k != "rows"},
                 **{k: float(v) for k, v in train_metrics.items() if isinstance(v, int | float)},
             }
-            part = lineage.log_trajectory_partition(TrajectoryStore(store_uri), version)
+            part = lineage.log_trajectory_partition(
+                TrajectoryStore(store_uri), sampled, shard_prefix=batch.shard_prefix
+            )
             metrics["iteration_s"] = time.perf_counter() - t_iter
             info = publish_version(
                 trainer,
@@ -189,8 +198,8 @@ def grpo(
                 primer_state=next_primer_state,
                 **published_to,
             )
+            ahead.published(version + 1)
             _maybe_fail(cfg, "publish", version)
-            primer_state = next_primer_state
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(
@@ -215,6 +224,17 @@ def grpo(
                 metrics["iteration_s"],
                 written["partition"],
             )
+            if batch.staleness:
+                log.info(
+                    "version %d: batch sampled by version %d (%d behind); trainer waited %.1f s for it, engines idle "
+                    "%.1f s before it; off-policy |delta log-prob| %.2e",
+                    version,
+                    sampled,
+                    batch.staleness,
+                    metrics["trainer_wait_s"],
+                    metrics["rollout_idle_s"],
+                    metrics.get("offpolicy_abs_diff_mean", float("nan")),
+                )
             if "tool_call_rate" in metrics:
                 log.info(
                     "version %d: %.0f%% of rollouts called a tool, %.0f%% of the calls worked",

@@ -1,15 +1,20 @@
 """Policy checkpoints: one safetensors file per policy version plus a JSON manifest.
 
-Layout (local folder)::
+Layout (a local folder or any filesystem URI: ``s3://bucket/run/checkpoints``, ``memory://x``, ...)::
 
     ROOT/policy_v000003.safetensors
     ROOT/policy_v000003.manifest.json   # sha256, dtype, parent version, config hash, ...
 
 Design choices:
 
-- The manifest is the commit marker. Weights are written first (temporary name, fsync, rename), the
-  manifest last; a version exists only when its manifest does. A crash in between leaves at most an
-  orphan weights file that no reader sees and the next save of that version replaces.
+- Any local path or URI works, as for the trajectory store (:func:`storage.filesystems.resolve_filesystem`;
+  URI options such as an S3 ``endpoint_override`` stay in the root and in every file URI the store hands
+  out). On a local folder the weights are written in place (temporary name, fsync, rename); elsewhere they
+  are serialised to a local temporary file first, then streamed up under a hidden temporary name and
+  renamed (an object store shows the final object only once it is complete).
+- The manifest is the commit marker. Weights are written first, the manifest last; a version exists only
+  when its manifest does. A crash in between leaves at most an orphan weights file that no reader sees and
+  the next save of that version replaces.
 - Loading checks the file's sha256 against the manifest (on by default) before trusting it.
 - Tensors that share memory (tied embeddings, e.g. ``lm_head.weight`` is ``embed_tokens.weight``)
   are stored once; the manifest's ``aliases`` maps the dropped name to the stored one and loading
@@ -22,23 +27,36 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 import json
 import os
 import re
+import shutil
+import tempfile
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.fs as pafs
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, load_file, save_file
 
-from storage.filesystems import temp_name_for
+from storage.filesystems import (
+    is_local,
+    publish,
+    read_bytes,
+    resolve_filesystem,
+    temp_name_for,
+    write_bytes_atomic,
+)
 from storage.hashing import config_hash as compute_config_hash
 from storage.hashing import file_sha256
 
 MANIFEST_FORMAT = 1
 _FILE = re.compile(r"^policy_v(\d{6,})\.manifest\.json$")
+_WEIGHTS = re.compile(r"^policy_v(\d{6,})\.safetensors$")
 
 
 class CheckpointError(RuntimeError):
@@ -87,11 +105,12 @@ class CheckpointManifest:
 
 @dataclasses.dataclass
 class LoadedCheckpoint:
-    """A loaded state dict (ties restored) with its manifest and the weights file path."""
+    """A loaded state dict (ties restored) with its manifest and the weights file (a path, or its URI when the
+    store is not on the local disk)."""
 
     state_dict: dict[str, torch.Tensor]
     manifest: CheckpointManifest
-    path: Path
+    path: Path | str
 
 
 def _dedupe_shared(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -119,10 +138,28 @@ def _dedupe_shared(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, to
 
 
 class CheckpointStore:
-    """Save and load policy weights by version in a local folder, atomically, with optional retention."""
+    """Save and load policy weights by version under a local folder or any filesystem URI, atomically, with
+    optional retention.
 
-    def __init__(self, root: str | os.PathLike[str], keep_last: int | None = None, keep_every: int | None = None):
-        self.root = Path(root).expanduser().absolute()
+    ``CheckpointStore("runs/r/checkpoints")``, ``CheckpointStore("s3://bucket/r/checkpoints?endpoint_override=...")``
+    or ``CheckpointStore("ckpt", filesystem=fsspec_or_pyarrow_fs)``. ``root`` is a :class:`~pathlib.Path` for a
+    local store and the URI as given otherwise; :meth:`weights_path` and :meth:`manifest_path` follow suit
+    (a path, or a URI that :meth:`from_weights_uri` and :func:`~storage.filesystems.resolve_filesystem` open
+    again in any process; with an explicit ``filesystem`` they are paths on it).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        keep_last: int | None = None,
+        keep_every: int | None = None,
+        filesystem: Any = None,
+    ) -> None:
+        self.uri = os.fspath(root)
+        self.fs, self._dir = resolve_filesystem(root, filesystem)
+        self.local = is_local(self.fs)
+        self.explicit_filesystem = filesystem is not None
+        self.root: Path | str = Path(self._dir) if self.local else self.uri
         if keep_last is not None and keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
         if keep_every is not None and keep_every < 1:
@@ -133,19 +170,57 @@ class CheckpointStore:
     def __repr__(self) -> str:
         return f"CheckpointStore({str(self.root)!r}, keep_last={self.keep_last}, keep_every={self.keep_every})"
 
-    def weights_path(self, version: int) -> Path:
-        """Path of the safetensors file of a version."""
-        return self.root / f"policy_v{_check_version(version):06d}.safetensors"
+    @classmethod
+    def from_weights_uri(cls, uri: str | os.PathLike[str]) -> tuple[CheckpointStore, int]:
+        """The store and version of a weights file named by :meth:`weights_path` (a path or a URI)."""
+        text = os.fspath(uri)
+        base, sep, query = text.partition("?") if "://" in text else (text, "", "")
+        folder, _, name = base.rstrip("/").rpartition("/")
+        match = _WEIGHTS.match(name)
+        if not match or not folder:
+            raise CheckpointError(f"{text}: not the weights file of a checkpoint (policy_vNNNNNN.safetensors)")
+        return cls(f"{folder}{sep}{query}"), int(match.group(1))
 
-    def manifest_path(self, version: int) -> Path:
-        """Path of the manifest of a version."""
-        return self.root / f"policy_v{_check_version(version):06d}.manifest.json"
+    # ----------------------------------------------------------------- names
+    def _file(self, name: str) -> str:
+        """Path of a file of the store on its filesystem."""
+        return f"{self._dir.rstrip('/')}/{name}"
 
+    def _ref(self, name: str) -> Path | str:
+        """What the store hands out for one of its files: a local path, else a URI (query options kept)."""
+        if self.local:
+            return Path(self._file(name))
+        if self.explicit_filesystem:
+            return self._file(name)
+        base, sep, query = self.uri.partition("?")
+        return f"{base.rstrip('/')}/{name}{sep}{query}"
+
+    @staticmethod
+    def _weights_name(version: int) -> str:
+        return f"policy_v{_check_version(version):06d}.safetensors"
+
+    @staticmethod
+    def _manifest_name(version: int) -> str:
+        return f"policy_v{_check_version(version):06d}.manifest.json"
+
+    def weights_path(self, version: int) -> Path | str:
+        """The safetensors file of a version: a path in a local store, else its URI."""
+        return self._ref(self._weights_name(version))
+
+    def manifest_path(self, version: int) -> Path | str:
+        """The manifest of a version: a path in a local store, else its URI."""
+        return self._ref(self._manifest_name(version))
+
+    def _exists(self, path: str) -> bool:
+        return self.fs.get_file_info(path).type == pafs.FileType.File
+
+    # ----------------------------------------------------------------- reading
     def versions(self) -> list[int]:
         """Committed versions (those with a manifest), ascending."""
-        if not self.root.is_dir():
+        if self.fs.get_file_info(self._dir).type != pafs.FileType.Directory:
             return []
-        return sorted(int(m.group(1)) for p in self.root.iterdir() if (m := _FILE.match(p.name)))
+        entries = self.fs.get_file_info(pafs.FileSelector(self._dir))
+        return sorted(int(m.group(1)) for e in entries if (m := _FILE.match(e.base_name)))
 
     def latest_version(self) -> int | None:
         """The highest committed version, or None when the store is empty."""
@@ -155,16 +230,67 @@ class CheckpointStore:
     def manifest(self, version: int | None = None) -> CheckpointManifest:
         """The manifest of a version (latest when None)."""
         version = self._resolve(version)
-        path = self.manifest_path(version)
+        path = self._file(self._manifest_name(version))
+        where = str(self.manifest_path(version))
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_bytes(self.fs, path).decode("utf-8")
         except FileNotFoundError as err:
             raise CheckpointError(f"no checkpoint for policy version {version} in {self.root}") from err
-        manifest = CheckpointManifest.from_json(text, str(path))
+        except (OSError, pa.ArrowException) as err:
+            if not self._exists(path):
+                raise CheckpointError(f"no checkpoint for policy version {version} in {self.root}") from err
+            raise
+        manifest = CheckpointManifest.from_json(text, where)
         if manifest.policy_version != version:
-            raise CheckpointError(f"{path}: field 'policy_version' is {manifest.policy_version}, expected {version}")
+            raise CheckpointError(f"{where}: field 'policy_version' is {manifest.policy_version}, expected {version}")
         return manifest
 
+    def read_weights(self, version: int | None = None, *, verify: bool = True) -> bytes:
+        """The safetensors bytes of a version (latest when None), checked against the manifest's sha256 with
+        ``verify`` (what an engine on another node loads when the store is not on its disk)."""
+        manifest = self.manifest(version)
+        data = self._read_weights_file(manifest)
+        if verify:
+            self._check_sha(hashlib.sha256(data).hexdigest(), manifest)
+        return data
+
+    def load(self, version: int | None = None, *, device: str = "cpu", verify: bool = True) -> LoadedCheckpoint:
+        """Load a version (latest when None); with ``verify`` the sha256 must match the manifest."""
+        manifest = self.manifest(version)
+        ref = self._ref(manifest.weights_file)
+        if self.local:
+            path = Path(self._file(manifest.weights_file))
+            if not path.is_file():
+                raise CheckpointError(f"{path}: weights file of policy version {manifest.policy_version} is missing")
+            if verify:
+                self._check_sha(file_sha256(path), manifest)
+            state = load_file(str(path), device=device)
+        else:
+            data = self._read_weights_file(manifest)
+            if verify:
+                self._check_sha(hashlib.sha256(data).hexdigest(), manifest)
+            state = {name: tensor.to(device) for name, tensor in load(data).items()}
+        for alias, target in manifest.aliases.items():
+            state[alias] = state[target]
+        return LoadedCheckpoint(state_dict=state, manifest=manifest, path=ref)
+
+    def _read_weights_file(self, manifest: CheckpointManifest) -> bytes:
+        path = self._file(manifest.weights_file)
+        if not self._exists(path):
+            raise CheckpointError(
+                f"{self._ref(manifest.weights_file)}: weights file of policy version {manifest.policy_version} "
+                "is missing"
+            )
+        return read_bytes(self.fs, path)
+
+    def _check_sha(self, actual: str, manifest: CheckpointManifest) -> None:
+        if actual != manifest.sha256:
+            raise CheckpointError(
+                f"{self._ref(manifest.weights_file)}: sha256 {actual} does not match the manifest's "
+                f"{manifest.sha256} (corrupt checkpoint)"
+            )
+
+    # ----------------------------------------------------------------- writing
     def save(
         self,
         state_dict: Mapping[str, torch.Tensor],
@@ -192,25 +318,18 @@ class CheckpointStore:
         tensors, aliases = _dedupe_shared(state_dict)
         if not tensors:
             raise CheckpointError("refusing to save an empty state_dict")
-        self.root.mkdir(parents=True, exist_ok=True)
-        weights = self.weights_path(policy_version)
+        self.fs.create_dir(self._dir, recursive=True)
+        name = self._weights_name(policy_version)
         header = {"policy_version": str(policy_version), "format": "llmrl"}
-        temp = Path(temp_name_for(str(weights)))
-        try:
-            save_file(tensors, str(temp), metadata=header)
-            with open(temp, "rb+") as fh:
-                os.fsync(fh.fileno())
-            sha = file_sha256(temp)
-            size = temp.stat().st_size
-            os.replace(temp, weights)
-        except BaseException:
-            temp.unlink(missing_ok=True)
-            raise
+        if self.local:
+            sha, size = _save_local(tensors, self._file(name), header)
+        else:
+            sha, size = self._save_remote(tensors, self._file(name), header)
         dtypes = Counter(str(t.dtype).removeprefix("torch.") for t in tensors.values())
         manifest = CheckpointManifest(
             policy_version=policy_version,
             parent_version=parent_version,
-            weights_file=weights.name,
+            weights_file=name,
             sha256=sha,
             size_bytes=size,
             dtype=next(iter(dtypes)) if len(dtypes) == 1 else "mixed",
@@ -223,31 +342,33 @@ class CheckpointStore:
             created_at=dt.datetime.now(dt.UTC).isoformat(),
             metadata=dict(metadata or {}),
         )
-        _write_text_atomic(self.manifest_path(policy_version), manifest.to_json())
+        _write_text_atomic(self.fs, self._file(self._manifest_name(policy_version)), manifest.to_json())
         self.apply_retention(protect=policy_version)
         return manifest
 
-    def load(self, version: int | None = None, *, device: str = "cpu", verify: bool = True) -> LoadedCheckpoint:
-        """Load a version (latest when None); with ``verify`` the sha256 must match the manifest."""
-        manifest = self.manifest(version)
-        path = self.root / manifest.weights_file
-        if not path.is_file():
-            raise CheckpointError(f"{path}: weights file of policy version {manifest.policy_version} is missing")
-        if verify:
-            actual = file_sha256(path)
-            if actual != manifest.sha256:
-                raise CheckpointError(
-                    f"{path}: sha256 {actual} does not match the manifest's {manifest.sha256} (corrupt checkpoint)"
-                )
-        state = load_file(str(path), device=device)
-        for alias, target in manifest.aliases.items():
-            state[alias] = state[target]
-        return LoadedCheckpoint(state_dict=state, manifest=manifest, path=path)
+    def _save_remote(self, tensors: dict[str, torch.Tensor], path: str, header: dict[str, str]) -> tuple[str, int]:
+        """Serialise to a local temporary file, then stream it up under a hidden name and rename it."""
+        scratch = tempfile.mkdtemp(prefix="llmrl-ckpt-")
+        temp = temp_name_for(path)
+        try:
+            local = os.path.join(scratch, "weights.safetensors")
+            save_file(tensors, local, metadata=header)
+            sha, size = file_sha256(local), os.path.getsize(local)
+            with open(local, "rb") as src, self.fs.open_output_stream(temp) as out:
+                while block := src.read(1 << 24):
+                    out.write(block)
+            publish(self.fs, temp, path)
+        except BaseException:
+            _remove_quietly(self.fs, temp)
+            raise
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return sha, size
 
     def delete(self, version: int) -> None:
         """Remove a version: the manifest first (invisible at once), then the weights."""
-        self.manifest_path(version).unlink(missing_ok=True)
-        self.weights_path(version).unlink(missing_ok=True)
+        for name in (self._manifest_name(version), self._weights_name(version)):
+            _remove_quietly(self.fs, self._file(name))
 
     def retained(self, versions: list[int]) -> set[int]:
         """Which of ``versions`` the retention policy keeps (all when no policy is set)."""
@@ -282,14 +403,32 @@ def _check_version(version: int) -> int:
     return version
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    temp = Path(temp_name_for(str(path)))
+def _save_local(tensors: dict[str, torch.Tensor], path: str, header: dict[str, str]) -> tuple[str, int]:
+    """Write a safetensors file in place: temporary name, fsync, rename; returns its (sha256, size)."""
+    temp = Path(temp_name_for(path))
     try:
-        with open(temp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
+        save_file(tensors, str(temp), metadata=header)
+        with open(temp, "rb+") as fh:
             os.fsync(fh.fileno())
+        sha = file_sha256(temp)
+        size = temp.stat().st_size
         os.replace(temp, path)
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
+    return sha, size
+
+
+def _write_text_atomic(fs: pafs.FileSystem, path: str, text: str) -> None:
+    write_bytes_atomic(fs, path, text.encode("utf-8"))
+
+
+def _remove_quietly(fs: pafs.FileSystem, path: str) -> None:
+    """Delete a file; no error when it is not there."""
+    try:
+        fs.delete_file(path)
+    except FileNotFoundError:
+        pass
+    except (OSError, pa.ArrowException):
+        if fs.get_file_info(path).type != pafs.FileType.NotFound:
+            raise

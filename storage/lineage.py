@@ -262,15 +262,23 @@ class LineageRecorder:
         self.client.log_inputs(self.mlflow_run_id, datasets=[DatasetInput(dataset=entity, tags=tags)])
 
     def log_trajectory_partition(
-        self, store: TrajectoryStore, policy_version: int, *, run_id: str | None = None, context: str = "training"
+        self,
+        store: TrajectoryStore,
+        policy_version: int,
+        *,
+        run_id: str | None = None,
+        context: str = "training",
+        shard_prefix: str | None = None,
     ) -> DataRef:
-        """Record one (run, policy_version) trajectory partition as a run input: digest, source, rows."""
+        """Record one (run, policy_version) trajectory partition as a run input: digest, source, rows (only the
+        shards named ``shard_prefix*`` when given: one training batch of an asynchronous run)."""
         run_id = run_id or self.run_id
-        digest, rows, shards = store.partition_digest(run_id, policy_version)
+        digest, rows, shards = store.partition_digest(run_id, policy_version, shard_prefix)
         if not shards:
             raise LineageError(f"no trajectory shards for run {run_id!r}, policy_version {policy_version} in {store}")
+        batch = f"/{shard_prefix}*" if shard_prefix else ""
         ref = DataRef(
-            name=f"trajectories/{run_id}/policy_version={policy_version}",
+            name=f"trajectories/{run_id}/policy_version={policy_version}{batch}",
             digest=digest,
             source=store.partition_uri(run_id, policy_version),
             kind="trajectories",

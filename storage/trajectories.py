@@ -164,11 +164,18 @@ class TrajectoryStore:
             size_bytes=data.size,
         )
 
-    def delete_partition(self, run_id: str, policy_version: int) -> None:
-        """Remove a whole (run, policy_version) partition (no error when absent)."""
+    def delete_partition(self, run_id: str, policy_version: int, shard_prefix: str | None = None) -> None:
+        """Remove a whole (run, policy_version) partition, or only its shards whose file name starts with
+        ``shard_prefix`` (no error when absent)."""
         path = self.partition_path(run_id, policy_version)
-        if self.fs.get_file_info(path).type == pafs.FileType.Directory:
+        if self.fs.get_file_info(path).type != pafs.FileType.Directory:
+            return
+        if shard_prefix is None:
             self.fs.delete_dir(path)
+            return
+        for entry in self.fs.get_file_info(pafs.FileSelector(path)):
+            if entry.type == pafs.FileType.File and entry.base_name.startswith(shard_prefix):
+                self.fs.delete_file(entry.path)
 
     def remove_stale_temp_files(self, min_age_s: float = 3600.0) -> list[str]:
         """Delete temporary files left by crashed writers that are older than ``min_age_s``; returns them.
@@ -217,8 +224,12 @@ class TrajectoryStore:
         version: int | None = None,
         min_version: int | None = None,
         max_version: int | None = None,
+        shard_prefix: str | None = None,
     ) -> list[ShardInfo]:
-        """Visible shard files for a selection, sorted by (run, version, shard name); temp files are skipped."""
+        """Visible shard files for a selection, sorted by (run, version, shard name); temp files are skipped.
+
+        ``shard_prefix`` keeps the shards whose file name starts with it (e.g. the shards of one training batch
+        of an asynchronous run, several of which may share a policy version)."""
         lo, hi = _version_bounds(version, min_version, max_version)
         runs = self.runs() if run_id is None else [check_name(r, "run id") for r in sequence_or_single(run_id)]
         found = []
@@ -229,6 +240,8 @@ class TrajectoryStore:
                 folder = self.partition_path(run, v)
                 for entry in self.fs.get_file_info(pafs.FileSelector(folder)):
                     if entry.type != pafs.FileType.File or is_temp_name(entry.base_name):
+                        continue
+                    if shard_prefix is not None and not entry.base_name.startswith(shard_prefix):
                         continue
                     if entry.base_name.endswith(".parquet"):
                         found.append(ShardInfo(run, v, entry.base_name, entry.path, size_bytes=entry.size))
@@ -257,6 +270,7 @@ class TrajectoryStore:
         version: int | None = None,
         min_version: int | None = None,
         max_version: int | None = None,
+        shard_prefix: str | None = None,
         min_reward: float | None = None,
         max_reward: float | None = None,
         finish_reason: str | Sequence[str] | None = None,
@@ -269,7 +283,9 @@ class TrajectoryStore:
         ``filter`` is any pyarrow expression (e.g. ``pc.field("advantage") > 0``); it is combined (AND)
         with ``min_reward`` / ``max_reward`` / ``finish_reason``.
         """
-        shards = self.shards(run_id, version=version, min_version=min_version, max_version=max_version)
+        shards = self.shards(
+            run_id, version=version, min_version=min_version, max_version=max_version, shard_prefix=shard_prefix
+        )
         dataset = self._dataset(shards)
         expression = _row_filter(min_reward, max_reward, finish_reason, filter)
         if columns is not None:
@@ -296,7 +312,7 @@ class TrajectoryStore:
 
     def _corruption_error(self, run_id: Any, selection: Mapping[str, Any], err: Exception) -> TrajectoryStoreError:
         """Name the shard that cannot be read (each shard of the selection is read alone to find it)."""
-        keys = ("version", "min_version", "max_version")
+        keys = ("version", "min_version", "max_version", "shard_prefix")
         for shard in self.shards(run_id, **{k: v for k, v in selection.items() if k in keys}):
             try:
                 pq.read_table(shard.path, filesystem=self.fs)
@@ -321,9 +337,12 @@ class TrajectoryStore:
         return datasets.Dataset(to_datasets_table(self.read_table(run_id, **selection)))
 
     # ----------------------------------------------------------------- lineage helpers
-    def partition_digest(self, run_id: str, policy_version: int) -> tuple[str, int, list[ShardInfo]]:
-        """(sha256 over the partition's shard names and contents, row count, shards) for lineage records."""
-        shards = self.shards(run_id, version=policy_version)
+    def partition_digest(
+        self, run_id: str, policy_version: int, shard_prefix: str | None = None
+    ) -> tuple[str, int, list[ShardInfo]]:
+        """(sha256 over the partition's shard names and contents, row count, shards) for lineage records
+        (only the shards whose name starts with ``shard_prefix`` when given)."""
+        shards = self.shards(run_id, version=policy_version, shard_prefix=shard_prefix)
         digest = hashlib.sha256()
         rows = 0
         for shard in shards:

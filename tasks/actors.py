@@ -32,14 +32,17 @@ from storage.trajectories import TrajectoryStore
 from tasks.records import read_shards, record_to_sample, trajectory_to_record
 
 
-def sampling_config(cfg: GRPOConfig, version: int, shard: int) -> SamplingConfig:
-    """Sampling settings of one rollout shard; the seed depends on (seed, version, shard) for reproducibility."""
+def sampling_config(cfg: GRPOConfig, batch: int, shard: int) -> SamplingConfig:
+    """Sampling settings of one rollout shard; the seed depends on (seed, batch, shard) for reproducibility.
+
+    ``batch`` is the training batch the shard belongs to (the version it trains; in a synchronous run also the
+    version that samples it, so the seeds are those of the policy version)."""
     r = cfg.rollout
     return SamplingConfig(
         max_new_tokens=r.max_new_tokens,
         temperature=r.temperature,
         top_p=r.top_p,
-        seed=cfg.seed * 1_000_003 + version * 1_009 + shard,
+        seed=cfg.seed * 1_000_003 + batch * 1_009 + shard,
     )
 
 
@@ -59,9 +62,17 @@ class RolloutWorker(RolloutActor):
     collects staging shards at a given policy version (the engine and the episode loop are
     :class:`~llmrl_core.collectors.dask_collector.RolloutActor`'s)."""
 
-    def __init__(self, cfg: GRPOConfig, model_path: str) -> None:
+    def __init__(self, cfg: GRPOConfig, model: str | None = None) -> None:
+        """``model``: a model reference (default ``cfg.model``), resolved here, on this worker: the packaged
+        default is prepared under this node's ``$LLMRL_HOME``, nothing of the flow host's disk is needed."""
+        from llmrl_core.model_store import resolve_model
+
         self.cfg = cfg
         r = cfg.rollout
+        model_path = resolve_model(cfg.model if model is None else model)
+        placement: dict[str, Any] = {"tensor_parallel_size": r.tensor_parallel_size}
+        if r.gpu_memory_utilization is not None:  # None: the engine's default
+            placement["gpu_memory_utilization"] = r.gpu_memory_utilization
         engine = EngineConfig(
             model=model_path,
             dtype=r.dtype,
@@ -69,7 +80,9 @@ class RolloutWorker(RolloutActor):
             seed=cfg.seed,
             max_model_len=r.max_model_len,
             logprobs_mode=r.logprobs_mode,
+            **placement,
         )
+        engine.check_parallelism()  # tensor parallelism on a CPU-only worker fails here, naming the setting
         super().__init__(
             lambda tokenizer: make_task_env(cfg.task, tokenizer, input_mode="tokens", env=cfg.env),
             engine,
@@ -89,16 +102,30 @@ class RolloutWorker(RolloutActor):
         }
 
     def load(self, checkpoint_path: str, version: int) -> int:
-        """Load published weights (a safetensors checkpoint) as ``version``."""
-        return self.load_weights(checkpoint_path, version)
+        """Load published weights (a safetensors checkpoint) as ``version``.
 
-    def rollout(self, rows: list[Any], version: int, staging_uri: str, shard: int) -> dict[str, Any]:
-        """Collect every row once with the engine at ``version``; write the rows as a staging shard."""
+        ``checkpoint_path`` is what :meth:`CheckpointStore.weights_path` gave the trainer: a local path (read by
+        the engine itself) or the URI of a store elsewhere (``s3://...``), whose bytes are read through the store
+        on this worker and checked against the version's manifest before the engine gets them.
+        """
+        if "://" in checkpoint_path and not checkpoint_path.startswith("file://"):
+            store, stored = CheckpointStore.from_weights_uri(checkpoint_path)
+            return self.load_weights(store.read_weights(stored), version)
+        return self.load_weights(checkpoint_path.removeprefix("file://"), version)
+
+    def rollout(
+        self, rows: list[Any], version: int, staging_uri: str, shard: int, batch: int | None = None
+    ) -> dict[str, Any]:
+        """Collect every row once with the engine at ``version``; write the rows as a staging shard.
+
+        ``batch``: the training batch (default ``version``; an asynchronous run samples batch ``b`` with an
+        older version) — it seeds the sampling, the rows are stamped with ``version``."""
 
         if self.version() != version:
             raise RuntimeError(f"engine holds version {self.version()}, asked to roll out version {version}")
+        idle = self.idle_s()
         start = time.perf_counter()
-        sampling = sampling_config(self.cfg, version, shard)
+        sampling = sampling_config(self.cfg, version if batch is None else batch, shard)
         trajectories = self.collect(rows, sampling=sampling, progress=self.cfg.progress)
         params = {
             "temperature": sampling.temperature,
@@ -132,6 +159,7 @@ class RolloutWorker(RolloutActor):
             "shard": info.path,
             "rows": len(records),
             "seconds": time.perf_counter() - start,
+            "engine_idle_s": idle,
             "reward_mean": float(np.mean(rewards)),
             **health,
             **tools,
@@ -145,19 +173,26 @@ class RolloutWorker(RolloutActor):
 class TrainerWorker:
     """The resident policy model, its optimizer and the checkpoint store of the run."""
 
-    def __init__(self, cfg: GRPOConfig, model_path: str, runs_root: str) -> None:
+    def __init__(self, cfg: GRPOConfig, model: str | None = None, runs_root: str | None = None) -> None:
+        """``model``: a model reference (default ``cfg.model``), resolved on this worker (see
+        :class:`RolloutWorker`); ``runs_root``: the runs folder the flow uses (default ``cfg.runs_dir``, else this
+        worker's ``$LLMRL_RUNS_DIR`` / ``$LLMRL_HOME/runs``)."""
         from transformers import AutoModelForCausalLM
 
+        from llmrl_core.model_store import resolve_model
         from llmrl_core.objectives import GRPOLoss
         from llmrl_core.trainer import Trainer, TrainerConfig
         from llmrl_core.trainer.lora import LoraOptions
+        from storage.layout import default_runs_root
 
         t = cfg.train
         torch.set_num_threads(t.threads or os.cpu_count() or 1)
         device = "cuda" if t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available()) else "cpu"
         self.mixed_precision, self.precision_reason = mixed_precision_for(t.mixed_precision, device)
         self.cfg = cfg
-        self.layout = RunLayout(cfg.run_id, Path(runs_root))
+        root = runs_root or cfg.runs_dir
+        self.layout = RunLayout(cfg.run_id, Path(root) if root else default_runs_root())
+        model_path = resolve_model(cfg.model if model is None else model)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
         self.ref = None
         if t.kl_coef > 0:
@@ -224,7 +259,7 @@ class TrainerWorker:
         self.checkpoints.apply_retention(protect=version)
         return {
             "version": version,
-            "checkpoint": str(self.checkpoints.weights_path(version)),
+            "checkpoint": str(self.checkpoints.weights_path(version)),  # a path, or a URI for a remote store
             "sha256": manifest.sha256,
         }
 
@@ -303,16 +338,32 @@ class TrainerWorker:
         seconds = time.perf_counter() - start
         return {"rows": rows, "ref_seconds": seconds, "ref_tokens_per_s": tokens / seconds if seconds > 0 else 0.0}
 
-    def train(self, store_uri: str, version: int) -> dict[str, float]:
-        """``steps_per_iteration`` optimizer steps on the published partition of ``version``.
+    def train(
+        self, store_uri: str, version: int, shard_prefix: str | None = None, trains: int | None = None
+    ) -> dict[str, float]:
+        """``steps_per_iteration`` optimizer steps on the published partition of ``version`` (only its shards
+        named ``shard_prefix*`` when given), taking the trainer from version ``trains`` (default ``version``)
+        to ``trains + 1``.
 
-        The first step's forward pass runs on the weights that sampled the partition, so its sampler/trainer
-        diagnostics are the iteration's agreement metrics (``agreement_*``: mean and max |trainer - sampler|
-        log-prob, k3 KL to the sampler, ESS of the ratio). When no group has signal (nothing to train), they are
-        measured with a forward pass alone. ``agreement_off`` is 1 when the mean gap exceeds
-        ``train.agreement_warn`` (e.g. engines holding other weights than the trainer).
+        A synchronous run trains on rows its current weights sampled: the first step's forward pass then gives
+        the iteration's agreement metrics (``agreement_*``: mean and max |trainer - sampler| log-prob, k3 KL to
+        the sampler, ESS of the ratio). When no group has signal (nothing to train), they are measured with a
+        forward pass alone. ``agreement_off`` is 1 when the mean gap exceeds ``train.agreement_warn`` (e.g.
+        engines holding other weights than the trainer). Rows sampled by an older version (asynchronous runs,
+        ``rollout.max_staleness``) are refused when older than ``max_staleness`` versions; for them the same
+        numbers measure how far off-policy the batch is (``offpolicy_*``) and no agreement warning applies. The
+        GRPO ratio is taken against the stored sampler log-probs either way.
         """
-        records = TrajectoryStore(store_uri).read_records(self.cfg.run_id, version=version)
+        trains = version if trains is None else trains
+        records = TrajectoryStore(store_uri).read_records(self.cfg.run_id, version=version, shard_prefix=shard_prefix)
+        staleness = [trains - r.policy_version for r in records]
+        bound = self.cfg.rollout.max_staleness
+        if any(s < 0 or s > bound for s in staleness):
+            raise RuntimeError(
+                f"batch for version {trains} -> {trains + 1} has rows sampled by versions "
+                f"{sorted({r.policy_version for r in records})}: rollout.max_staleness={bound} allows "
+                f"versions {max(0, trains - bound)}..{trains}"
+            )
         trained = signal_rows(records) if self.cfg.train.skip_zero_signal_groups else records
         if not records:
             return {"train_samples": 0.0}
@@ -325,7 +376,16 @@ class TrainerWorker:
                 first = first or metrics
         else:
             first = self.trainer.evaluate([record_to_sample(r) for r in records])
-        agreement = {f"agreement_{k.removeprefix('sampler_')}": first[k] for k in AGREEMENT_KEYS if k in first}
+        stale = max(staleness) > 0
+        label = "offpolicy" if stale else "agreement"
+        agreement = {f"{label}_{k.removeprefix('sampler_')}": first[k] for k in AGREEMENT_KEYS if k in first}
         if "agreement_abs_diff_mean" in agreement:
             agreement["agreement_off"] = float(agreement["agreement_abs_diff_mean"] > self.cfg.train.agreement_warn)
-        return {**metrics, **agreement, "train_samples": float(len(trained))}
+        histogram = {f"staleness_{s}_rows": float(staleness.count(s)) for s in sorted(set(staleness))}
+        return {
+            **metrics,
+            **agreement,
+            **histogram,
+            "staleness_mean": float(np.mean(staleness)),
+            "train_samples": float(len(trained)),
+        }

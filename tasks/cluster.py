@@ -9,20 +9,58 @@ Placement is by Dask resources in both cases: ``ROLLOUT`` workers host the engin
   ``GPU=1`` when the trainer runs on CUDA (``train.device`` cuda, or auto with a GPU present).
 * With ``dask.address`` the flow joins an existing scheduler whose workers declare the same resources,
   e.g. ``dask worker tcp://host:8786 --resources "GPU=1"``; a trainer-only run also accepts a scheduler
-  with a single, undeclared worker.
+  with a single, undeclared worker. Such workers get nothing below: start each with its own
+  ``CUDA_VISIBLE_DEVICES`` / ``OMP_NUM_THREADS`` (and ``DASK_DISTRIBUTED__WORKER__DAEMON=False`` for
+  ``rollout.tensor_parallel_size > 1``).
+
+GPUs of the local cluster (:func:`gpu_assignment`, a pure function of the config and the GPUs the flow
+host sees): each worker gets its own ``CUDA_VISIBLE_DEVICES``, set through the Nanny's ``env`` so it is in
+the worker process's environment before anything in it starts CUDA.
+
+* The trainer (when it runs on CUDA) gets one GPU of its own and each rollout engine
+  ``rollout.tensor_parallel_size`` GPUs of its own: trainer ``0``, engine ``i`` the next block
+  (3 engines at tp 2 on 8 GPUs: trainer 0, engines 1,2 / 3,4 / 5,6; GPU 7 unused).
+* Fewer GPUs than that: GPUs are **shared**, with one log line per shared GPU. The engines go round-robin
+  over blocks of ``tensor_parallel_size`` GPUs (an engine's shards are always distinct GPUs), either of all
+  GPUs or of all but the trainer's GPU 0: whichever puts fewer engines on one GPU, the trainer keeping a
+  GPU of its own at a tie (2 engines, 2 GPUs: one engine per GPU, the trainer with engine 0). A trainer
+  without a GPU of its own goes to the least-loaded one (one GPU: everything on GPU 0, as before). vLLM reserves
+  ``rollout.gpu_memory_utilization`` of a GPU's memory per engine (unset: the engine default 0.4), so the
+  engines sharing a GPU must add up to at most 1 (else a ``ValueError`` names the setting; leave room for
+  a trainer there too).
+* ``rollout.tensor_parallel_size`` above the number of GPUs is a ``ValueError``, as is any value above 1
+  without GPUs (CPU engines run in-process: scale them with ``rollout.workers``). Tensor parallelism
+  makes vLLM start a worker process per GPU, so the local workers are then started non-daemonic
+  (``distributed.worker.daemon: False``; daemonic processes may not have children).
+* No GPUs: ``CUDA_VISIBLE_DEVICES`` is left alone. A CPU trainer (``train.device: cpu``) on a GPU host is
+  given none (``""``).
+
+CPU threads: Dask starts every worker with ``OMP_NUM_THREADS=MKL_NUM_THREADS=OPENBLAS_NUM_THREADS=1``
+(``distributed.nanny.pre-spawn-environ``), which made the in-process CPU engine run single-threaded (80
+instead of 135 tokens/s on 2 cores). The local workers get their own counts, in the Nanny's ``env`` and in
+the environment they are spawned with (torch sizes its thread pool from it when first imported, which can be
+before the Nanny's ``env`` is applied: :func:`_nanny_class`): a CPU rollout worker gets ``rollout.threads``
+(0: the flow host's available cores / ``rollout.workers``), a CPU trainer ``train.threads`` (0: all available
+cores; the trainer runs between rollouts). Workers on GPUs keep Dask's 1. Threads that fill every core slow
+down badly when other work runs on the same cores (measured: 2 threads on 2 busy cores, 20-70 tokens/s against
+~130 with 1): on a shared machine, or with ``rollout.max_staleness > 0`` (rollouts overlap training), split the
+cores with ``rollout.threads`` / ``train.threads``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.pipeline.offline_config import OfflineConfig
 from llmrl_core.pipeline.sft_config import SFTConfig
+from llmrl_core.policies.vllm_engine import EngineConfig
 
 RunConfig = GRPOConfig | SFTConfig | OfflineConfig  # the configs with ``dask`` and ``train.device`` sections
 
@@ -94,13 +132,200 @@ def local_worker_resources(cfg: RunConfig, rollout_workers: int | None = None) -
     return specs
 
 
+@dataclass
+class GpuAssignment:
+    """``CUDA_VISIBLE_DEVICES`` per local worker name (absent: left alone; ``""``: no GPU) and log lines."""
+
+    visible: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def _rollout_placement(cfg: RunConfig) -> tuple[int, float | None, int]:
+    """``(tensor_parallel_size, gpu_memory_utilization, threads)`` of the rollout engines (defaults without a
+    rollout section)."""
+    if isinstance(cfg, GRPOConfig):
+        r = cfg.rollout
+        return r.tensor_parallel_size, r.gpu_memory_utilization, r.threads
+    return 1, None, 0
+
+
+def gpu_assignment(cfg: RunConfig, gpus: int | Sequence[str], rollout_workers: int | None = None) -> GpuAssignment:
+    """Which GPUs each local worker sees (the rules are in the module docstring).
+
+    ``gpus``: the GPUs the flow host sees, as a count (ids ``0..n-1``) or as ``CUDA_VISIBLE_DEVICES`` entries
+    (the host's own list, so a host restricted to GPUs ``2,3`` hands out ``2`` and ``3``). Workers are named as
+    in :func:`local_worker_resources`. Pure: no CUDA call, no environment read.
+    """
+    ids = [str(i) for i in range(gpus)] if isinstance(gpus, int) else [str(g) for g in gpus]
+    n_rollout = rollout_count(cfg, rollout_workers)
+    tp, utilization, _ = _rollout_placement(cfg)
+    if not ids:
+        if tp > 1 and n_rollout:
+            raise ValueError(
+                f"rollout.tensor_parallel_size={tp} needs {tp} CUDA GPUs per engine and this host has none: CPU "
+                "engines run in-process (set rollout.tensor_parallel_size=1 and scale with rollout.workers)"
+            )
+        return GpuAssignment()
+    if tp > len(ids) and n_rollout:
+        raise ValueError(
+            f"rollout.tensor_parallel_size={tp} needs {tp} distinct GPUs per engine and this host has {len(ids)} "
+            f"({','.join(ids)}); lower rollout.tensor_parallel_size"
+        )
+    trainer_gpu = cfg.train.device in ("cuda", "auto")  # auto: on CUDA, since this host has GPUs
+    out = GpuAssignment()
+    need = int(trainer_gpu) + n_rollout * tp
+    if need <= len(ids):  # dedicated: trainer first, then one block per engine
+        first = int(trainer_gpu)
+        engines = [ids[first + i * tp : first + (i + 1) * tp] for i in range(n_rollout)]
+        trainer = ids[:1] if trainer_gpu else []
+        if need < len(ids):
+            out.notes.append(f"GPUs {','.join(ids[need:])} are not used by this run (it needs {need})")
+    else:  # shared: the layout with the fewest engines on one GPU; at a tie the trainer keeps a GPU of its own
+
+        def engines_on(gpus: list[str]) -> list[list[str]]:
+            pool = [gpus[i : i + tp] for i in range(0, len(gpus) - tp + 1, tp)]
+            return [pool[i % len(pool)] for i in range(n_rollout)]
+
+        layouts = [engines_on(ids[1:])] if trainer_gpu and len(ids) - 1 >= tp else []  # trainer alone on ids[0]
+        layouts.append(engines_on(ids))
+        engines = min(layouts, key=lambda lay: max((sum(g in b for b in lay) for g in ids), default=0))
+        own = trainer_gpu and engines is layouts[0] and len(layouts) == 2
+        load = {g: sum(g in block for block in engines) for g in ids}
+        trainer = ids[:1] if own else ([min(ids, key=lambda g: load[g])] if trainer_gpu else [])
+    for i, block in enumerate(engines):
+        out.visible[f"rollout-{i}"] = ",".join(block)
+    out.visible["trainer"] = ",".join(trainer)  # "" for a CPU trainer: it starts no CUDA context
+    fraction = utilization if utilization is not None else EngineConfig.gpu_memory_utilization
+    for gpu in ids:
+        users = [name for name, block in out.visible.items() if gpu in block.split(",")]
+        engines_here = [u for u in users if u.startswith("rollout-")]
+        if len(users) < 2:
+            continue
+        total = fraction * len(engines_here)
+        setting = "rollout.gpu_memory_utilization" + ("" if utilization is not None else " (unset: engine default)")
+        out.notes.append(
+            f"GPU {gpu} is shared by {', '.join(users)} ({len(ids)} GPUs for {need} needed): "
+            f"{len(engines_here)} engine(s) x {setting} {fraction:g} = {total:g} of its memory"
+        )
+        if total > 1 + 1e-9:
+            raise ValueError(
+                f"rollout.gpu_memory_utilization={fraction:g} x {len(engines_here)} engines sharing GPU {gpu} exceeds "
+                f"its memory; set rollout.gpu_memory_utilization <= {int(100 / len(engines_here)) / 100:g} "
+                f"(less to leave room for the trainer), or use fewer rollout.workers"
+            )
+    return out
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask; ``os.cpu_count()`` where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def worker_threads(
+    cfg: RunConfig, gpus: GpuAssignment, cores: int, rollout_workers: int | None = None
+) -> dict[str, int]:
+    """CPU threads per local worker that runs on CPU (workers with a GPU are absent: they keep Dask's 1)."""
+    n_rollout = rollout_count(cfg, rollout_workers)
+    _, _, rollout_threads = _rollout_placement(cfg)
+    threads: dict[str, int] = {}
+    for i in range(n_rollout):
+        if not gpus.visible.get(f"rollout-{i}"):
+            threads[f"rollout-{i}"] = rollout_threads or max(1, cores // n_rollout)
+    if not gpus.visible.get("trainer"):
+        threads["trainer"] = cfg.train.threads or cores
+    return threads
+
+
+def worker_environments(
+    cfg: RunConfig, gpus: int | Sequence[str], cores: int, rollout_workers: int | None = None
+) -> tuple[dict[str, dict[str, str]], GpuAssignment]:
+    """The Nanny ``env`` of every local worker (GPU ids and CPU threads) and the GPU assignment behind it."""
+    assignment = gpu_assignment(cfg, gpus, rollout_workers)
+    names = local_worker_names(cfg, rollout_workers)
+    threads = worker_threads(cfg, assignment, cores, rollout_workers)
+    envs: dict[str, dict[str, str]] = {name: {} for name in names}
+    for name, visible in assignment.visible.items():
+        envs[name]["CUDA_VISIBLE_DEVICES"] = visible
+    for name, count in threads.items():
+        envs[name].update(dict.fromkeys(THREAD_VARIABLES, str(count)))
+    return envs, assignment
+
+
+def local_worker_names(cfg: RunConfig, rollout_workers: int | None = None) -> list[str]:
+    """The local workers' names: ``rollout-0`` .. ``rollout-{n-1}``, then ``trainer``."""
+    return [f"rollout-{i}" for i in range(rollout_count(cfg, rollout_workers))] + ["trainer"]
+
+
+def visible_gpus() -> list[str]:
+    """The CUDA GPUs the flow host sees, as ``CUDA_VISIBLE_DEVICES`` entries for the workers."""
+    import torch
+
+    count = torch.cuda.device_count()
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None and listed.strip():
+        return [g.strip() for g in listed.split(",") if g.strip()][:count]
+    return [str(i) for i in range(count)]
+
+
+_NANNY: type | None = None
+
+
+def _nanny_class() -> type:
+    """A ``Nanny`` whose worker process is spawned with the thread variables of its ``env`` already set.
+
+    The Nanny applies ``env`` inside the new process, before the worker starts, and that is early enough for
+    ``CUDA_VISIBLE_DEVICES`` (read when CUDA starts). Not for the thread counts: a worker process imports the
+    flow's ``__main__`` module first, and torch imported there sizes its thread pool from the environment the
+    process was spawned with (Dask's ``OMP_NUM_THREADS=1``). So the thread variables also go into the
+    Nanny's ``pre_spawn_env``, which it exports in this process right before each spawn (Dask does the same
+    with its own ``pre-spawn-environ``; the flow host's torch already has its threads).
+    """
+    global _NANNY
+    if _NANNY is None:
+        from distributed import Nanny
+
+        class ThreadsNanny(Nanny):
+            def __init__(self, *args: Any, env: dict[str, str] | None = None, **kwargs: Any) -> None:
+                super().__init__(*args, env=env, **kwargs)
+                self.pre_spawn_env.update({k: v for k, v in (env or {}).items() if k in THREAD_VARIABLES})
+
+        _NANNY = ThreadsNanny
+    return _NANNY
+
+
+def _describe(env: dict[str, str]) -> str:
+    """``GPUs 1,2`` / ``no GPU`` and ``N threads`` for one worker's log line."""
+    parts = []
+    if "CUDA_VISIBLE_DEVICES" in env:
+        parts.append(f"GPUs {env['CUDA_VISIBLE_DEVICES']}" if env["CUDA_VISIBLE_DEVICES"] else "no GPU")
+    if "OMP_NUM_THREADS" in env:
+        parts.append(f"{env['OMP_NUM_THREADS']} threads")
+    return ", ".join(parts) or "defaults"
+
+
+def _logger() -> Any:
+    """The Prefect run logger inside a flow run, else the module's logger."""
+    try:
+        from prefect import get_run_logger
+
+        return get_run_logger()
+    except Exception:  # no run context (tests, scripts)
+        return logging.getLogger("llmrl.cluster")
+
+
 @contextmanager
 def dask_cluster(cfg: RunConfig, scratch: Path, rollout_workers: int | None = None) -> Iterator[Placement]:
     """Open the cluster for one flow run and close what this function started when it ends.
 
     ``rollout_workers``: how many engine workers (default ``cfg.rollout.workers``; 0: the trainer alone).
     """
-    from dask.distributed import Client, Nanny, Scheduler, SpecCluster
+    from dask.distributed import Client, Scheduler, SpecCluster
 
     n_rollout = rollout_count(cfg, rollout_workers)
     if cfg.dask.address:
@@ -118,12 +343,25 @@ def dask_cluster(cfg: RunConfig, scratch: Path, rollout_workers: int | None = No
         local_directory=cfg.dask.local_directory or str(scratch),
     )
     resources = local_worker_resources(cfg, n_rollout)
-    workers = {name: {"cls": Nanny, "options": {**common, "resources": res}} for name, res in resources.items()}
+    envs, gpus = worker_environments(cfg, visible_gpus(), available_cores(), n_rollout)
+    log = _logger()
+    for note in gpus.notes:
+        log.info(note)
+    if gpus.visible or any(envs.values()):
+        log.info("local Dask workers: " + "; ".join(f"{name} {_describe(env)}" for name, env in envs.items()))
+    workers = {
+        name: {"cls": _nanny_class(), "options": {**common, "resources": res, "env": envs[name]}}
+        for name, res in resources.items()
+    }
     scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": None}}
-    with (
-        SpecCluster(workers=workers, scheduler=scheduler, name="llmrl-grpo") as cluster,
-        Client(cluster) as client,
-    ):
+    tensor_parallel = _rollout_placement(cfg)[0] > 1 and n_rollout > 0
+    with ExitStack() as stack:
+        if tensor_parallel:  # vLLM starts a process per GPU: a daemonic Dask worker may not have children
+            import dask
+
+            stack.enter_context(dask.config.set({"distributed.worker.daemon": False}))
+        cluster = stack.enter_context(SpecCluster(workers=workers, scheduler=scheduler, name="llmrl-grpo"))
+        client = stack.enter_context(Client(cluster))
         client.wait_for_workers(len(workers), timeout=120)
         rollout, trainer = place_workers(client.scheduler_info()["workers"], n_rollout)
         yield Placement(client, rollout, trainer)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,36 @@ from storage.trajectories import TrajectoryStore
 from tasks.records import read_shards
 
 STAGE = dict(cache_policy=NO_CACHE, persist_result=False)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One training batch of a GRPO run: it trains version ``index`` -> ``index + 1`` and was sampled by version
+    ``policy_version`` = max(0, index - rollout.max_staleness) (= ``index`` in a synchronous run).
+
+    Rows are stored by the version that sampled them, so in an asynchronous run several batches can share a
+    partition (the first ``max_staleness + 1`` batches all come from version 0): each batch then has its own
+    staging folder and its shards in the run's store are named ``shard_prefix*``. A synchronous batch is the
+    whole partition (``shard_prefix`` None), as before.
+    """
+
+    index: int
+    policy_version: int
+    staging_uri: str
+    shard_prefix: str | None
+
+    @property
+    def staleness(self) -> int:
+        """How many versions older than the trainer the sampling policy is."""
+        return self.index - self.policy_version
+
+
+def batch_of(cfg: GRPOConfig, run_dir: Path, index: int) -> Batch:
+    """The batch that trains version ``index`` (where it is staged and which version samples it)."""
+    k = cfg.rollout.max_staleness
+    if k == 0:
+        return Batch(index, index, str(run_dir / "staging"), None)
+    return Batch(index, max(0, index - k), str(run_dir / "staging" / f"batch-{index}"), f"b{index:06d}-")
 
 
 @task(name="load-prompts", **STAGE)
@@ -72,16 +102,40 @@ def merge_shard_metrics(shards: list[dict]) -> dict[str, float]:
     return merged
 
 
-@task(name="rollout", retries=1, **STAGE)
-def rollout(
-    actors: list[Any], rows: list[PromptRow], version: int, staging_uri: str, shard_offset: int = 0
-) -> list[dict]:
-    """Shard the rows over the rollout engines (groups kept whole) and write one staging shard each."""
+def dispatch_rollout(
+    actors: list[Any],
+    rows: list[PromptRow],
+    version: int,
+    staging_uri: str,
+    shard_offset: int = 0,
+    batch: int | None = None,
+) -> list[Any]:
+    """Send the rows to the rollout engines (groups kept whole), one staging shard each; returns the engines'
+    futures at once. Calls on one engine run in the order they are sent, so weights loaded afterwards wait for
+    this rollout. ``batch``: the training batch (seeds the sampling; default ``version``)."""
     shards = shard_by_group(rows, len(actors))
-    futures = [
-        actor.rollout(shard, version, staging_uri, shard_offset + i)
+    return [
+        actor.rollout(shard, version, staging_uri, shard_offset + i, batch)
         for i, (actor, shard) in enumerate(zip(actors, shards, strict=False))
     ]
+
+
+@task(name="rollout", retries=1, **STAGE)
+def rollout(
+    actors: list[Any],
+    rows: list[PromptRow],
+    version: int,
+    staging_uri: str,
+    shard_offset: int = 0,
+    batch: int | None = None,
+) -> list[dict]:
+    """Shard the rows over the rollout engines and wait for their staging shards (see :func:`dispatch_rollout`)."""
+    return [f.result() for f in dispatch_rollout(actors, rows, version, staging_uri, shard_offset, batch)]
+
+
+@task(name="await-rollout", **STAGE)
+def await_rollout(futures: list[Any]) -> list[dict]:
+    """Wait for rollouts sent earlier with :func:`dispatch_rollout` (the trainer's wait for data)."""
     return [f.result() for f in futures]
 
 
@@ -120,12 +174,18 @@ def compute_advantages(cfg: GRPOConfig, staging_uri: str, version: int) -> dict:
 
 
 @task(name="write-trajectories", retries=1, **STAGE)
-def write_trajectories(cfg: GRPOConfig, staging_uri: str, store_uri: str, version: int) -> dict:
-    """Publish the staged partition into the run's trajectory store (replacing any partial earlier attempt)."""
+def write_trajectories(
+    cfg: GRPOConfig, staging_uri: str, store_uri: str, version: int, shard_prefix: str | None = None
+) -> dict:
+    """Publish the staged partition into the run's trajectory store (replacing any partial earlier attempt).
+
+    With ``shard_prefix`` (one batch of an asynchronous run) the shards are stored as ``<prefix><shard>`` beside
+    the other batches of the same policy version, and only that batch's shards are replaced."""
     staging, store = TrajectoryStore(staging_uri), TrajectoryStore(store_uri)
-    store.delete_partition(cfg.run_id, version)
+    store.delete_partition(cfg.run_id, version, shard_prefix)
     infos = [
-        store.write_shard(cfg.run_id, version, shard, rs) for shard, rs in read_shards(staging, cfg.run_id, version)
+        store.write_shard(cfg.run_id, version, shard if shard_prefix is None else f"{shard_prefix}{shard}", rs)
+        for shard, rs in read_shards(staging, cfg.run_id, version)
     ]
     staging.delete_partition(cfg.run_id, version)
     return {
@@ -136,9 +196,9 @@ def write_trajectories(cfg: GRPOConfig, staging_uri: str, store_uri: str, versio
 
 
 @task(name="train", **STAGE)
-def train(trainer: Any, store_uri: str, version: int) -> dict:
-    """Optimizer steps on the published partition of ``version`` (on the trainer worker)."""
-    return trainer.train(store_uri, version).result()
+def train(trainer: Any, store_uri: str, batch: Batch) -> dict:
+    """Optimizer steps on a published batch (on the trainer worker): version ``batch.index`` -> ``+ 1``."""
+    return trainer.train(store_uri, batch.policy_version, batch.shard_prefix, batch.index).result()
 
 
 @task(name="publish-weights", retries=1, **STAGE)
@@ -191,9 +251,25 @@ def save_run_config(run_dir: Path, config: dict) -> Path:
     return path
 
 
+# Settings that only say where and how fast the run computes: not part of what a version is, so a run resumes on
+# another machine or cluster with other threads or GPU shares.
+PLACEMENT_ONLY = {"rollout": ("threads", "gpu_memory_utilization", "tensor_parallel_size")}
+# Settings added after runs existed, left out while at their default: an older run's config hash stays the same,
+# so it still resumes.
+ADDED_LATER = {"rollout": {"max_staleness": 0}}
+
+
 def lineage_config(cfg: GRPOConfig) -> dict:
-    """The settings that define what a version is (run length and fault injection excluded)."""
+    """The settings that define what a version is (run length, fault injection and placement excluded; the
+    config hash and ``RUN/config.json`` are made of these)."""
     data = asdict(cfg)
     for key in ("iterations", "fail_after_stage"):
         data.pop(key)
+    for section, keys in PLACEMENT_ONLY.items():
+        for key in keys:
+            data[section].pop(key, None)
+    for section, defaults in ADDED_LATER.items():
+        for key, default in defaults.items():
+            if data[section].get(key) == default:
+                data[section].pop(key)
     return data

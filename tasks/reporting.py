@@ -27,6 +27,10 @@ CURVES = (
     ("agreement_ess", "ESS of trainer/sampler ratio"),
 )
 TOOL_CURVES = (("tool_call_rate", "rollouts calling a tool"), ("tool_success_rate", "tool calls that worked"))
+ASYNC_CURVES = (  # asynchronous runs (rollout.max_staleness > 0): how far off-policy, and who waited
+    ("offpolicy_kl_to_sampler", "KL(trainer, older sampler) k3"),
+    ("trainer_wait_s", "trainer waiting for rollouts (s)"),
+)
 
 
 def artifact_key(*parts: str) -> str:
@@ -71,6 +75,8 @@ def plot_curves(history: list[dict[str, Any]], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     curves = CURVES + tuple(c for c in TOOL_CURVES if any(c[0] in row for row in history))  # tool runs only
+    if any("offpolicy_kl_to_sampler" in row for row in history):  # asynchronous runs only
+        curves += ASYNC_CURVES
     columns = 3
     rows = -(-len(curves) // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(4 * columns, 3 * rows), squeeze=False)

@@ -61,3 +61,14 @@ def vllm_engine_fp32(default_model_path):
     return make_llm(
         EngineConfig(model=default_model_path, dtype="float32", kv_cache_gb=1, seed=0, weight_sync_extension=True)
     )
+
+
+@pytest.fixture
+def s3_server():
+    """A local S3 (moto on 127.0.0.1, bucket ``llmrl``, see ``tests/s3_server.py``): ``s3_server.uri("x/y")`` is a
+    pyarrow URI of that path; skipped when moto is not installed."""
+    pytest.importorskip("moto.server", reason="moto is not installed (pip install 'moto[s3,server]')")
+    from s3_server import moto_s3
+
+    with moto_s3() as server:
+        yield server

@@ -142,3 +142,152 @@ def test_retention_keeps_last_k_plus_every_nth(tmp_path):
     assert only_last.versions() == [2]
     with pytest.raises(ValueError, match="keep_last"):
         CheckpointStore(tmp_path, keep_last=0)
+
+
+# ----------------------------------------------------------------------------- any filesystem URI
+def _tied(version: int) -> dict[str, torch.Tensor]:
+    """A tiny state dict with a tie (``head`` is ``embed``), as SmolLM2's lm_head / embed_tokens."""
+    state = _tiny(version)
+    state["embed"] = torch.randn(5, 2, generator=torch.Generator().manual_seed(100 + version))
+    state["head"] = state["embed"]
+    return state
+
+
+@pytest.fixture(params=["memory", "s3"])
+def remote_root(request):
+    """The root URI of an empty store on fsspec's in-memory filesystem or on a local S3 (moto)."""
+    if request.param == "memory":
+        import os
+
+        import fsspec
+
+        folder = f"llmrl-ckpt-{os.getpid()}-{id(request)}"
+        yield f"memory://{folder}/checkpoints"
+        fsspec.filesystem("memory").rm(f"/{folder}", recursive=True)
+    else:
+        yield request.getfixturevalue("s3_server").uri("run-a/checkpoints")
+
+
+def _visible(store: CheckpointStore) -> list[str]:
+    """Every file under the store's root, hidden temporary ones included."""
+    import pyarrow.fs as pafs
+
+    if store.fs.get_file_info(store._dir).type != pafs.FileType.Directory:
+        return []
+    return sorted(e.base_name for e in store.fs.get_file_info(pafs.FileSelector(store._dir)) if e.size)
+
+
+def test_a_store_on_any_uri_saves_loads_verifies_and_retains(remote_root):
+    store = CheckpointStore(remote_root, keep_last=2)
+    assert not store.local and store.root == remote_root and store.versions() == []
+    for version in range(3):
+        store.save(_tied(version), version, parent_version=version - 1 if version else None, config={"v": version})
+    assert store.versions() == [1, 2] and store.latest_version() == 2  # retention on the remote store
+    names = [f"policy_v{v:06d}.{ext}" for v in (1, 2) for ext in ("manifest.json", "safetensors")]
+    assert _visible(store) == sorted(names)  # no temporary object left behind
+
+    loaded = store.load(1)
+    assert loaded.manifest == store.manifest(1) and loaded.manifest.aliases == {"head": "embed"}
+    for name, tensor in _tied(1).items():
+        assert torch.equal(loaded.state_dict[name], tensor), name
+    assert loaded.state_dict["head"] is loaded.state_dict["embed"]  # the tie is restored
+
+    # the weights URI names the file on that store, query options included, and opens again anywhere
+    uri = store.weights_path(2)
+    base, _, query = remote_root.partition("?")
+    assert uri == f"{base}/policy_v000002.safetensors" + (f"?{query}" if query else "")
+    again, version = CheckpointStore.from_weights_uri(uri)
+    assert version == 2 and again.versions() == [1, 2]
+    data = again.read_weights(version)
+    assert hashlib.sha256(data).hexdigest() == store.manifest(2).sha256
+    assert len(data) == store.manifest(2).size_bytes
+
+    # a corrupt object is caught before anyone uses it
+    from storage.filesystems import write_bytes_atomic
+
+    corrupt = bytearray(data)
+    corrupt[-1] ^= 0xFF
+    write_bytes_atomic(store.fs, f"{store._dir}/policy_v000002.safetensors", bytes(corrupt))
+    with pytest.raises(CheckpointError, match="sha256 .* does not match the manifest"):
+        store.load(2)
+    with pytest.raises(CheckpointError, match="sha256 .* does not match the manifest"):
+        again.read_weights(2)
+    assert torch.equal(store.load(2, verify=False).state_dict["w"], _tied(2)["w"])
+    with pytest.raises(CheckpointError, match="no checkpoint for policy version 7"):
+        store.load(7)
+    store.delete(2)
+    assert store.versions() == [1]
+
+
+def test_a_failed_upload_leaves_nothing_visible_on_a_remote_store(remote_root, monkeypatch):
+    store = CheckpointStore(remote_root)
+    store.save(_tiny(0), 0)
+
+    def die(*args, **kwargs):
+        raise KeyboardInterrupt("killed between the weights upload and the manifest")
+
+    monkeypatch.setattr(checkpoints, "_write_text_atomic", die)
+    with pytest.raises(KeyboardInterrupt):
+        store.save(_tiny(1), 1, parent_version=0)
+    monkeypatch.undo()
+    assert store.versions() == [0]  # the orphan weights object is not a version
+    store.save(_tiny(1), 1, parent_version=0)
+    assert torch.equal(store.load(1).state_dict["w"], _tiny(1)["w"])
+
+    class DroppedConnection:
+        """The store's filesystem, except that an upload breaks after its first bytes."""
+
+        def __init__(self, fs):
+            self.fs = fs
+
+        def __getattr__(self, name):
+            return getattr(self.fs, name)
+
+        def open_output_stream(self, path, *args, **kwargs):
+            real = self.fs.open_output_stream(path, *args, **kwargs)
+
+            class Stream:
+                def __enter__(self):
+                    return self
+
+                def __exit__(self, *exc):
+                    real.close()  # what was sent so far becomes an object under the temporary name
+                    return False
+
+                def write(self, data):
+                    real.write(bytes(memoryview(data)[:10]))
+                    raise OSError("connection reset while uploading")
+
+            return Stream()
+
+    monkeypatch.setattr(store, "fs", DroppedConnection(store.fs))
+    with pytest.raises(OSError, match="connection reset"):
+        store.save(_tiny(2), 2, parent_version=1)
+    monkeypatch.undo()
+    assert store.versions() == [0, 1] and not any(".tmp-" in name for name in _visible(store))
+    assert not any("v000002" in name for name in _visible(store))
+
+
+def test_the_rollout_actor_loads_a_remote_checkpoint_through_the_store(remote_root, tmp_path):
+    """``RolloutWorker.load`` with what the trainer published: a local path goes to the engine as is; a URI is
+    read through the store on the worker (sha256-checked) and the engine gets the bytes."""
+    from tasks.actors import RolloutWorker
+
+    received = []
+
+    class Engine:
+        def load_weights(self, weights, version):
+            received.append(weights)
+            return version
+
+    actor = RolloutWorker.__new__(RolloutWorker)  # the load path only: no vLLM engine
+    actor.worker = Engine()
+    remote, local = CheckpointStore(remote_root), CheckpointStore(tmp_path)
+    for store in (remote, local):
+        store.save(_tied(3), 3)
+    assert actor.load(str(remote.weights_path(3)), 3) == 3
+    assert actor.load(str(local.weights_path(3)), 3) == 3
+    assert received[0] == remote.read_weights(3) and received[1] == str(local.weights_path(3))
+    from safetensors.torch import load
+
+    assert torch.equal(load(received[0])["embed"], _tied(3)["embed"])

@@ -10,6 +10,7 @@ and moves all of them to the same new version; a trajectory stamped with another
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -64,17 +65,28 @@ class RolloutActor:
         self.worker = vLLMWorker(engine_config)
         self.env = env_factory(self.worker.get_tokenizer())
         self.sampling = sampling
+        self.busy_until = time.perf_counter()  # end of the engine's last collect or weight load
+
+    def idle_s(self) -> float:
+        """Seconds since the engine's last collect or weight load ended (how long it has waited for work)."""
+        return time.perf_counter() - self.busy_until
 
     def collect(
         self, rows: list[PromptRow], sampling: SamplingConfig | None = None, progress: bool = False
     ) -> list[Trajectory]:
         """Run every row to the end of its episode (all turns) with the current weights; ``sampling`` overrides
         the actor's own for this call (e.g. a seed per version and shard)."""
-        return collect_episodes(self.worker, self.env, rows, sampling or self.sampling, progress=progress)
+        try:
+            return collect_episodes(self.worker, self.env, rows, sampling or self.sampling, progress=progress)
+        finally:
+            self.busy_until = time.perf_counter()
 
     def load_weights(self, weights: bytes | str, version: int) -> int:
         """Load weights (safetensors bytes or file path) and adopt ``version``."""
-        return int(self.worker.load_weights(weights, version))
+        try:
+            return int(self.worker.load_weights(weights, version))
+        finally:
+            self.busy_until = time.perf_counter()
 
     def version(self) -> int:
         """The version of the weights this engine holds."""

@@ -52,9 +52,37 @@ class RolloutConfig:
     top_p: float = 1.0
     max_model_len: int = 2048
     logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = "processed_logprobs"
+    # 0: synchronous (sample with version v, train v -> v+1). k >= 1: asynchronous with bounded staleness: the
+    # batch that trains v -> v+1 is sampled by version max(0, v - k), so the engines sample ahead while the
+    # trainer trains; the GRPO ratio uses the stored sampler log-probs.
+    max_staleness: int = 0
+    # Placement and scale (tasks/cluster.py): each engine runs on tensor_parallel_size GPUs of its own (CUDA
+    # only: CPU engines scale with rollout.workers); gpu_memory_utilization is vLLM's fraction of each GPU's
+    # memory per engine (None: the engine default, 0.4; set it when engines share a GPU); threads are the CPU
+    # threads (OMP_NUM_THREADS) of each CPU engine's worker (0: the available cores / rollout.workers).
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float | None = None
+    threads: int = 0
 
     def __post_init__(self) -> None:
         _check(self.workers >= 1, "rollout.workers", "must be >= 1", self.workers)
+        _check(
+            self.tensor_parallel_size >= 1,
+            "rollout.tensor_parallel_size",
+            "must be >= 1 (GPUs per engine)",
+            self.tensor_parallel_size,
+        )
+        if self.gpu_memory_utilization is not None:
+            _check(
+                isinstance(self.gpu_memory_utilization, int | float)
+                and math.isfinite(self.gpu_memory_utilization)
+                and 0 < self.gpu_memory_utilization <= 1,
+                "rollout.gpu_memory_utilization",
+                "must be in (0, 1] (vLLM's fraction of each GPU's memory per engine) or null (engine default)",
+                self.gpu_memory_utilization,
+            )
+        _check(self.threads >= 0, "rollout.threads", "must be >= 0 (0: the cores / rollout.workers)", self.threads)
+        _check(self.max_staleness >= 0, "rollout.max_staleness", "must be >= 0 (0: synchronous)", self.max_staleness)
         _check(self.dtype in ENGINE_DTYPES, "rollout.dtype", f"must be one of {list(ENGINE_DTYPES)}", self.dtype)
         _check(self.kv_cache_gb > 0, "rollout.kv_cache_gb", "must be > 0", self.kv_cache_gb)
         _check(self.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1", self.max_new_tokens)
@@ -235,6 +263,13 @@ class GRPOConfig:
         from llmrl_core.objectives import GRPOLoss
 
         validate_env_config(self.env)  # names, import paths and options: before any engine starts
+        _check(
+            self.keep_checkpoints > self.rollout.max_staleness,
+            "keep_checkpoints",
+            f"must exceed rollout.max_staleness ({self.rollout.max_staleness}): a resume re-samples the unpublished "
+            "batches with the checkpoints that sampled them",
+            self.keep_checkpoints,
+        )
 
         try:  # the loss validates its own options: a bad combination fails here, before any engine starts
             GRPOLoss(None, **self.train.loss_options(self.rollout.max_new_tokens))

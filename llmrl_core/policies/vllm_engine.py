@@ -35,7 +35,11 @@ class EngineConfig:
 
     ``model`` takes anything :func:`llmrl_core.model_store.resolve_model` accepts (``None`` is the
     packaged SmolLM2). ``kv_cache_gb`` sizes the CPU KV cache; on GPU ``gpu_memory_utilization``
-    is used instead. ``device="auto"`` picks CUDA when torch sees it.
+    (vLLM's fraction of each GPU's memory for this engine) is used instead. ``device="auto"`` picks CUDA
+    when torch sees it. ``tensor_parallel_size`` shards the model over that many GPUs (vLLM starts one
+    worker process per GPU); CUDA only: the CPU engine runs in-process, so more than 1 on CPU is refused
+    (vLLM's CPU backend only parallelises over NUMA nodes in worker processes; scale CPU rollouts with more
+    engines instead).
 
     ``logprobs_mode`` is vLLM's: ``processed_logprobs`` (the default here) returns the log-probs of the
     distribution the token was drawn from (temperature, top-k/top-p applied), which is what an importance
@@ -47,6 +51,7 @@ class EngineConfig:
     dtype: str = "auto"  # auto: bfloat16 where the hardware runs it fast, else float32 (llmrl_core.hardware)
     kv_cache_gb: float = 1.0
     gpu_memory_utilization: float = 0.4
+    tensor_parallel_size: int = 1
     max_model_len: int = 2048
     seed: int = 0
     device: str = "auto"
@@ -59,6 +64,21 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"EngineConfig.logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"EngineConfig.tensor_parallel_size must be >= 1, got {self.tensor_parallel_size!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"EngineConfig.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
+            )
+
+    def check_parallelism(self) -> None:
+        """Refuse tensor parallelism where this engine cannot run it (on CPU), before vLLM starts."""
+        if self.tensor_parallel_size > 1 and self.resolved_device() == "cpu":
+            raise ValueError(
+                f"tensor_parallel_size={self.tensor_parallel_size} needs CUDA GPUs (one per shard), and this engine "
+                "runs on CPU: the CPU engine runs in-process on the worker's cores; set rollout.tensor_parallel_size=1 "
+                "and scale CPU rollouts with rollout.workers"
+            )
 
     def resolved_device(self) -> str:
         """``cuda`` or ``cpu``: the device this config runs on."""
@@ -123,6 +143,7 @@ def quiet_reload_warnings() -> None:
 def make_llm(config: EngineConfig | None = None) -> Any:
     """Build a ``vllm.LLM`` for ``config`` (the packaged model; ``dtype="auto"`` resolved for this hardware)."""
     config = config or EngineConfig()
+    config.check_parallelism()
     configure_vllm_environment(config)
     model = resolve_model(config.model)
     from vllm import LLM
@@ -139,6 +160,10 @@ def make_llm(config: EngineConfig | None = None) -> Any:
     )
     if config.resolved_device() == "cuda":
         kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
+        if config.tensor_parallel_size > 1:
+            # vLLM starts one worker process per GPU (its multiprocessing executor), also with the engine core
+            # in-process; inside a Dask worker that needs non-daemonic worker processes (tasks/cluster.py).
+            kwargs["tensor_parallel_size"] = config.tensor_parallel_size
     else:
         # Per-request seeds on CPU: when chunked prefill splits a seeded prompt, vLLM rewinds the request's
         # torch.Generator with set_offset, which CPU generators do not support ("CPU Generator does not use

@@ -1,0 +1,262 @@
+"""GRPO on a Dask cluster the flow joins (``dask.address``), with every process standing in for its own node.
+
+A ``dask scheduler`` and three ``dask worker`` processes (two with ``ROLLOUT=1``, one with ``TRAINER=1``) are
+started by hand on 127.0.0.1, each with its own ``LLMRL_HOME`` and ``HOME`` (nothing of the flow host's caches
+is visible to them: each node resolves the packaged model itself). ``llmrl run grpo --set dask.address=...``
+then runs two iterations on them; both engines must have rolled out every version, versions 1 and 2 must be
+published, and every process must be gone at the end. The runs folder is the one thing all "nodes" share (a
+shared file system on a real cluster).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def _node_env(home: Path, **extra: str) -> dict[str, str]:
+    """The environment of one "node": the test session's settings (offline, small KV cache) with its own homes."""
+    drop = ("LLMRL_", "PREFECT_API_", "DASK_", "OMP_", "MKL_", "OPENBLAS_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    home.mkdir(parents=True, exist_ok=True)
+    env.update(extra)
+    env.update(
+        HOME=str(home),
+        LLMRL_HOME=str(home / "llmrl"),
+        PREFECT_HOME=str(home / "prefect"),
+        XDG_CACHE_HOME=str(home / ".cache"),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def _install_model(source: str, home: Path) -> Path:
+    """Put the prepared packaged model into a node's ``$LLMRL_HOME/models`` (hard links where possible), as
+    ``llmrl models prepare`` would have left it on that node."""
+    target = home / "llmrl" / "models" / MODEL_NAME
+    target.parent.mkdir(parents=True, exist_ok=True)
+
+    def link_or_copy(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(source, target, copy_function=link_or_copy)
+    return target
+
+
+def _start(cmd: list[str], env: dict[str, str], log: Path, cwd: Path) -> subprocess.Popen:
+    """Start a process in its own session (so a kill of its group reaches its children), output to ``log``."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _group_members(pgid: int) -> list[Any]:
+    """The live processes of a process group."""
+    import psutil
+
+    members = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                members.append(proc)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return members
+
+
+def _stop(procs: list[subprocess.Popen], timeout: float = 60.0) -> list[str]:
+    """SIGTERM every process group (workers before the scheduler), SIGKILL what is left after ``timeout``;
+    returns what had to be killed."""
+    import psutil
+
+    family = {p.pid: _group_members(p.pid) for p in procs}
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    killed = []
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        _, alive = psutil.wait_procs(family[proc.pid], timeout=max(1.0, deadline - time.monotonic()))
+        for member in [*alive, *_group_members(proc.pid)]:
+            try:
+                killed.append(" ".join(member.cmdline())[:120])
+                member.kill()
+            except psutil.Error:
+                pass
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    return killed
+
+
+def _tail(path: Path, chars: int = 6000) -> str:
+    return path.read_text(errors="replace")[-chars:] if path.exists() else f"({path} missing)"
+
+
+def _thread_settings_on_worker() -> Any:
+    """A function for ``Client.run`` (local, so it travels by value: the workers cannot import this test file)."""
+
+    def thread_settings(dask_worker: Any) -> dict[str, Any]:
+        """What a worker process gives torch (and so an in-process CPU vLLM engine) to compute with."""
+        import os
+
+        import torch
+
+        return {
+            "resources": dict(dask_worker.state.total_resources),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+            "torch_threads": torch.get_num_threads(),
+            "cpus": len(os.sched_getaffinity(0)),
+            "LLMRL_HOME": os.environ.get("LLMRL_HOME"),
+        }
+
+    return thread_settings
+
+
+def _actor_count_on_worker() -> Any:
+    """A function for ``Client.run``: how many actors the worker holds."""
+
+    def actor_count(dask_worker: Any) -> int:
+        return len(dask_worker.state.actors)
+
+    return actor_count
+
+
+@pytest.mark.slow
+def test_grpo_on_a_joined_cluster_of_separate_nodes(tmp_path, default_model_path):
+    from dask.distributed import Client
+
+    from storage.checkpoints import CheckpointStore
+    from storage.trajectories import TrajectoryStore
+
+    nodes = {name: tmp_path / name for name in ("scheduler", "rollout-0", "rollout-1", "trainer", "flow")}
+    for name in ("rollout-0", "rollout-1", "trainer"):
+        _install_model(default_model_path, nodes[name])  # each node prepared the packaged model once
+    runs = tmp_path / "runs"  # the shared file system
+    procs: list[subprocess.Popen] = []
+    logs = {name: tmp_path / f"{name}.log" for name in nodes}
+    try:
+        scheduler_file = tmp_path / "scheduler.json"
+        procs.append(
+            _start(
+                [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard"]
+                + ["--scheduler-file", str(scheduler_file)],
+                _node_env(nodes["scheduler"]),
+                logs["scheduler"],
+                nodes["scheduler"],
+            )
+        )
+        deadline = time.monotonic() + 60
+        while not scheduler_file.exists():
+            assert procs[0].poll() is None, _tail(logs["scheduler"])
+            assert time.monotonic() < deadline, "the scheduler did not start:\n" + _tail(logs["scheduler"])
+            time.sleep(0.2)
+        time.sleep(0.2)  # the file is written in one go, but give the writer a moment
+        address = json.loads(scheduler_file.read_text())["address"]
+        # CPU threads: the nanny starts a worker with Dask's OMP_NUM_THREADS=MKL_NUM_THREADS=1 unless the node
+        # exported its own (distributed.nanny.pre-spawn-environ yields to the environment); torch (built with MKL)
+        # sizes its pool from MKL_NUM_THREADS, so both are exported: one per engine, both cores to train.
+        threads = {"rollout-0": 1, "rollout-1": 1, "trainer": 2}
+        for name, resources in (("rollout-0", "ROLLOUT=1"), ("rollout-1", "ROLLOUT=1"), ("trainer", "TRAINER=1")):
+            scratch = nodes[name] / "dask-scratch"
+            scratch.mkdir()
+            procs.append(
+                _start(
+                    [str(BIN / "dask"), "worker", address, "--host", "127.0.0.1", "--name", name]
+                    + ["--nthreads", "1", "--memory-limit", "0", "--local-directory", str(scratch)]
+                    + ["--resources", resources, "--no-dashboard", "--death-timeout", "60"],
+                    _node_env(nodes[name], OMP_NUM_THREADS=str(threads[name]), MKL_NUM_THREADS=str(threads[name])),
+                    logs[name],
+                    nodes[name],
+                )
+            )
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(3, timeout=120)
+            seen = client.run(_thread_settings_on_worker())
+        print("worker settings:", json.dumps(seen, indent=1))
+        for info in seen.values():
+            name = Path(info["LLMRL_HOME"]).parent.name
+            assert info["LLMRL_HOME"] == str(nodes[name] / "llmrl")  # each node its own home
+            assert info["OMP_NUM_THREADS"] == str(threads[name]) and info["torch_threads"] == threads[name], info
+
+        settings = [
+            "run_id=mn",
+            f"runs_dir={runs}",
+            f"dask.address={address}",
+            "rollout.workers=2",
+            "iterations=2",
+            "data.prompts_per_iteration=2",
+            "data.group_size=2",
+            "rollout.max_new_tokens=16",
+            "rollout.dtype=float32",
+            "train.mixed_precision=no",
+            "rollout.temperature=1.0",
+            "keep_checkpoints=5",
+            "final_eval.questions=0",
+            "progress=false",
+        ]
+        start = time.perf_counter()
+        flow = _start(
+            [str(BIN / "llmrl"), "run", "grpo", *(a for s in settings for a in ("--set", s))],
+            _node_env(nodes["flow"]),
+            logs["flow"],
+            REPO,
+        )
+        procs.insert(0, flow)
+        try:
+            code = flow.wait(timeout=900)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the flow did not finish in 15 minutes:\n" + _tail(logs["flow"]))
+        print(f"flow: {time.perf_counter() - start:.1f} s")
+        for line in logs["flow"].read_text(errors="replace").splitlines():  # where the time went (pytest -s)
+            if any(key in line for key in ("resident", "published", "Created flow run", "Finished in state")):
+                print(line[:200])
+        assert code == 0, "\n".join(f"--- {n}\n{_tail(p, 3000)}" for n, p in logs.items())
+        assert "published version 2" in logs["flow"].read_text()
+        assert not _group_members(flow.pid), "the flow left processes behind (e.g. its ephemeral Prefect API)"
+
+        # the run's actors (engines, trainer) are released with the flow's client: the workers can serve the next run
+        with Client(address, timeout=60) as client:
+            deadline = time.monotonic() + 60
+            while resident := {a: n for a, n in client.run(_actor_count_on_worker()).items() if n}:
+                assert time.monotonic() < deadline, f"actors still resident after the flow ended: {resident}"
+                time.sleep(0.5)
+
+        state = runs / "mn" / "state"
+        assert {f"published-v{v}.json" for v in (0, 1, 2)} <= {p.name for p in state.glob("published-v*.json")}
+        assert CheckpointStore(runs / "mn" / "checkpoints").versions() == [0, 1, 2]
+        store = TrajectoryStore(runs / "trajectories")
+        assert store.versions("mn") == [0, 1]
+        for version in (0, 1):
+            shards = store.shards("mn", version=version)
+            assert len({s.name for s in shards}) == 2, shards  # one shard per engine: both engines rolled out
+            assert len(store.read_records("mn", version=version)) == 4
+        assert not list((runs / "mn" / "staging").rglob("*.parquet"))
+        # the flow host never resolved the model: the workers did, each under its own $LLMRL_HOME
+        assert not (nodes["flow"] / "llmrl" / "models").exists()
+        for name in ("rollout-0", "rollout-1"):  # the engine's start-up line names the model it loaded
+            assert str(nodes[name] / "llmrl" / "models" / MODEL_NAME) in logs[name].read_text(errors="replace")
+    finally:
+        leftovers = _stop(procs)
+    assert not leftovers, f"processes needed SIGKILL: {leftovers}"
