@@ -10,17 +10,15 @@ same shards. Run it with ``llmrl run collect --version 2 --batches 4 [--config x
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 
-from llmrl_core.model_store import resolve_model
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.pipeline.preflight import preflight
 from storage.checkpoints import CheckpointStore
-from storage.layout import RunLayout, default_runs_root
+from storage.layout import RunLayout
 from storage.trajectories import TrajectoryStore
 from tasks import grpo_stages as stages
 from tasks.actors import RolloutWorker
@@ -41,22 +39,21 @@ def collect(
     cfg = load_config(GRPOConfig, config, overrides or [])
     preflight(cfg)  # before any task, cluster, engine or write
     out_run = out_run_id or f"{cfg.run_id}-collect"
-    layout = RunLayout(cfg.run_id, Path(cfg.runs_dir) if cfg.runs_dir else default_runs_root())
-    out_layout = RunLayout(out_run, layout.runs_root)
-    staging_uri = str(out_layout.run_dir / "staging")
+    layout = RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir)
+    out_layout = RunLayout.for_runs_dir(out_run, cfg.runs_dir)
+    staging_uri = out_layout.staging_uri
     collect_cfg = load_config(GRPOConfig, config, [*(overrides or []), f"run_id={out_run}"])
     checkpoint = None
     if policy_version > 0:
-        store = CheckpointStore(layout.checkpoints_dir)
+        store = CheckpointStore(layout.checkpoints_uri)
         if policy_version not in store.versions():
             raise ValueError(f"run {cfg.run_id!r} has no checkpoint {policy_version} (have {store.versions()})")
         checkpoint = str(store.weights_path(policy_version))
     # Only rollout workers are needed: the placement's trainer slot stays idle.
     with dask_cluster(collect_cfg, out_layout.run_dir / "dask") as place:
         engines = [
-            place.client.submit(
-                RolloutWorker, collect_cfg, resolve_model(cfg.model), actor=True, workers=[a], pure=False
-            )
+            # each worker resolves the model itself (see the grpo flow)
+            place.client.submit(RolloutWorker, collect_cfg, cfg.model, actor=True, workers=[a], pure=False)
             for a in place.rollout
         ]
         engines = [e.result() for e in engines]

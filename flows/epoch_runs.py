@@ -23,7 +23,7 @@ from llmrl_core.model_store import resolve_model
 from llmrl_core.pipeline.offline_config import OfflineConfig
 from llmrl_core.pipeline.sft_config import SFTConfig
 from storage.checkpoints import CheckpointStore
-from storage.layout import RunLayout, default_runs_root
+from storage.layout import RunLayout
 from storage.lineage import DataRef, LineageConfig, LineageRecorder
 from tasks.cluster import dask_cluster
 from tasks.epoch_stages import lineage_config, train_epoch
@@ -52,7 +52,7 @@ class EpochRun:
     def open(cls, cfg: EpochConfig, pipeline: str) -> EpochRun:
         """Lay out ``cfg``'s run, find its last published version and prepare its lineage (``pipeline`` names
         the flow in MLflow). Writes nothing yet: enter ``lineage`` to start recording."""
-        layout = RunLayout(cfg.run_id, Path(cfg.runs_dir) if cfg.runs_dir else default_runs_root())
+        layout = RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir)
         config = lineage_config(cfg)
         lineage = LineageRecorder(
             layout.run_dir,

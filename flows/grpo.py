@@ -13,7 +13,6 @@ is repeated. Run it with ``llmrl run grpo [--config x.yaml] [--set section.key=v
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -22,7 +21,7 @@ from llmrl_core.pipeline.config_io import load_config, settings_overrides
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.pipeline.preflight import preflight
 from storage.checkpoints import CheckpointStore
-from storage.layout import RunLayout, default_runs_root
+from storage.layout import RunLayout
 from storage.lineage import LineageConfig, LineageRecorder
 from storage.trajectories import TrajectoryStore
 from tasks import grpo_stages as stages
@@ -91,7 +90,7 @@ def grpo(
     }
     cfg = load_config(GRPOConfig, config, [*settings_overrides(typed), *(overrides or [])])
     preflight(cfg)  # before any task, cluster, engine or write
-    layout = RunLayout(cfg.run_id, Path(cfg.runs_dir) if cfg.runs_dir else default_runs_root())
+    layout = RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir)  # a remote runs_dir: the workers' data goes there
     run_dir, store_uri = layout.run_dir, layout.trajectories_uri
     published = stages.latest_published(run_dir)
     start = published[0] if published else 0
@@ -110,7 +109,7 @@ def grpo(
         config=stages.lineage_config(cfg),
         lineage_config=LineageConfig(tracking_uri=cfg.tracking_uri),
     )
-    checkpoints = CheckpointStore(layout.checkpoints_dir)
+    checkpoints = CheckpointStore(layout.checkpoints_uri)
     stages.save_run_config(run_dir, stages.lineage_config(cfg))
     with lineage, dask_cluster(cfg, run_dir / "dask") as place:
         client = place.client
@@ -121,7 +120,7 @@ def grpo(
             for a in place.rollout
         ]
         trainer = client.submit(
-            TrainerWorker, cfg, runs_root=str(layout.runs_root), actor=True, workers=[place.trainer], pure=False
+            TrainerWorker, cfg, layout=layout, actor=True, workers=[place.trainer], pure=False
         ).result()
         engines = [e.result() for e in engines]
         log.info("%d rollout engine(s) and the trainer are resident (%.1f s)", len(engines), time.perf_counter() - t0)
@@ -143,7 +142,7 @@ def grpo(
             log.info("version 0 (base model) published: %s", info["checkpoint"])
         elif start > 0:
             trainer.restore(start).result()  # the engines get the weights each batch needs when it is sent
-        ahead = RolloutAhead(cfg, run_dir, engines, checkpoints, 0, primer_state)
+        ahead = RolloutAhead(cfg, layout.staging_uri, engines, checkpoints, 0, primer_state)
         ahead.fill(start)  # asynchronous runs: rollout.max_staleness batches in flight before training starts
         bar = iteration_bar(cfg, start)
         for version in range(start, cfg.iterations):
@@ -248,7 +247,7 @@ def grpo(
         "run_id": cfg.run_id,
         "published_version": max(start, cfg.iterations),
         "trajectories": store_uri,
-        "checkpoints": str(layout.checkpoints_dir),
+        "checkpoints": layout.checkpoints_uri,
         "mlflow_tracking_uri": lineage.tracking_uri,
         "run_dir": str(run_dir),
         "curves": str(run_dir / "reports" / "curves.png"),

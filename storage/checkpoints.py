@@ -45,9 +45,11 @@ from safetensors.torch import load, load_file, save_file
 
 from storage.filesystems import (
     is_local,
+    join_uri,
     publish,
     read_bytes,
     resolve_filesystem,
+    split_uri,
     temp_name_for,
     write_bytes_atomic,
 )
@@ -173,13 +175,13 @@ class CheckpointStore:
     @classmethod
     def from_weights_uri(cls, uri: str | os.PathLike[str]) -> tuple[CheckpointStore, int]:
         """The store and version of a weights file named by :meth:`weights_path` (a path or a URI)."""
-        text = os.fspath(uri)
-        base, sep, query = text.partition("?") if "://" in text else (text, "", "")
-        folder, _, name = base.rstrip("/").rpartition("/")
+        folder, name = split_uri(uri)
         match = _WEIGHTS.match(name)
-        if not match or not folder:
-            raise CheckpointError(f"{text}: not the weights file of a checkpoint (policy_vNNNNNN.safetensors)")
-        return cls(f"{folder}{sep}{query}"), int(match.group(1))
+        if not match or not folder or folder.startswith("?"):
+            raise CheckpointError(
+                f"{os.fspath(uri)}: not the weights file of a checkpoint (policy_vNNNNNN.safetensors)"
+            )
+        return cls(folder), int(match.group(1))
 
     # ----------------------------------------------------------------- names
     def _file(self, name: str) -> str:
@@ -192,8 +194,7 @@ class CheckpointStore:
             return Path(self._file(name))
         if self.explicit_filesystem:
             return self._file(name)
-        base, sep, query = self.uri.partition("?")
-        return f"{base.rstrip('/')}/{name}{sep}{query}"
+        return join_uri(self.uri, name)
 
     @staticmethod
     def _weights_name(version: int) -> str:

@@ -48,6 +48,32 @@ def resolve_filesystem(root: str | os.PathLike[str], filesystem: Any = None) -> 
     return fs, path.rstrip("/") or "/"
 
 
+def is_remote_uri(location: str | os.PathLike[str] | None) -> bool:
+    """True for a URI of another filesystem than the local disk (``s3://...``, ``memory://...``); False for a
+    path, a ``file://`` URI or None."""
+    text = os.fspath(location) if location is not None else ""
+    return "://" in text and not text.startswith("file://")
+
+
+def join_uri(base: str | os.PathLike[str], *parts: str) -> str:
+    """``base`` with ``parts`` appended as path segments; a URI keeps its query options (e.g. an S3
+    ``endpoint_override``) at the end: ``join_uri("s3://b/runs?scheme=http", "r", "ckpt")`` is
+    ``s3://b/runs/r/ckpt?scheme=http``."""
+    text = os.fspath(base)
+    base_part, sep, query = text.partition("?") if "://" in text else (text, "", "")
+    path = "/".join([base_part.rstrip("/"), *(p.strip("/") for p in parts if p.strip("/"))])
+    return f"{path}{sep}{query}"
+
+
+def split_uri(location: str | os.PathLike[str]) -> tuple[str, str]:
+    """``(parent, name)`` of a file's path or URI, the query options kept on the parent (inverse of
+    :func:`join_uri`)."""
+    text = os.fspath(location)
+    base, sep, query = text.partition("?") if "://" in text else (text, "", "")
+    folder, _, name = base.rstrip("/").rpartition("/")
+    return f"{folder}{sep}{query}", name
+
+
 def is_local(fs: pafs.FileSystem) -> bool:
     """True for pyarrow's local filesystem (where os-level rename and fsync apply)."""
     return isinstance(fs, pafs.LocalFileSystem)
@@ -95,9 +121,10 @@ def write_bytes_atomic(fs: pafs.FileSystem, path: str, data: bytes | pa.Buffer) 
 
 
 def read_bytes(fs: pafs.FileSystem, path: str) -> bytes:
-    """The whole content of a file."""
-    with fs.open_input_stream(path) as stream:
-        return stream.read()
+    """The whole content of a file, in one read (on an object store: one GET of the whole object, where a
+    stream would issue a ranged GET per buffer-full)."""
+    with fs.open_input_file(path) as handle:
+        return handle.read()
 
 
 def sha256_of(fs: pafs.FileSystem, path: str, chunk: int = 1 << 22) -> str:

@@ -12,6 +12,20 @@
 
 A shared trajectory store lets offline training read many runs with one reader; the trajectory root
 may also be any URI (e.g. ``s3://bucket/trajectories``).
+
+A runs root given as a URI of another filesystem (``runs_dir: s3://bucket/runs?endpoint_override=...``, see
+:meth:`RunLayout.for_runs_dir`) splits the run in two. What the Dask workers read and write lives under the
+URI, so no worker needs the flow host's disk::
+
+    URI/trajectories/run_id=<RUN>/...   # the trajectory store
+    URI/<RUN>/checkpoints/              # weights + manifests (engines load them through the store)
+    URI/<RUN>/staging/                  # rollout shards in progress
+    URI/<RUN>/state/trainer-v<v>.pt     # the trainer's optimizer + RNG state
+
+and what only the flow host touches stays on its disk, under its own runs root (``$LLMRL_RUNS_DIR`` /
+``$LLMRL_HOME/runs``): the run's ``config.json``, commit markers (``state/published-v<v>.json``),
+reports, lineage and the MLflow store. A resume therefore starts from the same flow host (or a copy of
+its run folder).
 """
 
 from __future__ import annotations
@@ -21,6 +35,7 @@ import os
 from pathlib import Path
 
 from llmrl_core.paths import llmrl_home
+from storage.filesystems import is_remote_uri, join_uri
 from storage.trajectories import check_name
 
 TRAJECTORIES_DIR = "trajectories"
@@ -34,11 +49,22 @@ def default_runs_root() -> Path:
 
 @dataclasses.dataclass(frozen=True)
 class RunLayout:
-    """The default locations of one run under a runs root."""
+    """The default locations of one run under a runs root (and, for a remote runs root, a data URI: see the
+    module docstring)."""
 
     run_id: str
     runs_root: Path = dataclasses.field(default_factory=default_runs_root)
-    trajectories: str | None = None  # a path or URI; default RUNS_ROOT/trajectories
+    trajectories: str | None = None  # a path or URI; default RUNS_ROOT/trajectories (DATA_URI/trajectories)
+    data_uri: str | None = None  # where the workers' data lives when it is not under runs_root (a remote URI)
+
+    @classmethod
+    def for_runs_dir(cls, run_id: str, runs_dir: str | os.PathLike[str] | None) -> RunLayout:
+        """The layout a flow uses for a ``runs_dir`` setting: a local folder (None: the default runs root), or a
+        remote URI for the workers' data with the flow host's own records under its default runs root."""
+        if runs_dir is not None and is_remote_uri(runs_dir):
+            return cls(run_id, default_runs_root(), data_uri=os.fspath(runs_dir))
+        text = os.fspath(runs_dir).removeprefix("file://") if runs_dir is not None else ""
+        return cls(run_id, Path(text) if text else default_runs_root())
 
     def __post_init__(self) -> None:
         check_name(self.run_id, "run id")
@@ -56,7 +82,32 @@ class RunLayout:
         """Folder of the run's checkpoint store."""
         return self.run_dir / "checkpoints"
 
+    def _data(self, *parts: str) -> str:
+        """A location of the workers' data: under the data URI when there is one, else under the run folder."""
+        if self.data_uri:
+            return join_uri(self.data_uri, self.run_id, *parts)
+        return str(self.run_dir.joinpath(*parts))
+
+    @property
+    def checkpoints_uri(self) -> str:
+        """Root (path or URI) of the run's checkpoint store."""
+        return self._data("checkpoints") if self.data_uri else str(self.checkpoints_dir)
+
+    @property
+    def staging_uri(self) -> str:
+        """Root (path or URI) of the run's staging store (rollout shards in progress)."""
+        return self._data("staging")
+
+    @property
+    def trainer_state_uri(self) -> str:
+        """Folder (path or URI) of the trainer's optimizer and RNG states."""
+        return self._data("state")
+
     @property
     def trajectories_uri(self) -> str:
         """Root (path or URI) of the trajectory store."""
-        return self.trajectories or str(self.runs_root / TRAJECTORIES_DIR)
+        if self.trajectories:
+            return self.trajectories
+        if self.data_uri:
+            return join_uri(self.data_uri, TRAJECTORIES_DIR)
+        return str(self.runs_root / TRAJECTORIES_DIR)

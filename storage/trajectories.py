@@ -35,7 +35,14 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from llmrl_core.paths import SAFE_NAME
-from storage.filesystems import TEMP_MARKER, is_temp_name, read_bytes, resolve_filesystem, write_bytes_atomic
+from storage.filesystems import (
+    TEMP_MARKER,
+    is_temp_name,
+    join_uri,
+    read_bytes,
+    resolve_filesystem,
+    write_bytes_atomic,
+)
 from storage.schema import (
     SCHEMA_VERSION,
     TRAJECTORY_SCHEMA,
@@ -361,8 +368,7 @@ class TrajectoryStore:
     def partition_uri(self, run_id: str, policy_version: int) -> str:
         """A human-readable location of a partition: the root URI plus the partition folder."""
         self.partition_path(run_id, policy_version)
-        base, sep, query = self.uri.partition("?")  # keep URI options (e.g. an S3 endpoint) at the end
-        return f"{base.rstrip('/')}/run_id={run_id}/policy_version={policy_version}{sep}{query}"
+        return join_uri(self.uri, f"run_id={run_id}", f"policy_version={policy_version}")
 
 
 def _version_bounds(version: int | None, lo: int | None, hi: int | None) -> tuple[int | None, int | None]:

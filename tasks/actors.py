@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import io
 import os
 import random
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.fs as pafs
 import torch
 
 from llmrl_core.collectors.dask_collector import RolloutActor
@@ -27,6 +28,7 @@ from llmrl_core.pipeline.task_config import make_task_env
 from llmrl_core.policies.base import SamplingConfig
 from llmrl_core.policies.vllm_engine import EngineConfig
 from storage.checkpoints import CheckpointStore
+from storage.filesystems import read_bytes, resolve_filesystem, write_bytes_atomic
 from storage.layout import RunLayout
 from storage.trajectories import TrajectoryStore
 from tasks.records import read_shards, record_to_sample, trajectory_to_record
@@ -173,25 +175,23 @@ class RolloutWorker(RolloutActor):
 class TrainerWorker:
     """The resident policy model, its optimizer and the checkpoint store of the run."""
 
-    def __init__(self, cfg: GRPOConfig, model: str | None = None, runs_root: str | None = None) -> None:
+    def __init__(self, cfg: GRPOConfig, model: str | None = None, layout: RunLayout | None = None) -> None:
         """``model``: a model reference (default ``cfg.model``), resolved on this worker (see
-        :class:`RolloutWorker`); ``runs_root``: the runs folder the flow uses (default ``cfg.runs_dir``, else this
-        worker's ``$LLMRL_RUNS_DIR`` / ``$LLMRL_HOME/runs``)."""
+        :class:`RolloutWorker`); ``layout``: where the run's checkpoints and trainer states live (default
+        ``RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir)``, resolved on this worker): local folders, or URIs
+        of a store every node reaches (``runs_dir: s3://...``)."""
         from transformers import AutoModelForCausalLM
 
         from llmrl_core.model_store import resolve_model
         from llmrl_core.objectives import GRPOLoss
         from llmrl_core.trainer import Trainer, TrainerConfig
         from llmrl_core.trainer.lora import LoraOptions
-        from storage.layout import default_runs_root
-
         t = cfg.train
         torch.set_num_threads(t.threads or os.cpu_count() or 1)
         device = "cuda" if t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available()) else "cpu"
         self.mixed_precision, self.precision_reason = mixed_precision_for(t.mixed_precision, device)
         self.cfg = cfg
-        root = runs_root or cfg.runs_dir
-        self.layout = RunLayout(cfg.run_id, Path(root) if root else default_runs_root())
+        self.layout = layout or RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir)
         model_path = resolve_model(cfg.model if model is None else model)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
         self.ref = None
@@ -216,7 +216,7 @@ class TrainerWorker:
             ),
         )
         self.checkpoints = CheckpointStore(
-            self.layout.checkpoints_dir, keep_last=cfg.keep_checkpoints, keep_every=cfg.keep_every
+            self.layout.checkpoints_uri, keep_last=cfg.keep_checkpoints, keep_every=cfg.keep_every
         )
 
     def describe(self) -> dict[str, str]:
@@ -228,8 +228,10 @@ class TrainerWorker:
         }
 
     # --- state -----------------------------------------------------------------------------------
-    def _state_path(self, version: int) -> Path:
-        return self.layout.run_dir / "state" / f"trainer-v{version}.pt"
+    def _state_file(self, version: int) -> tuple[Any, str]:
+        """``(filesystem, path)`` of the optimizer/RNG state of ``version`` (a local folder or a remote store)."""
+        fs, folder = resolve_filesystem(self.layout.trainer_state_uri)
+        return fs, f"{folder}/trainer-v{version}.pt"
 
     def publish(self, version: int, config: dict[str, Any]) -> dict[str, Any]:
         """Checkpoint the weights as ``version`` and save optimizer + RNG state beside it (atomically)."""
@@ -240,9 +242,7 @@ class TrainerWorker:
             config=config,
             model_id=self.cfg.model,
         )
-        path = self._state_path(version)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
+        state = io.BytesIO()
         torch.save(
             {
                 "optimizer": self.trainer.optimizer.state_dict(),
@@ -252,9 +252,9 @@ class TrainerWorker:
                 "numpy_rng": np.random.get_state(),
                 "lora": self._lora_state(),
             },
-            tmp,
+            state,
         )
-        os.replace(tmp, path)
+        write_bytes_atomic(*self._state_file(version), state.getbuffer())
         self._prune_states(version)
         self.checkpoints.apply_retention(protect=version)
         return {
@@ -269,10 +269,12 @@ class TrainerWorker:
         A resume starts from the last committed version, which is ``version`` once its commit marker is
         written and ``version - 1`` until then, so those two are kept.
         """
-        for old in self._state_path(version).parent.glob("trainer-v*.pt"):
-            stem = old.stem.removeprefix("trainer-v")
-            if stem.isdigit() and int(stem) < version - 1:
-                old.unlink(missing_ok=True)
+        fs, path = self._state_file(version)
+        folder = path.rpartition("/")[0]
+        for entry in fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True)):
+            stem = entry.base_name.removeprefix("trainer-v").removesuffix(".pt")
+            if entry.base_name.startswith("trainer-v") and stem.isdigit() and int(stem) < version - 1:
+                fs.delete_file(entry.path)
 
     def _lora_state(self) -> dict[str, torch.Tensor] | None:
         """The LoRA adapter weights (the base model stays frozen at version 0), or None without LoRA."""
@@ -284,8 +286,9 @@ class TrainerWorker:
 
     def restore(self, version: int) -> None:
         """Continue from a published version: weights (or LoRA adapters), optimizer state and RNG."""
-        state_path = self._state_path(version)
-        state = torch.load(state_path, weights_only=False) if state_path.exists() else None
+        fs, state_path = self._state_file(version)
+        found = fs.get_file_info(state_path).type == pafs.FileType.File
+        state = torch.load(io.BytesIO(read_bytes(fs, state_path)), weights_only=False) if found else None
         if self.trainer.config.lora is None:
             loaded = self.checkpoints.load(version)
             self.model.load_state_dict(loaded.state_dict, strict=False)

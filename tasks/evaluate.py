@@ -90,13 +90,13 @@ def base_weights_id(model: str | None) -> str:
 
 def run_exists(run_id: str, runs_dir: str | None) -> bool:
     """Whether ``run_id`` has a run folder with a stored config or checkpoints under the runs root."""
-    layout = RunLayout(run_id, runs_root=Path(runs_dir)) if runs_dir else RunLayout(run_id)
-    return (layout.run_dir / "config.json").is_file() or layout.checkpoints_dir.is_dir()
+    layout = RunLayout.for_runs_dir(run_id, runs_dir)
+    return (layout.run_dir / "config.json").is_file() or bool(CheckpointStore(layout.checkpoints_uri).versions())
 
 
 def run_env(run_id: str, runs_dir: str | None) -> dict[str, Any]:
     """The ``env`` section a run trained with (``RUN/config.json``; ``{}`` — GSM8K-style — for older runs)."""
-    layout = RunLayout(run_id, runs_root=Path(runs_dir)) if runs_dir else RunLayout(run_id)
+    layout = RunLayout.for_runs_dir(run_id, runs_dir)
     path = layout.run_dir / "config.json"
     if not path.is_file():
         return {}
@@ -120,7 +120,7 @@ def env_scoring(env: dict[str, Any]) -> str:
 def run_task(run_id: str, runs_dir: str | None, overrides: dict[str, Any] | None = None) -> TaskConfig:
     """The task a run trained on (``task`` of ``RUN/config.json``; the GSM8K defaults when the run has none),
     with ``overrides`` applied."""
-    layout = RunLayout(run_id, runs_root=Path(runs_dir)) if runs_dir else RunLayout(run_id)
+    layout = RunLayout.for_runs_dir(run_id, runs_dir)
     path = layout.run_dir / "config.json"
     stored: dict[str, Any] = {}
     if path.is_file():
@@ -133,13 +133,13 @@ def run_task(run_id: str, runs_dir: str | None, overrides: dict[str, Any] | None
 
 def evaluation_dir(run_id: str, runs_dir: str | None, settings: dict[str, Any]) -> Path:
     """``RUN/evaluations/<first 12 hex of the settings hash>``."""
-    layout = RunLayout(run_id, runs_root=Path(runs_dir)) if runs_dir else RunLayout(run_id)
+    layout = RunLayout.for_runs_dir(run_id, runs_dir)
     return layout.run_dir / "evaluations" / config_hash(settings)[:12]
 
 
 def _store(run_id: str, runs_dir: str | None) -> CheckpointStore:
-    layout = RunLayout(run_id, runs_root=Path(runs_dir)) if runs_dir else RunLayout(run_id)
-    return CheckpointStore(layout.checkpoints_dir)
+    layout = RunLayout.for_runs_dir(run_id, runs_dir)
+    return CheckpointStore(layout.checkpoints_uri)
 
 
 @task(name="resolve-eval-versions")
@@ -297,7 +297,7 @@ def log_to_mlflow(
     """Metrics per version (step = version) and the report files in an MLflow run of the ``evaluate`` experiment."""
     from storage.lineage import LineageConfig, LineageRecorder
 
-    layout = RunLayout(run_id, runs_root=Path(runs_dir)) if runs_dir else RunLayout(run_id)
+    layout = RunLayout.for_runs_dir(run_id, runs_dir)
     eval_id = f"{run_id}-eval-{config_hash(settings)[:12]}"
     with LineageRecorder(
         layout.run_dir,

@@ -23,6 +23,7 @@ from llmrl_core.envs.transforms.kl import kl_reward_penalty
 from llmrl_core.envs.types import PromptRow
 from llmrl_core.objectives import mc_advantage
 from llmrl_core.pipeline.grpo_config import GRPOConfig
+from storage.filesystems import join_uri
 from storage.trajectories import TrajectoryStore
 from tasks.records import read_shards
 
@@ -51,12 +52,13 @@ class Batch:
         return self.index - self.policy_version
 
 
-def batch_of(cfg: GRPOConfig, run_dir: Path, index: int) -> Batch:
-    """The batch that trains version ``index`` (where it is staged and which version samples it)."""
+def batch_of(cfg: GRPOConfig, staging_uri: str, index: int) -> Batch:
+    """The batch that trains version ``index`` (where it is staged under the run's staging root, a path or URI,
+    and which version samples it)."""
     k = cfg.rollout.max_staleness
     if k == 0:
-        return Batch(index, index, str(run_dir / "staging"), None)
-    return Batch(index, max(0, index - k), str(run_dir / "staging" / f"batch-{index}"), f"b{index:06d}-")
+        return Batch(index, index, staging_uri, None)
+    return Batch(index, max(0, index - k), join_uri(staging_uri, f"batch-{index}"), f"b{index:06d}-")
 
 
 @task(name="load-prompts", **STAGE)

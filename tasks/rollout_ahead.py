@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from llmrl_core.pipeline.grpo_config import GRPOConfig
@@ -53,14 +52,14 @@ class RolloutAhead:
     def __init__(
         self,
         cfg: GRPOConfig,
-        run_dir: Path,
+        staging_uri: str,
         engines: Sequence[Any],
         checkpoints: CheckpointStore,
         engine_version: int,
         primer_state: dict | None,
     ) -> None:
         self.cfg = cfg
-        self.run_dir = run_dir
+        self.staging_uri = staging_uri
         self.engines = list(engines)
         self.checkpoints = checkpoints
         self.engine_version = engine_version
@@ -81,7 +80,7 @@ class RolloutAhead:
         """Send batch ``index`` to the engines (after loading the version that samples it, when they hold another)."""
         if index in self.in_flight or index >= self.cfg.iterations:
             return
-        batch = stages.batch_of(self.cfg, self.run_dir, index)
+        batch = stages.batch_of(self.cfg, self.staging_uri, index)
         if self.engine_version != batch.policy_version:
             path = str(self.checkpoints.weights_path(batch.policy_version))
             loaded = [f.result() for f in [e.load(path, batch.policy_version) for e in self.engines]]

@@ -23,14 +23,17 @@ def _cfg(*overrides: str) -> GRPOConfig:
 
 
 def test_batch_schedule_samples_each_batch_at_most_k_versions_behind(tmp_path):
-    sync = [stages.batch_of(_cfg(), tmp_path, v) for v in range(5)]
+    staging = str(tmp_path / "staging")
+    sync = [stages.batch_of(_cfg(), staging, v) for v in range(5)]
     assert [(b.policy_version, b.shard_prefix, b.staleness) for b in sync] == [(v, None, 0) for v in range(5)]
-    assert {b.staging_uri for b in sync} == {str(tmp_path / "staging")}  # as before: one staging store
-    two = [stages.batch_of(_cfg("rollout.max_staleness=2"), tmp_path, v) for v in range(5)]
+    assert {b.staging_uri for b in sync} == {staging}  # as before: one staging store
+    two = [stages.batch_of(_cfg("rollout.max_staleness=2"), staging, v) for v in range(5)]
     assert [b.policy_version for b in two] == [0, 0, 0, 1, 2]
     assert [b.staleness for b in two] == [0, 1, 2, 2, 2]
     assert len({b.staging_uri for b in two}) == 5 and len({b.shard_prefix for b in two}) == 5
-    assert two[3].shard_prefix == "b000003-"
+    assert two[3].shard_prefix == "b000003-" and two[3].staging_uri == f"{staging}/batch-3"
+    remote = stages.batch_of(_cfg("rollout.max_staleness=1"), "s3://b/r/staging?scheme=http", 2)
+    assert remote.staging_uri == "s3://b/r/staging/batch-2?scheme=http"  # URI options stay at the end
 
 
 def test_staleness_needs_the_checkpoints_a_resume_samples_with():
@@ -76,7 +79,7 @@ def _queue(tmp_path, monkeypatch, cfg, engine_version, cursor, log):
     monkeypatch.setattr(stages, "load_prompts", load_prompts)
     monkeypatch.setattr(stages, "await_rollout", lambda futures: [f.result() for f in futures])
     checkpoints = SimpleNamespace(weights_path=lambda v: tmp_path / f"policy_v{v}.safetensors")
-    return RolloutAhead(cfg, tmp_path, [_Engine(log)], checkpoints, engine_version, cursor)
+    return RolloutAhead(cfg, str(tmp_path / "staging"), [_Engine(log)], checkpoints, engine_version, cursor)
 
 
 def test_rollouts_run_ahead_with_the_version_each_batch_needs(tmp_path, monkeypatch):

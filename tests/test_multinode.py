@@ -4,8 +4,13 @@ A ``dask scheduler`` and three ``dask worker`` processes (two with ``ROLLOUT=1``
 started by hand on 127.0.0.1, each with its own ``LLMRL_HOME`` and ``HOME`` (nothing of the flow host's caches
 is visible to them: each node resolves the packaged model itself). ``llmrl run grpo --set dask.address=...``
 then runs two iterations on them; both engines must have rolled out every version, versions 1 and 2 must be
-published, and every process must be gone at the end. The runs folder is the one thing all "nodes" share (a
-shared file system on a real cluster).
+published, and every process must be gone at the end.
+
+No node shares a disk with another: ``runs_dir`` is an S3 bucket (moto on 127.0.0.1), where the workers write and
+read the trajectories, staging shards, checkpoints and trainer state; the flow host keeps its own records (config,
+commit markers, reports, MLflow) under its own ``LLMRL_HOME``. Each worker runs in a mount namespace in which the
+flow host's folder and the test's own ``~/.cache`` are replaced by empty tmpfs mounts, so a worker that tried to
+read either would find nothing (where ``unshare`` is not permitted, the test says so and checks the files alone).
 """
 
 from __future__ import annotations
@@ -57,6 +62,19 @@ def _install_model(source: str, home: Path) -> Path:
 
     shutil.copytree(source, target, copy_function=link_or_copy)
     return target
+
+
+def _can_hide_folders() -> bool:
+    """Whether this machine lets the test start a process in a private mount namespace (``unshare -m``, root)."""
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True) if shutil.which("unshare") else None
+    return probe is not None and probe.returncode == 0
+
+
+def _hidden(cmd: list[str], folders: list[Path]) -> list[str]:
+    """``cmd`` in a private mount namespace where each of ``folders`` is an empty tmpfs (what the worker sees
+    of the flow host's disk: nothing)."""
+    mounts = " && ".join(f"mount -t tmpfs -o size=1m none '{f}'" for f in folders)
+    return ["unshare", "-m", "sh", "-c", f'{mounts} && exec "$@"', "sh", *cmd]
 
 
 def _start(cmd: list[str], env: dict[str, str], log: Path, cwd: Path) -> subprocess.Popen:
@@ -144,7 +162,7 @@ def _actor_count_on_worker() -> Any:
 
 
 @pytest.mark.slow
-def test_grpo_on_a_joined_cluster_of_separate_nodes(tmp_path, default_model_path):
+def test_grpo_on_a_joined_cluster_of_separate_nodes(tmp_path, default_model_path, s3_server):
     from dask.distributed import Client
 
     from storage.checkpoints import CheckpointStore
@@ -153,7 +171,11 @@ def test_grpo_on_a_joined_cluster_of_separate_nodes(tmp_path, default_model_path
     nodes = {name: tmp_path / name for name in ("scheduler", "rollout-0", "rollout-1", "trainer", "flow")}
     for name in ("rollout-0", "rollout-1", "trainer"):
         _install_model(default_model_path, nodes[name])  # each node prepared the packaged model once
-    runs = tmp_path / "runs"  # the shared file system
+    runs = s3_server.uri("runs")  # the only place all nodes reach
+    nodes["flow"].mkdir(parents=True)
+    hide = [nodes["flow"], Path.home() / ".cache"]
+    hiding = _can_hide_folders()
+    print("workers see the flow host's folder and ~/.cache as empty tmpfs:", hiding)
     procs: list[subprocess.Popen] = []
     logs = {name: tmp_path / f"{name}.log" for name in nodes}
     try:
@@ -183,10 +205,17 @@ def test_grpo_on_a_joined_cluster_of_separate_nodes(tmp_path, default_model_path
             scratch.mkdir()
             procs.append(
                 _start(
-                    [str(BIN / "dask"), "worker", address, "--host", "127.0.0.1", "--name", name]
-                    + ["--nthreads", "1", "--memory-limit", "0", "--local-directory", str(scratch)]
-                    + ["--resources", resources, "--no-dashboard", "--death-timeout", "60"],
-                    _node_env(nodes[name], OMP_NUM_THREADS=str(threads[name]), MKL_NUM_THREADS=str(threads[name])),
+                    (lambda cmd: _hidden(cmd, hide) if hiding else cmd)(
+                        [str(BIN / "dask"), "worker", address, "--host", "127.0.0.1", "--name", name]
+                        + ["--nthreads", "1", "--memory-limit", "0", "--local-directory", str(scratch)]
+                        + ["--resources", resources, "--no-dashboard", "--death-timeout", "60"]
+                    ),
+                    _node_env(
+                        nodes[name],
+                        OMP_NUM_THREADS=str(threads[name]),
+                        MKL_NUM_THREADS=str(threads[name]),
+                        **s3_server.env,
+                    ),
                     logs[name],
                     nodes[name],
                 )
@@ -219,7 +248,7 @@ def test_grpo_on_a_joined_cluster_of_separate_nodes(tmp_path, default_model_path
         start = time.perf_counter()
         flow = _start(
             [str(BIN / "llmrl"), "run", "grpo", *(a for s in settings for a in ("--set", s))],
-            _node_env(nodes["flow"]),
+            _node_env(nodes["flow"], **s3_server.env),
             logs["flow"],
             REPO,
         )
@@ -243,16 +272,22 @@ def test_grpo_on_a_joined_cluster_of_separate_nodes(tmp_path, default_model_path
                 assert time.monotonic() < deadline, f"actors still resident after the flow ended: {resident}"
                 time.sleep(0.5)
 
-        state = runs / "mn" / "state"
-        assert {f"published-v{v}.json" for v in (0, 1, 2)} <= {p.name for p in state.glob("published-v*.json")}
-        assert CheckpointStore(runs / "mn" / "checkpoints").versions() == [0, 1, 2]
-        store = TrajectoryStore(runs / "trajectories")
+        # the flow host's own records, on its own disk
+        local_run = nodes["flow"] / "llmrl" / "runs" / "mn"
+        assert {f"published-v{v}.json" for v in (0, 1, 2)} <= {p.name for p in (local_run / "state").iterdir()}
+        assert (local_run / "config.json").is_file()
+        assert not [p for p in local_run.rglob("*") if p.suffix in (".safetensors", ".parquet", ".pt")]
+        # the workers' data, in the bucket only
+        assert CheckpointStore(s3_server.uri("runs/mn/checkpoints")).versions() == [0, 1, 2]
+        keys = s3_server.keys("runs/")
+        assert [k for k in keys if "/state/" in k] == ["runs/mn/state/trainer-v1.pt", "runs/mn/state/trainer-v2.pt"]
+        assert not [k for k in keys if "/staging/" in k]  # every staged batch was moved into the store
+        store = TrajectoryStore(s3_server.uri("runs/trajectories"))
         assert store.versions("mn") == [0, 1]
         for version in (0, 1):
             shards = store.shards("mn", version=version)
             assert len({s.name for s in shards}) == 2, shards  # one shard per engine: both engines rolled out
             assert len(store.read_records("mn", version=version)) == 4
-        assert not list((runs / "mn" / "staging").rglob("*.parquet"))
         # the flow host never resolved the model: the workers did, each under its own $LLMRL_HOME
         assert not (nodes["flow"] / "llmrl" / "models").exists()
         for name in ("rollout-0", "rollout-1"):  # the engine's start-up line names the model it loaded

@@ -8,7 +8,8 @@ in a second with a message naming the setting, the file and the row, and leaves 
 - ``model``: the packaged default, a local model folder (with ``config.json``), or a hub id that is in the local
   Hugging Face cache (an uncached id fails when the machine is offline: ``HF_HUB_OFFLINE`` /
   ``TRANSFORMERS_OFFLINE``);
-- data sources open, are not empty, and their first rows have the fields the env reads, as non-empty strings.
+- data sources open, are not empty, and their first rows have the fields the env reads, as non-empty strings;
+- ``runs_dir``: a local folder, or (GRPO and collect runs) a URI of a filesystem pyarrow or fsspec knows.
 """
 
 from __future__ import annotations
@@ -126,6 +127,33 @@ def check_source(source: str, fields: Iterable[str], setting: str) -> None:
     check_rows(source_rows(source, setting), tuple(fields), f"{setting} {source!r}")
 
 
+def check_runs_dir(runs_dir: Any, remote_ok: bool, setting: str = "runs_dir") -> None:
+    """A remote ``runs_dir`` (``s3://...``) names a filesystem that can be opened, and only where the flow keeps
+    its workers' data there (GRPO and collect: trajectories, staging, checkpoints, trainer state)."""
+    text = str(runs_dir or "")
+    if "://" not in text or text.startswith("file://"):
+        return
+    if not remote_ok:
+        raise PreflightError(
+            f"{setting}={text!r}: a remote runs folder is supported by the grpo and collect flows; sft and offline "
+            "runs read their prepared data by path, so give them a local or shared folder"
+        )
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+
+    try:
+        pafs.FileSystem.from_uri(text)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError, OSError) as arrow_err:
+        try:
+            import fsspec
+
+            fsspec.core.url_to_fs(text)
+        except Exception as err:
+            raise PreflightError(
+                f"{setting}={text!r}: cannot open this filesystem URI (pyarrow: {arrow_err}; fsspec: {err})"
+            ) from err
+
+
 def preflight(cfg: Any) -> None:
     """Check a run config of any flow (GRPO/collect, SFT, offline) before the flow starts anything."""
     from llmrl_core.pipeline.grpo_config import GRPOConfig
@@ -134,6 +162,7 @@ def preflight(cfg: Any) -> None:
 
     check_run_id(cfg.run_id)
     check_model(cfg.model)
+    check_runs_dir(cfg.runs_dir, remote_ok=isinstance(cfg, GRPOConfig))
     if isinstance(cfg, GRPOConfig):
         check_source(cfg.data.source, env_fields(cfg.env), "data.source")
     elif isinstance(cfg, SFTConfig):

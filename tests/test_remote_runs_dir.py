@@ -1,0 +1,94 @@
+"""A runs folder on another filesystem (``runs_dir: s3://...``): where each thing of a run goes, and the trainer's
+checkpoints and optimizer state round-tripping through a local S3 (moto on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmrl_core.pipeline.config_io import load_config
+from llmrl_core.pipeline.grpo_config import GRPOConfig
+from llmrl_core.pipeline.preflight import PreflightError, check_runs_dir
+from storage.filesystems import is_remote_uri, join_uri, split_uri
+from storage.layout import RunLayout
+
+URI = "s3://bucket/runs?endpoint_override=127.0.0.1:9000&scheme=http"
+
+
+def test_join_and_split_keep_uri_options_at_the_end():
+    assert (
+        join_uri(URI, "r1", "checkpoints")
+        == "s3://bucket/runs/r1/checkpoints?endpoint_override=127.0.0.1:9000&scheme=http"
+    )
+    assert join_uri("/data/runs/", "r1", "/staging/") == "/data/runs/r1/staging"
+    assert join_uri("/data/with?mark", "x") == "/data/with?mark/x"  # a '?' in a local path is part of the name
+    folder, name = split_uri(join_uri(URI, "r1", "policy_v000002.safetensors"))
+    assert (folder, name) == (join_uri(URI, "r1"), "policy_v000002.safetensors")
+    assert is_remote_uri(URI) and is_remote_uri("memory://x")
+    assert not any(is_remote_uri(x) for x in ("/a/b", "file:///a/b", "rel/dir", None))
+
+
+def test_a_remote_runs_dir_puts_the_workers_data_there_and_the_flow_hosts_records_at_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLMRL_RUNS_DIR", str(tmp_path / "home-runs"))
+    layout = RunLayout.for_runs_dir("r1", URI)
+    query = "?endpoint_override=127.0.0.1:9000&scheme=http"
+    assert layout.checkpoints_uri == f"s3://bucket/runs/r1/checkpoints{query}"
+    assert layout.staging_uri == f"s3://bucket/runs/r1/staging{query}"
+    assert layout.trainer_state_uri == f"s3://bucket/runs/r1/state{query}"
+    assert layout.trajectories_uri == f"s3://bucket/runs/trajectories{query}"
+    assert layout.run_dir == tmp_path / "home-runs" / "r1"  # config.json, commit markers, reports, MLflow
+
+    local = RunLayout.for_runs_dir("r1", str(tmp_path / "runs"))
+    assert local.data_uri is None and local.run_dir == tmp_path / "runs" / "r1"
+    assert local.checkpoints_uri == str(tmp_path / "runs" / "r1" / "checkpoints")
+    assert local.staging_uri == str(tmp_path / "runs" / "r1" / "staging")
+    assert local.trainer_state_uri == str(tmp_path / "runs" / "r1" / "state")
+    assert local.trajectories_uri == str(tmp_path / "runs" / "trajectories")
+    assert RunLayout.for_runs_dir("r1", f"file://{tmp_path}/runs").run_dir == local.run_dir
+    assert RunLayout.for_runs_dir("r1", None).run_dir == tmp_path / "home-runs" / "r1"
+
+
+def test_preflight_names_a_remote_runs_dir_that_a_flow_cannot_use():
+    check_runs_dir(URI, remote_ok=True)
+    check_runs_dir("/any/local/folder", remote_ok=False)
+    with pytest.raises(PreflightError, match=r"runs_dir='s3://bucket/runs.*grpo and collect flows; sft and offline"):
+        check_runs_dir(URI, remote_ok=False)
+    with pytest.raises(PreflightError, match=r"runs_dir='nosuchscheme://x/y': cannot open this filesystem URI"):
+        check_runs_dir("nosuchscheme://x/y", remote_ok=True)
+
+
+@pytest.mark.slow
+def test_the_trainer_publishes_restores_and_prunes_through_s3(s3_server, default_model_path, tmp_path, monkeypatch):
+    """TrainerWorker on a remote runs folder: weights, manifests and optimizer/RNG state all land in the bucket
+    (nothing on the local disk), a fresh trainer restores the optimizer state from there, old states are pruned."""
+    from tasks.actors import TrainerWorker
+
+    monkeypatch.setenv("LLMRL_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("LLMRL_RUNS_DIR", raising=False)
+    runs = s3_server.uri("runs")
+    cfg = load_config(
+        GRPOConfig,
+        None,
+        ["run_id=r1", f"runs_dir={runs}", f"model={default_model_path}", "train.mixed_precision=no", "progress=false"],
+    )
+    layout = RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir)
+    trainer = TrainerWorker(cfg, layout=layout)
+    first = trainer.trainer.optimizer.param_groups[0]["params"][0]
+    for version in range(3):  # an optimizer step between publishes, so each state differs
+        first.grad = torch.full_like(first, 0.01 * (version + 1))
+        trainer.trainer.optimizer.step()
+        trainer.trainer.optimizer.zero_grad()
+        info = trainer.publish(version, {"k": 1})
+        assert info["checkpoint"] == join_uri(layout.checkpoints_uri, f"policy_v{version:06d}.safetensors")
+    keys = s3_server.keys("runs/r1/")
+    assert [k for k in keys if "/state/" in k] == ["runs/r1/state/trainer-v1.pt", "runs/r1/state/trainer-v2.pt"]
+    assert "runs/r1/checkpoints/policy_v000002.manifest.json" in keys
+    assert not (tmp_path / "home" / "runs" / "r1").exists()  # nothing of the trainer's on the local disk
+
+    again = TrainerWorker(cfg, layout=layout)
+    again.restore(2)
+    saved = trainer.trainer.optimizer.state_dict()["state"][0]["exp_avg"]
+    restored = again.trainer.optimizer.state_dict()["state"][0]["exp_avg"]
+    assert torch.equal(saved, restored) and again.trainer.step_count == trainer.trainer.step_count
+    name = next(iter(dict(trainer.model.named_parameters())))
+    assert torch.equal(dict(again.model.named_parameters())[name], dict(trainer.model.named_parameters())[name])
