@@ -186,6 +186,7 @@ class TrainerWorker:
         from llmrl_core.objectives import GRPOLoss
         from llmrl_core.trainer import Trainer, TrainerConfig
         from llmrl_core.trainer.lora import LoraOptions
+
         t = cfg.train
         torch.set_num_threads(t.threads or os.cpu_count() or 1)
         device = "cuda" if t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available()) else "cpu"
