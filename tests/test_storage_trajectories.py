@@ -284,28 +284,8 @@ def test_the_same_code_works_on_paths_and_uris(tmp_path, records, kind):
         fsspec.filesystem("memory").rm(store.root.split("/store")[0], recursive=True)
 
 
-@pytest.fixture
-def moto_s3():
-    moto_server = pytest.importorskip("moto.server", reason="moto is not installed (pip install 'moto[s3]')")
-    import boto3
-
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
-    boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1").create_bucket(Bucket="llmrl")
-    yield f"{host}:{port}"
-    server.stop()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-
-
-def test_s3_uri_against_a_local_moto_server(moto_s3, records):
-    uri = f"s3://llmrl/trajectories?endpoint_override={moto_s3}&scheme=http&region=us-east-1"
+def test_s3_uri_against_a_local_moto_server(s3_server, records):
+    uri = s3_server.uri("trajectories")  # s3://llmrl/trajectories?endpoint_override=...&scheme=http&region=...
     store = TrajectoryStore(uri)
     store.write_shard("run-a", 3, 0, records)
     store.write_shard("run-a", 3, 0, records)
