@@ -45,6 +45,7 @@ def timed_run(staleness: int, args: argparse.Namespace, tag: str) -> dict[str, f
                 f"rollout.max_new_tokens={args.max_new_tokens}",
                 f"rollout.workers={args.workers}",
                 f"rollout.max_staleness={staleness}",
+                *args.set,
             ],
             root,
             run_id=f"bench-async-k{staleness}-{tag}",
@@ -79,12 +80,16 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1, help="sync/async pairs, alternating")
+    parser.add_argument(
+        "--set", action="append", default=[], help="another setting for both sides, e.g. rollout.threads=1"
+    )
     args = parser.parse_args()
     print(machine_line())
     print(load_line())
     print(
         f"{args.prompts} prompts x {args.group_size}, <= {args.max_new_tokens} new tokens, {args.workers} rollout "
         f"workers, {args.iterations} iterations per run (the first not timed), {args.repeats} pair(s)"
+        + (f"; {' '.join(args.set)}" if args.set else "")
     )
     started = time.perf_counter()
     results: dict[int, list[dict[str, float]]] = {0: [], 1: []}

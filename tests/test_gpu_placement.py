@@ -192,6 +192,21 @@ def test_cpu_workers_get_the_cores() -> None:
     assert envs["rollout-1"]["OMP_NUM_THREADS"] == "3" and envs["trainer"]["MKL_NUM_THREADS"] == "5"
 
 
+def test_asynchronous_runs_split_the_cores_between_engines_and_trainer() -> None:
+    def threads(workers: int, cores: int, *extra: str) -> dict[str, str]:
+        cfg = load_config(GRPOConfig, overrides=[f"rollout.workers={workers}", "rollout.max_staleness=1", *extra])
+        envs, _ = worker_environments(cfg, 0, cores=cores)
+        return {name: env["OMP_NUM_THREADS"] for name, env in envs.items()}
+
+    assert threads(2, 2) == {"rollout-0": "1", "rollout-1": "1", "trainer": "1"}  # the measured best on 2 cores
+    assert threads(1, 8) == {"rollout-0": "4", "trainer": "4"}
+    assert threads(3, 16) == {"rollout-0": "4", "rollout-1": "4", "rollout-2": "4", "trainer": "4"}
+    assert threads(1, 8, "train.threads=6") == {"rollout-0": "4", "trainer": "6"}  # given counts win
+    cfg = load_config(GRPOConfig, overrides=["rollout.workers=1", "rollout.max_staleness=1"])
+    envs, _ = worker_environments(cfg, 2, cores=16)  # engines and trainer on their own GPUs: nothing shared
+    assert envs == {"rollout-0": {"CUDA_VISIBLE_DEVICES": "1"}, "trainer": {"CUDA_VISIBLE_DEVICES": "0"}}
+
+
 def test_gpu_workers_keep_dask_threads() -> None:
     envs, _ = worker_environments(grpo(1), 2, cores=16)
     assert envs == {"rollout-0": {"CUDA_VISIBLE_DEVICES": "1"}, "trainer": {"CUDA_VISIBLE_DEVICES": "0"}}
