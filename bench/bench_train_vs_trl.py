@@ -220,6 +220,7 @@ def main() -> None:
 
     from llmrl_core.model_store import resolve_model
     from llmrl_core.trainer.batch import TrainSample
+    from storage.layout import RunLayout
     from tasks.actors import TrainerWorker
 
     cfg = config(args)
@@ -274,7 +275,7 @@ def main() -> None:
         f"TRL {s['trl']} (torch {s['torch']}, transformers {s['transformers']}, {s['threads']} threads, {s['optim']}); "
         f"ours: torch {torch.__version__}, token_budget {t.token_budget}"
     )
-    ours = TrainerWorker(cfg, model_path, str(work / "runs")).trainer
+    ours = TrainerWorker(cfg, model_path, RunLayout(cfg.run_id, work / "runs")).trainer
     print(f"ours: {torch.get_num_threads()} threads, mixed_precision={ours.config.mixed_precision}")
 
     times: dict[str, list[float]] = {"ours": [], "trl": [], "ours-skip": []}

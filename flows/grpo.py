@@ -29,6 +29,7 @@ from tasks.actors import RolloutWorker, TrainerWorker
 from tasks.cluster import dask_cluster
 from tasks.publishing import publish_version
 from tasks.rollout_ahead import RolloutAhead
+from tasks.weight_sync import weight_sync_for
 
 
 class InjectedFailure(RuntimeError):
@@ -124,7 +125,10 @@ def grpo(
         ).result()
         engines = [e.result() for e in engines]
         log.info("%d rollout engine(s) and the trainer are resident (%.1f s)", len(engines), time.perf_counter() - t0)
-        hardware = {**engines[0].describe().result(), **trainer.describe().result()}
+        described = [e.describe().result() for e in engines]
+        hardware = {**described[0], **trainer.describe().result()}
+        if len({d["rollout_device"] for d in described}) > 1:  # a joined cluster may mix CPU and GPU engines
+            hardware["rollout_device"] = "mixed"
         log.info(
             "rollouts in %s on %s (%s); training in %s on %s (%s)",
             hardware["rollout_dtype"],
@@ -136,7 +140,14 @@ def grpo(
         )
         lineage.set_tags({f"llmrl.{k}": v for k, v in hardware.items()})
         config_dict = stages.lineage_config(cfg)
-        published_to = dict(run_id=cfg.run_id, run_dir=run_dir, checkpoints=checkpoints, lineage=lineage)
+        weight_sync = weight_sync_for(cfg, hardware, trainer, engines, place.trainer)
+        log.info(
+            "new versions reach the engines by %s",
+            f"NCCL broadcast ({weight_sync.world_size} ranks)" if weight_sync else "checkpoint load",
+        )
+        published_to = dict(
+            run_id=cfg.run_id, run_dir=run_dir, checkpoints=checkpoints, lineage=lineage, weight_sync=weight_sync
+        )
         if published is None:
             info = publish_version(trainer, engines, 0, config_dict, **published_to)
             log.info("version 0 (base model) published: %s", info["checkpoint"])

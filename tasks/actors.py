@@ -85,6 +85,8 @@ class RolloutWorker(RolloutActor):
             **placement,
         )
         engine.check_parallelism()  # tensor parallelism on a CPU-only worker fails here, naming the setting
+        if r.weight_sync != "checkpoint" and engine.resolved_device() == "cuda":  # NCCL weight sync may be used
+            engine = dataclasses.replace(engine, weight_sync_extension=True)
         super().__init__(
             lambda tokenizer: make_task_env(cfg.task, tokenizer, input_mode="tokens", env=cfg.env),
             engine,
@@ -263,6 +265,51 @@ class TrainerWorker:
             "checkpoint": str(self.checkpoints.weights_path(version)),  # a path, or a URI for a remote store
             "sha256": manifest.sha256,
         }
+
+    # --- NCCL weight group (trainer = rank 0; tasks/weight_sync.py drives both sides) ---------------------
+    def weight_group_port(self) -> int:
+        """A TCP port free on this worker's host, for the NCCL group's rendezvous."""
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            return int(sock.getsockname()[1])
+
+    def open_weight_group(self, master_address: str, master_port: int, world_size: int) -> None:
+        """Host the NCCL weight group as rank 0 on the trainer's GPU (blocks until every engine rank joined)."""
+        from llmrl_core.weight_sync.process_group import stateless_init_process_group
+
+        self._weight_group = stateless_init_process_group(
+            master_address, master_port, 0, world_size, self.trainer.device
+        )
+
+    def _weights_to_send(self) -> dict[str, torch.Tensor]:
+        """The inference weights, with the output head spelled out for a tied model (vLLM keeps its own copy)."""
+        state = self.trainer.state_dict_for_inference()
+        if getattr(self.model.config, "tie_word_embeddings", False) and "lm_head.weight" not in state:
+            state["lm_head.weight"] = state["model.embed_tokens.weight"]
+        return state
+
+    def weights_metadata(self) -> list[tuple[str, str, tuple[int, ...]]]:
+        """``(name, dtype, shape)`` of every tensor :meth:`broadcast_weights` sends, in its order."""
+        return [
+            (name, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for name, t in self._weights_to_send().items()
+        ]
+
+    def broadcast_weights(self, metadata: list[tuple[str, str, tuple[int, ...]]]) -> int:
+        """Broadcast the current weights to the group, in the order of ``metadata`` (what the engines expect);
+        returns the number of tensors sent."""
+        group = getattr(self, "_weight_group", None)
+        if group is None:
+            raise RuntimeError("broadcast_weights called before open_weight_group")
+        state = self._weights_to_send()
+        if [m[0] for m in metadata] != list(state):
+            raise RuntimeError("the engines expect other tensors than the trainer holds (weights_metadata is stale)")
+        stream = torch.cuda.current_stream()
+        for tensor in state.values():
+            group.broadcast(tensor.detach().to(self.trainer.device).contiguous(), src=0, stream=stream)
+        torch.cuda.synchronize()
+        return len(state)
 
     def _prune_states(self, version: int) -> None:
         """Drop optimizer/RNG states older than ``version - 1`` (each is twice the model's size).

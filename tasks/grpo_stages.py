@@ -204,9 +204,15 @@ def train(trainer: Any, store_uri: str, batch: Batch) -> dict:
 
 
 @task(name="publish-weights", retries=1, **STAGE)
-def publish_weights(trainer: Any, rollout_actors: list[Any], version: int, config: dict) -> dict:
-    """Checkpoint ``version`` (weights + optimizer state), then load it into every rollout engine."""
+def publish_weights(
+    trainer: Any, rollout_actors: list[Any], version: int, config: dict, weight_sync: Any = None
+) -> dict:
+    """Checkpoint ``version`` (weights + optimizer state), then get it into every rollout engine: each loads the
+    checkpoint, or, with an open NCCL group (``weight_sync``, tasks/weight_sync.py), the trainer broadcasts it."""
     published = trainer.publish(version, config).result()
+    if weight_sync is not None and rollout_actors:
+        weight_sync.push(version)
+        return published
     loaded = [f.result() for f in [a.load(published["checkpoint"], version) for a in rollout_actors]]
     if any(v != version for v in loaded):
         raise RuntimeError(f"engines report versions {loaded} after publishing {version}")
@@ -255,7 +261,7 @@ def save_run_config(run_dir: Path, config: dict) -> Path:
 
 # Settings that only say where and how fast the run computes: not part of what a version is, so a run resumes on
 # another machine or cluster with other threads or GPU shares.
-PLACEMENT_ONLY = {"rollout": ("threads", "gpu_memory_utilization", "tensor_parallel_size")}
+PLACEMENT_ONLY = {"rollout": ("threads", "gpu_memory_utilization", "tensor_parallel_size", "weight_sync")}
 # Settings added after runs existed, left out while at their default: an older run's config hash stays the same,
 # so it still resumes.
 ADDED_LATER = {"rollout": {"max_staleness": 0}}

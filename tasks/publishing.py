@@ -42,9 +42,11 @@ def publish_version(
     data: Sequence[DataRef] = (),
     metrics: dict[str, float] | None = None,
     primer_state: dict | None = None,
+    weight_sync: Any = None,
 ) -> dict[str, Any]:
-    """Publish ``version``; returns the checkpoint info (path, sha256)."""
-    info = publish_weights(trainer, list(engines), version, config)
+    """Publish ``version``; returns the checkpoint info (path, sha256). ``weight_sync``: an open NCCL weight group
+    (tasks/weight_sync.py) that carries the weights to the engines instead of a checkpoint load."""
+    info = publish_weights(trainer, list(engines), version, config, weight_sync)
     lineage.log_version(version, checkpoint=checkpoints.manifest(version), data=list(data), metrics=metrics or None)
     commit_version(run_dir, version, primer_state, metrics or {})
     if version > 0:

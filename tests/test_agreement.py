@@ -11,6 +11,7 @@ from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.policies.hf_scoring import render_chat_prompt
 from llmrl_core.policies.vllm_engine import generate
+from storage.layout import RunLayout
 from storage.schema import TrajectoryRecord
 from storage.trajectories import TrajectoryStore
 
@@ -56,7 +57,7 @@ def trainer_worker(tmp_path_factory, default_model_path):
         "train.mixed_precision=no",
     ]
     cfg = load_config(GRPOConfig, None, overrides)
-    return TrainerWorker(cfg, default_model_path, str(runs))
+    return TrainerWorker(cfg, default_model_path, RunLayout(cfg.run_id, runs))
 
 
 def _train(worker, tmp_path, records):
@@ -140,7 +141,7 @@ def test_trainer_worker_takes_the_loss_menu_lora_and_checkpointing_from_the_conf
     ]
     cfg = load_config(GRPOConfig, None, overrides)
     runs = tmp_path / "runs"
-    worker = TrainerWorker(cfg, default_model_path, str(runs))
+    worker = TrainerWorker(cfg, default_model_path, RunLayout(cfg.run_id, runs))
     options = worker.trainer.objective.options
     assert options["importance_level"] == "sequence" and options["tis_level"] == "sequence"
     assert options["clip_epsilon"] == (0.0003, 0.0004)
@@ -156,7 +157,7 @@ def test_trainer_worker_takes_the_loss_menu_lora_and_checkpointing_from_the_conf
     changed = [k for k, v in published.items() if k in base and not torch.allclose(v, base[k])]
     assert changed and all("proj" in k for k in changed)  # merged LoRA deltas, only on the adapted linears
 
-    fresh = TrainerWorker(cfg, default_model_path, str(runs))
+    fresh = TrainerWorker(cfg, default_model_path, RunLayout(cfg.run_id, runs))
     fresh.restore(1)
     restored = fresh._lora_state()
     assert all(torch.equal(restored[k], v) for k, v in adapters.items())

@@ -63,6 +63,10 @@ class RolloutConfig:
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float | None = None
     threads: int = 0
+    # How each published version reaches the engines: "checkpoint" (the engines load the version's checkpoint file
+    # or object), "nccl" (one CUDA broadcast from the trainer to every engine; the checkpoint is still written, for
+    # resume), "auto" (nccl when the trainer and every engine run on CUDA, else checkpoint).
+    weight_sync: Literal["auto", "checkpoint", "nccl"] = "auto"
 
     def __post_init__(self) -> None:
         _check(self.workers >= 1, "rollout.workers", "must be >= 1", self.workers)

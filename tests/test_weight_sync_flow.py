@@ -1,0 +1,140 @@
+"""``rollout.weight_sync``: when the GRPO flow broadcasts new weights over NCCL instead of loading checkpoints, and
+the order of the actor calls that forms the group and sends a version (fake actors here: NCCL needs CUDA; the
+engine-side receive and the trainer-side broadcast are the ``vLLMUpdater(mode="nccl")`` parts, GPU-tested there)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from llmrl_core.pipeline.config_io import load_config
+from llmrl_core.pipeline.grpo_config import GRPOConfig
+from tasks import grpo_stages as stages
+from tasks.weight_sync import NcclWeightSync, weight_sync_for
+
+CUDA = {"rollout_device": "cuda", "trainer_device": "cuda:0"}
+CPU = {"rollout_device": "cpu", "trainer_device": "cpu"}
+METADATA = [("model.embed_tokens.weight", "float32", (8, 4)), ("lm_head.weight", "float32", (8, 4))]
+
+
+@dataclass
+class Done:
+    """What a Dask actor call returns: a future whose result is ready."""
+
+    value: Any = None
+
+    def result(self) -> Any:
+        return self.value
+
+
+class FakeEngine:
+    def __init__(self, name: str, ranks: int, log: list, answer: int | None = None) -> None:
+        self.name, self.ranks, self.log, self.answer = name, ranks, log, answer
+
+    def weight_group_size(self) -> Done:
+        return Done(self.ranks)
+
+    def join_weight_group(self, host: str, port: int, offset: int, world: int) -> Done:
+        self.log.append((self.name, "join", host, port, offset, world))
+        return Done()
+
+    def receive_weights(self, metadata: list, version: int) -> Done:
+        self.log.append((self.name, "receive", metadata, version))
+        return Done(version if self.answer is None else self.answer)
+
+    def load(self, path: str, version: int) -> Done:
+        self.log.append((self.name, "load", path, version))
+        return Done(version)
+
+
+class FakeTrainer:
+    def __init__(self, log: list) -> None:
+        self.log = log
+
+    def weight_group_port(self) -> Done:
+        return Done(29555)
+
+    def open_weight_group(self, host: str, port: int, world: int) -> Done:
+        self.log.append(("trainer", "open", host, port, world))
+        return Done()
+
+    def weights_metadata(self) -> Done:
+        return Done(METADATA)
+
+    def broadcast_weights(self, metadata: list) -> Done:
+        self.log.append(("trainer", "broadcast", metadata))
+        return Done(len(metadata))
+
+    def publish(self, version: int, config: dict) -> Done:
+        self.log.append(("trainer", "publish", version))
+        return Done({"version": version, "checkpoint": f"/ckpt/policy_v{version:06d}.safetensors", "sha256": "x"})
+
+
+def _cfg(*overrides: str) -> GRPOConfig:
+    return load_config(GRPOConfig, None, list(overrides))
+
+
+def test_the_setting_is_checked_and_is_not_part_of_what_a_version_is():
+    rule = r"rollout.weight_sync: must be one of \['auto', 'checkpoint', 'nccl'\], got 'broadcast'"
+    with pytest.raises(ValueError, match=rule):
+        _cfg("rollout.weight_sync=broadcast")
+    assert _cfg().rollout.weight_sync == "auto"
+    assert stages.lineage_config(_cfg("rollout.weight_sync=checkpoint")) == stages.lineage_config(_cfg())
+
+
+def test_auto_uses_nccl_only_when_trainer_and_engines_are_on_cuda():
+    log: list = []
+    engines, trainer = [FakeEngine("e0", 1, log)], FakeTrainer(log)
+    assert weight_sync_for(_cfg(), CPU, trainer, engines, "tcp://127.0.0.1:1") is None
+    mixed = {"rollout_device": "cuda", "trainer_device": "cpu"}
+    assert weight_sync_for(_cfg(), mixed, trainer, engines, "tcp://127.0.0.1:1") is None
+    assert weight_sync_for(_cfg("rollout.weight_sync=checkpoint"), CUDA, trainer, engines, "tcp://h:1") is None
+    assert log == []  # no group was formed
+    with pytest.raises(ValueError, match=r"rollout.weight_sync=nccl needs the trainer and every engine on CUDA"):
+        weight_sync_for(_cfg("rollout.weight_sync=nccl"), CPU, trainer, engines, "tcp://127.0.0.1:1")
+    sync = weight_sync_for(_cfg(), CUDA, trainer, engines, "tcp://127.0.0.1:1")
+    assert isinstance(sync, NcclWeightSync) and sync.world_size == 2
+
+
+def test_the_group_gives_each_engine_its_ranks_and_the_trainer_rank_0():
+    """Engines with 1 and 2 GPUs (tensor parallel): ranks 1 and 2-3 of 4; every engine is asked to join before
+    the trainer's blocking rendezvous, at the trainer worker's host."""
+    log: list = []
+    engines = [FakeEngine("e0", 1, log), FakeEngine("e1", 2, log)]
+    sync = NcclWeightSync(FakeTrainer(log), engines, "tcp://10.1.2.3:40001").open()
+    assert sync.world_size == 4
+    assert log == [
+        ("e0", "join", "10.1.2.3", 29555, 1, 4),
+        ("e1", "join", "10.1.2.3", 29555, 2, 4),
+        ("trainer", "open", "10.1.2.3", 29555, 4),
+    ]
+
+
+def test_a_push_sends_the_trainers_tensor_list_to_every_engine_then_broadcasts():
+    log: list = []
+    engines = [FakeEngine("e0", 1, log), FakeEngine("e1", 1, log)]
+    sync = NcclWeightSync(FakeTrainer(log), engines, "tcp://127.0.0.1:1").open()
+    log.clear()
+    assert sync.push(3) == [3, 3]
+    assert log == [
+        ("e0", "receive", METADATA, 3),
+        ("e1", "receive", METADATA, 3),
+        ("trainer", "broadcast", METADATA),
+    ]
+    wrong = NcclWeightSync(FakeTrainer(log), [FakeEngine("e0", 1, log, answer=2)], "tcp://127.0.0.1:1").open()
+    with pytest.raises(RuntimeError, match=r"engines report versions \[2\] after the NCCL broadcast of version 3"):
+        wrong.push(3)
+
+
+def test_publishing_broadcasts_instead_of_loading_the_checkpoint():
+    log: list = []
+    engines, trainer = [FakeEngine("e0", 1, log)], FakeTrainer(log)
+    sync = NcclWeightSync(trainer, engines, "tcp://127.0.0.1:1").open()
+    log.clear()
+    stages.publish_weights.fn(trainer, engines, 2, {}, sync)
+    assert [entry[:2] for entry in log] == [("trainer", "publish"), ("e0", "receive"), ("trainer", "broadcast")]
+    log.clear()
+    stages.publish_weights.fn(trainer, engines, 2, {})  # no group: every engine loads the checkpoint
+    assert log == [("trainer", "publish", 2), ("e0", "load", "/ckpt/policy_v000002.safetensors", 2)]
