@@ -214,6 +214,10 @@ def test_grpo_on_a_joined_cluster_of_separate_nodes(tmp_path, default_model_path
                         nodes[name],
                         OMP_NUM_THREADS=str(threads[name]),
                         MKL_NUM_THREADS=str(threads[name]),
+                        # the engines' start-up lines are read from these logs: a test that started an engine in
+                        # this pytest process beside Prefect left VLLM_CONFIGURE_LOGGING=0 in os.environ
+                        # (vllm_engine.py), which would silence them (no Prefect log handler on a worker)
+                        VLLM_CONFIGURE_LOGGING="1",
                         **s3_server.env,
                     ),
                     logs[name],
