@@ -63,6 +63,12 @@ PARTITIONING = ds.partitioning(pa.schema([("run_id", pa.string()), ("policy_vers
 _NAME = SAFE_NAME
 _RUN_DIR = re.compile(r"^run_id=(.+)$")
 _VERSION_DIR = re.compile(r"^policy_version=(\d+)$")
+# How shards are encoded (pyarrow's defaults are tuned for low-cardinality columns, trajectories are not): no
+# dictionary encoding, whose pages a per-token column (ids, masks, log-probs) and the message texts overflow so
+# the writer builds and then drops them; min/max statistics only on the flat columns that row filters compare
+# (reward, finish_reason, ...), none for the nested ones. Measured on 2,048 SmolLM2 rows (bench/bench_storage.py):
+# write 9.2 -> 5.8 ms, read 5.4 -> 3.2 ms, file 385 -> 294 KB against pyarrow's defaults, zstd on both.
+_STATISTICS_COLUMNS = [f.name for f in TRAJECTORY_SCHEMA if not pa.types.is_nested(f.type)]
 
 
 class TrajectoryStoreError(RuntimeError):
@@ -121,6 +127,11 @@ class TrajectoryStore:
     def __repr__(self) -> str:
         return f"TrajectoryStore({self.uri!r})"
 
+    @property
+    def write_options(self) -> dict[str, Any]:
+        """The ``pyarrow.parquet.write_table`` keywords a shard is written with (codec and encoding)."""
+        return {"compression": self.compression, "use_dictionary": False, "write_statistics": _STATISTICS_COLUMNS}
+
     # ----------------------------------------------------------------- paths
     def partition_path(self, run_id: str, policy_version: int) -> str:
         """Folder of one (run, policy_version) partition."""
@@ -158,7 +169,7 @@ class TrajectoryStore:
                     f"the shard's {field} {expected!r}"
                 )
         sink = pa.BufferOutputStream()
-        pq.write_table(table, sink, compression=self.compression)
+        pq.write_table(table, sink, **self.write_options)
         data = sink.getvalue()
         write_bytes_atomic(self.fs, path, data)
         return ShardInfo(

@@ -102,6 +102,29 @@ CRASHING_WRITER = textwrap.dedent(
 )
 
 
+def test_shards_skip_dictionary_pages_and_keep_statistics_for_row_filters(tmp_path, tokenizer):
+    """The store's encoding (TrajectoryStore.write_options): no dictionary pages anywhere, min/max statistics on
+    the flat columns (a reward filter can skip a row group by them), none on the per-token lists."""
+    store = TrajectoryStore(tmp_path)
+    records = make_records("run-e", 0, n_prompts=4, group_size=4, tokenizer=tokenizer)
+    info = store.write_shard("run-e", 0, 0, records)
+    metadata = pq.ParquetFile(info.path).metadata
+    chunks = {}
+    for group in range(metadata.num_row_groups):
+        for column in range(metadata.num_columns):
+            chunk = metadata.row_group(group).column(column)
+            chunks[chunk.path_in_schema] = chunk
+            assert not chunk.has_dictionary_page, chunk.path_in_schema
+    reward = chunks["reward"].statistics
+    assert reward is not None and reward.has_min_max
+    assert (reward.min, reward.max) == (min(r.reward for r in records), max(r.reward for r in records))
+    for nested in ("response_tokens.list.element", "sampler_logprobs.list.element", "messages.list.element.content"):
+        assert chunks[nested].statistics is None or not chunks[nested].statistics.has_min_max, nested
+    above = max(r.reward for r in records) + 1.0
+    assert store.read_table("run-e", min_reward=above).num_rows == 0
+    assert store.read_table("run-e", min_reward=min(r.reward for r in records)).num_rows == len(records)
+
+
 def test_crash_between_temp_write_and_rename_leaves_no_visible_shard(tmp_path, records):
     store = TrajectoryStore(tmp_path)
     script = CRASHING_WRITER.format(tests=str(ROOT / "tests"), root=str(tmp_path))
