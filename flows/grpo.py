@@ -28,6 +28,7 @@ from tasks import grpo_stages as stages
 from tasks.actors import RolloutWorker, TrainerWorker
 from tasks.cluster import dask_cluster
 from tasks.publishing import publish_version
+from tasks.reporting import BackgroundReports
 from tasks.rollout_ahead import RolloutAhead
 from tasks.weight_sync import weight_sync_for
 
@@ -112,7 +113,8 @@ def grpo(
     )
     checkpoints = CheckpointStore(layout.checkpoints_uri)
     stages.save_run_config(run_dir, stages.lineage_config(cfg))
-    with lineage, dask_cluster(cfg, run_dir / "dask") as place:
+    # each version's report is written while the next iteration runs (the last one is waited for on leaving)
+    with lineage, dask_cluster(cfg, run_dir / "dask") as place, BackgroundReports() as reports:
         client = place.client
         t0 = time.perf_counter()
         engines = [
@@ -146,7 +148,12 @@ def grpo(
             f"NCCL broadcast ({weight_sync.world_size} ranks)" if weight_sync else "checkpoint load",
         )
         published_to = dict(
-            run_id=cfg.run_id, run_dir=run_dir, checkpoints=checkpoints, lineage=lineage, weight_sync=weight_sync
+            run_id=cfg.run_id,
+            run_dir=run_dir,
+            checkpoints=checkpoints,
+            lineage=lineage,
+            weight_sync=weight_sync,
+            reports=reports,
         )
         if published is None:
             info = publish_version(trainer, engines, 0, config_dict, **published_to)

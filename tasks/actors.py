@@ -236,8 +236,11 @@ class TrainerWorker:
         fs, folder = resolve_filesystem(self.layout.trainer_state_uri)
         return fs, f"{folder}/trainer-v{version}.pt"
 
-    def publish(self, version: int, config: dict[str, Any]) -> dict[str, Any]:
-        """Checkpoint the weights as ``version`` and save optimizer + RNG state beside it (atomically)."""
+    def publish(self, version: int, config: dict[str, Any], *, with_state: bool = True) -> dict[str, Any]:
+        """Checkpoint the weights as ``version`` and save optimizer + RNG state beside it (atomically).
+
+        ``with_state=False`` leaves the state to a separate :meth:`save_state` call, which the flow makes while
+        the engines load the weights (the state is twice the model's size: writing it is half the publish)."""
         manifest = self.checkpoints.save(
             self.trainer.state_dict_for_inference(),
             version,
@@ -245,6 +248,17 @@ class TrainerWorker:
             config=config,
             model_id=self.cfg.model,
         )
+        if with_state:
+            self.save_state(version)
+        self.checkpoints.apply_retention(protect=version)
+        return {
+            "version": version,
+            "checkpoint": str(self.checkpoints.weights_path(version)),  # a path, or a URI for a remote store
+            "sha256": manifest.sha256,
+        }
+
+    def save_state(self, version: int) -> int:
+        """Save the optimizer and RNG state reached at ``version`` (what a resume from it restores); returns it."""
         state = io.BytesIO()
         torch.save(
             {
@@ -259,12 +273,7 @@ class TrainerWorker:
         )
         write_bytes_atomic(*self._state_file(version), state.getbuffer())
         self._prune_states(version)
-        self.checkpoints.apply_retention(protect=version)
-        return {
-            "version": version,
-            "checkpoint": str(self.checkpoints.weights_path(version)),  # a path, or a URI for a remote store
-            "sha256": manifest.sha256,
-        }
+        return version
 
     # --- NCCL weight group (trainer = rank 0; tasks/weight_sync.py drives both sides) ---------------------
     def weight_group_port(self) -> int:

@@ -208,12 +208,20 @@ def publish_weights(
     trainer: Any, rollout_actors: list[Any], version: int, config: dict, weight_sync: Any = None
 ) -> dict:
     """Checkpoint ``version`` (weights + optimizer state), then get it into every rollout engine: each loads the
-    checkpoint, or, with an open NCCL group (``weight_sync``, tasks/weight_sync.py), the trainer broadcasts it."""
-    published = trainer.publish(version, config).result()
-    if weight_sync is not None and rollout_actors:
+    checkpoint, or, with an open NCCL group (``weight_sync``, tasks/weight_sync.py), the trainer broadcasts it.
+
+    The trainer writes its optimizer/RNG state while the engines load the weights (a checkpoint load runs on
+    the engines' workers); the task returns once both are done, so the commit marker still comes after both."""
+    if weight_sync is not None and rollout_actors:  # the broadcast needs the trainer actor (one call at a time)
+        published = trainer.publish(version, config).result()
         weight_sync.push(version)
         return published
-    loaded = [f.result() for f in [a.load(published["checkpoint"], version) for a in rollout_actors]]
+    published = trainer.publish(version, config, with_state=False).result()
+    state = trainer.save_state(version)
+    loads = [a.load(published["checkpoint"], version) for a in rollout_actors]
+    loaded = [f.result() for f in loads]
+    if state.result() != version:
+        raise RuntimeError(f"the trainer saved its state as version {state.result()} while publishing {version}")
     if any(v != version for v in loaded):
         raise RuntimeError(f"engines report versions {loaded} after publishing {version}")
     return published

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,38 @@ def plot_curves(history: list[dict[str, Any]], path: Path) -> Path:
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return path
+
+
+class BackgroundReports:
+    """The per-version reports of a flow run, each written while the next iteration runs (a submitted Prefect
+    task, off the iteration's critical path: the PNG, the Prefect artifacts and the MLflow upload took ~1 s per
+    iteration): one in flight at a time, in version order. Used as a context manager inside the run's lineage
+    block: leaving it waits for the last report (re-raising its failure, unless the block is failing already)."""
+
+    def __init__(self) -> None:
+        self._pending: Any = None
+
+    def __enter__(self) -> BackgroundReports:
+        return self
+
+    def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
+        if kind is None:
+            self.wait()
+            return
+        try:  # the run is failing: let the report in flight finish, but keep the run's own error
+            self.wait()
+        except Exception as report_error:
+            logging.getLogger(__name__).warning("the report in flight failed too: %s", report_error)
+
+    def submit(self, run_id: str, history: list[dict[str, Any]], report_dir: Path, recorder: Any = None) -> None:
+        """Start the report of the latest version (after the previous one is done)."""
+        self.wait()
+        self._pending = report_iteration.submit(run_id, history, report_dir, recorder)
+
+    def wait(self) -> str | None:
+        """Wait for the report in flight, if any; returns its PNG path."""
+        pending, self._pending = self._pending, None
+        return None if pending is None else pending.result()
 
 
 @task(name="report-iteration", cache_policy=NO_CACHE, persist_result=False)

@@ -11,7 +11,9 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 from prefect.runtime import flow_run
 
-from tasks.reporting import artifact_key, report_iteration
+import pytest
+
+from tasks.reporting import BackgroundReports, artifact_key, report_iteration
 
 
 @flow(name="report-twice")
@@ -46,3 +48,39 @@ def test_artifact_keys_are_valid_prefect_keys():
     assert artifact_key("Run_A", "metrics") == "run-a-metrics"
     assert artifact_key("evaluate-grpo.demo v2") == "evaluate-grpo-demo-v2"
     assert len(artifact_key("x" * 300)) == 100 and artifact_key("__") == "llmrl"
+
+
+@flow(name="report-in-background")
+def report_in_background(report_dir: str, fail_at: int | None = None) -> tuple[str, list[str]]:
+    """Three versions' reports, each submitted while the "next iteration" (here: reading the previous PNG) runs."""
+    seen = []
+    history: list[dict] = []
+    with BackgroundReports() as reports:
+        for version in (1, 2, 3):
+            history = [*history, {"version": version, "reward_mean": version / 4}]
+            reports.submit("Run_B", history, Path(report_dir))
+            if fail_at == version:
+                raise RuntimeError(f"iteration {version} failed")
+            seen.append(reports.wait() or "")
+    return str(flow_run.get_id()), seen
+
+
+def test_background_reports_give_the_same_artifacts_in_order(tmp_path):
+    run, pngs = report_in_background(str(tmp_path))
+    assert pngs == [str(tmp_path / "curves.png")] * 3
+    artifacts = _artifacts_of(run)
+    assert [a.key for a in artifacts] == ["run-b-curves", "run-b-metrics"]
+    assert [row["version"] for row in json.loads(artifacts[1].data)] == [1, 2, 3]  # the last report landed last
+
+
+def test_a_failing_iteration_keeps_its_own_error_and_waits_for_the_report(tmp_path):
+    with pytest.raises(RuntimeError, match="iteration 2 failed"):
+        report_in_background(str(tmp_path), fail_at=2)
+    assert (tmp_path / "curves.png").is_file()  # the report submitted before the failure was written
+
+
+def test_a_failed_report_is_raised_when_waited_for(tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the report folder should be")
+    with pytest.raises(Exception, match="not-a-folder"):
+        report_in_background(str(blocker))

@@ -67,9 +67,13 @@ class FakeTrainer:
         self.log.append(("trainer", "broadcast", metadata))
         return Done(len(metadata))
 
-    def publish(self, version: int, config: dict) -> Done:
-        self.log.append(("trainer", "publish", version))
+    def publish(self, version: int, config: dict, *, with_state: bool = True) -> Done:
+        self.log.append(("trainer", "publish", version, with_state))
         return Done({"version": version, "checkpoint": f"/ckpt/policy_v{version:06d}.safetensors", "sha256": "x"})
+
+    def save_state(self, version: int) -> Done:
+        self.log.append(("trainer", "save-state", version))
+        return Done(version)
 
 
 def _cfg(*overrides: str) -> GRPOConfig:
@@ -135,6 +139,11 @@ def test_publishing_broadcasts_instead_of_loading_the_checkpoint():
     log.clear()
     stages.publish_weights.fn(trainer, engines, 2, {}, sync)
     assert [entry[:2] for entry in log] == [("trainer", "publish"), ("e0", "receive"), ("trainer", "broadcast")]
+    assert log[0] == ("trainer", "publish", 2, True)  # weights and state in one trainer call before the broadcast
     log.clear()
     stages.publish_weights.fn(trainer, engines, 2, {})  # no group: every engine loads the checkpoint
-    assert log == [("trainer", "publish", 2), ("e0", "load", "/ckpt/policy_v000002.safetensors", 2)]
+    assert log == [  # the state is asked for before the loads, so the trainer writes it while the engines load
+        ("trainer", "publish", 2, False),
+        ("trainer", "save-state", 2),
+        ("e0", "load", "/ckpt/policy_v000002.safetensors", 2),
+    ]
