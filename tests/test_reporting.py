@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 from prefect.runtime import flow_run
-
-import pytest
 
 from tasks.reporting import BackgroundReports, artifact_key, report_iteration
 
