@@ -5,7 +5,9 @@
             -> lineage (MLflow) -> commit
 
 A version is *published* once its commit marker exists (checkpoint, optimizer/RNG state, engines loaded,
-lineage logged, data cursor saved). Running the same run id again resumes after the last published
+lineage logged, data cursor saved). The engines get a new version as soon as its weights file is written; the
+rest of its publish (checkpoint hash and manifest, optimizer state, lineage, marker) completes after the next
+batch's rollouts, which it overlaps. Running the same run id again resumes after the last published
 version: that iteration's partition is rebuilt from scratch (same prompts, same seeds), nothing published
 is repeated. Run it with ``llmrl run grpo [--config x.yaml] [--set section.key=value ...]``.
 """
@@ -27,7 +29,7 @@ from storage.trajectories import TrajectoryStore
 from tasks import grpo_stages as stages
 from tasks.actors import RolloutWorker, TrainerWorker
 from tasks.cluster import dask_cluster
-from tasks.publishing import publish_version
+from tasks.publishing import PendingPublish, publish_version, start_publish
 from tasks.reporting import BackgroundReports
 from tasks.rollout_ahead import RolloutAhead
 from tasks.weight_sync import weight_sync_for
@@ -163,10 +165,14 @@ def grpo(
         ahead = RolloutAhead(cfg, layout.staging_uri, engines, checkpoints, 0, primer_state)
         ahead.fill(start)  # asynchronous runs: rollout.max_staleness batches in flight before training starts
         bar = iteration_bar(cfg, start)
+        pending: PendingPublish | None = None  # the version the engines hold, committed once the next batch is in
         for version in range(start, cfg.iterations):
             t_iter = time.perf_counter()
             ahead.send(version + cfg.rollout.max_staleness)  # sampled by `version` while the trainer trains
             arrived = ahead.take(version)
+            if pending is not None:  # its checkpoint was sealed while the engines sampled this batch
+                pending.complete()
+                pending = None
             batch, shards, next_primer_state = arrived.batch, arrived.shards, arrived.primer_state
             _maybe_fail(cfg, "rollout", version)
             sampled = batch.policy_version
@@ -205,7 +211,7 @@ def grpo(
                 TrajectoryStore(store_uri), sampled, shard_prefix=batch.shard_prefix
             )
             metrics["iteration_s"] = time.perf_counter() - t_iter
-            info = publish_version(
+            pending = start_publish(
                 trainer,
                 engines,
                 version + 1,
@@ -259,6 +265,8 @@ def grpo(
                     100 * metrics["tool_call_rate"],
                     100 * metrics["tool_success_rate"],
                 )
+        if pending is not None:
+            pending.complete()
         if bar is not None:
             bar.close()
     summary = {

@@ -9,12 +9,14 @@ Design choices:
 
 - Any local path or URI works, as for the trajectory store (:func:`storage.filesystems.resolve_filesystem`;
   URI options such as an S3 ``endpoint_override`` stay in the root and in every file URI the store hands
-  out). On a local folder the weights are written in place (temporary name, fsync, rename); elsewhere they
-  are serialised to a local temporary file first, then streamed up under a hidden temporary name and
-  renamed (an object store shows the final object only once it is complete).
+  out). On a local folder the weights are written in place (temporary name, rename; fsync and sha256 when the
+  version is sealed); elsewhere they are serialised to a local temporary file first, then streamed up under a
+  hidden temporary name and renamed (an object store shows the final object only once it is complete).
 - The manifest is the commit marker. Weights are written first, the manifest last; a version exists only
   when its manifest does. A crash in between leaves at most an orphan weights file that no reader sees and
-  the next save of that version replaces.
+  the next save of that version replaces. The two halves can be called apart (:meth:`CheckpointStore.write_weights`,
+  then :meth:`CheckpointStore.seal`): a GRPO trainer hands the written file to the engines on its node and
+  hashes it while they load.
 - Loading checks the file's sha256 against the manifest (on by default) before trusting it.
 - Tensors that share memory (tied embeddings, e.g. ``lm_head.weight`` is ``embed_tokens.weight``)
   are stored once; the manifest's ``aliases`` maps the dropped name to the stored one and loading
@@ -113,6 +115,22 @@ class LoadedCheckpoint:
     state_dict: dict[str, torch.Tensor]
     manifest: CheckpointManifest
     path: Path | str
+
+
+@dataclasses.dataclass(frozen=True)
+class WrittenWeights:
+    """A version's weights file as :meth:`CheckpointStore.write_weights` left it: at its final name, not yet
+    committed (no manifest), with what :meth:`CheckpointStore.seal` writes into the manifest. ``sha256`` and
+    ``size_bytes`` are known already when the store hashed the file on its way up (a remote store)."""
+
+    policy_version: int
+    weights_file: str
+    dtypes: dict[str, int]
+    num_tensors: int
+    num_parameters: int
+    aliases: dict[str, str]
+    sha256: str | None = None
+    size_bytes: int | None = None
 
 
 def _dedupe_shared(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -306,38 +324,92 @@ class CheckpointStore:
         """Write the weights of ``policy_version`` and its manifest atomically; returns the manifest.
 
         Saving a version again replaces it (idempotent re-runs). ``config`` is hashed with
-        :func:`storage.hashing.config_hash` unless ``config_hash`` is given.
+        :func:`storage.hashing.config_hash` unless ``config_hash`` is given. The same as :meth:`write_weights`
+        followed by :meth:`seal`.
+        """
+        _check_parent(policy_version, parent_version)
+        _checked_config_hash(config, config_hash)  # a bad hash fails before anything is written
+        written = self.write_weights(state_dict, policy_version)
+        return self.seal(
+            written,
+            parent_version=parent_version,
+            config=config,
+            config_hash=config_hash,
+            model_id=model_id,
+            metadata=metadata,
+        )
+
+    def write_weights(self, state_dict: Mapping[str, torch.Tensor], policy_version: int) -> WrittenWeights:
+        """The first half of :meth:`save`: the weights file, complete at its final name, but no manifest yet, so
+        the version does not exist for readers of the store until :meth:`seal` commits it.
+
+        On a local folder this is a temporary file renamed into place, without fsync or hash (the seal does both,
+        so a trainer can hand the file to engines on its node first and hash it while they load). A remote store
+        hashes the serialised file before the upload, as it must read it anyway. A manifest left by an earlier save
+        of this version is removed first: it describes other bytes.
         """
         _check_version(policy_version)
-        if parent_version is not None and _check_version(parent_version) >= policy_version:
-            raise CheckpointError(f"parent_version {parent_version} must be lower than policy_version {policy_version}")
-        if config is not None:
-            computed = compute_config_hash(config)
-            if config_hash is not None and config_hash != computed:
-                raise CheckpointError(f"config_hash {config_hash} does not match the given config ({computed})")
-            config_hash = computed
         tensors, aliases = _dedupe_shared(state_dict)
         if not tensors:
             raise CheckpointError("refusing to save an empty state_dict")
         self.fs.create_dir(self._dir, recursive=True)
         name = self._weights_name(policy_version)
+        _remove_quietly(self.fs, self._file(self._manifest_name(policy_version)))
         header = {"policy_version": str(policy_version), "format": "llmrl"}
+        sha: str | None = None
+        size: int | None = None
         if self.local:
-            sha, size = _save_local(tensors, self._file(name), header)
+            _write_local(tensors, self._file(name), header)
         else:
             sha, size = self._save_remote(tensors, self._file(name), header)
         dtypes = Counter(str(t.dtype).removeprefix("torch.") for t in tensors.values())
-        manifest = CheckpointManifest(
+        return WrittenWeights(
             policy_version=policy_version,
-            parent_version=parent_version,
             weights_file=name,
-            sha256=sha,
-            size_bytes=size,
-            dtype=next(iter(dtypes)) if len(dtypes) == 1 else "mixed",
             dtypes=dict(sorted(dtypes.items())),
             num_tensors=len(tensors),
             num_parameters=sum(t.numel() for t in tensors.values()),
             aliases=aliases,
+            sha256=sha,
+            size_bytes=size,
+        )
+
+    def seal(
+        self,
+        written: WrittenWeights,
+        *,
+        parent_version: int | None = None,
+        config: Any = None,
+        config_hash: str | None = None,
+        model_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> CheckpointManifest:
+        """The second half of :meth:`save`: make the written weights durable (fsync), hash them, write the
+        manifest (the version now exists) and apply retention; returns the manifest."""
+        policy_version = written.policy_version
+        _check_parent(policy_version, parent_version)
+        config_hash = _checked_config_hash(config, config_hash)
+        sha, size = written.sha256, written.size_bytes
+        if sha is None or size is None:
+            path = self._file(written.weights_file)
+            if not os.path.isfile(path):
+                raise CheckpointError(
+                    f"{path}: weights file of policy version {policy_version} is missing (not sealed)"
+                )
+            with open(path, "rb+") as fh:
+                os.fsync(fh.fileno())
+            sha, size = file_sha256(path), os.path.getsize(path)
+        manifest = CheckpointManifest(
+            policy_version=policy_version,
+            parent_version=parent_version,
+            weights_file=written.weights_file,
+            sha256=sha,
+            size_bytes=size,
+            dtype=next(iter(written.dtypes)) if len(written.dtypes) == 1 else "mixed",
+            dtypes=dict(written.dtypes),
+            num_tensors=written.num_tensors,
+            num_parameters=written.num_parameters,
+            aliases=dict(written.aliases),
             config_hash=config_hash,
             model_id=model_id,
             created_at=dt.datetime.now(dt.UTC).isoformat(),
@@ -404,20 +476,31 @@ def _check_version(version: int) -> int:
     return version
 
 
-def _save_local(tensors: dict[str, torch.Tensor], path: str, header: dict[str, str]) -> tuple[str, int]:
-    """Write a safetensors file in place: temporary name, fsync, rename; returns its (sha256, size)."""
+def _check_parent(version: int, parent_version: int | None) -> None:
+    _check_version(version)
+    if parent_version is not None and _check_version(parent_version) >= version:
+        raise CheckpointError(f"parent_version {parent_version} must be lower than policy_version {version}")
+
+
+def _checked_config_hash(config: Any, config_hash: str | None) -> str | None:
+    """``config``'s hash (``config_hash`` when no config is given); a given hash that differs is an error."""
+    if config is None:
+        return config_hash
+    computed = compute_config_hash(config)
+    if config_hash is not None and config_hash != computed:
+        raise CheckpointError(f"config_hash {config_hash} does not match the given config ({computed})")
+    return computed
+
+
+def _write_local(tensors: dict[str, torch.Tensor], path: str, header: dict[str, str]) -> None:
+    """Write a safetensors file under a temporary name and rename it into place (readers never see a part)."""
     temp = Path(temp_name_for(path))
     try:
         save_file(tensors, str(temp), metadata=header)
-        with open(temp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        sha = file_sha256(temp)
-        size = temp.stat().st_size
         os.replace(temp, path)
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
-    return sha, size
 
 
 def _write_text_atomic(fs: pafs.FileSystem, path: str, text: str) -> None:

@@ -27,7 +27,7 @@ from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.pipeline.task_config import make_task_env
 from llmrl_core.policies.base import SamplingConfig
 from llmrl_core.policies.vllm_engine import EngineConfig
-from storage.checkpoints import CheckpointStore
+from storage.checkpoints import CheckpointManifest, CheckpointStore, WrittenWeights
 from storage.filesystems import read_bytes, resolve_filesystem, write_bytes_atomic
 from storage.layout import RunLayout
 from storage.trajectories import TrajectoryStore
@@ -221,6 +221,7 @@ class TrainerWorker:
         self.checkpoints = CheckpointStore(
             self.layout.checkpoints_uri, keep_last=cfg.keep_checkpoints, keep_every=cfg.keep_every
         )
+        self._staged: tuple[int, WrittenWeights | CheckpointManifest] | None = None  # stage() -> seal()
 
     def describe(self) -> dict[str, str]:
         """The trainer's device and compute precision, and why (for the run's log and lineage)."""
@@ -236,21 +237,48 @@ class TrainerWorker:
         fs, folder = resolve_filesystem(self.layout.trainer_state_uri)
         return fs, f"{folder}/trainer-v{version}.pt"
 
-    def publish(self, version: int, config: dict[str, Any], *, with_state: bool = True) -> dict[str, Any]:
-        """Checkpoint the weights as ``version`` and save optimizer + RNG state beside it (atomically).
+    def publish(self, version: int, config: dict[str, Any]) -> dict[str, Any]:
+        """Checkpoint the weights as ``version`` and save optimizer + RNG state beside it (atomically):
+        :meth:`stage` then :meth:`seal` in one call."""
+        self.stage(version, config)
+        return self.seal(version, config)
 
-        ``with_state=False`` leaves the state to a separate :meth:`save_state` call, which the flow makes while
-        the engines load the weights (the state is twice the model's size: writing it is half the publish)."""
-        manifest = self.checkpoints.save(
-            self.trainer.state_dict_for_inference(),
-            version,
-            parent_version=version - 1 if version > 0 else None,
-            config=config,
-            model_id=self.cfg.model,
-        )
-        if with_state:
-            self.save_state(version)
-        self.checkpoints.apply_retention(protect=version)
+    def stage(self, version: int, config: dict[str, Any]) -> dict[str, Any]:
+        """Write the weights of ``version`` where the engines load them from; returns ``{"version", "checkpoint"}``.
+
+        On a local store the file is complete at its final path but not yet a version (no fsync, hash or
+        manifest: :meth:`seal` adds them while the engines load it). On a remote store the version is committed
+        here, manifest included: engines on other nodes check the bytes they read against it."""
+        state = self.trainer.state_dict_for_inference()
+        if self.checkpoints.local:
+            self._staged = (version, self.checkpoints.write_weights(state, version))
+        else:
+            manifest = self.checkpoints.save(
+                state,
+                version,
+                parent_version=version - 1 if version > 0 else None,
+                config=config,
+                model_id=self.cfg.model,
+            )
+            self._staged = (version, manifest)
+        return {"version": version, "checkpoint": str(self.checkpoints.weights_path(version))}
+
+    def seal(self, version: int, config: dict[str, Any]) -> dict[str, Any]:
+        """Commit the checkpoint :meth:`stage` wrote (fsync, sha256, manifest, retention) and save the optimizer
+        and RNG state reached at ``version``; returns ``{"version", "checkpoint", "sha256"}``."""
+        staged = self._staged
+        if staged is None or staged[0] != version:
+            raise RuntimeError(f"seal({version}) without stage({version}) first (staged: {staged and staged[0]})")
+        manifest = staged[1]
+        if not isinstance(manifest, CheckpointManifest):
+            manifest = self.checkpoints.seal(
+                manifest,
+                parent_version=version - 1 if version > 0 else None,
+                config=config,
+                model_id=self.cfg.model,
+            )
+        self.save_state(version)
+        self._staged = None
         return {
             "version": version,
             "checkpoint": str(self.checkpoints.weights_path(version)),  # a path, or a URI for a remote store

@@ -203,28 +203,46 @@ def train(trainer: Any, store_uri: str, batch: Batch) -> dict:
     return trainer.train(store_uri, batch.policy_version, batch.shard_prefix, batch.index).result()
 
 
+@dataclass
+class StagedVersion:
+    """A version every rollout engine holds, whose checkpoint the trainer is still sealing (fsync, sha256,
+    manifest, optimizer/RNG state): ``sealing`` is that trainer call; :func:`seal_checkpoint` waits for it."""
+
+    version: int
+    checkpoint: str
+    sealing: Any
+
+
 @task(name="publish-weights", retries=1, **STAGE)
 def publish_weights(
     trainer: Any, rollout_actors: list[Any], version: int, config: dict, weight_sync: Any = None
-) -> dict:
-    """Checkpoint ``version`` (weights + optimizer state), then get it into every rollout engine: each loads the
-    checkpoint, or, with an open NCCL group (``weight_sync``, tasks/weight_sync.py), the trainer broadcasts it.
+) -> StagedVersion:
+    """Get ``version`` into every rollout engine; returns once they all hold it, with the checkpoint's seal under
+    way on the trainer (wait for it with :func:`seal_checkpoint` before the version counts).
 
-    The trainer writes its optimizer/RNG state while the engines load the weights (a checkpoint load runs on
-    the engines' workers); the task returns once both are done, so the commit marker still comes after both."""
-    if weight_sync is not None and rollout_actors:  # the broadcast needs the trainer actor (one call at a time)
-        published = trainer.publish(version, config).result()
+    The trainer writes the weights file first (:meth:`TrainerWorker.stage`); each engine loads it, or, with an
+    open NCCL group (``weight_sync``, tasks/weight_sync.py), the trainer broadcasts instead. The seal (hash,
+    manifest, optimizer state: :meth:`TrainerWorker.seal`) is asked for before the loads are waited for, so the
+    trainer does it while the engines load; after a broadcast, which needs the trainer itself, it comes after."""
+    staged = trainer.stage(version, config).result()
+    if weight_sync is not None and rollout_actors:
         weight_sync.push(version)
-        return published
-    published = trainer.publish(version, config, with_state=False).result()
-    state = trainer.save_state(version)
-    loads = [a.load(published["checkpoint"], version) for a in rollout_actors]
+        return StagedVersion(version, staged["checkpoint"], trainer.seal(version, config))
+    loads = [a.load(staged["checkpoint"], version) for a in rollout_actors]
+    sealing = trainer.seal(version, config)
     loaded = [f.result() for f in loads]
-    if state.result() != version:
-        raise RuntimeError(f"the trainer saved its state as version {state.result()} while publishing {version}")
     if any(v != version for v in loaded):
         raise RuntimeError(f"engines report versions {loaded} after publishing {version}")
-    return published
+    return StagedVersion(version, staged["checkpoint"], sealing)
+
+
+@task(name="seal-checkpoint", **STAGE)
+def seal_checkpoint(staged: StagedVersion) -> dict:
+    """Wait for the trainer to seal ``staged``'s checkpoint; returns ``{"version", "checkpoint", "sha256"}``."""
+    info = staged.sealing.result()
+    if info["version"] != staged.version:
+        raise RuntimeError(f"the trainer sealed version {info['version']} while publishing {staged.version}")
+    return info
 
 
 def marker_path(run_dir: Path, version: int) -> Path:

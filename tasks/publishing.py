@@ -1,20 +1,24 @@
 """Publishing a policy version, shared by the grpo, sft and offline flows.
 
-One call does what makes a version count, in order: checkpoint (weights + optimizer/RNG state) and load
-into the rollout engines, MLflow lineage, the commit marker (written last), then the per-version report (which
-the GRPO flow lets run beside its next iteration).
+What makes a version count, in order: its weights written and loaded into the rollout engines, its checkpoint
+sealed (sha256, manifest, optimizer/RNG state: on the trainer, while the engines load), MLflow lineage, the
+commit marker (written last), then the per-version report. :func:`publish_version` does it all in one call;
+:func:`start_publish` stops once the engines hold the version and leaves the rest to
+:meth:`PendingPublish.complete`, which the GRPO flow calls after the next batch's rollouts (the seal and the
+report run beside them).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from storage.checkpoints import CheckpointStore
 from storage.lineage import DataRef, LineageRecorder
-from tasks.grpo_stages import commit_version, marker_path, publish_weights
+from tasks.grpo_stages import StagedVersion, commit_version, marker_path, publish_weights, seal_checkpoint
 from tasks.reporting import BackgroundReports, report_iteration
 
 
@@ -30,7 +34,49 @@ def version_history(run_dir: Path, upto: int) -> list[dict[str, Any]]:
     return rows
 
 
-def publish_version(
+@dataclass
+class PendingPublish:
+    """A version the rollout engines already hold whose commit is still to come: :meth:`complete` waits for the
+    trainer's seal of its checkpoint, logs its lineage, writes the commit marker and starts its report.
+
+    The GRPO flow completes it after the next batch's rollouts arrived, so the hash and the optimizer state are
+    written while the engines sample; until then the version is not published (a resume starts before it)."""
+
+    staged: StagedVersion
+    run_id: str
+    run_dir: Path
+    checkpoints: CheckpointStore
+    lineage: LineageRecorder
+    data: Sequence[DataRef]
+    metrics: dict[str, float]
+    primer_state: dict | None
+    reports: BackgroundReports | None
+
+    @property
+    def version(self) -> int:
+        """The version being published."""
+        return self.staged.version
+
+    def complete(self) -> dict[str, Any]:
+        """Commit the version (see the class); returns the checkpoint info (path, sha256)."""
+        version = self.staged.version
+        info = seal_checkpoint(self.staged)
+        self.lineage.log_version(
+            version, checkpoint=self.checkpoints.manifest(version), data=list(self.data), metrics=self.metrics or None
+        )
+        commit_version(self.run_dir, version, self.primer_state, self.metrics)
+        if version > 0 and self.reports is not None:
+            self.reports.submit(
+                self.run_id, version_history(self.run_dir, version), self.run_dir / "reports", self.lineage
+            )
+        elif version > 0:
+            report_iteration(
+                self.run_id, version_history(self.run_dir, version), self.run_dir / "reports", self.lineage
+            )
+        return info
+
+
+def start_publish(
     trainer: Any,
     engines: Sequence[Any],
     version: int,
@@ -45,15 +91,18 @@ def publish_version(
     primer_state: dict | None = None,
     weight_sync: Any = None,
     reports: BackgroundReports | None = None,
-) -> dict[str, Any]:
-    """Publish ``version``; returns the checkpoint info (path, sha256). ``weight_sync``: an open NCCL weight group
-    (tasks/weight_sync.py) that carries the weights to the engines instead of a checkpoint load. ``reports``: the
-    version's report is written in the background (beside the next iteration) instead of before returning."""
-    info = publish_weights(trainer, list(engines), version, config, weight_sync)
-    lineage.log_version(version, checkpoint=checkpoints.manifest(version), data=list(data), metrics=metrics or None)
-    commit_version(run_dir, version, primer_state, metrics or {})
-    if version > 0 and reports is not None:
-        reports.submit(run_id, version_history(run_dir, version), run_dir / "reports", lineage)
-    elif version > 0:
-        report_iteration(run_id, version_history(run_dir, version), run_dir / "reports", lineage)
-    return info
+) -> PendingPublish:
+    """Load ``version`` into the engines (the trainer seals its checkpoint meanwhile) and return what is left to
+    do to publish it. ``weight_sync``: an open NCCL weight group (tasks/weight_sync.py) that carries the weights to
+    the engines instead of a checkpoint load. ``reports``: the version's report is written in the background
+    (beside the next iteration) instead of before :meth:`PendingPublish.complete` returns."""
+    staged = publish_weights(trainer, list(engines), version, config, weight_sync)
+    return PendingPublish(
+        staged, run_id, run_dir, checkpoints, lineage, list(data), metrics or {}, primer_state, reports
+    )
+
+
+def publish_version(trainer: Any, engines: Sequence[Any], version: int, config: dict, **publish: Any) -> dict[str, Any]:
+    """Publish ``version`` now: :func:`start_publish` (same arguments) and complete it; returns the checkpoint
+    info (path, sha256)."""
+    return start_publish(trainer, engines, version, config, **publish).complete()

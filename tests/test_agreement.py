@@ -3,6 +3,8 @@ diagnostics, and the alarm when the trainer holds other weights than the engine 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -156,6 +158,14 @@ def test_trainer_worker_takes_the_loss_menu_lora_and_checkpointing_from_the_conf
     assert not [k for k in published if "lora_" in k or "base_layer" in k]
     changed = [k for k, v in published.items() if k in base and not torch.allclose(v, base[k])]
     assert changed and all("proj" in k for k in changed)  # merged LoRA deltas, only on the adapted linears
+    store = CheckpointStore(worker.layout.checkpoints_dir)
+    staged = worker.stage(2, {"test": True})  # the file the engines load: written, not yet a version
+    assert Path(staged["checkpoint"]).is_file() and store.versions() == [1]
+    with pytest.raises(RuntimeError, match=r"seal\(3\) without stage\(3\) first \(staged: 2\)"):
+        worker.seal(3, {"test": True})
+    sealed = worker.seal(2, {"test": True})
+    assert store.versions() == [1, 2] and sealed["sha256"] == store.manifest(2).sha256
+    assert store.manifest(2).parent_version == 1 and store.load(2).manifest.num_tensors > 0  # sha256 verified
 
     fresh = TrainerWorker(cfg, default_model_path, RunLayout(cfg.run_id, runs))
     fresh.restore(1)

@@ -104,6 +104,33 @@ def test_crash_while_writing_weights_leaves_no_file(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == [] and store.versions() == []
 
 
+def test_written_weights_count_only_once_sealed(tmp_path):
+    """write_weights puts the complete file at its final name (engines may load it) but the version exists only
+    after seal (fsync, sha256, manifest); rewriting a sealed version withdraws its old manifest first."""
+    store = CheckpointStore(tmp_path)
+    store.save(_tiny(0), 0)
+    written = store.write_weights(_tiny(1), 1)
+    assert written.sha256 is None and written.num_tensors == 2 and written.dtypes == {"bfloat16": 1, "float32": 1}
+    assert store.versions() == [0] and store.weights_path(1).is_file()  # on disk, not a version yet
+    from safetensors.torch import load_file
+
+    assert torch.equal(load_file(str(store.weights_path(1)))["w"], _tiny(1)["w"])  # complete already
+    with pytest.raises(CheckpointError, match="no checkpoint for policy version 1"):
+        store.load(1)
+    manifest = store.seal(written, parent_version=0, config={"a": 1})
+    assert store.versions() == [0, 1] and manifest.parent_version == 0
+    assert manifest.sha256 == hashlib.sha256(store.weights_path(1).read_bytes()).hexdigest()
+    assert manifest.size_bytes == store.weights_path(1).stat().st_size
+    assert store.load(1).manifest == manifest
+    store.write_weights(_tiny(5), 1)  # a re-run of version 1: the old manifest no longer describes the file
+    assert store.versions() == [0]
+    with pytest.raises(CheckpointError, match="parent_version 1 must be lower than policy_version 1"):
+        store.seal(written, parent_version=1)
+    store.weights_path(1).unlink()
+    with pytest.raises(CheckpointError, match="weights file of policy version 1 is missing"):
+        store.seal(written)
+
+
 def test_corruption_is_detected(tmp_path):
     store = CheckpointStore(tmp_path)
     store.save(_tiny(0), 0)
@@ -217,6 +244,15 @@ def test_a_store_on_any_uri_saves_loads_verifies_and_retains(remote_root):
         store.load(7)
     store.delete(2)
     assert store.versions() == [1]
+
+
+def test_a_remote_store_hashes_on_the_way_up_and_seals_with_the_manifest(remote_root):
+    store = CheckpointStore(remote_root)
+    written = store.write_weights(_tied(3), 3)
+    assert written.sha256 is not None and written.aliases == {"head": "embed"} and store.versions() == []
+    manifest = store.seal(written)
+    assert store.versions() == [3] and manifest.sha256 == written.sha256
+    assert hashlib.sha256(store.read_weights(3)).hexdigest() == manifest.sha256
 
 
 def test_a_failed_upload_leaves_nothing_visible_on_a_remote_store(remote_root, monkeypatch):

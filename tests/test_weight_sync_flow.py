@@ -67,13 +67,13 @@ class FakeTrainer:
         self.log.append(("trainer", "broadcast", metadata))
         return Done(len(metadata))
 
-    def publish(self, version: int, config: dict, *, with_state: bool = True) -> Done:
-        self.log.append(("trainer", "publish", version, with_state))
-        return Done({"version": version, "checkpoint": f"/ckpt/policy_v{version:06d}.safetensors", "sha256": "x"})
+    def stage(self, version: int, config: dict) -> Done:
+        self.log.append(("trainer", "stage", version))
+        return Done({"version": version, "checkpoint": f"/ckpt/policy_v{version:06d}.safetensors"})
 
-    def save_state(self, version: int) -> Done:
-        self.log.append(("trainer", "save-state", version))
-        return Done(version)
+    def seal(self, version: int, config: dict) -> Done:
+        self.log.append(("trainer", "seal", version))
+        return Done({"version": version, "checkpoint": f"/ckpt/policy_v{version:06d}.safetensors", "sha256": "x"})
 
 
 def _cfg(*overrides: str) -> GRPOConfig:
@@ -137,13 +137,23 @@ def test_publishing_broadcasts_instead_of_loading_the_checkpoint():
     engines, trainer = [FakeEngine("e0", 1, log)], FakeTrainer(log)
     sync = NcclWeightSync(trainer, engines, "tcp://127.0.0.1:1").open()
     log.clear()
-    stages.publish_weights.fn(trainer, engines, 2, {}, sync)
-    assert [entry[:2] for entry in log] == [("trainer", "publish"), ("e0", "receive"), ("trainer", "broadcast")]
-    assert log[0] == ("trainer", "publish", 2, True)  # weights and state in one trainer call before the broadcast
-    log.clear()
-    stages.publish_weights.fn(trainer, engines, 2, {})  # no group: every engine loads the checkpoint
-    assert log == [  # the state is asked for before the loads, so the trainer writes it while the engines load
-        ("trainer", "publish", 2, False),
-        ("trainer", "save-state", 2),
-        ("e0", "load", "/ckpt/policy_v000002.safetensors", 2),
+    staged = stages.publish_weights.fn(trainer, engines, 2, {}, sync)
+    # the weights file is written, then broadcast; the seal (hash, manifest, state) needs the trainer: it comes after
+    assert log == [
+        ("trainer", "stage", 2),
+        ("e0", "receive", METADATA, 2),
+        ("trainer", "broadcast", METADATA),
+        ("trainer", "seal", 2),
     ]
+    assert stages.seal_checkpoint.fn(staged)["sha256"] == "x"
+    log.clear()
+    staged = stages.publish_weights.fn(trainer, engines, 2, {})  # no group: every engine loads the checkpoint
+    assert log == [  # the seal is asked for before the loads are awaited, so the trainer does it while they load
+        ("trainer", "stage", 2),
+        ("e0", "load", "/ckpt/policy_v000002.safetensors", 2),
+        ("trainer", "seal", 2),
+    ]
+    assert staged.version == 2 and staged.checkpoint == "/ckpt/policy_v000002.safetensors"
+    staged.version = 3
+    with pytest.raises(RuntimeError, match="the trainer sealed version 2 while publishing 3"):
+        stages.seal_checkpoint.fn(staged)
