@@ -6,14 +6,16 @@ real ones, so nothing is converted or compiled again, and no running ``llmrl ui`
 
 - the Prefect database of that home (``prefect/prefect.db``, table ``task_run``): start and end of every task
   run (``load-prompts``, ``rollout``, ``advantages``, ``write-trajectories``, ``train``, ``publish-weights``,
-  ``commit-version``, ``report-iteration``). Iteration ``k`` is the span from its ``load-prompts`` start to the
+  ``seal-checkpoint`` (the previous version's, after this iteration's rollouts), ``commit-version``,
+  ``report-iteration``). Iteration ``k`` is the span from its ``load-prompts`` start to the
   next iteration's ``load-prompts`` start (the last one: to the end of its last task);
 - the commit markers ``RUN/state/published-v<N>.json``: the metrics the flow records per version, of which
   ``rollout_s`` (the rollout actor's own time for its stage, engine generation included) and ``step_time_s``
   (the trainer's optimizer step) are the compute inside the iteration.
 
 Everything else in the span is orchestration: task calls, Dask actor calls, Parquet stages, checkpoint +
-optimizer state + engine reload (``publish-weights``), MLflow lineage writes and the report.
+engine reload (``publish-weights``), waiting for the checkpoint's seal (``seal-checkpoint``), MLflow lineage writes
+and the report.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ TASKS = (
     "write-trajectories",
     "train",
     "publish-weights",
+    "seal-checkpoint",
     "commit-version",
     "report-iteration",
 )
@@ -97,7 +100,10 @@ class Iteration:
             - m.get("rollout_s", 0.0),
             "train task - step time (Dask call, Parquet read, samples)": self.task_seconds("train")
             - self.train_compute,
-            "publish-weights (checkpoint, optimizer state, engine reload)": self.task_seconds("publish-weights"),
+            "publish-weights (weights file, engine reload)": self.task_seconds("publish-weights"),
+            "seal-checkpoint (waiting for the trainer's hash, manifest, optimizer state)": self.task_seconds(
+                "seal-checkpoint"
+            ),
             "advantages (Parquet read + rewrite)": self.task_seconds("advantages"),
             "write-trajectories (Parquet staging -> store)": self.task_seconds("write-trajectories"),
             "report-iteration (PNG, Prefect artifacts, MLflow artifact)": self.task_seconds("report-iteration"),
@@ -189,9 +195,10 @@ def run_flow(overrides: list[str], root: Path | None = None, run_id: str = "benc
 
 
 def _publish_split(run_dir: Path, version: int, tasks: list[TaskRun]) -> dict[str, float]:
-    """The publish-weights task of ``version`` split by the times its files were finished (the trainer writes the
-    weights, hashes them and writes the manifest, then saves optimizer + RNG state; the engines reload last).
-    Empty when retention already removed the files of that version."""
+    """The publish-weights task of ``version`` split by the times its files were finished: the trainer writes the
+    weights file, the engines load it (to the task's end); meanwhile the trainer seals the checkpoint (hash +
+    manifest, then optimizer + RNG state), which may end after the task (it overlaps the next rollout). Empty when
+    retention already removed the files of that version."""
     files = [
         run_dir / "checkpoints" / f"policy_v{version:06d}.safetensors",
         run_dir / "checkpoints" / f"policy_v{version:06d}.manifest.json",
@@ -200,14 +207,14 @@ def _publish_split(run_dir: Path, version: int, tasks: list[TaskRun]) -> dict[st
     if len(tasks) != 1 or not all(f.exists() for f in files):
         return {}
     task = tasks[0]
-    marks = [task.start] + [f.stat().st_mtime for f in files] + [task.end]
-    names = (
-        "merged state dict + weights file written (safetensors)",
-        "sha256 of the weights + manifest",
-        "optimizer + RNG state (torch.save)",
-        "engine reload(s) + task return",
-    )
-    return {name: b - a for name, a, b in zip(names, marks, marks[1:], strict=False)}
+    weights, manifest, state = (f.stat().st_mtime for f in files)
+    return {
+        "merged state dict + weights file written (safetensors)": weights - task.start,
+        "engine reload(s) + task return": task.end - weights,
+        "beside it, on the trainer: sha256 of the weights + manifest": manifest - weights,
+        "beside it, on the trainer: optimizer + RNG state (torch.save)": state - manifest,
+        "  of which after the task ended (overlapping the next rollout)": max(0.0, state - task.end),
+    }
 
 
 def _task_runs(db: Path) -> list[TaskRun]:
