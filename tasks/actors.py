@@ -177,6 +177,8 @@ class RolloutWorker(RolloutActor):
 class TrainerWorker:
     """The resident policy model, its optimizer and the checkpoint store of the run."""
 
+    _staged: tuple[int, WrittenWeights | CheckpointManifest] | None = None  # what stage() wrote, for seal()
+
     def __init__(self, cfg: GRPOConfig, model: str | None = None, layout: RunLayout | None = None) -> None:
         """``model``: a model reference (default ``cfg.model``), resolved on this worker (see
         :class:`RolloutWorker`); ``layout``: where the run's checkpoints and trainer states live (default
@@ -221,7 +223,6 @@ class TrainerWorker:
         self.checkpoints = CheckpointStore(
             self.layout.checkpoints_uri, keep_last=cfg.keep_checkpoints, keep_every=cfg.keep_every
         )
-        self._staged: tuple[int, WrittenWeights | CheckpointManifest] | None = None  # stage() -> seal()
 
     def describe(self) -> dict[str, str]:
         """The trainer's device and compute precision, and why (for the run's log and lineage)."""
