@@ -36,7 +36,7 @@ import re
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -383,9 +383,12 @@ class CheckpointStore:
         config_hash: str | None = None,
         model_id: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        protect: Iterable[int] = (),
     ) -> CheckpointManifest:
         """The second half of :meth:`save`: make the written weights durable (fsync), hash them, write the
-        manifest (the version now exists) and apply retention; returns the manifest."""
+        manifest (the version now exists) and apply retention, which keeps this version and those in ``protect``
+        (e.g. the ones a resume still needs while this version is not committed by its caller); returns the
+        manifest."""
         policy_version = written.policy_version
         _check_parent(policy_version, parent_version)
         config_hash = _checked_config_hash(config, config_hash)
@@ -416,7 +419,7 @@ class CheckpointStore:
             metadata=dict(metadata or {}),
         )
         _write_text_atomic(self.fs, self._file(self._manifest_name(policy_version)), manifest.to_json())
-        self.apply_retention(protect=policy_version)
+        self.apply_retention(protect={policy_version, *protect})
         return manifest
 
     def _save_remote(self, tensors: dict[str, torch.Tensor], path: str, header: dict[str, str]) -> tuple[str, int]:
@@ -452,10 +455,11 @@ class CheckpointStore:
             keep |= {v for v in versions if v % self.keep_every == 0}
         return keep
 
-    def apply_retention(self, protect: int | None = None) -> list[int]:
-        """Delete versions the policy does not keep (never ``protect``); returns the deleted versions."""
+    def apply_retention(self, protect: int | Iterable[int] | None = None) -> list[int]:
+        """Delete versions the policy does not keep (never those in ``protect``); returns the deleted versions."""
         versions = self.versions()
-        keep = self.retained(versions) | ({protect} if protect is not None else set())
+        protected = {protect} if isinstance(protect, int) else set(protect or ())
+        keep = self.retained(versions) | protected
         removed = [v for v in versions if v not in keep]
         for version in removed:
             self.delete(version)

@@ -250,18 +250,8 @@ class TrainerWorker:
         On a local store the file is complete at its final path but not yet a version (no fsync, hash or
         manifest: :meth:`seal` adds them while the engines load it). On a remote store the version is committed
         here, manifest included: engines on other nodes check the bytes they read against it."""
-        state = self.trainer.state_dict_for_inference()
-        if self.checkpoints.local:
-            self._staged = (version, self.checkpoints.write_weights(state, version))
-        else:
-            manifest = self.checkpoints.save(
-                state,
-                version,
-                parent_version=version - 1 if version > 0 else None,
-                config=config,
-                model_id=self.cfg.model,
-            )
-            self._staged = (version, manifest)
+        written = self.checkpoints.write_weights(self.trainer.state_dict_for_inference(), version)
+        self._staged = (version, written if self.checkpoints.local else self._commit(written, config))
         return {"version": version, "checkpoint": str(self.checkpoints.weights_path(version))}
 
     def seal(self, version: int, config: dict[str, Any]) -> dict[str, Any]:
@@ -272,12 +262,7 @@ class TrainerWorker:
             raise RuntimeError(f"seal({version}) without stage({version}) first (staged: {staged and staged[0]})")
         manifest = staged[1]
         if not isinstance(manifest, CheckpointManifest):
-            manifest = self.checkpoints.seal(
-                manifest,
-                parent_version=version - 1 if version > 0 else None,
-                config=config,
-                model_id=self.cfg.model,
-            )
+            manifest = self._commit(manifest, config)
         self.save_state(version)
         self._staged = None
         return {
@@ -285,6 +270,25 @@ class TrainerWorker:
             "checkpoint": str(self.checkpoints.weights_path(version)),  # a path, or a URI for a remote store
             "sha256": manifest.sha256,
         }
+
+    def _commit(self, written: WrittenWeights, config: dict[str, Any]) -> CheckpointManifest:
+        """Seal ``written`` in the checkpoint store (hash, manifest, retention)."""
+        version = written.policy_version
+        return self.checkpoints.seal(
+            written,
+            parent_version=version - 1 if version > 0 else None,
+            config=config,
+            model_id=self.cfg.model,
+            protect=self._resume_needs(version),
+        )
+
+    def _resume_needs(self, version: int) -> range:
+        """The checkpoints a resume may need while ``version`` is sealed but not committed: the last committed
+        version (``version - 1`` at the latest: the flow commits a version before it publishes the next) and the
+        ``rollout.max_staleness`` versions before it, whose checkpoints re-sample its unpublished batches.
+        Retention keeps them even when ``keep_checkpoints`` alone would not."""
+        staleness = self.cfg.rollout.max_staleness if isinstance(self.cfg, GRPOConfig) else 0
+        return range(max(0, version - 1 - staleness), version)
 
     def save_state(self, version: int) -> int:
         """Save the optimizer and RNG state reached at ``version`` (what a resume from it restores); returns it."""

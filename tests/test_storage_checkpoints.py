@@ -131,6 +131,20 @@ def test_written_weights_count_only_once_sealed(tmp_path):
         store.seal(written)
 
 
+def test_a_seal_keeps_the_versions_it_is_told_to_protect(tmp_path):
+    """keep_last=1 alone would drop version 2 when 3 is sealed; a trainer whose version 3 is not committed yet
+    protects 2 (what a resume from the last commit loads) until the next seal."""
+    store = CheckpointStore(tmp_path, keep_last=1)
+    for version in range(3):
+        store.save(_tiny(version), version)
+    assert store.versions() == [2]
+    store.seal(store.write_weights(_tiny(3), 3), protect=range(2, 3))
+    assert store.versions() == [2, 3]
+    store.seal(store.write_weights(_tiny(4), 4), protect=[3])
+    assert store.versions() == [3, 4]
+    assert store.apply_retention(protect=None) == [3] and store.versions() == [4]
+
+
 def test_corruption_is_detected(tmp_path):
     store = CheckpointStore(tmp_path)
     store.save(_tiny(0), 0)

@@ -157,3 +157,15 @@ def test_publishing_broadcasts_instead_of_loading_the_checkpoint():
     staged.version = 3
     with pytest.raises(RuntimeError, match="the trainer sealed version 2 while publishing 3"):
         stages.seal_checkpoint.fn(staged)
+
+
+def test_a_trainer_protects_the_checkpoints_a_resume_needs_until_its_version_is_committed():
+    """Sealing v keeps v - 1 (the last commit) and, in an asynchronous run, the max_staleness versions before it
+    (they re-sample the unpublished batches)."""
+    from tasks.actors import TrainerWorker
+
+    trainer = TrainerWorker.__new__(TrainerWorker)  # only the config matters here
+    trainer.cfg = _cfg()
+    assert list(trainer._resume_needs(5)) == [4] and list(trainer._resume_needs(0)) == []
+    trainer.cfg = _cfg("rollout.max_staleness=2")
+    assert list(trainer._resume_needs(5)) == [2, 3, 4] and list(trainer._resume_needs(1)) == [0]
