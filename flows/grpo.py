@@ -96,6 +96,7 @@ def grpo(
     preflight(cfg)  # before any task, cluster, engine or write
     layout = RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir)  # a remote runs_dir: the workers' data goes there
     run_dir, store_uri = layout.run_dir, layout.trajectories_uri
+    fetched = stages.fetch_markers(run_dir, layout.markers_uri)  # a remote runs_dir: versions another host committed
     published = stages.latest_published(run_dir)
     start = published[0] if published else 0
     primer_state = published[1]["primer_state"] if published else None
@@ -106,6 +107,8 @@ def grpo(
         start,
         cfg.iterations,
     )
+    if fetched:
+        log.info("versions %s were committed from another flow host (markers fetched from runs_dir)", fetched)
     lineage = LineageRecorder(
         run_dir,
         pipeline="grpo",
@@ -156,6 +159,7 @@ def grpo(
             lineage=lineage,
             weight_sync=weight_sync,
             reports=reports,
+            markers_uri=layout.markers_uri,
         )
         if published is None:
             info = publish_version(trainer, engines, 0, config_dict, **published_to)

@@ -24,8 +24,10 @@ URI, so no worker needs the flow host's disk::
 
 and what only the flow host touches stays on its disk, under its own runs root (``$LLMRL_RUNS_DIR`` /
 ``$LLMRL_HOME/runs``): the run's ``config.json``, commit markers (``state/published-v<v>.json``),
-reports, lineage and the MLflow store. A resume therefore starts from the same flow host (or a copy of
-its run folder).
+reports, lineage and the MLflow store. The GRPO flow also writes each commit marker to
+``URI/<RUN>/state/`` (:attr:`RunLayout.markers_uri`) and fetches the ones its host lacks before it resumes, so a
+resume may start from another flow host; that host's MLflow store then holds a new MLflow run for the versions it
+trains, unless ``tracking_uri`` names a server both hosts use.
 """
 
 from __future__ import annotations
@@ -102,6 +104,12 @@ class RunLayout:
     def trainer_state_uri(self) -> str:
         """Folder (path or URI) of the trainer's optimizer and RNG states."""
         return self._data("state")
+
+    @property
+    def markers_uri(self) -> str | None:
+        """Where the flow copies its commit markers when the workers' data is remote (``DATA_URI/<RUN>/state``,
+        beside the trainer states), so that a resume from another flow host finds them; None for a local run."""
+        return self._data("state") if self.data_uri else None
 
     @property
     def trajectories_uri(self) -> str:

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow.fs as pafs
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -23,7 +24,7 @@ from llmrl_core.envs.transforms.kl import kl_reward_penalty
 from llmrl_core.envs.types import PromptRow
 from llmrl_core.objectives import mc_advantage
 from llmrl_core.pipeline.grpo_config import GRPOConfig
-from storage.filesystems import join_uri
+from storage.filesystems import join_uri, read_bytes, resolve_filesystem, write_bytes_atomic
 from storage.trajectories import TrajectoryStore
 from tasks.records import read_shards
 
@@ -265,14 +266,45 @@ def latest_published(run_dir: Path) -> tuple[int, dict] | None:
 
 
 @task(name="commit-version", **STAGE)
-def commit_version(run_dir: Path, version: int, primer_state: dict | None, metrics: dict) -> str:
-    """Mark ``version`` fully published: the data cursor for its rollouts and the iteration's metrics."""
+def commit_version(
+    run_dir: Path, version: int, primer_state: dict | None, metrics: dict, markers_uri: str | None = None
+) -> str:
+    """Mark ``version`` fully published: the data cursor for its rollouts and the iteration's metrics.
+
+    ``markers_uri``: a folder of the data store (:attr:`RunLayout.markers_uri`) that gets the same marker first,
+    so a flow on another host can resume the run (:func:`fetch_markers`)."""
+    text = json.dumps({"version": version, "primer_state": primer_state, "metrics": metrics}, indent=2)
+    if markers_uri is not None:
+        fs, folder = resolve_filesystem(markers_uri)
+        write_bytes_atomic(fs, f"{folder}/{marker_path(run_dir, version).name}", text.encode())
     path = marker_path(run_dir, version)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({"version": version, "primer_state": primer_state, "metrics": metrics}, indent=2))
+    tmp.write_text(text)
     os.replace(tmp, path)
     return str(path)
+
+
+def fetch_markers(run_dir: Path, markers_uri: str | None) -> list[int]:
+    """Copy the commit markers this flow host lacks from ``markers_uri`` into ``run_dir/state`` (a run started or
+    continued on another host); returns the versions copied. Nothing to do without a ``markers_uri``."""
+    if markers_uri is None:
+        return []
+    fs, folder = resolve_filesystem(markers_uri)
+    copied = []
+    for entry in fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True)):
+        name = entry.base_name
+        stem = name.removeprefix("published-v").removesuffix(".json")
+        if not (name.startswith("published-v") and name.endswith(".json") and stem.isdigit()):
+            continue
+        path = marker_path(run_dir, int(stem))
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_bytes(read_bytes(fs, entry.path))
+            os.replace(tmp, path)
+            copied.append(int(stem))
+    return sorted(copied)
 
 
 def save_run_config(run_dir: Path, config: dict) -> Path:

@@ -51,6 +51,7 @@ class PendingPublish:
     metrics: dict[str, float]
     primer_state: dict | None
     reports: BackgroundReports | None
+    markers_uri: str | None = None
 
     @property
     def version(self) -> int:
@@ -64,7 +65,7 @@ class PendingPublish:
         self.lineage.log_version(
             version, checkpoint=self.checkpoints.manifest(version), data=list(self.data), metrics=self.metrics or None
         )
-        commit_version(self.run_dir, version, self.primer_state, self.metrics)
+        commit_version(self.run_dir, version, self.primer_state, self.metrics, self.markers_uri)
         if version > 0 and self.reports is not None:
             self.reports.submit(
                 self.run_id, version_history(self.run_dir, version), self.run_dir / "reports", self.lineage
@@ -91,14 +92,16 @@ def start_publish(
     primer_state: dict | None = None,
     weight_sync: Any = None,
     reports: BackgroundReports | None = None,
+    markers_uri: str | None = None,
 ) -> PendingPublish:
     """Load ``version`` into the engines (the trainer seals its checkpoint meanwhile) and return what is left to
     do to publish it. ``weight_sync``: an open NCCL weight group (tasks/weight_sync.py) that carries the weights to
     the engines instead of a checkpoint load. ``reports``: the version's report is written in the background
-    (beside the next iteration) instead of before :meth:`PendingPublish.complete` returns."""
+    (beside the next iteration) instead of before :meth:`PendingPublish.complete` returns. ``markers_uri``: where
+    the commit marker is copied for other flow hosts (:func:`tasks.grpo_stages.commit_version`)."""
     staged = publish_weights(trainer, list(engines), version, config, weight_sync)
     return PendingPublish(
-        staged, run_id, run_dir, checkpoints, lineage, list(data), metrics or {}, primer_state, reports
+        staged, run_id, run_dir, checkpoints, lineage, list(data), metrics or {}, primer_state, reports, markers_uri
     )
 
 

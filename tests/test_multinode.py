@@ -4,7 +4,9 @@ A ``dask scheduler`` and three ``dask worker`` processes (two with ``ROLLOUT=1``
 started by hand on 127.0.0.1, each with its own ``LLMRL_HOME`` and ``HOME`` (nothing of the flow host's caches
 is visible to them: each node resolves the packaged model itself). ``llmrl run grpo --set dask.address=...``
 then runs two iterations on them; both engines must have rolled out every version, versions 1 and 2 must be
-published, and every process must be gone at the end.
+published, and every process must be gone at the end. A second flow host (its own ``LLMRL_HOME``, nothing of the
+first one's disk) then resumes the run with ``iterations=3``: from the commit markers the first host copied into
+the bucket, at version 2, with no rollout repeated or lost.
 
 No node shares a disk with another: ``runs_dir`` is an S3 bucket (moto on 127.0.0.1), where the workers write and
 read the trajectories, staging shards, checkpoints and trainer state; the flow host keeps its own records (config,
@@ -162,18 +164,50 @@ def _actor_count_on_worker() -> Any:
 
 
 @pytest.mark.slow
+def _with(settings: list[str], **changes: object) -> list[str]:
+    """``settings`` (``key=value`` items) with ``changes`` applied."""
+    kept = [item for item in settings if item.partition("=")[0] not in changes]
+    return kept + [f"{key}={value}" for key, value in changes.items()]
+
+
+def _run_flow(
+    host: str, settings: list[str], nodes: dict[str, Path], logs: dict[str, Path], procs: list, s3_server: Any
+) -> subprocess.Popen:
+    """``llmrl run grpo`` on flow host ``host`` (its own ``LLMRL_HOME``) against the cluster; waits for it to
+    succeed (the logs of every node on failure) and returns its process."""
+    start = time.perf_counter()
+    flow = _start(
+        [str(BIN / "llmrl"), "run", "grpo", *(a for s in settings for a in ("--set", s))],
+        _node_env(nodes[host], **s3_server.env),
+        logs[host],
+        REPO,
+    )
+    procs.insert(0, flow)
+    try:
+        code = flow.wait(timeout=900)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the flow on {host} did not finish in 15 minutes:\n" + _tail(logs[host]))
+    print(f"{host}: {time.perf_counter() - start:.1f} s")
+    for line in logs[host].read_text(errors="replace").splitlines():  # where the time went (pytest -s)
+        if any(key in line for key in ("resident", "published", "Created flow run", "Finished in state")):
+            print(line[:200])
+    assert code == 0, "\n".join(f"--- {n}\n{_tail(p, 3000)}" for n, p in logs.items() if p.exists())
+    return flow
+
+
 def test_grpo_on_a_joined_cluster_of_separate_nodes(tmp_path, default_model_path, s3_server):
     from dask.distributed import Client
 
     from storage.checkpoints import CheckpointStore
     from storage.trajectories import TrajectoryStore
 
-    nodes = {name: tmp_path / name for name in ("scheduler", "rollout-0", "rollout-1", "trainer", "flow")}
+    nodes = {name: tmp_path / name for name in ("scheduler", "rollout-0", "rollout-1", "trainer", "flow", "flow-2")}
     for name in ("rollout-0", "rollout-1", "trainer"):
         _install_model(default_model_path, nodes[name])  # each node prepared the packaged model once
     runs = s3_server.uri("runs")  # the only place all nodes reach
     nodes["flow"].mkdir(parents=True)
-    hide = [nodes["flow"], Path.home() / ".cache"]
+    nodes["flow-2"].mkdir(parents=True)  # a second flow host, which resumes the run: no disk shared with the first
+    hide = [nodes["flow"], nodes["flow-2"], Path.home() / ".cache"]
     hiding = _can_hide_folders()
     print("workers see the flow host's folder and ~/.cache as empty tmpfs:", hiding)
     procs: list[subprocess.Popen] = []
@@ -249,23 +283,7 @@ def test_grpo_on_a_joined_cluster_of_separate_nodes(tmp_path, default_model_path
             "final_eval.questions=0",
             "progress=false",
         ]
-        start = time.perf_counter()
-        flow = _start(
-            [str(BIN / "llmrl"), "run", "grpo", *(a for s in settings for a in ("--set", s))],
-            _node_env(nodes["flow"], **s3_server.env),
-            logs["flow"],
-            REPO,
-        )
-        procs.insert(0, flow)
-        try:
-            code = flow.wait(timeout=900)
-        except subprocess.TimeoutExpired:
-            pytest.fail("the flow did not finish in 15 minutes:\n" + _tail(logs["flow"]))
-        print(f"flow: {time.perf_counter() - start:.1f} s")
-        for line in logs["flow"].read_text(errors="replace").splitlines():  # where the time went (pytest -s)
-            if any(key in line for key in ("resident", "published", "Created flow run", "Finished in state")):
-                print(line[:200])
-        assert code == 0, "\n".join(f"--- {n}\n{_tail(p, 3000)}" for n, p in logs.items())
+        flow = _run_flow("flow", settings, nodes, logs, procs, s3_server)
         assert "published version 2" in logs["flow"].read_text()
         assert not _group_members(flow.pid), "the flow left processes behind (e.g. its ephemeral Prefect API)"
 
@@ -284,7 +302,12 @@ def test_grpo_on_a_joined_cluster_of_separate_nodes(tmp_path, default_model_path
         # the workers' data, in the bucket only
         assert CheckpointStore(s3_server.uri("runs/mn/checkpoints")).versions() == [0, 1, 2]
         keys = s3_server.keys("runs/")
-        assert [k for k in keys if "/state/" in k] == ["runs/mn/state/trainer-v1.pt", "runs/mn/state/trainer-v2.pt"]
+        markers = [f"runs/mn/state/published-v{v}.json" for v in (0, 1, 2)]  # copies, for other flow hosts
+        assert [k for k in keys if "/state/" in k] == [
+            *markers,
+            "runs/mn/state/trainer-v1.pt",
+            "runs/mn/state/trainer-v2.pt",
+        ]
         assert not [k for k in keys if "/staging/" in k]  # every staged batch was moved into the store
         store = TrajectoryStore(s3_server.uri("runs/trajectories"))
         assert store.versions("mn") == [0, 1]
@@ -296,6 +319,24 @@ def test_grpo_on_a_joined_cluster_of_separate_nodes(tmp_path, default_model_path
         assert not (nodes["flow"] / "llmrl" / "models").exists()
         for name in ("rollout-0", "rollout-1"):  # the engine's start-up line names the model it loaded
             assert str(nodes[name] / "llmrl" / "models" / MODEL_NAME) in logs[name].read_text(errors="replace")
+
+        # another flow host, with nothing of the first one's disk, resumes the run from the bucket: version 3
+        flow = _run_flow("flow-2", _with(settings, iterations=3), nodes, logs, procs, s3_server)
+        text = logs["flow-2"].read_text(errors="replace")
+        assert "resuming at version 2" in text and "versions [0, 1, 2] were committed from another flow host" in text
+        assert "published version 3" in text
+        other_run = nodes["flow-2"] / "llmrl" / "runs" / "mn"
+        assert {f"published-v{v}.json" for v in range(4)} <= {p.name for p in (other_run / "state").iterdir()}
+        assert CheckpointStore(s3_server.uri("runs/mn/checkpoints")).versions() == [0, 1, 2, 3]
+        assert store.versions("mn") == [0, 1, 2]
+        for version in (0, 1, 2):  # nothing repeated, nothing lost
+            assert len(store.read_records("mn", version=version)) == 4, version
+        keys = s3_server.keys("runs/mn/state/")
+        assert keys == [
+            *(f"runs/mn/state/published-v{v}.json" for v in range(4)),
+            "runs/mn/state/trainer-v2.pt",
+            "runs/mn/state/trainer-v3.pt",
+        ]
     finally:
         leftovers = _stop(procs)
     assert not leftovers, f"processes needed SIGKILL: {leftovers}"

@@ -37,6 +37,7 @@ def test_a_remote_runs_dir_puts_the_workers_data_there_and_the_flow_hosts_record
     assert layout.trainer_state_uri == f"s3://bucket/runs/r1/state{query}"
     assert layout.trajectories_uri == f"s3://bucket/runs/trajectories{query}"
     assert layout.run_dir == tmp_path / "home-runs" / "r1"  # config.json, commit markers, reports, MLflow
+    assert layout.markers_uri == f"s3://bucket/runs/r1/state{query}"  # a copy of each commit marker
 
     local = RunLayout.for_runs_dir("r1", str(tmp_path / "runs"))
     assert local.data_uri is None and local.run_dir == tmp_path / "runs" / "r1"
@@ -44,8 +45,30 @@ def test_a_remote_runs_dir_puts_the_workers_data_there_and_the_flow_hosts_record
     assert local.staging_uri == str(tmp_path / "runs" / "r1" / "staging")
     assert local.trainer_state_uri == str(tmp_path / "runs" / "r1" / "state")
     assert local.trajectories_uri == str(tmp_path / "runs" / "trajectories")
+    assert local.markers_uri is None  # one host: the markers stay in the run folder only
     assert RunLayout.for_runs_dir("r1", f"file://{tmp_path}/runs").run_dir == local.run_dir
     assert RunLayout.for_runs_dir("r1", None).run_dir == tmp_path / "home-runs" / "r1"
+
+
+def test_commit_markers_go_to_the_data_store_too_and_another_flow_host_fetches_them(tmp_path):
+    """Host A commits versions 0 and 1; host B (an empty runs folder) fetches both markers and resumes after 1;
+    what B commits next reaches A the same way. Without a markers URI (a local run) nothing is fetched."""
+    from tasks.grpo_stages import commit_version, fetch_markers, latest_published
+
+    markers = f"memory://markers-{tmp_path.name}/runs/r1/state"
+    host_a, host_b = tmp_path / "a" / "r1", tmp_path / "b" / "r1"
+    commit_version.fn(host_a, 0, None, {}, markers)
+    commit_version.fn(host_a, 1, {"cursor": 8}, {"reward_mean": 0.5}, markers)
+    assert latest_published(host_b) is None
+    assert fetch_markers(host_b, markers) == [0, 1]
+    assert latest_published(host_b) == (
+        1,
+        {"version": 1, "primer_state": {"cursor": 8}, "metrics": {"reward_mean": 0.5}},
+    )
+    assert fetch_markers(host_b, markers) == []  # nothing new since
+    commit_version.fn(host_b, 2, {"cursor": 16}, {}, markers)
+    assert fetch_markers(host_a, markers) == [2] and latest_published(host_a)[0] == 2
+    assert fetch_markers(tmp_path / "c" / "r1", None) == [] and latest_published(tmp_path / "c" / "r1") is None
 
 
 def test_preflight_names_a_remote_runs_dir_that_a_flow_cannot_use():
