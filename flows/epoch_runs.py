@@ -27,7 +27,7 @@ from storage.layout import RunLayout
 from storage.lineage import DataRef, LineageConfig, LineageRecorder
 from tasks.cluster import dask_cluster
 from tasks.epoch_stages import lineage_config, train_epoch
-from tasks.grpo_stages import latest_published
+from tasks.grpo_stages import fetch_markers, latest_published
 from tasks.publishing import publish_version
 from tasks.sft_actor import TrainerSetup, start_trainer
 
@@ -61,8 +61,9 @@ class EpochRun:
             config=config,
             lineage_config=LineageConfig(tracking_uri=cfg.tracking_uri),
         )
+        fetch_markers(layout.run_dir, layout.markers_uri)  # a remote runs_dir: versions another flow host committed
         published = latest_published(layout.run_dir)
-        checkpoints = CheckpointStore(layout.checkpoints_dir)
+        checkpoints = CheckpointStore(layout.checkpoints_uri)
         return cls(cfg, layout, resolve_model(cfg.model), published, config, lineage, checkpoints)
 
     @property
@@ -91,6 +92,7 @@ class EpochRun:
             run_dir=self.run_dir,
             checkpoints=self.checkpoints,
             lineage=self.lineage,
+            markers_uri=self.layout.markers_uri,
             **records,
         )
 
@@ -100,7 +102,7 @@ class EpochRun:
             "run_id": self.cfg.run_id,
             "published_version": self.final,
             **details,
-            "checkpoints": str(self.layout.checkpoints_dir),
+            "checkpoints": self.layout.checkpoints_uri,
             "mlflow_tracking_uri": self.lineage.tracking_uri,
             "run_dir": str(self.run_dir),
         }
@@ -131,7 +133,7 @@ def train_epochs(run: EpochRun, plan: EpochPlan) -> None:
         return
     label, key = plan.reported_loss
     with dask_cluster(cfg, run.run_dir / "dask", rollout_workers=0) as place:
-        trainer = start_trainer(place, plan.setup, run.model_path, str(run.layout.runs_root))
+        trainer = start_trainer(place, plan.setup, run.layout)
         if run.published is None and plan.measure is not None:
             metrics = plan.measure(trainer)
             run.publish(trainer, 0, data=plan.data, metrics=metrics)

@@ -33,7 +33,15 @@ def log_data(cfg: OfflineConfig, data: dict[str, Any], lineage: LineageRecorder,
     for version in data["versions"]:
         lineage.log_trajectory_partition(source, version, run_id=src, context="source")
     refs = [lineage.log_trajectory_partition(rescored, v, run_id=src) for v in data["versions"]]
-    refs.append(lineage.log_training_dataset(data["samples"], num_rows=data["trained_rows"], context="tokenized"))
+    refs.append(
+        lineage.log_training_dataset(
+            data["samples"],
+            name="samples.parquet",
+            digest=data["samples_sha256"],
+            num_rows=data["trained_rows"],
+            context="tokenized",
+        )
+    )
     return refs
 
 
@@ -80,7 +88,7 @@ def offline(
     store_uri = cfg.source.store or run.layout.trajectories_uri
     src = cfg.source.run_id
     with run.lineage:
-        data = stages.rescore(cfg, store_uri, run.run_dir)
+        data = stages.rescore(cfg, store_uri, run.layout)
         refs = log_data(cfg, data, run.lineage, store_uri)
         log.info(
             "run %s from %s versions %s: reward %s, mean %.3f -> %.3f (%d changed); %d of %d rows have signal",

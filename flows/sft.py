@@ -44,7 +44,15 @@ def log_data(cfg: SFTConfig, data: dict[str, Any], lineage: LineageRecorder, sto
             for v in data["versions"]
             if v["selected"]
         ]
-    refs.append(lineage.log_training_dataset(data["samples"], num_rows=data["rows"], context="tokenized"))
+    refs.append(
+        lineage.log_training_dataset(
+            data["samples"],
+            name="samples.parquet",
+            digest=data["samples_sha256"],
+            num_rows=data["rows"],
+            context="tokenized",
+        )
+    )
     return refs
 
 
@@ -94,9 +102,9 @@ def sft(
     store_uri = cfg.trajectories.store or run.layout.trajectories_uri
     with run.lineage:
         if cfg.source == "dataset":
-            data = stages.prepare_dataset(cfg, run.model_path, run.run_dir)
+            data = stages.prepare_dataset(cfg, run.model_path, run.layout)
         else:
-            data = stages.select_trajectories(cfg, store_uri, run.run_dir)
+            data = stages.select_trajectories(cfg, store_uri, run.layout)
         refs = log_data(cfg, data, run.lineage, store_uri)
         samples = data["samples"]
         log.info(

@@ -84,7 +84,7 @@ class RunLayout:
         """Folder of the run's checkpoint store."""
         return self.run_dir / "checkpoints"
 
-    def _data(self, *parts: str) -> str:
+    def data_location(self, *parts: str) -> str:
         """A location of the workers' data: under the data URI when there is one, else under the run folder."""
         if self.data_uri:
             return join_uri(self.data_uri, self.run_id, *parts)
@@ -93,23 +93,23 @@ class RunLayout:
     @property
     def checkpoints_uri(self) -> str:
         """Root (path or URI) of the run's checkpoint store."""
-        return self._data("checkpoints") if self.data_uri else str(self.checkpoints_dir)
+        return self.data_location("checkpoints") if self.data_uri else str(self.checkpoints_dir)
 
     @property
     def staging_uri(self) -> str:
         """Root (path or URI) of the run's staging store (rollout shards in progress)."""
-        return self._data("staging")
+        return self.data_location("staging")
 
     @property
     def trainer_state_uri(self) -> str:
         """Folder (path or URI) of the trainer's optimizer and RNG states."""
-        return self._data("state")
+        return self.data_location("state")
 
     @property
     def markers_uri(self) -> str | None:
         """Where the flow copies its commit markers when the workers' data is remote (``DATA_URI/<RUN>/state``,
         beside the trainer states), so that a resume from another flow host finds them; None for a local run."""
-        return self._data("state") if self.data_uri else None
+        return self.data_location("state") if self.data_uri else None
 
     @property
     def trajectories_uri(self) -> str:

@@ -11,7 +11,6 @@ and the re-scored ones, and ``llmrl trajectories`` can read both.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 from prefect import task
@@ -19,6 +18,7 @@ from prefect import task
 from llmrl_core.objectives import mc_advantage
 from llmrl_core.pipeline.offline_config import OfflineConfig
 from llmrl_core.pipeline.rescoring import make_rescorer
+from storage.layout import RunLayout
 from storage.trajectories import TrajectoryStore
 from tasks.grpo_stages import STAGE
 from tasks.records import record_to_sample
@@ -27,10 +27,11 @@ from tasks.train_data import write_samples
 
 
 @task(name="rescore-trajectories", retries=1, **STAGE)
-def rescore(cfg: OfflineConfig, store_uri: str, run_dir: Path) -> dict[str, Any]:
-    """Re-score the chosen partitions, recompute group advantages, write the re-scored rows and the training set."""
+def rescore(cfg: OfflineConfig, store_uri: str, layout: RunLayout) -> dict[str, Any]:
+    """Re-score the chosen partitions, recompute group advantages, write the re-scored rows and the training set
+    (in the run's data store)."""
     src = cfg.source.run_id
-    source, rescored = TrajectoryStore(store_uri), TrajectoryStore(run_dir / "rescored")
+    source, rescored = TrajectoryStore(store_uri), TrajectoryStore(layout.data_location("rescored"))
     versions = list(cfg.source.versions) or source.versions(src)
     if not versions:
         raise ValueError(f"run {src!r} has no stored trajectories in {store_uri}")
@@ -70,12 +71,13 @@ def rescore(cfg: OfflineConfig, store_uri: str, run_dir: Path) -> dict[str, Any]
             f"{cfg.rescore.reward!r}: every advantage is 0, nothing to learn"
         )
     samples = write_samples(
-        run_dir / "offline-data" / "samples.parquet",
+        layout.data_location("offline-data", "samples.parquet"),
         [record_to_sample(rows[i]) for i in keep],
         [groups[i] for i in keep],
     )
     return {
-        "samples": str(samples),
+        "samples": samples.location,
+        "samples_sha256": samples.sha256,
         "rows": len(rows),
         "trained_rows": len(keep),
         "versions": versions,

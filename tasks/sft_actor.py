@@ -3,7 +3,7 @@
 :class:`EpochTrainerWorker` is a :class:`~tasks.actors.TrainerWorker` (same checkpoint, optimizer-state and
 RNG publishing and restoring, so the SFT and offline flows resume exactly as GRPO does) whose objective is
 chosen by a small :class:`TrainerSetup` -- ``SFTLoss`` or ``GRPOLoss`` -- and whose data is a training-set
-file (:mod:`tasks.train_data`) read by path and cached on the worker. :func:`start_trainer` places it on the
+file (:mod:`tasks.train_data`) read by path or URI and cached on the worker. :func:`start_trainer` places it on the
 trainer worker of :func:`tasks.cluster.dask_cluster` (a trainer-only cluster, ``rollout_workers=0``).
 """
 
@@ -14,7 +14,6 @@ import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -26,7 +25,7 @@ from storage.checkpoints import CheckpointStore
 from storage.layout import RunLayout
 from tasks.actors import TrainerWorker
 from tasks.cluster import Placement
-from tasks.train_data import epoch_batches, read_samples
+from tasks.train_data import epoch_batches, read_samples, samples_fingerprint
 
 
 @dataclass
@@ -77,16 +76,20 @@ class TrainerSetup:
 class EpochTrainerWorker(TrainerWorker):
     """The policy model, an SFT or GRPO objective and its optimizer, resident on a Dask worker."""
 
-    def __init__(self, setup: TrainerSetup, model_path: str, runs_root: str) -> None:
+    def __init__(self, setup: TrainerSetup, layout: RunLayout) -> None:
+        """``layout``: where the run's checkpoints and trainer states live (local folders, or URIs of a store every
+        node reaches: a remote ``runs_dir``). The model (``setup.model``) is resolved here, on this worker."""
         from transformers import AutoModelForCausalLM
 
+        from llmrl_core.model_store import resolve_model
         from llmrl_core.objectives import GRPOLoss, SFTLoss
         from llmrl_core.trainer import Trainer, TrainerConfig
 
         torch.set_num_threads(setup.threads or os.cpu_count() or 1)
         cuda = setup.device == "cuda" or (setup.device == "auto" and torch.cuda.is_available())
         self.cfg = setup  # TrainerWorker.publish reads cfg.model
-        self.layout = RunLayout(setup.run_id, Path(runs_root))
+        self.layout = layout
+        model_path = resolve_model(setup.model)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to("cuda" if cuda else "cpu")
         self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if setup.ref_model else None
         objective = {"sft": SFTLoss, "grpo": GRPOLoss}[setup.objective]
@@ -100,11 +103,11 @@ class EpochTrainerWorker(TrainerWorker):
                 seed=setup.seed,
             ),
         )
-        self.checkpoints = CheckpointStore(self.layout.checkpoints_dir, keep_last=setup.keep_checkpoints)
-        self._cache: tuple[tuple[str, int], tuple[list[Any], list[str]]] | None = None
+        self.checkpoints = CheckpointStore(self.layout.checkpoints_uri, keep_last=setup.keep_checkpoints)
+        self._cache: tuple[tuple[str, int | None, int | None], tuple[list[Any], list[str]]] | None = None
 
     def _data(self, path: str) -> tuple[list[Any], list[str]]:
-        key = (path, os.stat(path).st_mtime_ns)
+        key = samples_fingerprint(path)
         if self._cache is None or self._cache[0] != key:
             samples, groups = read_samples(path)
             if self.ref is not None:
@@ -150,9 +153,7 @@ class EpochTrainerWorker(TrainerWorker):
         }
 
 
-def start_trainer(place: Placement, setup: TrainerSetup, model_path: str, runs_root: str) -> Any:
+def start_trainer(place: Placement, setup: TrainerSetup, layout: RunLayout) -> Any:
     """Create the resident trainer actor on the trainer worker; returns the actor handle."""
-    future = place.client.submit(
-        EpochTrainerWorker, setup, model_path, runs_root, actor=True, workers=[place.trainer], pure=False
-    )
+    future = place.client.submit(EpochTrainerWorker, setup, layout, actor=True, workers=[place.trainer], pure=False)
     return future.result()

@@ -24,6 +24,7 @@ from llmrl_core.envs.gsm8k import GSM8K_QUESTION_TEMPLATE, GSM8K_SYSTEM_PROMPT
 from llmrl_core.objectives import TopKRewardSelector
 from llmrl_core.pipeline.sft_config import SFTConfig
 from llmrl_core.trainer.batch import TrainSample
+from storage.layout import RunLayout
 from storage.schema import table_to_records
 from storage.trajectories import TrajectoryStore
 from tasks.grpo_stages import STAGE
@@ -101,8 +102,9 @@ def tokenize_chat(chat: list[dict[str, Any]], tokenizer: Any, max_length: int, w
 
 
 @task(name="prepare-sft-dataset", retries=1, **STAGE)
-def prepare_dataset(cfg: SFTConfig, model_path: str, run_dir: Path) -> dict[str, Any]:
-    """Tokenize the chat dataset into the run's training-set file; returns its path and counts."""
+def prepare_dataset(cfg: SFTConfig, model_path: str, layout: RunLayout) -> dict[str, Any]:
+    """Tokenize the chat dataset into the run's training-set file (in its data store); returns where it is, its
+    sha256 and counts."""
     from transformers import AutoTokenizer
 
     path = dataset_path(cfg.data.source)
@@ -121,9 +123,10 @@ def prepare_dataset(cfg: SFTConfig, model_path: str, run_dir: Path) -> dict[str,
             truncated += cut
     finally:
         env.close()
-    out = write_samples(run_dir / "sft-data" / "samples.parquet", samples, [s.sample_id for s in samples])
+    out = write_samples(layout.data_location("sft-data", "samples.parquet"), samples, [s.sample_id for s in samples])
     return {
-        "samples": str(out),
+        "samples": out.location,
+        "samples_sha256": out.sha256,
         "rows": n,
         "truncated": truncated,
         "source": str(path),
@@ -132,10 +135,11 @@ def prepare_dataset(cfg: SFTConfig, model_path: str, run_dir: Path) -> dict[str,
 
 
 @task(name="select-trajectories", retries=1, **STAGE)
-def select_trajectories(cfg: SFTConfig, store_uri: str, run_dir: Path) -> dict[str, Any]:
-    """Keep the top-k responses of each group of the chosen versions; write them (selected store + training set)."""
+def select_trajectories(cfg: SFTConfig, store_uri: str, layout: RunLayout) -> dict[str, Any]:
+    """Keep the top-k responses of each group of the chosen versions; write them (selected store + training set,
+    in the run's data store)."""
     t = cfg.trajectories
-    source, selected_store = TrajectoryStore(store_uri), TrajectoryStore(run_dir / "selected")
+    source, selected_store = TrajectoryStore(store_uri), TrajectoryStore(layout.data_location("selected"))
     versions = list(t.versions) or source.versions(t.run_id)
     if not versions:
         raise ValueError(f"run {t.run_id!r} has no stored trajectories in {store_uri}")
@@ -159,9 +163,10 @@ def select_trajectories(cfg: SFTConfig, store_uri: str, run_dir: Path) -> dict[s
             f"no trajectory of run {t.run_id!r} versions {versions} was selected: every group's rewards are equal "
             "(or none is above its median); nothing to imitate"
         )
-    out = write_samples(run_dir / "sft-data" / "samples.parquet", samples, [s.sample_id for s in samples])
+    out = write_samples(layout.data_location("sft-data", "samples.parquet"), samples, [s.sample_id for s in samples])
     return {
-        "samples": str(out),
+        "samples": out.location,
+        "samples_sha256": out.sha256,
         "rows": len(samples),
         "versions": kept,
         "selected_store": selected_store.uri,

@@ -106,12 +106,13 @@ def _store(tmp_path, hf_model_fp32):
 
 
 def test_stored_rewards_without_signal_is_a_clear_error(tmp_path, hf_model_fp32):
+    from storage.layout import RunLayout
     from tasks.offline_stages import rescore
 
     _store(tmp_path, hf_model_fp32)
     cfg = load_config(OfflineConfig, None, [f"runs_dir={tmp_path / 'runs'}", "source.run_id=src"])
     with pytest.raises(ValueError, match="every advantage is 0, nothing to learn"):
-        rescore.fn(cfg, str(tmp_path / "runs" / "trajectories"), tmp_path / "runs" / "offline-demo")
+        rescore.fn(cfg, str(tmp_path / "runs" / "trajectories"), RunLayout("offline-demo", tmp_path / "runs"))
 
 
 @pytest.mark.slow

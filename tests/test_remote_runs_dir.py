@@ -72,12 +72,10 @@ def test_commit_markers_go_to_the_data_store_too_and_another_flow_host_fetches_t
 
 
 def test_preflight_names_a_remote_runs_dir_that_a_flow_cannot_use():
-    check_runs_dir(URI, remote_ok=True)
-    check_runs_dir("/any/local/folder", remote_ok=False)
-    with pytest.raises(PreflightError, match=r"runs_dir='s3://bucket/runs.*grpo and collect flows; sft and offline"):
-        check_runs_dir(URI, remote_ok=False)
+    check_runs_dir(URI)
+    check_runs_dir("/any/local/folder")
     with pytest.raises(PreflightError, match=r"runs_dir='nosuchscheme://x/y': cannot open this filesystem URI"):
-        check_runs_dir("nosuchscheme://x/y", remote_ok=True)
+        check_runs_dir("nosuchscheme://x/y")
 
 
 @pytest.mark.slow
@@ -115,3 +113,39 @@ def test_the_trainer_publishes_restores_and_prunes_through_s3(s3_server, default
     assert torch.equal(saved, restored) and again.trainer.step_count == trainer.trainer.step_count
     name = next(iter(dict(trainer.model.named_parameters())))
     assert torch.equal(dict(again.model.named_parameters())[name], dict(trainer.model.named_parameters())[name])
+
+
+@pytest.mark.slow
+def test_sft_on_a_remote_runs_dir_keeps_its_data_in_the_bucket_and_resumes_from_another_host(
+    s3_server, tmp_path, monkeypatch
+):
+    """The SFT flow with ``runs_dir: s3://...``: the tokenized training set, checkpoints and optimizer states go to
+    the bucket (the trainer reads the set from there), the flow host keeps only its records; a second flow host
+    (another runs root, nothing of the first one's disk) resumes the run for epoch 2."""
+    from flows.sft import sft
+    from storage.checkpoints import CheckpointStore
+
+    runs = s3_server.uri("runs")
+    settings = ["run_id=rs", f"runs_dir={runs}", "data.limit=4", "data.max_length=192", "train.batch_size=4"]
+    settings += ["train.lr=5e-5", "train.mixed_precision=no"]
+    monkeypatch.setenv("LLMRL_RUNS_DIR", str(tmp_path / "host-a"))
+    summary = sft(overrides=[*settings, "epochs=1"])
+    assert summary["published_version"] == 1
+    assert summary["samples"] == join_uri(runs, "rs", "sft-data", "samples.parquet")
+    assert summary["checkpoints"] == join_uri(runs, "rs", "checkpoints")
+    keys = s3_server.keys("runs/rs/")
+    assert "runs/rs/sft-data/samples.parquet" in keys
+    assert {"runs/rs/state/published-v0.json", "runs/rs/state/published-v1.json", "runs/rs/state/trainer-v1.pt"} <= set(
+        keys
+    )
+    assert CheckpointStore(join_uri(runs, "rs", "checkpoints")).versions() == [0, 1]
+    local = [p for p in (tmp_path / "host-a").rglob("*") if p.suffix in (".safetensors", ".parquet", ".pt")]
+    assert not local, local  # the flow host kept its records only (markers, config, MLflow)
+
+    monkeypatch.setenv("LLMRL_RUNS_DIR", str(tmp_path / "host-b"))
+    summary = sft(overrides=[*settings, "epochs=2"])
+    assert summary["published_version"] == 2
+    loss = summary["data_loss"]  # version 0 and 1 from the markers fetched from the bucket, 2 trained here
+    assert sorted(loss) == [0, 1, 2] and loss[2] < loss[1] < loss[0], loss
+    assert CheckpointStore(join_uri(runs, "rs", "checkpoints")).versions() == [0, 1, 2]
+    assert not [p for p in (tmp_path / "host-b").rglob("*") if p.suffix in (".safetensors", ".parquet", ".pt")]

@@ -3,13 +3,15 @@ written, a rerun resumes) and from stored trajectories through TopKRewardSelecto
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 import torch
 
 from llmrl_core.pipeline.config_io import ConfigError, load_config
 from llmrl_core.pipeline.sft_config import SFTConfig
 from tasks.sft_stages import gsm8k_chat, tokenize_chat
-from tasks.train_data import epoch_batches, read_samples, write_samples
+from tasks.train_data import epoch_batches, read_samples, samples_fingerprint, write_samples
 
 
 def test_config_and_errors(tmp_path):
@@ -89,10 +91,18 @@ def test_samples_file_round_trip(tmp_path):
     from llmrl_core.trainer.batch import TrainSample
 
     samples = [TrainSample([1, 2], [3, 4], [True, False], sampler_logprobs=[-0.5, float("nan")], advantage=1.5)]
-    path = write_samples(tmp_path / "s.parquet", samples, ["g"])
-    back, groups = read_samples(path)
+    written = write_samples(tmp_path / "s.parquet", samples, ["g"])
+    assert written.location == str(tmp_path / "s.parquet")
+    assert written.sha256 == hashlib.sha256((tmp_path / "s.parquet").read_bytes()).hexdigest()
+    back, groups = read_samples(written.location)
     assert groups == ["g"] and back[0].response_mask == [True, False] and back[0].advantage == 1.5
     assert back[0].sampler_logprobs[0] == -0.5 and back[0].ref_logprobs is None
+    remote = write_samples("memory://samples-test/runs/r/s.parquet", samples, ["g"])  # any filesystem URI
+    assert remote.location == "memory://samples-test/runs/r/s.parquet" and remote.sha256 == written.sha256
+    again, _ = read_samples(remote.location)
+    assert again[0].prompt_ids == [1, 2] and samples_fingerprint(remote.location)[2] == len(
+        (tmp_path / "s.parquet").read_bytes()
+    )
     batches = epoch_batches(["a", "a", "b", "c"], 2, seed=0, epoch=0)
     assert sorted(i for b in batches for i in b) == [0, 1, 2, 3]
     assert all((0 in b) == (1 in b) for b in batches)  # a group stays in one mini-batch

@@ -127,17 +127,12 @@ def check_source(source: str, fields: Iterable[str], setting: str) -> None:
     check_rows(source_rows(source, setting), tuple(fields), f"{setting} {source!r}")
 
 
-def check_runs_dir(runs_dir: Any, remote_ok: bool, setting: str = "runs_dir") -> None:
-    """A remote ``runs_dir`` (``s3://...``) names a filesystem that can be opened, and only where the flow keeps
-    its workers' data there (GRPO and collect: trajectories, staging, checkpoints, trainer state)."""
+def check_runs_dir(runs_dir: Any, setting: str = "runs_dir") -> None:
+    """A remote ``runs_dir`` (``s3://...``) names a filesystem that can be opened (every flow keeps its workers'
+    data there: trajectories, staging, prepared training sets, checkpoints, trainer state)."""
     text = str(runs_dir or "")
     if "://" not in text or text.startswith("file://"):
         return
-    if not remote_ok:
-        raise PreflightError(
-            f"{setting}={text!r}: a remote runs folder is supported by the grpo and collect flows; sft and offline "
-            "runs read their prepared data by path, so give them a local or shared folder"
-        )
     import pyarrow as pa
     import pyarrow.fs as pafs
 
@@ -162,7 +157,7 @@ def preflight(cfg: Any) -> None:
 
     check_run_id(cfg.run_id)
     check_model(cfg.model)
-    check_runs_dir(cfg.runs_dir, remote_ok=isinstance(cfg, GRPOConfig))
+    check_runs_dir(cfg.runs_dir)
     if isinstance(cfg, GRPOConfig):
         check_source(cfg.data.source, env_fields(cfg.env), "data.source")
     elif isinstance(cfg, SFTConfig):
