@@ -21,12 +21,15 @@ URI, so no worker needs the flow host's disk::
     URI/<RUN>/checkpoints/              # weights + manifests (engines load them through the store)
     URI/<RUN>/staging/                  # rollout shards in progress
     URI/<RUN>/state/trainer-v<v>.pt     # the trainer's optimizer + RNG state
+    URI/<RUN>/state/published-v<v>.json # copies of the commit markers (for another flow host)
+    URI/<RUN>/sft-data/, offline-data/  # the sft / offline training set the trainer reads
+    URI/<RUN>/selected/, rescored/      # the trajectories sft selected / offline re-scored
 
 and what only the flow host touches stays on its disk, under its own runs root (``$LLMRL_RUNS_DIR`` /
 ``$LLMRL_HOME/runs``): the run's ``config.json``, commit markers (``state/published-v<v>.json``),
-reports, lineage and the MLflow store. The GRPO flow also writes each commit marker to
-``URI/<RUN>/state/`` (:attr:`RunLayout.markers_uri`) and fetches the ones its host lacks before it resumes, so a
-resume may start from another flow host; that host's MLflow store then holds a new MLflow run for the versions it
+reports, lineage and the MLflow store. The training flows (grpo, sft, offline) also write each commit marker to
+``URI/<RUN>/state/`` (:attr:`RunLayout.markers_uri`) and fetch the ones their host lacks before they resume, so
+a resume may start from another flow host; that host's MLflow store then holds a new MLflow run for the versions it
 trains, unless ``tracking_uri`` names a server both hosts use.
 """
 
