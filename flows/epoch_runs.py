@@ -124,6 +124,14 @@ class EpochPlan:
     reported_loss: tuple[str, str] = ("loss", "loss_mean")  # the (label, metric) each epoch's log line names
 
 
+def log_training_set(lineage: LineageRecorder, data: dict[str, Any], num_rows: int) -> DataRef:
+    """Record the prepared training set the trainer reads (``data["samples"]``: a path or URI, and its sha256) as a
+    tokenized input of the run."""
+    return lineage.log_training_dataset(
+        data["samples"], name="samples.parquet", digest=data["samples_sha256"], num_rows=num_rows, context="tokenized"
+    )
+
+
 def train_epochs(run: EpochRun, plan: EpochPlan) -> None:
     """Train the epochs ``run`` still lacks (inside ``run.lineage``), publishing one version per epoch."""
     log = get_run_logger()

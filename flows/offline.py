@@ -17,7 +17,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from flows.epoch_runs import EpochPlan, EpochRun, train_epochs
+from flows.epoch_runs import EpochPlan, EpochRun, log_training_set, train_epochs
 from llmrl_core.pipeline.config_io import load_config, settings_overrides
 from llmrl_core.pipeline.offline_config import OfflineConfig
 from llmrl_core.pipeline.preflight import preflight
@@ -33,15 +33,7 @@ def log_data(cfg: OfflineConfig, data: dict[str, Any], lineage: LineageRecorder,
     for version in data["versions"]:
         lineage.log_trajectory_partition(source, version, run_id=src, context="source")
     refs = [lineage.log_trajectory_partition(rescored, v, run_id=src) for v in data["versions"]]
-    refs.append(
-        lineage.log_training_dataset(
-            data["samples"],
-            name="samples.parquet",
-            digest=data["samples_sha256"],
-            num_rows=data["trained_rows"],
-            context="tokenized",
-        )
-    )
+    refs.append(log_training_set(lineage, data, data["trained_rows"]))
     return refs
 
 

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from prefect import flow, get_run_logger
 
-from flows.epoch_runs import EpochPlan, EpochRun, train_epochs
+from flows.epoch_runs import EpochPlan, EpochRun, log_training_set, train_epochs
 from llmrl_core.pipeline.config_io import load_config, settings_overrides
 from llmrl_core.pipeline.preflight import preflight
 from llmrl_core.pipeline.sft_config import SFTConfig
@@ -44,15 +44,7 @@ def log_data(cfg: SFTConfig, data: dict[str, Any], lineage: LineageRecorder, sto
             for v in data["versions"]
             if v["selected"]
         ]
-    refs.append(
-        lineage.log_training_dataset(
-            data["samples"],
-            name="samples.parquet",
-            digest=data["samples_sha256"],
-            num_rows=data["rows"],
-            context="tokenized",
-        )
-    )
+    refs.append(log_training_set(lineage, data, data["rows"]))
     return refs
 
 
