@@ -251,14 +251,15 @@ def marker_path(run_dir: Path, version: int) -> Path:
     return run_dir / "state" / f"published-v{version}.json"
 
 
+def marker_version(name: str) -> int | None:
+    """The version a commit marker's file name (``published-v<N>.json``) names; None for any other name."""
+    stem = name.removeprefix("published-v").removesuffix(".json")
+    return int(stem) if name.startswith("published-v") and name.endswith(".json") and stem.isdigit() else None
+
+
 def latest_published(run_dir: Path) -> tuple[int, dict] | None:
     """The highest fully published version and its marker contents, or None for a new run."""
-    found = []
-    for path in (run_dir / "state").glob("published-v*.json"):
-        try:
-            found.append((int(path.stem.removeprefix("published-v")), path))
-        except ValueError:
-            continue
+    found = [(v, p) for p in (run_dir / "state").glob("published-v*.json") if (v := marker_version(p.name)) is not None]
     if not found:
         return None
     version, path = max(found)
@@ -273,15 +274,11 @@ def commit_version(
 
     ``markers_uri``: a folder of the data store (:attr:`RunLayout.markers_uri`) that gets the same marker first,
     so a flow on another host can resume the run (:func:`fetch_markers`)."""
-    text = json.dumps({"version": version, "primer_state": primer_state, "metrics": metrics}, indent=2)
-    if markers_uri is not None:
-        fs, folder = resolve_filesystem(markers_uri)
-        write_bytes_atomic(fs, f"{folder}/{marker_path(run_dir, version).name}", text.encode())
+    data = json.dumps({"version": version, "primer_state": primer_state, "metrics": metrics}, indent=2).encode()
     path = marker_path(run_dir, version)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    for folder in ([markers_uri] if markers_uri is not None else []) + [str(path.parent)]:  # the local one last
+        fs, where = resolve_filesystem(folder)
+        write_bytes_atomic(fs, f"{where}/{path.name}", data)
     return str(path)
 
 
@@ -291,19 +288,13 @@ def fetch_markers(run_dir: Path, markers_uri: str | None) -> list[int]:
     if markers_uri is None:
         return []
     fs, folder = resolve_filesystem(markers_uri)
+    local, _ = resolve_filesystem(str(run_dir))
     copied = []
     for entry in fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True)):
-        name = entry.base_name
-        stem = name.removeprefix("published-v").removesuffix(".json")
-        if not (name.startswith("published-v") and name.endswith(".json") and stem.isdigit()):
-            continue
-        path = marker_path(run_dir, int(stem))
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_bytes(read_bytes(fs, entry.path))
-            os.replace(tmp, path)
-            copied.append(int(stem))
+        version = marker_version(entry.base_name)
+        if version is not None and not marker_path(run_dir, version).exists():
+            write_bytes_atomic(local, str(marker_path(run_dir, version)), read_bytes(fs, entry.path))
+            copied.append(version)
     return sorted(copied)
 
 

@@ -53,11 +53,6 @@ class PendingPublish:
     reports: BackgroundReports | None
     markers_uri: str | None = None
 
-    @property
-    def version(self) -> int:
-        """The version being published."""
-        return self.staged.version
-
     def complete(self) -> dict[str, Any]:
         """Commit the version (see the class); returns the checkpoint info (path, sha256)."""
         version = self.staged.version
@@ -66,14 +61,9 @@ class PendingPublish:
             version, checkpoint=self.checkpoints.manifest(version), data=list(self.data), metrics=self.metrics or None
         )
         commit_version(self.run_dir, version, self.primer_state, self.metrics, self.markers_uri)
-        if version > 0 and self.reports is not None:
-            self.reports.submit(
-                self.run_id, version_history(self.run_dir, version), self.run_dir / "reports", self.lineage
-            )
-        elif version > 0:
-            report_iteration(
-                self.run_id, version_history(self.run_dir, version), self.run_dir / "reports", self.lineage
-            )
+        if version > 0:  # in the background beside the next iteration, or now
+            report = self.reports.submit if self.reports is not None else report_iteration
+            report(self.run_id, version_history(self.run_dir, version), self.run_dir / "reports", self.lineage)
         return info
 
 
