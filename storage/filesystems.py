@@ -10,6 +10,10 @@ folder, then renamed over the final name. On a local disk the rename is ``os.rep
 ``fsync`` (atomic on POSIX); on an object store the final object appears only once it is complete.
 Readers skip names that start with ``.`` or ``_`` (pyarrow's own convention), so a crash between the
 temporary write and the rename leaves nothing visible.
+
+S3 filesystems opened from a URI wait up to ``request_timeout`` seconds for an answer (default
+:data:`~llmrl_core.uris.S3_REQUEST_TIMEOUT_S`, not the AWS SDK's 3 s, which failed the server-side copy of the
+rename above on large objects); ``llmrl_core.uris`` says how a URI sets it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+
+from llmrl_core.uris import S3_REQUEST_TIMEOUT_S, split_s3_timeouts
 
 TEMP_MARKER = ".tmp-"
 
@@ -38,14 +44,26 @@ def resolve_filesystem(root: str | os.PathLike[str], filesystem: Any = None) -> 
         return filesystem, root.rstrip("/") or "/"
     if "://" not in root:
         return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(root))
+    uri, timeouts = split_s3_timeouts(root)
     try:
-        fs, path = pafs.FileSystem.from_uri(root)
+        fs, path = pafs.FileSystem.from_uri(uri)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
         import fsspec
 
         fsspec_fs, path = fsspec.core.url_to_fs(root)
         fs = pafs.PyFileSystem(pafs.FSSpecHandler(fsspec_fs))
+    else:
+        if isinstance(fs, pafs.S3FileSystem):
+            fs = _with_timeouts(fs, timeouts)
     return fs, path.rstrip("/") or "/"
+
+
+def _with_timeouts(fs: pafs.S3FileSystem, timeouts: dict[str, float]) -> pafs.S3FileSystem:
+    """The same S3 filesystem with ``timeouts`` applied and the request timeout raised from the SDK's 3 s
+    default to :data:`S3_REQUEST_TIMEOUT_S` when the URI did not name one."""
+    rebuild, (options,) = fs.__reduce__()  # pyarrow's own pickling: every option the URI set
+    options = {**options, "request_timeout": S3_REQUEST_TIMEOUT_S, **timeouts}
+    return rebuild(options)
 
 
 def is_remote_uri(location: str | os.PathLike[str] | None) -> bool:

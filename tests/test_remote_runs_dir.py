@@ -9,7 +9,15 @@ import torch
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.pipeline.preflight import PreflightError, check_runs_dir
-from storage.filesystems import is_remote_uri, join_uri, split_uri
+from llmrl_core.uris import S3_REQUEST_TIMEOUT_S, split_s3_timeouts
+from storage.filesystems import (
+    is_remote_uri,
+    join_uri,
+    read_bytes,
+    resolve_filesystem,
+    split_uri,
+    write_bytes_atomic,
+)
 from storage.layout import RunLayout
 
 URI = "s3://bucket/runs?endpoint_override=127.0.0.1:9000&scheme=http"
@@ -76,6 +84,43 @@ def test_preflight_names_a_remote_runs_dir_that_a_flow_cannot_use():
     check_runs_dir("/any/local/folder")
     with pytest.raises(PreflightError, match=r"runs_dir='nosuchscheme://x/y': cannot open this filesystem URI"):
         check_runs_dir("nosuchscheme://x/y")
+    check_runs_dir(f"{URI}&request_timeout=600&connect_timeout=5")
+    with pytest.raises(PreflightError, match=r"request_timeout='soon' must be a positive number of seconds"):
+        check_runs_dir(f"{URI}&request_timeout=soon")
+
+
+def test_s3_uris_wait_for_slow_answers_unless_they_say_otherwise():
+    """The AWS SDK's 3 s request timeout is raised for every S3 URI; the URI's own timeouts win."""
+    fs, path = resolve_filesystem(URI)
+    options = fs.__reduce__()[1][0]
+    assert path == "bucket/runs" and options["endpoint_override"] == "127.0.0.1:9000"
+    assert options["request_timeout"] == S3_REQUEST_TIMEOUT_S and options["connect_timeout"] == -1
+    fs, _ = resolve_filesystem(f"{URI}&request_timeout=7.5&connect_timeout=2")
+    options = fs.__reduce__()[1][0]
+    assert (options["request_timeout"], options["connect_timeout"], options["scheme"]) == (7.5, 2.0, "http")
+    with pytest.raises(ValueError, match="connect_timeout='0'"):
+        resolve_filesystem(f"{URI}&connect_timeout=0")
+    assert split_s3_timeouts("memory://x?request_timeout=1") == ("memory://x?request_timeout=1", {})
+
+
+def test_an_atomic_write_survives_a_server_side_copy_slower_than_the_sdk_default(s3_server, monkeypatch):
+    """The rename of an atomic write is a CopyObject that answers only when done (moto, MinIO): one that takes 4 s
+    failed with the SDK's 3 s timeout (seen in CI on a trainer state); the file lands and no temporary is left."""
+    import time
+
+    from moto.s3.models import S3Backend
+
+    copy = S3Backend.copy_object
+
+    def slow_copy(self, *args, **kwargs):
+        time.sleep(4.0)
+        return copy(self, *args, **kwargs)
+
+    monkeypatch.setattr(S3Backend, "copy_object", slow_copy)
+    fs, root = resolve_filesystem(s3_server.uri("slow"))
+    write_bytes_atomic(fs, f"{root}/state.pt", b"x" * 1000)
+    assert read_bytes(fs, f"{root}/state.pt") == b"x" * 1000
+    assert s3_server.keys("slow") == ["slow/state.pt"]
 
 
 @pytest.mark.slow

@@ -136,8 +136,10 @@ def check_runs_dir(runs_dir: Any, setting: str = "runs_dir") -> None:
     import pyarrow as pa
     import pyarrow.fs as pafs
 
+    from llmrl_core.uris import split_s3_timeouts
+
     try:
-        pafs.FileSystem.from_uri(text)
+        pafs.FileSystem.from_uri(split_s3_timeouts(text)[0])
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError, OSError) as arrow_err:
         try:
             import fsspec
