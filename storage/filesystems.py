@@ -18,7 +18,6 @@ rename above on large objects); ``llmrl_core.uris`` says how a URI sets it.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import uuid
 from typing import Any
@@ -143,15 +142,6 @@ def read_bytes(fs: pafs.FileSystem, path: str) -> bytes:
     stream would issue a ranged GET per buffer-full)."""
     with fs.open_input_file(path) as handle:
         return handle.read()
-
-
-def sha256_of(fs: pafs.FileSystem, path: str, chunk: int = 1 << 22) -> str:
-    """Hex sha256 of a file, streamed."""
-    digest = hashlib.sha256()
-    with fs.open_input_stream(path) as stream:
-        while block := stream.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _fsync_dir(folder: str) -> None:

@@ -8,7 +8,6 @@ Stages that can safely run twice (they rewrite the same shard names) retry once.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -300,11 +299,8 @@ def fetch_markers(run_dir: Path, markers_uri: str | None) -> list[int]:
 
 def save_run_config(run_dir: Path, config: dict) -> Path:
     """``RUN/config.json``: the run's settings, written atomically (the evaluate flow reads its task)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "config.json"
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(config, indent=2, default=str))
-    os.replace(tmp, path)
+    write_bytes_atomic(pafs.LocalFileSystem(), str(path), json.dumps(config, indent=2, default=str).encode())
     return path
 
 

@@ -16,6 +16,8 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import ArtifactUpdate
 from prefect.runtime import flow_run
 
+from llmrl_core.evaluation.report import save_figure
+
 CURVES = (
     ("reward_mean", "mean reward"),
     ("accuracy", "rollout accuracy"),
@@ -92,10 +94,7 @@ def plot_curves(history: list[dict[str, Any]], path: Path) -> Path:
         ax.set_title(title)
         ax.set_xlabel("policy version")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=80)
 
 
 class BackgroundReports:

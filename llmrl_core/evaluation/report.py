@@ -160,11 +160,19 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike[str],
     if title:
         fig.suptitle(title)
     fig.tight_layout()
+    return save_figure(fig, path, dpi=100)
+
+
+def save_figure(fig: Any, path: str | os.PathLike[str], dpi: int) -> Path:
+    """Save a matplotlib figure as a PNG atomically (a temporary file in the same folder, then a rename: a reader
+    of the report never sees half a picture) and close it."""
+    import matplotlib.pyplot as plt
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
     try:
-        fig.savefig(temp, dpi=100)
+        fig.savefig(temp, dpi=dpi)
         os.replace(temp, path)
     finally:
         plt.close(fig)
