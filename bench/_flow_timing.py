@@ -161,15 +161,18 @@ def isolated_home(root: Path) -> Path:
     return home
 
 
-def run_flow(overrides: list[str], root: Path | None = None, run_id: str = "bench-flow") -> FlowRun:
-    """``llmrl run grpo`` (the main job's config) with ``overrides``, isolated; returns its timed iterations."""
+def run_flow(
+    overrides: list[str], root: Path | None = None, run_id: str = "bench-flow", config: str | None = None
+) -> FlowRun:
+    """``llmrl run grpo`` (the main job's config, or ``config``) with ``overrides``, isolated; returns its timed
+    iterations."""
     root = Path(root or tempfile.mkdtemp(prefix="bench-flow-"))
     home = isolated_home(root)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(LLMRL_HOME=str(home), PREFECT_HOME=str(home / "prefect"), PYTHONUNBUFFERED="1")
     env.pop("LLMRL_RUNS_DIR", None)
     command = [str(LLMRL), "run", "grpo", "--set", f"run_id={run_id}", "--set", "final_eval.questions=0"]
-    command += ["--set", "progress=false"]
+    command += ["--set", "progress=false"] + (["--config", str(config)] if config else [])
     for item in overrides:
         command += ["--set", item]
     log = root / "flow.log"
