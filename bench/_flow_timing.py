@@ -138,6 +138,11 @@ class FlowRun:
     iterations: list[Iteration]
     log: Path
 
+    @property
+    def steady(self) -> list[Iteration]:
+        """The iterations after the first (warm-up: first Parquet/MLflow writes, first report), or all if only one."""
+        return [it for it in self.iterations if it.version > 0] or self.iterations
+
 
 def _epoch(value: str) -> float:
     return dt.datetime.fromisoformat(value).replace(tzinfo=dt.UTC).timestamp()

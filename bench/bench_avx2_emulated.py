@@ -76,17 +76,14 @@ def main() -> None:
     print(load_line())
     fast, slow = (runs[name] for name in SIDES)
 
-    def steady(run):  # iterations after the first (warm-up), or all if there is one
-        return [it for it in run.iterations if it.version > 0] or run.iterations
-
     print(f"median over iterations 1..{args.iterations - 1} (iteration 0 is warm-up), bf16 / float32:")
     for label, get in (
         ("iteration wall", lambda it: it.wall),
         ("rollout stage", lambda it: it.metrics.get("rollout_s", 0.0)),
         ("train step", lambda it: it.train_compute),
     ):
-        a = statistics.median(get(it) for it in steady(fast))
-        b = statistics.median(get(it) for it in steady(slow))
+        a = statistics.median(get(it) for it in fast.steady)
+        b = statistics.median(get(it) for it in slow.steady)
         print(f"  {label:<15} float32 {a:7.1f} s  bfloat16 {b:7.1f} s  ratio {b / a:5.2f}x")
     print(
         f"  whole command   float32 {fast.wall:7.1f} s  bfloat16 {slow.wall:7.1f} s  "

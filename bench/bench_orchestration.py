@@ -64,7 +64,7 @@ def main() -> None:
             f"{it.version:>4} {it.wall:7.2f} {m.get('rollout_s', 0):9.2f} {it.train_compute:7.2f}"
             f" {overhead:10.2f} {100 * overhead / it.wall:8.1f}%  {m.get('iteration_s', float('nan')):.2f}{note}"
         )
-    steady = [it for it in run.iterations if it.version > 0] or run.iterations
+    steady = run.steady
     shares = [(it.wall - it.compute) / it.wall for it in steady]
     print(
         f"P3 orchestration overhead, iterations {steady[0].version}..{steady[-1].version}: median "
