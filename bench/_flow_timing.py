@@ -11,7 +11,8 @@ real ones, so nothing is converted or compiled again, and no running ``llmrl ui`
   next iteration's ``load-prompts`` start (the last one: to the end of its last task);
 - the commit markers ``RUN/state/published-v<N>.json``: the metrics the flow records per version, of which
   ``rollout_s`` (the rollout actor's own time for its stage, engine generation included) and ``step_time_s``
-  (the trainer's optimizer step) are the compute inside the iteration.
+  (the trainer's optimizer step) are the compute inside the iteration; ``publish_write_s``, ``publish_load_s``
+  and ``seal_s`` split the publish.
 
 Everything else in the span is orchestration: task calls, Dask actor calls, Parquet stages, checkpoint +
 engine reload (``publish-weights``), waiting for the checkpoint's seal (``seal-checkpoint``), MLflow lineage writes
@@ -203,25 +204,24 @@ def run_flow(
 
 
 def _publish_split(run_dir: Path, version: int, tasks: list[TaskRun]) -> dict[str, float]:
-    """The publish-weights task of ``version`` split by the times its files were finished: the trainer writes the
-    weights file, the engines load it (to the task's end); meanwhile the trainer seals the checkpoint (hash +
-    manifest, then optimizer + RNG state), which may end after the task (it overlaps the next rollout). Empty when
-    retention already removed the files of that version."""
-    files = [
-        run_dir / "checkpoints" / f"policy_v{version:06d}.safetensors",
-        run_dir / "checkpoints" / f"policy_v{version:06d}.manifest.json",
-        run_dir / "state" / f"trainer-v{version}.pt",
-    ]
-    if len(tasks) != 1 or not all(f.exists() for f in files):
+    """The publish-weights task of ``version`` split by the times the flow commits with the version
+    (``publish_write_s``: the trainer's merged state dict + weights file, into shared memory when the engines share
+    its host; ``publish_load_s``: the engines' loads; ``seal_s``: the trainer's seal after the task, beside the next
+    rollout: weights moved into the checkpoint store with their sha256, manifest, optimizer + RNG state). Empty
+    for a run that did not record them."""
+    marker = run_dir / "state" / f"published-v{version}.json"
+    metrics = json.loads(marker.read_text())["metrics"] if marker.exists() else {}
+    if len(tasks) != 1 or "publish_write_s" not in metrics:
         return {}
     task = tasks[0]
-    weights, manifest, state = (f.stat().st_mtime for f in files)
     return {
-        "merged state dict + weights file written (safetensors)": weights - task.start,
-        "engine reload(s) + task return": task.end - weights,
-        "beside it, on the trainer: sha256 of the weights + manifest": manifest - weights,
-        "beside it, on the trainer: optimizer + RNG state (torch.save)": state - manifest,
-        "  of which after the task ended (overlapping the next rollout)": max(0.0, state - task.end),
+        "merged state dict + weights file written (safetensors)": metrics["publish_write_s"],
+        "engine load(s)": metrics["publish_load_s"],
+        "rest of the task (Dask calls, Prefect task run)": task.seconds
+        - metrics["publish_write_s"]
+        - metrics["publish_load_s"],
+        "after the task, on the trainer, beside the next rollout: seal (store copy + sha256, manifest, optimizer "
+        "+ RNG state)": metrics.get("seal_s", float("nan")),
     }
 
 

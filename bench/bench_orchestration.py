@@ -78,7 +78,7 @@ def main() -> None:
         print(f"  {seconds:7.2f} s {100 * seconds / wall:5.1f}%  {key}")
     detailed = [it.publish for it in steady if it.publish]
     if detailed:
-        print(f"publish-weights by file times (iterations whose files retention kept: {len(detailed)}):")
+        print(f"publish-weights by the times the flow records (iterations: {len(detailed)}):")
         for key in detailed[0]:
             print(f"  {statistics.median(d[key] for d in detailed):7.2f} s  {key}")
     print(

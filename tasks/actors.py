@@ -29,6 +29,7 @@ from llmrl_core.policies.base import SamplingConfig
 from llmrl_core.policies.vllm_engine import EngineConfig
 from storage.checkpoints import CheckpointManifest, CheckpointStore, WrittenWeights
 from storage.filesystems import read_bytes, resolve_filesystem, write_bytes_atomic
+from storage.handoff import handoff_dir
 from storage.layout import RunLayout
 from storage.trajectories import TrajectoryStore
 from tasks.records import read_shards, record_to_sample, trajectory_to_record
@@ -179,11 +180,14 @@ class TrainerWorker:
 
     _staged: tuple[int, WrittenWeights | CheckpointManifest] | None = None  # what stage() wrote, for seal()
 
-    def __init__(self, cfg: GRPOConfig, model: str | None = None, layout: RunLayout | None = None) -> None:
+    def __init__(
+        self, cfg: GRPOConfig, model: str | None = None, layout: RunLayout | None = None, handoff: bool = False
+    ) -> None:
         """``model``: a model reference (default ``cfg.model``), resolved on this worker (see
         :class:`RolloutWorker`); ``layout``: where the run's checkpoints and trainer states live (default
         ``RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir)``, resolved on this worker): local folders, or URIs
-        of a store every node reaches (``runs_dir: s3://...``)."""
+        of a store every node reaches (``runs_dir: s3://...``). ``handoff``: every engine runs on this worker's
+        host, so :meth:`stage` may leave the weights in shared memory for them (:mod:`storage.handoff`)."""
         from transformers import AutoModelForCausalLM
 
         from llmrl_core.model_store import resolve_model
@@ -197,6 +201,7 @@ class TrainerWorker:
         self.mixed_precision, self.precision_reason = mixed_precision_for(t.mixed_precision, device)
         self.cfg = cfg
         self.layout = layout or RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir)
+        self.handoff = handoff
         model_path = resolve_model(cfg.model if model is None else model)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
         self.ref = None
@@ -245,18 +250,31 @@ class TrainerWorker:
         return self.seal(version, config)
 
     def stage(self, version: int, config: dict[str, Any]) -> dict[str, Any]:
-        """Write the weights of ``version`` where the engines load them from; returns ``{"version", "checkpoint"}``.
+        """Write the weights of ``version`` where the engines load them from; returns ``{"version", "checkpoint",
+        "seconds"}``.
 
         On a local store the file is complete at its final path but not yet a version (no fsync, hash or
         manifest: :meth:`seal` adds them while the engines load it). On a remote store the version is committed
-        here, manifest included: engines on other nodes check the bytes they read against it."""
-        written = self.checkpoints.write_weights(self.trainer.state_dict_for_inference(), version)
+        here, manifest included: engines on other nodes check the bytes they read against it.
+
+        With ``handoff`` on a local store the file goes to a shared-memory folder (when it has room), which is
+        faster to write than the disk: ``checkpoint`` is then that file, and :meth:`seal` moves it into the store.
+        """
+        start = time.perf_counter()
+        state = self.trainer.state_dict_for_inference(copy=False)  # only written out, before the next step
+        folder = None
+        if self.handoff and self.checkpoints.local:
+            folder = handoff_dir(sum(t.numel() * t.element_size() for t in state.values()))
+        written = self.checkpoints.write_weights(state, version, handoff=folder)
+        del state
         self._staged = (version, written if self.checkpoints.local else self._commit(written, config))
-        return {"version": version, "checkpoint": str(self.checkpoints.weights_path(version))}
+        loaded_from = written.handoff_file or self.checkpoints.weights_path(version)
+        return {"version": version, "checkpoint": str(loaded_from), "seconds": time.perf_counter() - start}
 
     def seal(self, version: int, config: dict[str, Any]) -> dict[str, Any]:
         """Commit the checkpoint :meth:`stage` wrote (fsync, sha256, manifest, retention) and save the optimizer
-        and RNG state reached at ``version``; returns ``{"version", "checkpoint", "sha256"}``."""
+        and RNG state reached at ``version``; returns ``{"version", "checkpoint", "sha256", "seconds"}``."""
+        start = time.perf_counter()
         staged = self._staged
         if staged is None or staged[0] != version:
             raise RuntimeError(f"seal({version}) without stage({version}) first (staged: {staged and staged[0]})")
@@ -269,6 +287,7 @@ class TrainerWorker:
             "version": version,
             "checkpoint": str(self.checkpoints.weights_path(version)),  # a path, or a URI for a remote store
             "sha256": manifest.sha256,
+            "seconds": time.perf_counter() - start,
         }
 
     def _commit(self, written: WrittenWeights, config: dict[str, Any]) -> CheckpointManifest:

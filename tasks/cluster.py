@@ -56,6 +56,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.pipeline.offline_config import OfflineConfig
@@ -72,6 +73,13 @@ class Placement:
     client: Any
     rollout: list[str]
     trainer: str
+
+    @property
+    def engines_beside_trainer(self) -> bool:
+        """Every rollout worker has the trainer worker's host in its address (so files the trainer leaves in
+        shared memory reach them); False when there are no rollout workers."""
+        host = urlsplit(self.trainer).hostname
+        return bool(self.rollout) and all(urlsplit(a).hostname == host for a in self.rollout)
 
 
 def place_workers(workers: dict[str, dict], n_rollout: int) -> tuple[list[str], str]:

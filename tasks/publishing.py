@@ -57,10 +57,13 @@ class PendingPublish:
         """Commit the version (see the class); returns the checkpoint info (path, sha256)."""
         version = self.staged.version
         info = seal_checkpoint(self.staged)
+        metrics = self.metrics
+        if metrics:  # an iteration's metrics, with what its publish cost (version 0 has none)
+            metrics = {**metrics, **self.staged.seconds, "seal_s": info["seconds"]}
         self.lineage.log_version(
-            version, checkpoint=self.checkpoints.manifest(version), data=list(self.data), metrics=self.metrics or None
+            version, checkpoint=self.checkpoints.manifest(version), data=list(self.data), metrics=metrics or None
         )
-        commit_version(self.run_dir, version, self.primer_state, self.metrics, self.markers_uri)
+        commit_version(self.run_dir, version, self.primer_state, metrics, self.markers_uri)
         if version > 0:  # in the background beside the next iteration, or now
             report = self.reports.submit if self.reports is not None else report_iteration
             report(self.run_id, version_history(self.run_dir, version), self.run_dir / "reports", self.lineage)

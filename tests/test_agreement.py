@@ -3,6 +3,7 @@ diagnostics, and the alarm when the trainer holds other weights than the engine 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -118,7 +119,7 @@ def test_a_trainer_holding_other_weights_is_flagged(vllm_engine_fp32, trainer_wo
 
 
 def test_trainer_worker_takes_the_loss_menu_lora_and_checkpointing_from_the_config(
-    vllm_engine_fp32, default_model_path, tmp_path
+    vllm_engine_fp32, default_model_path, tmp_path, monkeypatch
 ):
     """LoRA + gradient checkpointing + GSPO + sequence-level TIS + RLOO-ready rows: the options reach the loss,
     a step trains only the adapters, the published checkpoint holds merged Hugging Face weights, and a resume
@@ -172,3 +173,12 @@ def test_trainer_worker_takes_the_loss_menu_lora_and_checkpointing_from_the_conf
     restored = fresh._lora_state()
     assert all(torch.equal(restored[k], v) for k, v in adapters.items())
     assert fresh.trainer.step_count == 1
+    worker.handoff = True  # engines on the trainer's host: the staged file goes through shared memory
+    monkeypatch.setattr("storage.handoff.SHARED_MEMORY", tmp_path / "shm")
+    (tmp_path / "shm").mkdir()
+    staged = worker.stage(3, {"test": True})
+    assert Path(staged["checkpoint"]).parent == tmp_path / "shm" / f"llmrl-handoff-{os.getpid()}"
+    assert not store.weights_path(3).exists() and store.versions() == [1, 2]
+    sealed = worker.seal(3, {"test": True})
+    assert not Path(staged["checkpoint"]).exists() and store.versions() == [1, 2, 3]
+    assert sealed["sha256"] == store.manifest(3).sha256 and store.load(3).manifest.parent_version == 2

@@ -233,6 +233,8 @@ def test_reference_kl_in_the_loss_or_the_reward(tmp_path, default_model_path, kl
         assert metrics["agreement_off"] == 0.0
         assert ("kl_to_ref" in metrics) == (kl_in == "loss")
         assert metrics["ref_seconds"] > 0
+        # what the publish of this version cost: the weights file (shared memory here), the engine load, the seal
+        assert metrics["publish_write_s"] > 0 and metrics["publish_load_s"] > 0 and metrics["seal_s"] > 0
     # version 0's rollouts came from the reference weights themselves: KL(sampler || ref) ~ 0 there
     v0 = store.read_records("t1", version=0)
     assert max(abs(s - r) for rec in v0 for s, r in zip(rec.sampler_logprobs, rec.ref_logprobs, strict=True)) < 2e-2

@@ -187,3 +187,23 @@ def test_the_rotary_reload_warning_is_explained_once_then_hidden(caplog):
     assert "QKVParallelLinear: Failed to load weights" in messages
     assert "RotaryEmbedding: Failed to load weights" not in messages
     assert sum("cos/sin cache is computed" in m for m in messages) <= 1
+
+
+def test_weights_are_cast_to_the_engine_dtype_exactly_as_the_engine_would_round_them():
+    """A bf16 engine fed fp32 weights rounds them in ``param.copy_``; casting first gives the same bits (so
+    what the engine samples with does not change), leaves integer tensors alone, and skips unknown dtypes."""
+    from types import SimpleNamespace
+
+    from llmrl_core.weight_sync.updater import cast_floats, engine_dtype
+
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(64, 33, generator=generator) * 3
+    state = {"w": weight, "ids": torch.arange(5), "half": weight.to(torch.bfloat16)}
+    cast = cast_floats(state, torch.bfloat16)
+    param = torch.empty(64, 33, dtype=torch.bfloat16)
+    param.copy_(weight)  # what vLLM's default weight loader does with an fp32 tensor
+    assert cast["w"].dtype == torch.bfloat16 and torch.equal(cast["w"].view(torch.int16), param.view(torch.int16))
+    assert cast["ids"] is state["ids"] and cast["half"] is state["half"]
+    assert cast_floats(state, None) is state
+    llm = SimpleNamespace(llm_engine=SimpleNamespace(model_config=SimpleNamespace(dtype=torch.bfloat16)))
+    assert engine_dtype(llm) is torch.bfloat16 and engine_dtype(object()) is None

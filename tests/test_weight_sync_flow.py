@@ -24,8 +24,11 @@ class Done:
     """What a Dask actor call returns: a future whose result is ready."""
 
     value: Any = None
+    awaited: Any = None  # called when the result is taken (records when a caller waited for it)
 
     def result(self) -> Any:
+        if self.awaited is not None:
+            self.awaited()
         return self.value
 
 
@@ -46,7 +49,7 @@ class FakeEngine:
 
     def load(self, path: str, version: int) -> Done:
         self.log.append((self.name, "load", path, version))
-        return Done(version)
+        return Done(version, lambda: self.log.append((self.name, "loaded", version)))
 
 
 class FakeTrainer:
@@ -69,11 +72,13 @@ class FakeTrainer:
 
     def stage(self, version: int, config: dict) -> Done:
         self.log.append(("trainer", "stage", version))
-        return Done({"version": version, "checkpoint": f"/ckpt/policy_v{version:06d}.safetensors"})
+        return Done({"version": version, "checkpoint": f"/ckpt/policy_v{version:06d}.safetensors", "seconds": 0.5})
 
     def seal(self, version: int, config: dict) -> Done:
         self.log.append(("trainer", "seal", version))
-        return Done({"version": version, "checkpoint": f"/ckpt/policy_v{version:06d}.safetensors", "sha256": "x"})
+        return Done(
+            {"version": version, "checkpoint": f"/ckpt/policy_v{version:06d}.safetensors", "sha256": "x", "seconds": 2}
+        )
 
 
 def _cfg(*overrides: str) -> GRPOConfig:
@@ -148,12 +153,14 @@ def test_publishing_broadcasts_instead_of_loading_the_checkpoint():
     assert stages.seal_checkpoint.fn(staged)["sha256"] == "x"
     log.clear()
     staged = stages.publish_weights.fn(trainer, engines, 2, {})  # no group: every engine loads the checkpoint
-    assert log == [  # the seal is asked for before the loads are awaited, so the trainer does it while they load
+    assert log == [  # the seal is asked for once the engines hold the version: beside their rollout, not the loads
         ("trainer", "stage", 2),
         ("e0", "load", "/ckpt/policy_v000002.safetensors", 2),
+        ("e0", "loaded", 2),
         ("trainer", "seal", 2),
     ]
     assert staged.version == 2 and staged.checkpoint == "/ckpt/policy_v000002.safetensors"
+    assert staged.seconds["publish_write_s"] == 0.5 and 0 <= staged.seconds["publish_load_s"] < 1
     staged.version = 3
     with pytest.raises(RuntimeError, match="the trainer sealed version 2 while publishing 3"):
         stages.seal_checkpoint.fn(staged)

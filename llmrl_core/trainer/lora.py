@@ -72,14 +72,15 @@ def export_adapter(model: Any, path: str | os.PathLike) -> Path:
 
 
 @torch.no_grad()
-def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
+def merged_state_dict(model: Any, copy: bool = True) -> dict[str, torch.Tensor]:
     """Full-model weights with Hugging Face names (LoRA merged in, when present), detached copies.
 
     This is what an inference engine loads; the model itself is left unchanged (adapters are merged, copied
-    and unmerged again).
+    and unmerged again). ``copy=False``: a model without adapters gives its own tensors (detached, not copied),
+    for a caller that only reads them before the model changes again (e.g. to write them to a file).
     """
     if not is_lora(model):
-        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return {k: v.detach().clone() if copy else v.detach() for k, v in model.state_dict().items()}
     model.merge_adapter()
     try:
         state = model.get_base_model().state_dict()

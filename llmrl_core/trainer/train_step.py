@@ -299,6 +299,7 @@ class Trainer:
         """Write the LoRA adapter only (atomic); raises when the trainer has no LoRA."""
         return export_adapter(self.model, path)
 
-    def state_dict_for_inference(self) -> dict[str, Any]:
-        """Full weights with Hugging Face names (LoRA merged), for checkpoints and pushing into vLLM."""
-        return merged_state_dict(self.model)
+    def state_dict_for_inference(self, copy: bool = True) -> dict[str, Any]:
+        """Full weights with Hugging Face names (LoRA merged), for checkpoints and pushing into vLLM (``copy``:
+        see :func:`~llmrl_core.trainer.lora.merged_state_dict`)."""
+        return merged_state_dict(self.model, copy=copy)

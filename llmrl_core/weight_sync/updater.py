@@ -51,6 +51,23 @@ def add_tied_head(state: dict[str, torch.Tensor], llm: Any) -> None:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
 
 
+def engine_dtype(llm: Any) -> torch.dtype | None:
+    """The dtype an engine holds its weights in (its model config's ``dtype``), or None when it does not say."""
+    dtype = getattr(getattr(getattr(llm, "llm_engine", None), "model_config", None), "dtype", None)
+    return dtype if isinstance(dtype, torch.dtype) else None
+
+
+def cast_floats(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """``state`` with its floating-point tensors in ``dtype`` (unchanged when None or already there).
+
+    The engine would round them to its dtype on load anyway (the same round-to-nearest-even cast), but vLLM
+    warns once per tensor it has to convert, on every reload; casting first keeps the log clean and halves the
+    bytes a bf16 engine is sent from an fp32 trainer."""
+    if dtype is None:
+        return state
+    return {k: t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t for k, t in state.items()}
+
+
 class vLLMUpdater:  # noqa: N801 - TorchRL's name
     """Pushes state dicts into registered vLLM engines (see the module docstring for the modes)."""
 
@@ -97,6 +114,9 @@ class vLLMUpdater:  # noqa: N801 - TorchRL's name
         state = weights.state_dict() if isinstance(weights, torch.nn.Module) else dict(weights)
         for llm in self.engines:
             add_tied_head(state, llm)
+        dtypes = {engine_dtype(llm) for llm in self.engines}
+        if self.mode != "nccl" and len(dtypes) == 1:
+            state = cast_floats(state, dtypes.pop())
         if self.mode == "in_process":
             items = [(name, t.detach()) for name, t in state.items()]
             for llm in self.engines:
