@@ -179,6 +179,7 @@ class TrainerWorker:
     """The resident policy model, its optimizer and the checkpoint store of the run."""
 
     _staged: tuple[int, WrittenWeights | CheckpointManifest] | None = None  # what stage() wrote, for seal()
+    handoff: bool = False  # the engines share this host: stage() may write into shared memory (see __init__)
 
     def __init__(
         self, cfg: GRPOConfig, model: str | None = None, layout: RunLayout | None = None, handoff: bool = False
