@@ -5,14 +5,15 @@ Shared by ``bench_orchestration.py`` (P3) and ``bench_scaling.py``. The run is i
 real ones, so nothing is converted or compiled again, and no running ``llmrl ui`` is joined). Sources:
 
 - the Prefect database of that home (``prefect/prefect.db``, table ``task_run``): start and end of every task
-  run (``load-prompts``, ``rollout``, ``advantages``, ``write-trajectories``, ``train``, ``publish-weights``,
-  ``seal-checkpoint`` (the previous version's, after this iteration's rollouts), ``commit-version``,
+  run (``load-prompts``, ``rollout``, ``write-trajectories``, ``train``, ``publish-weights``,
+  ``seal-checkpoint`` and ``commit-version`` (the previous version's, beside this iteration's train step),
   ``report-iteration``). Iteration ``k`` is the span from its ``load-prompts`` start to the
   next iteration's ``load-prompts`` start (the last one: to the end of its last task);
 - the commit markers ``RUN/state/published-v<N>.json``: the metrics the flow records per version, of which
   ``rollout_s`` (the rollout actor's own time for its stage, engine generation included) and ``step_time_s``
   (the trainer's optimizer step) are the compute inside the iteration; ``publish_write_s``, ``publish_load_s``
-  and ``seal_s`` split the publish.
+  and ``seal_s`` split the publish, and ``engine_reload_s`` (recorded with the next version's rollouts) is the
+  engines' own share of the load: vLLM's ``reload_weights``, which re-packs the weights for its kernels.
 
 Everything else in the span is orchestration: task calls, Dask actor calls, Parquet stages, checkpoint +
 engine reload (``publish-weights``), waiting for the checkpoint's seal (``seal-checkpoint``), MLflow lineage writes
@@ -37,7 +38,6 @@ TASKS = (
     "load-prompts",
     "rollout",
     "score-reference",
-    "advantages",
     "write-trajectories",
     "train",
     "publish-weights",
@@ -68,7 +68,8 @@ class Iteration:
     last: bool  # the run's last iteration: its span ends at its last task's end
     tasks: list[TaskRun] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
-    publish: dict[str, float] = field(default_factory=dict)  # publish-weights split by file times (if kept)
+    publish: dict[str, float] = field(default_factory=dict)  # publish-weights split by the times the flow records
+    engine_reload: float = 0.0  # the engines' own reload of the version this iteration publishes (0: not recorded)
 
     @property
     def wall(self) -> float:
@@ -88,6 +89,12 @@ class Iteration:
         """Engine + trainer compute: the rollout actor's stage time and the trainer's time (see train_compute)."""
         return self.metrics.get("rollout_s", 0.0) + self.train_compute
 
+    @property
+    def compute_with_reload(self) -> float:
+        """:attr:`compute` plus the engines' own weight reload: the work a hand-written loop around the same
+        engine and trainer does too (vLLM's ``reload_weights`` re-packs the weights for its kernels)."""
+        return self.compute + self.engine_reload
+
     def task_seconds(self, name: str) -> float:
         return sum(t.seconds for t in self.tasks if t.name == name)
 
@@ -105,25 +112,22 @@ class Iteration:
             else 0.0,
             "train task - step time (Dask call, Parquet read, samples)": self.task_seconds("train")
             - self.train_compute,
-            "publish-weights (weights file, engine reload)": self.task_seconds("publish-weights"),
-            "seal-checkpoint (waiting for the trainer's hash, manifest, optimizer state)": self.task_seconds(
+            "publish-weights (weights file, engine load)": self.task_seconds("publish-weights"),
+            "seal-checkpoint (waiting for the trainer's seal; beside the train step: overlaps it)": self.task_seconds(
                 "seal-checkpoint"
             ),
-            "advantages (Parquet read + rewrite)": self.task_seconds("advantages"),
-            "write-trajectories (Parquet staging -> store)": self.task_seconds("write-trajectories"),
+            "write-trajectories (advantages, Parquet staging -> store)": self.task_seconds("write-trajectories"),
             "report-iteration (PNG, Prefect artifacts, MLflow artifact; in the background: overlaps the rest)": (
                 self.task_seconds("report-iteration")
             ),
             "load-prompts": self.task_seconds("load-prompts"),
-            "commit-version (marker)": self.task_seconds("commit-version"),
+            "commit-version (marker; beside the train step: overlaps it)": self.task_seconds("commit-version"),
             "score-reference": self.task_seconds("score-reference"),
         }
         gaps = self.gaps()
-        out["between tasks: train -> publish (MLflow trajectory input)"] = gaps.get("publish-weights", 0.0)
-        out["between tasks: publish -> commit (MLflow version lineage)"] = gaps.get("commit-version", 0.0)
         outside = 0.0 if self.task_seconds("rollout") else m.get("rollout_s", 0.0)  # the rollout, between tasks
-        out["between tasks: other (Prefect task calls, Dask rollout calls, flow code)"] = (
-            sum(v for k, v in gaps.items() if k not in ("publish-weights", "commit-version")) - outside
+        out["between tasks (Prefect task calls, Dask rollout calls, MLflow trajectory input, flow code)"] = (
+            sum(gaps.values()) - outside
         )
         return {k: v for k, v in out.items() if abs(v) > 0 or "compute" in k}
 
@@ -148,8 +152,10 @@ class FlowRun:
 
     @property
     def steady(self) -> list[Iteration]:
-        """The iterations after the first (warm-up: first Parquet/MLflow writes, first report), or all if only one."""
-        return [it for it in self.iterations if it.version > 0] or self.iterations
+        """The iterations after the first (warm-up: first Parquet/MLflow writes, first report) and before the last
+        (the end of the run: it waits for its own checkpoint's seal), or fewer if the run is too short for that."""
+        middle = [it for it in self.iterations if it.version > 0 and not it.last]
+        return middle or [it for it in self.iterations if it.version > 0] or self.iterations
 
 
 def _epoch(value: str) -> float:
@@ -206,6 +212,9 @@ def run_flow(
         marker = json.loads((run_dir / "state" / f"published-v{k + 1}.json").read_text())
         iteration = Iteration(k, lp.start, end, last, inside, marker["metrics"])
         iteration.publish = _publish_split(run_dir, k + 1, [t for t in inside if t.name == "publish-weights"])
+        following = run_dir / "state" / f"published-v{k + 2}.json"  # its rollouts record the reload of version k+1
+        if following.exists():
+            iteration.engine_reload = json.loads(following.read_text())["metrics"].get("engine_reload_s", 0.0)
         iterations.append(iteration)
     return FlowRun(overrides, wall, starts[0].start - started if starts else float("nan"), iterations, log)
 
@@ -222,13 +231,15 @@ def _publish_split(run_dir: Path, version: int, tasks: list[TaskRun]) -> dict[st
         return {}
     task = tasks[0]
     return {
-        "merged state dict + weights file written (safetensors)": metrics["publish_write_s"],
-        "engine load(s)": metrics["publish_load_s"],
+        "weights written for the engines (cast into the shared-memory file, or the checkpoint file)": metrics[
+            "publish_write_s"
+        ],
+        "engine load(s) (file mapped, weights re-packed by vLLM)": metrics["publish_load_s"],
         "rest of the task (Dask calls, Prefect task run)": task.seconds
         - metrics["publish_write_s"]
         - metrics["publish_load_s"],
-        "after the task, on the trainer, beside the next rollout: seal (store copy + sha256, manifest, optimizer "
-        "+ RNG state)": metrics.get("seal_s", float("nan")),
+        "after the task, on the trainer, beside the next rollout: seal (fp32 weights file + fsync + sha256, "
+        "manifest, optimizer + RNG state)": metrics.get("seal_s", float("nan")),
     }
 
 

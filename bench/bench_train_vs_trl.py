@@ -79,7 +79,7 @@ def generate(args: argparse.Namespace, out: Path) -> None:
     from llmrl_core.policies.vllm_engine import shutdown_llm
     from storage.trajectories import TrajectoryStore
     from tasks.actors import RolloutWorker
-    from tasks.grpo_stages import compute_advantages, load_prompts
+    from tasks.grpo_stages import assign_advantages, load_prompts
     from tasks.records import logprob_temperature
 
     cfg = config(args)
@@ -87,8 +87,8 @@ def generate(args: argparse.Namespace, out: Path) -> None:
     staging = tempfile.mkdtemp(prefix="bench-train-vs-trl-")
     rows, _ = load_prompts.fn(cfg, None)
     worker.rollout(rows, 0, staging, 0)
-    compute_advantages.fn(cfg, staging, 0)
     records = TrajectoryStore(staging).read_records(cfg.run_id, version=0)
+    assign_advantages(cfg, records)
     shutdown_llm(worker.worker.llm)
     shutil.rmtree(staging, ignore_errors=True)
     rows_out = [

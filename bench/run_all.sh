@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-REPEATS=5 TRL_REPEATS=3 P3_ITERATIONS=3 SCALING=(--prompts 4 16 --workers 1 2 --workers-at 4)
+REPEATS=5 TRL_REPEATS=3 P3_ITERATIONS=4 SCALING=(--prompts 4 16 --workers 1 2 --workers-at 4)
 if [ "${1:-}" = "--quick" ]; then
   REPEATS=2 TRL_REPEATS=2 P3_ITERATIONS=2 SCALING=(--prompts 4 --workers 1 2 --workers-at 4)
 fi

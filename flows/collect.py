@@ -68,7 +68,6 @@ def collect(
             summaries = stages.rollout(engines, rows, policy_version, staging_uri, shard_offset=batch * len(engines))
             rows_total += sum(s["rows"] for s in summaries)
             log.info("batch %d/%d: %d rollouts", batch + 1, batches, sum(s["rows"] for s in summaries))
-        stages.compute_advantages(collect_cfg, staging_uri, policy_version)
         written = stages.write_trajectories(collect_cfg, staging_uri, out_layout.trajectories_uri, policy_version)
     log.info(
         "collected %d rollouts of %s version %d into %s", rows_total, cfg.run_id, policy_version, written["partition"]

@@ -131,7 +131,6 @@ def grpo(
             TrainerWorker,
             cfg,
             layout=layout,
-            handoff=place.engines_beside_trainer,  # new weights reach the engines through shared memory
             actor=True,
             workers=[place.trainer],
             pure=False,
@@ -154,9 +153,19 @@ def grpo(
         lineage.set_tags({f"llmrl.{k}": v for k, v in hardware.items()})
         config_dict = stages.lineage_config(cfg)
         weight_sync = weight_sync_for(cfg, hardware, trainer, engines, place.trainer)
+        shared = (
+            weight_sync is None
+            and place.engines_beside_trainer
+            and len({d["rollout_dtype"] for d in described}) == 1
+            and trainer.share_weights(hardware["rollout_dtype"]).result()
+        )
         log.info(
             "new versions reach the engines by %s",
-            f"NCCL broadcast ({weight_sync.world_size} ranks)" if weight_sync else "checkpoint load",
+            f"NCCL broadcast ({weight_sync.world_size} ranks)"
+            if weight_sync
+            else "shared memory (a file in /dev/shm, rewritten in place)"
+            if shared
+            else "checkpoint load",
         )
         published_to = dict(
             run_id=cfg.run_id,
@@ -180,18 +189,19 @@ def grpo(
             t_iter = time.perf_counter()
             ahead.send(version + cfg.rollout.max_staleness)  # sampled by `version` while the trainer trains
             arrived = ahead.take(version)
-            if pending is not None:  # its checkpoint was sealed while the engines sampled this batch
-                pending.complete()
-                pending = None
             batch, shards, next_primer_state = arrived.batch, arrived.shards, arrived.primer_state
             _maybe_fail(cfg, "rollout", version)
             sampled = batch.policy_version
             ref_info = stages.score_reference(trainer, batch.staging_uri, sampled) if cfg.train.kl_coef > 0 else {}
-            adv = stages.compute_advantages(cfg, batch.staging_uri, sampled)
             written = stages.write_trajectories(cfg, batch.staging_uri, store_uri, sampled, batch.shard_prefix)
             _maybe_fail(cfg, "write_trajectories", version)
+            adv = written["advantages"]
             t_train = time.perf_counter()
-            train_metrics = stages.train(trainer, store_uri, batch)
+            training = stages.train.submit(trainer, store_uri, batch)
+            if pending is not None:  # committed while the trainer trains (it sealed beside this batch's rollouts)
+                pending.complete()
+                pending = None
+            train_metrics = training.result()
             train_wall_s = time.perf_counter() - t_train
             _maybe_fail(cfg, "train", version)
             if train_metrics.get("agreement_off"):
@@ -211,25 +221,27 @@ def grpo(
                 "trainer_wait_s": arrived.wait_s,  # the trainer idle, waiting for this batch's rollouts
                 # the engines idle (no rollout, no weight load) before they started this batch
                 "rollout_idle_s": max(s["engine_idle_s"] for s in shards),
+                # the engines' own reload of the weights they sampled with (vLLM reload_weights, kernel re-packing)
+                "engine_reload_s": max(s.get("engine_reload_s", 0.0) for s in shards),
                 "train_s": train_wall_s,
                 "sampled_by_version": float(sampled),
                 "groups_with_signal": adv["groups"] - adv["zero_signal_groups"] - adv["dropped_groups"],
                 **{k: float(v) for k, v in ref_info.items() if k != "rows"},
                 **{k: float(v) for k, v in train_metrics.items() if isinstance(v, int | float)},
             }
-            part = lineage.log_trajectory_partition(
-                TrajectoryStore(store_uri), sampled, shard_prefix=batch.shard_prefix
-            )
             metrics["iteration_s"] = time.perf_counter() - t_iter
             pending = start_publish(
                 trainer,
                 engines,
                 version + 1,
                 config_dict,
-                data=[part],
                 metrics=metrics,
                 primer_state=next_primer_state,
                 **published_to,
+            )
+            # the trained-on partition's lineage input, once the engines hold the new version (off the critical path)
+            pending.data.append(
+                lineage.log_trajectory_partition(TrajectoryStore(store_uri), sampled, shard_prefix=batch.shard_prefix)
             )
             ahead.published(version + 1)
             _maybe_fail(cfg, "publish", version)

@@ -16,8 +16,7 @@ Design choices:
   when its manifest does. A crash in between leaves at most an orphan weights file that no reader sees and
   the next save of that version replaces. The two halves can be called apart (:meth:`CheckpointStore.write_weights`,
   then :meth:`CheckpointStore.seal`): a GRPO trainer hands the written file to the engines on its node and
-  hashes it while they load. The first half may write into a memory-backed handoff folder instead
-  (:mod:`storage.handoff`); the seal then moves the file into the store, hashing it on the way.
+  hashes it while they load.
 - Loading checks the file's sha256 against the manifest (on by default) before trusting it.
 - Tensors that share memory (tied embeddings, e.g. ``lm_head.weight`` is ``embed_tokens.weight``)
   are stored once; the manifest's ``aliases`` maps the dropped name to the stored one and loading
@@ -132,10 +131,9 @@ class WrittenWeights:
     aliases: dict[str, str]
     sha256: str | None = None
     size_bytes: int | None = None
-    handoff_file: str | None = None  # where the file is until the seal moves it into the store (a handoff folder)
 
 
-def _dedupe_shared(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def dedupe_shared(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Drop exact duplicates of shared tensors (recorded as aliases); copy partial overlaps; make contiguous."""
     stored: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
@@ -341,21 +339,17 @@ class CheckpointStore:
             metadata=metadata,
         )
 
-    def write_weights(
-        self, state_dict: Mapping[str, torch.Tensor], policy_version: int, *, handoff: str | os.PathLike | None = None
-    ) -> WrittenWeights:
+    def write_weights(self, state_dict: Mapping[str, torch.Tensor], policy_version: int) -> WrittenWeights:
         """The first half of :meth:`save`: the weights file, complete at its final name, but no manifest yet, so
         the version does not exist for readers of the store until :meth:`seal` commits it.
 
         On a local folder this is a temporary file renamed into place, without fsync or hash (the seal does both,
-        so a trainer can hand the file to engines on its node first and hash it while they load). ``handoff``: a
-        local folder (a memory-backed one, :mod:`storage.handoff`) to write the file into instead; the seal moves
-        it into the store, hashing it on the way. A remote store hashes the serialised file before the upload, as
-        it must read it anyway (``handoff`` is ignored there). A manifest left by an earlier save of this version
-        is removed first: it describes other bytes.
+        so a trainer can hand the file to engines on its node first and hash it while they load). A remote store
+        hashes the serialised file before the upload, as it must read it anyway. A manifest left by an earlier save
+        of this version is removed first: it describes other bytes.
         """
         _check_version(policy_version)
-        tensors, aliases = _dedupe_shared(state_dict)
+        tensors, aliases = dedupe_shared(state_dict)
         if not tensors:
             raise CheckpointError("refusing to save an empty state_dict")
         self.fs.create_dir(self._dir, recursive=True)
@@ -364,11 +358,7 @@ class CheckpointStore:
         header = {"policy_version": str(policy_version), "format": "llmrl"}
         sha: str | None = None
         size: int | None = None
-        handoff_file = None
-        if self.local and handoff is not None:
-            handoff_file = os.path.join(os.fspath(handoff), name)
-            _write_local(tensors, handoff_file, header)
-        elif self.local:
+        if self.local:
             _write_local(tensors, self._file(name), header)
         else:
             sha, size = self._save_remote(tensors, self._file(name), header)
@@ -382,7 +372,6 @@ class CheckpointStore:
             aliases=aliases,
             sha256=sha,
             size_bytes=size,
-            handoff_file=handoff_file,
         )
 
     def seal(
@@ -404,9 +393,7 @@ class CheckpointStore:
         _check_parent(policy_version, parent_version)
         config_hash = _checked_config_hash(config, config_hash)
         sha, size = written.sha256, written.size_bytes
-        if written.handoff_file is not None:
-            sha, size = _move_hashed(written.handoff_file, self._file(written.weights_file), policy_version)
-        elif sha is None or size is None:
+        if sha is None or size is None:
             path = self._file(written.weights_file)
             if not os.path.isfile(path):
                 raise CheckpointError(
@@ -518,29 +505,6 @@ def _write_local(tensors: dict[str, torch.Tensor], path: str, header: dict[str, 
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
-
-
-def _move_hashed(source: str, path: str, version: int) -> tuple[str, int]:
-    """Copy ``source`` to ``path`` atomically (temporary name, fsync, rename) while hashing it, then delete
-    ``source``; returns (sha256, size). One read of the file serves the copy and the hash."""
-    if not os.path.isfile(source):
-        raise CheckpointError(f"{source}: handoff file of policy version {version} is missing (not sealed)")
-    digest = hashlib.sha256()
-    temp = Path(temp_name_for(path))
-    try:
-        with open(source, "rb") as src, open(temp, "wb") as out:
-            while block := src.read(1 << 24):
-                digest.update(block)
-                out.write(block)
-            out.flush()
-            os.fsync(out.fileno())
-        size = temp.stat().st_size
-        publish(pafs.LocalFileSystem(), str(temp), path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    os.unlink(source)
-    return digest.hexdigest(), size
 
 
 def _write_text_atomic(fs: pafs.FileSystem, path: str, text: str) -> None:

@@ -29,7 +29,7 @@ from llmrl_core.policies.base import SamplingConfig
 from llmrl_core.policies.vllm_engine import EngineConfig
 from storage.checkpoints import CheckpointManifest, CheckpointStore, WrittenWeights
 from storage.filesystems import read_bytes, resolve_filesystem, write_bytes_atomic
-from storage.handoff import handoff_dir
+from storage.handoff import SharedWeights
 from storage.layout import RunLayout
 from storage.trajectories import TrajectoryStore
 from tasks.records import read_shards, record_to_sample, trajectory_to_record
@@ -165,6 +165,7 @@ class RolloutWorker(RolloutActor):
             "rows": len(records),
             "seconds": time.perf_counter() - start,
             "engine_idle_s": idle,
+            "engine_reload_s": self.worker.last_reload_s,  # of the weights this batch was sampled with
             "reward_mean": float(np.mean(rewards)),
             **health,
             **tools,
@@ -178,17 +179,16 @@ class RolloutWorker(RolloutActor):
 class TrainerWorker:
     """The resident policy model, its optimizer and the checkpoint store of the run."""
 
-    _staged: tuple[int, WrittenWeights | CheckpointManifest] | None = None  # what stage() wrote, for seal()
-    handoff: bool = False  # the engines share this host: stage() may write into shared memory (see __init__)
+    # what stage() wrote, for seal(): the store's file (a local store), its manifest (a remote store), or None
+    # (the weights went through shared memory: seal() writes the checkpoint)
+    _staged: tuple[int, WrittenWeights | CheckpointManifest | None] | None = None
+    _shared: SharedWeights | None = None  # set by share_weights()
 
-    def __init__(
-        self, cfg: GRPOConfig, model: str | None = None, layout: RunLayout | None = None, handoff: bool = False
-    ) -> None:
+    def __init__(self, cfg: GRPOConfig, model: str | None = None, layout: RunLayout | None = None) -> None:
         """``model``: a model reference (default ``cfg.model``), resolved on this worker (see
         :class:`RolloutWorker`); ``layout``: where the run's checkpoints and trainer states live (default
         ``RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir)``, resolved on this worker): local folders, or URIs
-        of a store every node reaches (``runs_dir: s3://...``). ``handoff``: every engine runs on this worker's
-        host, so :meth:`stage` may leave the weights in shared memory for them (:mod:`storage.handoff`)."""
+        of a store every node reaches (``runs_dir: s3://...``)."""
         from transformers import AutoModelForCausalLM
 
         from llmrl_core.model_store import resolve_model
@@ -202,7 +202,6 @@ class TrainerWorker:
         self.mixed_precision, self.precision_reason = mixed_precision_for(t.mixed_precision, device)
         self.cfg = cfg
         self.layout = layout or RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir)
-        self.handoff = handoff
         model_path = resolve_model(cfg.model if model is None else model)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
         self.ref = None
@@ -250,36 +249,51 @@ class TrainerWorker:
         self.stage(version, config)
         return self.seal(version, config)
 
+    def share_weights(self, dtype: str) -> bool:
+        """Hand new versions to the engines through shared memory from now on, in their ``dtype`` (``"bfloat16"``,
+        ``"float32"``, ...): the flow calls it when every engine runs on this worker's host and loads checkpoint
+        files (:class:`storage.handoff.SharedWeights`). Returns whether it is on (not for a dtype torch lacks)."""
+        torch_dtype = getattr(torch, dtype, None)
+        self._shared = SharedWeights(torch_dtype) if isinstance(torch_dtype, torch.dtype) else None
+        return self._shared is not None
+
     def stage(self, version: int, config: dict[str, Any]) -> dict[str, Any]:
         """Write the weights of ``version`` where the engines load them from; returns ``{"version", "checkpoint",
         "seconds"}``.
 
-        On a local store the file is complete at its final path but not yet a version (no fsync, hash or
-        manifest: :meth:`seal` adds them while the engines load it). On a remote store the version is committed
-        here, manifest included: engines on other nodes check the bytes they read against it.
-
-        With ``handoff`` on a local store the file goes to a shared-memory folder (when it has room), which is
-        faster to write than the disk: ``checkpoint`` is then that file, and :meth:`seal` moves it into the store.
+        After :meth:`share_weights` that is the shared-memory file (when ``/dev/shm`` has room): the engines' dtype,
+        rewritten in place, and the checkpoint is written by :meth:`seal`. Otherwise it is the checkpoint: on a
+        local store the file is complete at its final path but not yet a version (no fsync, hash or manifest:
+        :meth:`seal` adds them while the engines load it); on a remote store the version is committed here,
+        manifest included, as engines on other nodes check the bytes they read against it.
         """
         start = time.perf_counter()
         state = self.trainer.state_dict_for_inference(copy=False)  # only written out, before the next step
-        folder = None
-        if self.handoff and self.checkpoints.local:
-            folder = handoff_dir(sum(t.numel() * t.element_size() for t in state.values()))
-        written = self.checkpoints.write_weights(state, version, handoff=folder)
+        shared = self._shared.write(state) if self._shared is not None else None
+        if shared is not None:
+            self._staged = (version, None)
+            return {"version": version, "checkpoint": str(shared), "seconds": time.perf_counter() - start}
+        written = self.checkpoints.write_weights(state, version)
         del state
         self._staged = (version, written if self.checkpoints.local else self._commit(written, config))
-        loaded_from = written.handoff_file or self.checkpoints.weights_path(version)
-        return {"version": version, "checkpoint": str(loaded_from), "seconds": time.perf_counter() - start}
+        return {
+            "version": version,
+            "checkpoint": str(self.checkpoints.weights_path(version)),
+            "seconds": time.perf_counter() - start,
+        }
 
     def seal(self, version: int, config: dict[str, Any]) -> dict[str, Any]:
-        """Commit the checkpoint :meth:`stage` wrote (fsync, sha256, manifest, retention) and save the optimizer
-        and RNG state reached at ``version``; returns ``{"version", "checkpoint", "sha256", "seconds"}``."""
+        """Commit the checkpoint of ``version`` (the one :meth:`stage` wrote, or the trainer's weights now when
+        they went through shared memory: nothing changes them between the two calls) with fsync, sha256, manifest
+        and retention, and save the optimizer and RNG state reached at ``version``; returns ``{"version",
+        "checkpoint", "sha256", "seconds"}``."""
         start = time.perf_counter()
         staged = self._staged
         if staged is None or staged[0] != version:
             raise RuntimeError(f"seal({version}) without stage({version}) first (staged: {staged and staged[0]})")
         manifest = staged[1]
+        if manifest is None:
+            manifest = self.checkpoints.write_weights(self.trainer.state_dict_for_inference(copy=False), version)
         if not isinstance(manifest, CheckpointManifest):
             manifest = self._commit(manifest, config)
         self.save_state(version)

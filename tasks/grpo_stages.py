@@ -148,17 +148,11 @@ def score_reference(trainer: Any, staging_uri: str, version: int) -> dict:
     return trainer.score_reference(staging_uri, version).result()
 
 
-@task(name="advantages", retries=1, **STAGE)
-def compute_advantages(cfg: GRPOConfig, staging_uri: str, version: int) -> dict:
-    """Group advantages (``train.advantage``: grpo | dr_grpo | rloo) over each GRPO group of the staged rows
-    (rewrites the staging shards). With ``train.kl_in=reward`` the return of a row is its task reward minus
-    ``kl_coef`` times its summed per-token KL to the reference (stored as ``reward_components["kl_penalty"]``;
-    ``reward`` stays the task's reward)."""
-    store = TrajectoryStore(staging_uri)
-    shards = read_shards(store, cfg.run_id, version)
-    records = [r for _, rs in shards for r in rs]
-    if not records:
-        raise RuntimeError(f"no staged rollouts for {cfg.run_id} version {version}")
+def assign_advantages(cfg: GRPOConfig, records: list[Any]) -> dict[str, int]:
+    """Set each record's group advantage (``train.advantage``: grpo | dr_grpo | rloo over its GRPO group); returns
+    the counts (groups, zero-signal and dropped groups). With ``train.kl_in=reward`` the return of a row is its task
+    reward minus ``kl_coef`` times its summed per-token KL to the reference (stored as
+    ``reward_components["kl_penalty"]``; ``reward`` stays the task's reward)."""
     t = cfg.train
     if t.kl_coef > 0 and t.kl_in == "reward":
         for record in records:
@@ -171,30 +165,36 @@ def compute_advantages(cfg: GRPOConfig, staging_uri: str, version: int) -> dict:
     result = mc_advantage(returns, [r.group_id for r in records], method=t.advantage)
     for record, advantage in zip(records, result.advantages.tolist(), strict=True):
         record.advantage = float(advantage)
-    for shard, rs in shards:
-        store.write_shard(cfg.run_id, version, shard, rs)
-    return {"rows": len(records), **{k: int(v) for k, v in result.stats.items()}}
+    return {k: int(v) for k, v in result.stats.items()}
 
 
 @task(name="write-trajectories", retries=1, **STAGE)
 def write_trajectories(
     cfg: GRPOConfig, staging_uri: str, store_uri: str, version: int, shard_prefix: str | None = None
 ) -> dict:
-    """Publish the staged partition into the run's trajectory store (replacing any partial earlier attempt).
+    """Give the staged rows their group advantages (:func:`assign_advantages`) and publish the partition into the
+    run's trajectory store (replacing any partial earlier attempt), in one read of the staging shards; returns
+    ``{"partition", "shards", "rows", "advantages"}`` (the advantage counts).
 
     With ``shard_prefix`` (one batch of an asynchronous run) the shards are stored as ``<prefix><shard>`` beside
     the other batches of the same policy version, and only that batch's shards are replaced."""
     staging, store = TrajectoryStore(staging_uri), TrajectoryStore(store_uri)
+    shards = read_shards(staging, cfg.run_id, version)
+    records = [r for _, rs in shards for r in rs]
+    if not records:
+        raise RuntimeError(f"no staged rollouts for {cfg.run_id} version {version}")
+    counts = assign_advantages(cfg, records)
     store.delete_partition(cfg.run_id, version, shard_prefix)
     infos = [
         store.write_shard(cfg.run_id, version, shard if shard_prefix is None else f"{shard_prefix}{shard}", rs)
-        for shard, rs in read_shards(staging, cfg.run_id, version)
+        for shard, rs in shards
     ]
     staging.delete_partition(cfg.run_id, version)
     return {
         "partition": store.partition_uri(cfg.run_id, version),
         "shards": len(infos),
         "rows": sum(i.num_rows or 0 for i in infos),
+        "advantages": counts,
     }
 
 

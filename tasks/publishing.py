@@ -47,7 +47,7 @@ class PendingPublish:
     run_dir: Path
     checkpoints: CheckpointStore
     lineage: LineageRecorder
-    data: Sequence[DataRef]
+    data: list[DataRef]
     metrics: dict[str, float]
     primer_state: dict | None
     reports: BackgroundReports | None

@@ -124,6 +124,8 @@ def test_trainer_worker_takes_the_loss_menu_lora_and_checkpointing_from_the_conf
     """LoRA + gradient checkpointing + GSPO + sequence-level TIS + RLOO-ready rows: the options reach the loss,
     a step trains only the adapters, the published checkpoint holds merged Hugging Face weights, and a resume
     restores the adapters."""
+    from safetensors.torch import load_file
+
     from storage.checkpoints import CheckpointStore
     from tasks.actors import TrainerWorker
 
@@ -173,12 +175,20 @@ def test_trainer_worker_takes_the_loss_menu_lora_and_checkpointing_from_the_conf
     restored = fresh._lora_state()
     assert all(torch.equal(restored[k], v) for k, v in adapters.items())
     assert fresh.trainer.step_count == 1
-    worker.handoff = True  # engines on the trainer's host: the staged file goes through shared memory
     monkeypatch.setattr("storage.handoff.SHARED_MEMORY", tmp_path / "shm")
     (tmp_path / "shm").mkdir()
+    assert worker.share_weights("bfloat16")  # engines on the trainer's host: new weights go through shared memory
     staged = worker.stage(3, {"test": True})
-    assert Path(staged["checkpoint"]).parent == tmp_path / "shm" / f"llmrl-handoff-{os.getpid()}"
-    assert not store.weights_path(3).exists() and store.versions() == [1, 2]
+    shared = Path(staged["checkpoint"])
+    assert shared.parent == tmp_path / "shm" / f"llmrl-handoff-{os.getpid()}"
+    merged = worker.trainer.state_dict_for_inference()
+    engine_view = load_file(shared)
+    assert set(engine_view) <= set(merged) and "model.embed_tokens.weight" in engine_view
+    assert all(engine_view[k].dtype == torch.bfloat16 for k in engine_view)
+    assert all(torch.equal(engine_view[k], merged[k].to(torch.bfloat16)) for k in engine_view)
+    assert not store.weights_path(3).exists() and store.versions() == [1, 2]  # the checkpoint comes with the seal
     sealed = worker.seal(3, {"test": True})
-    assert not Path(staged["checkpoint"]).exists() and store.versions() == [1, 2, 3]
-    assert sealed["sha256"] == store.manifest(3).sha256 and store.load(3).manifest.parent_version == 2
+    assert store.versions() == [1, 2, 3] and sealed["sha256"] == store.manifest(3).sha256
+    stored = store.load(3)  # sha256 verified
+    assert stored.manifest.parent_version == 2 and stored.manifest.dtypes == {"float32": stored.manifest.num_tensors}
+    assert all(torch.equal(stored.state_dict[k], merged[k]) for k in engine_view)  # full precision in the store

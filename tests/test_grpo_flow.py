@@ -113,8 +113,8 @@ def test_two_iterations_crash_and_resume(tmp_path, default_model_path):
 @pytest.mark.slow
 def test_sigkill_mid_iteration_then_resume_repeats_nothing(tmp_path, default_model_path):
     """A real kill (SIGKILL to the flow process and its Dask workers) as soon as version 1 is committed, i.e.
-    early in iteration 1 (a whole iteration takes many seconds), then a resume: iteration 1 runs once, version
-    0's partition is untouched."""
+    beside iteration 1's train step (version 2 is far from committed), then a resume: iteration 1 runs once,
+    version 0's partition is untouched."""
     import os
     import signal
     import subprocess
@@ -149,7 +149,9 @@ def test_sigkill_mid_iteration_then_resume_repeats_nothing(tmp_path, default_mod
     state = runs / "t1" / "state"
     assert sorted(p.name for p in state.glob("published-v*.json")) == ["published-v0.json", "published-v1.json"]
     store = TrajectoryStore(runs / "trajectories")
-    assert store.versions("t1") == [0]  # version 1 was staged, never published
+    # version 1's partition may be in the store already (written before the train step the commit runs beside);
+    # no version trained on it is committed, and the resume replaces it
+    assert store.versions("t1") in ([0], [0, 1])
     v0 = {s.name: Path(s.path).read_bytes() for s in store.shards("t1", version=0)}
 
     summary = grpo(overrides=overrides)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -130,34 +129,6 @@ def test_written_weights_count_only_once_sealed(tmp_path):
     store.weights_path(1).unlink()
     with pytest.raises(CheckpointError, match="weights file of policy version 1 is missing"):
         store.seal(written)
-
-
-def test_a_handoff_file_moves_into_the_store_at_the_seal(tmp_path):
-    """write_weights(handoff=...) leaves the file in the handoff folder only (the store has neither file nor
-    version); the seal copies it in under a temporary name, hashes the bytes it copies, renames it into place and
-    removes the handoff file. A handoff file gone before the seal is an error naming it."""
-    from safetensors.torch import load_file
-
-    store, handoff = CheckpointStore(tmp_path / "store"), tmp_path / "shm"
-    handoff.mkdir()
-    written = store.write_weights(_tiny(1), 1, handoff=handoff)
-    assert written.handoff_file == str(handoff / "policy_v000001.safetensors")
-    assert torch.equal(load_file(written.handoff_file)["w"], _tiny(1)["w"])  # complete: engines may load it
-    assert not store.weights_path(1).exists() and store.versions() == []
-    manifest = store.seal(written, config={"a": 1})
-    assert store.versions() == [1] and list(handoff.iterdir()) == []
-    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == [
-        "policy_v000001.manifest.json",
-        "policy_v000001.safetensors",
-    ]  # no temporary file left behind
-    assert manifest.sha256 == hashlib.sha256(store.weights_path(1).read_bytes()).hexdigest()
-    assert manifest.size_bytes == store.weights_path(1).stat().st_size
-    assert torch.equal(store.load(1).state_dict["w"], _tiny(1)["w"])  # sha256 verified on load
-    again = store.write_weights(_tiny(2), 2, handoff=handoff)
-    Path(again.handoff_file).unlink()
-    with pytest.raises(CheckpointError, match=r"shm/policy_v000002.safetensors: handoff file of policy version 2"):
-        store.seal(again)
-    assert store.versions() == [1]
 
 
 def test_a_seal_keeps_the_versions_it_is_told_to_protect(tmp_path):

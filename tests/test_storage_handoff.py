@@ -1,4 +1,4 @@
-"""The shared-memory handoff folder a trainer leaves new weights in for the engines on its host."""
+"""Shared memory through which a trainer hands new weights to the engines on its host: the folder and the file."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import subprocess
 from collections import namedtuple
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from storage import handoff
 from tasks.cluster import Placement
@@ -55,3 +57,45 @@ def test_folders_of_dead_trainers_are_swept_and_live_ones_kept(tmp_path):
 )
 def test_engines_are_beside_the_trainer_only_when_every_worker_shares_its_host(trainer, rollout, beside):
     assert Placement(None, rollout, trainer).engines_beside_trainer is beside
+
+
+def _state(scale: float) -> dict[str, torch.Tensor]:
+    embed = torch.arange(12, dtype=torch.float32).reshape(4, 3) * scale + 0.1234567
+    return {
+        "embed.weight": embed,
+        "head.weight": embed,  # tied: the same tensor under two names
+        "norm.weight": torch.full((3,), 1.0 + scale),
+        "position_ids": torch.arange(4),
+    }
+
+
+def test_shared_weights_are_cast_written_once_then_rewritten_in_place(tmp_path):
+    """The first version writes the file (floating tensors in the engines' dtype, a tied tensor once); later ones
+    copy into the same file (same inode, same mapping) and a reader sees exactly the cast of the new weights."""
+    shared = handoff.SharedWeights(torch.bfloat16, root=tmp_path)
+    path = shared.write(_state(1.0))
+    assert path == tmp_path / f"llmrl-handoff-{os.getpid()}" / "engine-weights.safetensors"
+    first = load_file(path)
+    assert sorted(first) == ["embed.weight", "norm.weight", "position_ids"]
+    assert first["embed.weight"].dtype == torch.bfloat16 and first["position_ids"].dtype == torch.int64
+    inode = path.stat().st_ino
+    for scale in (2.0, -3.5):
+        assert shared.write(_state(scale)) == path and path.stat().st_ino == inode  # rewritten in place
+        again = load_file(path)
+        for name, tensor in again.items():
+            expected = _state(scale)[name]
+            assert torch.equal(tensor, expected.to(torch.bfloat16) if expected.is_floating_point() else expected)
+    assert list(path.parent.iterdir()) == [path]  # no temporary file left behind
+
+
+def test_shared_weights_rewrite_the_file_when_the_layout_changes_and_step_aside_without_room(tmp_path, monkeypatch):
+    shared = handoff.SharedWeights(torch.float32, root=tmp_path)
+    path = shared.write(_state(1.0))
+    grown = {**_state(1.0), "norm.weight": torch.ones(5)}  # another shape: a new file, not a copy into the old
+    assert shared.write(grown) == path and torch.equal(load_file(path)["norm.weight"], torch.ones(5))
+    Usage = namedtuple("Usage", "total used free")
+    big = {"w": torch.zeros(20 << 20)}  # 80 MB in float32, 160 MB with room for the temporary file
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: Usage(64 << 20, 0, 64 << 20))  # a container's 64 MB
+    assert shared.write(big) is None  # the trainer writes the checkpoint folder instead
+    del shared
+    assert not path.exists()  # the file goes with its owner

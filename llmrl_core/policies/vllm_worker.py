@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ class vLLMWorker:  # noqa: N801 - TorchRL's naming
         self.config = config or EngineConfig()
         self.llm = make_llm(self.config)
         self.policy_version: int | str = 0
+        self.last_reload_s = 0.0  # the engine's own reload of the last weights loaded (vLLM reload_weights)
         self._updater = vLLMUpdater("in_process").register_engine(self.llm)
 
     def get_tokenizer(self) -> Any:
@@ -68,7 +70,9 @@ class vLLMWorker:  # noqa: N801 - TorchRL's naming
             state = load_file(str(Path(weights)))
         else:
             state = dict(weights)
+        start = time.perf_counter()
         self._updater.push_weights(state)
+        self.last_reload_s = time.perf_counter() - start
         self.policy_version = version
         return version
 
