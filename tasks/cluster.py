@@ -62,6 +62,7 @@ from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.pipeline.offline_config import OfflineConfig
 from llmrl_core.pipeline.sft_config import SFTConfig
 from llmrl_core.policies.vllm_engine import EngineConfig
+from storage.handoff import sweep_orphans
 
 RunConfig = GRPOConfig | SFTConfig | OfflineConfig  # the configs with ``dask`` and ``train.device`` sections
 
@@ -373,6 +374,9 @@ def dask_cluster(cfg: RunConfig, scratch: Path, rollout_workers: int | None = No
     scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": None}}
     tensor_parallel = _rollout_placement(cfg)[0] > 1 and n_rollout > 0
     with ExitStack() as stack:
+        # last on the way out, once the workers are gone: the shared-memory weights their trainer left behind
+        # (storage/handoff.py; a trainer process ends with its worker, without a chance to remove them itself)
+        stack.callback(sweep_orphans)
         if tensor_parallel:  # vLLM starts a process per GPU: a daemonic Dask worker may not have children
             import dask
 

@@ -49,6 +49,7 @@ def test_two_iterations_crash_and_resume(tmp_path, default_model_path):
     from transformers import AutoModelForCausalLM
 
     from flows.grpo import InjectedFailure, grpo
+    from storage.handoff import sweep_orphans
     from storage.lineage_query import version_lineage
     from storage.trajectories import TrajectoryStore
     from tasks.records import record_to_sample
@@ -71,6 +72,8 @@ def test_two_iterations_crash_and_resume(tmp_path, default_model_path):
     # 2) resume with the same run id: only the unpublished iteration runs again
     summary = grpo(overrides=_tiny(tmp_path))
     assert summary["published_version"] == 2
+    # the run's trainer handed its weights to the engine through /dev/shm; the flow removed them on its way out
+    assert sweep_orphans() == []
     assert store.versions("t1") == [0, 1]
     assert {name: open(s.path, "rb").read() for name, s in v0_before.items()} == v0_bytes  # nothing repeated
     for version in (0, 1):
