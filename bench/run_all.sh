@@ -17,7 +17,7 @@ echo "== P1 (engine call) generation: llmrl generate vs raw vllm.LLM.generate, f
 echo "== P1 rollout stage: the rollout actor (env, collector, records, Parquet shard) vs raw vllm.LLM.generate"
 "$PY" bench/bench_rollout_stage.py --prompts 8 --group-size 8 --repeats 3
 echo "== P4 weight publish: engine reload (file, bytes) vs in-memory copies"
-"$PY" bench/bench_weight_publish.py --repeats 2
+"$PY" bench/bench_weight_publish.py --dtype auto --repeats 2
 echo "== P5 storage: TrajectoryStore write+read vs raw pyarrow"
 "$PY" bench/bench_storage.py --rows 2048 --repeats "$REPEATS"
 echo "== train step and sampler agreement: fp32 vs bf16 autocast"

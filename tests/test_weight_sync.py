@@ -169,6 +169,39 @@ def test_state_without_the_tied_head_still_updates_the_output_layer(engine, trai
         model.load_state_dict(original)
 
 
+def test_state_with_only_the_tied_head_still_updates_the_input_embeddings(engine, trainer, tmp_path):
+    """A tied tensor stored once under its first name in sorted order, ``lm_head.weight`` (checkpoints and the
+    shared-memory file the GRPO trainer writes): the engine's input embeddings must change with it too."""
+    from safetensors.torch import load_file
+
+    from storage.checkpoints import CheckpointStore
+    from storage.handoff import SharedWeights
+
+    model, tokenizer, original = trainer
+    prompt, response = _fixed_tokens(tokenizer)
+    updater = vLLMUpdater("in_process").register_engine(engine)
+    before = score_with_vllm(engine, [prompt], [response])[0]
+    try:
+        with torch.no_grad():
+            model.model.embed_tokens.weight.mul_(1.5)  # tied: changes the input embeddings and the head
+        expected = _trainer_logprobs(model, prompt, response)
+        assert (expected - before).abs().max().item() > 0.1
+        state = {k: v.detach() for k, v in model.state_dict().items()}  # both names, one tensor
+        handoff = SharedWeights(torch.float32, root=tmp_path)  # the file lives as long as this object
+        shared = handoff.write(state)
+        written = CheckpointStore(tmp_path / "store").write_weights(state, 1)
+        checkpoint = tmp_path / "store" / written.weights_file
+        for path in (shared, checkpoint):
+            stored = load_file(path)
+            assert "lm_head.weight" in stored and "model.embed_tokens.weight" not in stored
+            updater.push_weights(stored)
+            after = score_with_vllm(engine, [prompt], [response])[0]
+            assert (after - expected).abs().max().item() < 1e-3, path
+            updater.push_weights(original)
+    finally:
+        model.load_state_dict(original)
+
+
 def test_the_rotary_reload_warning_is_explained_once_then_hidden(caplog):
     """vLLM warns "RotaryEmbedding: Failed to load weights" on every reload (its cos/sin cache is computed,
     never a checkpoint weight): llmrl explains it once and hides it; other reload warnings still show."""
