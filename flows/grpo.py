@@ -6,10 +6,11 @@
 
 A version is *published* once its commit marker exists (checkpoint, optimizer/RNG state, engines loaded,
 lineage logged, data cursor saved). The engines get a new version as soon as its weights file is written; the
-rest of its publish (checkpoint hash and manifest, optimizer state, lineage, marker) completes after the next
-batch's rollouts, which it overlaps. Running the same run id again resumes after the last published
-version: that iteration's partition is rebuilt from scratch (same prompts, same seeds), nothing published
-is repeated. Run it with ``llmrl run grpo [--config x.yaml] [--set section.key=value ...]``.
+rest of its publish (checkpoint file, hash and manifest, optimizer state: beside the next batch's rollouts;
+lineage and marker: beside the next train step) completes during the next iteration. Running the same run id
+again resumes after the last published version: that iteration's partition is rebuilt from scratch (same prompts,
+same seeds), nothing published is repeated. Run it with
+``llmrl run grpo [--config x.yaml] [--set section.key=value ...]``.
 """
 
 from __future__ import annotations
@@ -184,7 +185,7 @@ def grpo(
         ahead = RolloutAhead(cfg, layout.staging_uri, engines, checkpoints, 0, primer_state)
         ahead.fill(start)  # asynchronous runs: rollout.max_staleness batches in flight before training starts
         bar = iteration_bar(cfg, start)
-        pending: PendingPublish | None = None  # the version the engines hold, committed once the next batch is in
+        pending: PendingPublish | None = None  # the version the engines hold, committed beside the next train step
         for version in range(start, cfg.iterations):
             t_iter = time.perf_counter()
             ahead.send(version + cfg.rollout.max_staleness)  # sampled by `version` while the trainer trains

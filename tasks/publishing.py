@@ -4,8 +4,8 @@ What makes a version count, in order: its weights written and loaded into the ro
 sealed (sha256, manifest, optimizer/RNG state: on the trainer, while the engines load), MLflow lineage, the
 commit marker (written last), then the per-version report. :func:`publish_version` does it all in one call;
 :func:`start_publish` stops once the engines hold the version and leaves the rest to
-:meth:`PendingPublish.complete`, which the GRPO flow calls after the next batch's rollouts (the seal and the
-report run beside them).
+:meth:`PendingPublish.complete`, which the GRPO flow calls beside the next train step (the seal runs beside the
+next batch's rollouts, the report beside the train step).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ class PendingPublish:
     """A version the rollout engines already hold whose commit is still to come: :meth:`complete` waits for the
     trainer's seal of its checkpoint, logs its lineage, writes the commit marker and starts its report.
 
-    The GRPO flow completes it after the next batch's rollouts arrived, so the hash and the optimizer state are
-    written while the engines sample; until then the version is not published (a resume starts before it)."""
+    The GRPO flow completes it once the next batch's rollouts arrived, while the trainer trains on them (the seal
+    ran while the engines sampled); until then the version is not published (a resume starts before it)."""
 
     staged: StagedVersion
     run_id: str
