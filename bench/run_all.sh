@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark suite, one script after the other (never side by side: each measures ours against the raw
-# library interleaved in one process). About 29 minutes on 2 quiet cores (the first run adds ~1 minute to create
+# library interleaved in one process). 15.5 minutes on 2 Intel Xeon cores, ~29 on
+# 2 AMD EPYC cores (the first run adds ~1 minute to create
 # bench/.venv-trl). P2, P3 and scaling run smaller sizes here than their defaults. Results: bench/README.md.
 #   bash bench/run_all.sh [--quick]
 set -euo pipefail
