@@ -16,7 +16,7 @@ Design choices:
   when its manifest does. A crash in between leaves at most an orphan weights file that no reader sees and
   the next save of that version replaces. The two halves can be called apart (:meth:`CheckpointStore.write_weights`,
   then :meth:`CheckpointStore.seal`): a GRPO trainer hands the written file to the engines on its node and
-  hashes it while they load.
+  hashes it once they loaded it.
 - Loading checks the file's sha256 against the manifest (on by default) before trusting it.
 - Tensors that share memory (tied embeddings, e.g. ``lm_head.weight`` is ``embed_tokens.weight``)
   are stored once; the manifest's ``aliases`` maps the dropped name to the stored one and loading
@@ -344,7 +344,7 @@ class CheckpointStore:
         the version does not exist for readers of the store until :meth:`seal` commits it.
 
         On a local folder this is a temporary file renamed into place, without fsync or hash (the seal does both,
-        so a trainer can hand the file to engines on its node first and hash it while they load). A remote store
+        so a trainer can hand the file to engines on its node first and hash it afterwards). A remote store
         hashes the serialised file before the upload, as it must read it anyway. A manifest left by an earlier save
         of this version is removed first: it describes other bytes.
         """

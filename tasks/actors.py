@@ -264,7 +264,7 @@ class TrainerWorker:
         After :meth:`share_weights` that is the shared-memory file (when ``/dev/shm`` has room): the engines' dtype,
         rewritten in place, and the checkpoint is written by :meth:`seal`. Otherwise it is the checkpoint: on a
         local store the file is complete at its final path but not yet a version (no fsync, hash or manifest:
-        :meth:`seal` adds them while the engines load it); on a remote store the version is committed here,
+        :meth:`seal` adds them once the engines loaded it); on a remote store the version is committed here,
         manifest included, as engines on other nodes check the bytes they read against it.
         """
         start = time.perf_counter()

@@ -1,7 +1,7 @@
 """Publishing a policy version, shared by the grpo, sft and offline flows.
 
 What makes a version count, in order: its weights written and loaded into the rollout engines, its checkpoint
-sealed (sha256, manifest, optimizer/RNG state: on the trainer, while the engines load), MLflow lineage, the
+sealed (sha256, manifest, optimizer/RNG state: on the trainer, once the engines hold it), MLflow lineage, the
 commit marker (written last), then the per-version report. :func:`publish_version` does it all in one call;
 :func:`start_publish` stops once the engines hold the version and leaves the rest to
 :meth:`PendingPublish.complete`, which the GRPO flow calls beside the next train step (the seal runs beside the
