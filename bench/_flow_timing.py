@@ -211,7 +211,7 @@ def run_flow(
         end = max(t.end for t in inside) if last else starts[k + 1].start
         marker = json.loads((run_dir / "state" / f"published-v{k + 1}.json").read_text())
         iteration = Iteration(k, lp.start, end, last, inside, marker["metrics"])
-        iteration.publish = _publish_split(run_dir, k + 1, [t for t in inside if t.name == "publish-weights"])
+        iteration.publish = _publish_split(marker["metrics"], [t for t in inside if t.name == "publish-weights"])
         following = run_dir / "state" / f"published-v{k + 2}.json"  # its rollouts record the reload of version k+1
         if following.exists():
             iteration.engine_reload = json.loads(following.read_text())["metrics"].get("engine_reload_s", 0.0)
@@ -219,14 +219,12 @@ def run_flow(
     return FlowRun(overrides, wall, starts[0].start - started if starts else float("nan"), iterations, log)
 
 
-def _publish_split(run_dir: Path, version: int, tasks: list[TaskRun]) -> dict[str, float]:
-    """The publish-weights task of ``version`` split by the times the flow commits with the version
-    (``publish_write_s``: the trainer's merged state dict + weights file, into shared memory when the engines share
-    its host; ``publish_load_s``: the engines' loads; ``seal_s``: the trainer's seal after the task, beside the next
-    rollout: weights moved into the checkpoint store with their sha256, manifest, optimizer + RNG state). Empty
-    for a run that did not record them."""
-    marker = run_dir / "state" / f"published-v{version}.json"
-    metrics = json.loads(marker.read_text())["metrics"] if marker.exists() else {}
+def _publish_split(metrics: dict[str, float], tasks: list[TaskRun]) -> dict[str, float]:
+    """A version's publish-weights task split by the times the flow commits with the version (its marker's
+    ``metrics``: ``publish_write_s``, the trainer's weights for the engines, into shared memory when they share its
+    host; ``publish_load_s``, the engines' loads; ``seal_s``, the trainer's seal after the task, beside the next
+    rollout: the fp32 checkpoint written when the engines got the weights through shared memory, its fsync and
+    sha256, manifest, optimizer + RNG state). Empty for a run that did not record them."""
     if len(tasks) != 1 or "publish_write_s" not in metrics:
         return {}
     task = tasks[0]

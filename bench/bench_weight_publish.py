@@ -44,7 +44,7 @@ def main() -> None:
     from llmrl_core.policies.vllm_engine import EngineConfig, shutdown_llm
     from llmrl_core.policies.vllm_worker import vLLMWorker
     from llmrl_core.weight_sync.serialization import state_dict_to_bytes, write_state_dict_atomic
-    from llmrl_core.weight_sync.updater import engine_dtype
+    from llmrl_core.weight_sync.updater import cast_floats, engine_dtype
     from storage.handoff import SharedWeights
 
     state = base_state_dict(None)
@@ -68,7 +68,7 @@ def main() -> None:
         worker.load_weights(blob, version)
 
     shared = SharedWeights(engine_dtype(worker.llm) or torch.float32, Path(tmp))  # the flow's path, engines beside
-    cast = {k: v.to(shared.dtype) if v.is_floating_point() else v for k, v in state.items()}
+    cast = cast_floats(state, shared.dtype)
 
     def publish_shared() -> None:
         nonlocal version

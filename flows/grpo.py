@@ -129,12 +129,7 @@ def grpo(
             for a in place.rollout
         ]
         trainer = client.submit(
-            TrainerWorker,
-            cfg,
-            layout=layout,
-            actor=True,
-            workers=[place.trainer],
-            pure=False,
+            TrainerWorker, cfg, layout=layout, actor=True, workers=[place.trainer], pure=False
         ).result()
         engines = [e.result() for e in engines]
         log.info("%d rollout engine(s) and the trainer are resident (%.1f s)", len(engines), time.perf_counter() - t0)

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from llmrl_core.weight_sync.updater import cast_floats
 from storage.checkpoints import dedupe_shared
 from storage.filesystems import temp_name_for
 
@@ -97,9 +98,6 @@ class SharedWeights:
         self._views: dict[str, torch.Tensor] = {}
         self._shapes: dict[str, tuple[int, ...]] = {}
 
-    def _cast(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.to(self.dtype) if tensor.is_floating_point() else tensor
-
     def write(self, state: Mapping[str, torch.Tensor]) -> Path | None:
         """Put ``state`` into the file; returns its path, or None when shared memory lacks room (write elsewhere).
 
@@ -115,7 +113,7 @@ class SharedWeights:
 
     def _create(self, tensors: dict[str, torch.Tensor]) -> Path | None:
         self._views = {}
-        cast = {name: self._cast(t) for name, t in tensors.items()}
+        cast = cast_floats(tensors, self.dtype)
         folder = handoff_dir(sum(t.numel() * t.element_size() for t in cast.values()), self.root)
         if folder is None:
             self.path = None
