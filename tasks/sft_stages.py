@@ -1,7 +1,7 @@
 """The SFT stages as thin Prefect tasks: prepare the training set (a chat dataset, or stored trajectories kept by
 ``TopKRewardSelector``), and the resident trainer's SFT objective (training itself: :mod:`tasks.epoch_stages`).
 
-Chats are tokenized with ``History.apply_chat_template(..., return_assistant_tokens_mask=True)``: the prompt is
+Chats are tokenized with ``Conversation.apply_chat_template(..., return_assistant_tokens_mask=True)``: the prompt is
 everything before the first assistant token, the loss covers assistant tokens only (user / tool turns of a
 multi-turn chat stay in the response but are masked out). Selected trajectories keep their stored tokens and
 ``response_mask``. Both become one training-set file (:mod:`tasks.train_data`) that the trainer reads by path;
@@ -18,7 +18,7 @@ from typing import Any
 from prefect import task
 
 from llmrl_core.builtin_data import gsm8k_gold, gsm8k_path
-from llmrl_core.data.history import History
+from llmrl_core.data.conversation import Conversation
 from llmrl_core.envs.data_sources import open_source
 from llmrl_core.envs.gsm8k import GSM8K_QUESTION_TEMPLATE, GSM8K_SYSTEM_PROMPT
 from llmrl_core.objectives import TopKRewardSelector
@@ -83,7 +83,7 @@ def row_chat(row: dict[str, Any], cfg: SFTConfig, where: str, env: Any = None) -
 def tokenize_chat(chat: list[dict[str, Any]], tokenizer: Any, max_length: int, where: str) -> tuple[TrainSample, bool]:
     """A train sample from a chat (loss on assistant tokens only); True when it was truncated to ``max_length``."""
     try:
-        rendered = History.from_chats(chat).apply_chat_template(
+        rendered = Conversation.from_chats(chat).apply_chat_template(
             tokenizer, add_generation_prompt=False, return_assistant_tokens_mask=True
         )
     except (ValueError, TypeError, KeyError) as err:

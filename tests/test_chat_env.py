@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmrl_core.data import History, LLMData, Response
+from llmrl_core.data import Conversation, LLMData, Response
 from llmrl_core.envs import (
     AddThinkingPrompt,
     ChatEnv,
@@ -48,7 +48,9 @@ def tokenizer(default_model_path):
 
 def test_reset_builds_system_and_user_messages():
     env = ChatEnv(system_prompt="Be brief.", chat_template_name="chatml")
-    out = env.reset(["Hi", {"query": "2+2?", "answer": "4"}, History.from_chats([{"role": "user", "content": "x"}])])
+    out = env.reset(
+        ["Hi", {"query": "2+2?", "answer": "4"}, Conversation.from_chats([{"role": "user", "content": "x"}])]
+    )
     assert [h.role for h in out.history] == [["system", "user"]] * 3
     assert out.history[1][1].content == "2+2?" and out.data[1]["answer"] == "4"
     assert out.reward.tolist() == [0.0] * 3 and not out.done.any() and out.active == [0, 1, 2]

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from llmrl_core.data import History, Response
+from llmrl_core.data import Conversation, Response
 from llmrl_core.envs import (
     ChatEnv,
     KLComputation,
@@ -73,7 +73,7 @@ def make_slots() -> list[SlotState]:
     gen = torch.Generator().manual_seed(123)
     slots = []
     for index, (prompt_len, response_len) in enumerate([(7, 5), (12, 9), (4, 3), (20, 1)]):
-        slot = SlotState(index=index, history=History())
+        slot = SlotState(index=index, history=Conversation())
         slot.token_segments = [rand_ids(gen, prompt_len)]
         slot.segment_is_policy = [False]
         if index == 2:
@@ -237,7 +237,7 @@ def test_kl_reward_transform_uses_sampler_log_probs_and_skips_non_finite(referen
 
 
 def test_kl_computation_checks_its_inputs():
-    slot = SlotState(index=0, history=History())
+    slot = SlotState(index=0, history=Conversation())
     slot.info.update(log_probs=torch.tensor([-1.0, -2.0]), ref_log_probs=torch.tensor([-1.5, -1.0]))
     KLComputation(coeff=2.0).step_slot(slot)
     assert slot.info["kl_penalty"].tolist() == pytest.approx([0.5, -1.0])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmrl_core.data import HistoryBatch
+from llmrl_core.data import ConversationBatch
 from llmrl_core.envs import ChatEnv, MLGymWrapper, PromptRow, make_mlgym
 from llmrl_core.envs.mlgym import mlgym_score_reward
 from llmrl_core.envs.text_games import GuessNumberEnv, make_guess_number_env, parse_guess
@@ -59,7 +59,7 @@ def play(env: ChatEnv, policy, **reset_kwargs):
     """Run one batch of episodes; returns every EnvOutput (the reset's first), histories as they were then."""
 
     def frozen(out):
-        out.history = HistoryBatch([h.copy() for h in out.history])  # the env keeps changing its own
+        out.history = ConversationBatch([h.copy() for h in out.history])  # the env keeps changing its own
         return out
 
     outputs = [frozen(env.reset(**reset_kwargs))]

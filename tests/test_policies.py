@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmrl_core.data import History, HistoryBatch, LLMData
+from llmrl_core.data import Conversation, ConversationBatch, LLMData
 from llmrl_core.policies.base import SamplingConfig
 from llmrl_core.policies.transformers_wrapper import TransformersWrapper
 from llmrl_core.policies.vllm_wrapper import vLLMWrapper
@@ -18,7 +18,7 @@ CHATS = [
 
 
 def _data() -> LLMData:
-    return LLMData(history=HistoryBatch([History.from_chats(c) for c in CHATS]))
+    return LLMData(history=ConversationBatch([Conversation.from_chats(c) for c in CHATS]))
 
 
 @pytest.fixture(scope="module")

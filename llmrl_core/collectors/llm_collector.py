@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from llmrl_core.collectors.trajectory import DialogTurn, Trajectory
-from llmrl_core.data.history import HistoryBatch
+from llmrl_core.data.conversation import ConversationBatch
 from llmrl_core.data.llm_data import LLMData
 from llmrl_core.envs.chat_env import ChatEnv
 from llmrl_core.envs.transforms.policy_version import PolicyVersion
@@ -51,7 +51,7 @@ Version = int | str | None
 def select_slots(out: EnvOutput, indices: Sequence[int]) -> LLMData:
     """The prompts of ``indices`` in ``out`` as an :class:`LLMData` (all input modes carried along)."""
     return LLMData(
-        history=HistoryBatch([out.history[i] for i in indices]),
+        history=ConversationBatch([out.history[i] for i in indices]),
         text=[out.text[i] for i in indices] if out.text is not None else None,
         tokens=[out.tokens[i] for i in indices] if out.tokens is not None else None,
     )
@@ -507,4 +507,4 @@ def _concat(parts: list[LLMData]) -> LLMData:
     histories = [h for p in parts for h in p.history] if all(p.history is not None for p in parts) else None
     text = [t for p in parts for t in p.text] if all(p.text is not None for p in parts) else None
     tokens = [t for p in parts for t in p.tokens] if all(p.tokens is not None for p in parts) else None
-    return LLMData(history=HistoryBatch(histories) if histories is not None else None, text=text, tokens=tokens)
+    return LLMData(history=ConversationBatch(histories) if histories is not None else None, text=text, tokens=tokens)

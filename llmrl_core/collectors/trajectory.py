@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from llmrl_core.data.history import History
+from llmrl_core.data.conversation import Conversation
 from llmrl_core.data.llm_data import Response
 from llmrl_core.envs.types import SlotState
 
@@ -16,7 +16,7 @@ from llmrl_core.envs.types import SlotState
 class DialogTurn:
     """One sampled assistant turn with the prompt it answered and what the env made of it."""
 
-    prompt: History
+    prompt: Conversation
     response: Response
     reward: float
     reward_components: dict[str, float]
@@ -39,7 +39,7 @@ class Trajectory:
     ``reward_components`` the summed named parts.
     """
 
-    history: History
+    history: Conversation
     responses: list[Response]
     reward: float
     reward_components: dict[str, float]

@@ -1,21 +1,23 @@
 """Data structures shared by envs, policies and trainers: conversations, content parts, env/policy batches.
 
-Public names follow TorchRL's LLM API: ``History``, ``ContentBase``, ``LLMData``, ``as_padded_tensor``,
-``as_nested_tensor``; plus ``Message``, ``HistoryBatch`` (a ragged batch of conversations), ``Response``
+Public names follow TorchRL's LLM API: ``Conversation``, ``ContentBase``, ``LLMData``, ``as_padded_tensor``,
+``as_nested_tensor``; plus ``Message``, ``ConversationBatch`` (a ragged batch of conversations), ``Response``
 (one slot's sampled turn) and ``TokenizedChat`` (rendered + tokenized chat with assistant masks).
 """
 
 from llmrl_core.data.chat_templates import NAMED_TEMPLATES, resolve_template
 from llmrl_core.data.content import ContentBase
-from llmrl_core.data.history import History, HistoryBatch, Message, TokenizedChat
+from llmrl_core.data.conversation import Conversation, ConversationBatch, Message, TokenizedChat
+from llmrl_core.data.history import History
 from llmrl_core.data.llm_data import LLMData, Response
 from llmrl_core.data.tensors import as_nested_tensor, as_padded_tensor
 
 __all__ = [
     "NAMED_TEMPLATES",
     "ContentBase",
+    "Conversation",
+    "ConversationBatch",
     "History",
-    "HistoryBatch",
     "LLMData",
     "Message",
     "Response",

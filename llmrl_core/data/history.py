@@ -1,354 +1,229 @@
-"""Conversations: :class:`Message`, :class:`History` (one chat) and :class:`HistoryBatch` (ragged batch).
+"""TorchRL's ``History``: a conversation as a tensorclass whose batch shape covers the batch and the messages.
 
-The counterpart of TorchRL's ``History``. TorchRL stores a conversation as a tensorclass whose batch shape
-``(B, T)`` carries both the batch and the message index; here a conversation is a plain list of
-:class:`Message` dataclasses and a batch is a list of conversations, so ragged lengths need no padding
-or lazy stacking. ``History.from_chats`` mirrors TorchRL: a list of messages gives a History, a list of
-chats gives a HistoryBatch.
+``History.from_chats([[msg, ...], ...])`` gives a ``(B, T)`` History (a lazy stack, so chats may differ in
+length); ``history[0]`` is one chat, ``history[:, -1]`` the last message of each. It lives in TensorDicts
+(``TensorDict(history=ChatHistory(full=history), batch_size=(B,))``) and renders with
+:meth:`History.apply_chat_template`, which picks the template the way TorchRL does (an explicit
+``chat_template`` or ``chat_template_name``; else the tokenizer's template when it has ``{% generation %}``
+markers; else ChatML) and computes assistant-token masks over assistant content.
 
-``apply_chat_template`` renders through the tokenizer's own template (named fallbacks such as ChatML
-when it has none, see :mod:`llmrl_core.data.chat_templates`) and can return assistant-token masks that
-cover assistant messages only: tool, user and system tokens are 0, so a loss can ignore tool output.
+The rendering itself is llmrl's one mechanism (:class:`~llmrl_core.data.conversation.Conversation`, which the
+rollout engine uses for its slots); :meth:`History.to_conversations` and :meth:`History.from_conversations`
+convert between the two.
 """
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, overload
+from collections.abc import Sequence
+from typing import Any
 
 import torch
+from tensordict import TensorClass, TensorDict, lazy_stack, list_to_stack
 
-from llmrl_core.data.chat_templates import (
-    assistant_char_spans,
-    char_spans_to_token_mask,
-    named_template,
-    render,
-    resolve_template,
-)
-from llmrl_core.data.content import Content, ContentBase, content_to_text, normalize_content
-from llmrl_core.data.tensors import as_padded_tensor
-from llmrl_core.data.text_parsing import parse_text
+from llmrl_core.data.chat_templates import NAMED_TEMPLATES
+from llmrl_core.data.content import ContentBase
+from llmrl_core.data.conversation import Conversation, Message
 
-KNOWN_ROLES = ("system", "user", "assistant", "tool")
+GENERATION_MARKER = "{% generation %}"
 
 
-@dataclass
-class Message:
-    """One chat message (TorchRL's History fields: role, content, is_complete, tool_calls, tool_responses)."""
+def _template_for(tokenizer: Any, chat_template: str | None, chat_template_name: str | None) -> str:
+    """The template TorchRL's ``History`` renders with: explicit, named, the tokenizer's own when it marks
+    assistant turns with ``{% generation %}``, else ChatML."""
+    if chat_template is not None:
+        return chat_template
+    if chat_template_name is not None:
+        if chat_template_name not in NAMED_TEMPLATES:
+            raise KeyError(f"unknown chat_template_name {chat_template_name!r}; known: {sorted(NAMED_TEMPLATES)}")
+        return NAMED_TEMPLATES[chat_template_name].template
+    if tokenizer is None:
+        raise RuntimeError("You must specify a tokenizer to use when chat_template is not specified.")
+    own = getattr(tokenizer, "chat_template", None)
+    if isinstance(own, str) and GENERATION_MARKER in own:
+        return own
+    return NAMED_TEMPLATES["chatml_format"].template
 
-    role: str
-    content: Content
+
+def _as_list(value: Any) -> list[Any]:
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    if hasattr(value, "tolist") and not isinstance(value, (str, ContentBase)):
+        return list(value.tolist())
+    return [value]
+
+
+class History(TensorClass["nocast"]):
+    """A chat (or a batch of chats) as a tensorclass: ``role``, ``content``, ``is_complete``, ``tool_calls``,
+    ``tool_responses`` per message; batch shape ``(..., T)`` with the messages along the last dimension."""
+
+    role: str | list[str] | list[list[str]]
+    content: str | ContentBase | list[str] | list[ContentBase] | list[list[str]] | list[list[ContentBase]]
     is_complete: bool = True
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[dict] | None = None
     tool_responses: list[str] | None = None
-    name: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.role, str) or not self.role:
-            raise ValueError(f"message role must be a non-empty string, got {self.role!r}")
-        self.content = normalize_content(self.content)
+        if not list_to_stack():
+            raise RuntimeError(
+                "History needs tensordict's list_to_stack: call tensordict.set_list_to_stack(True).set() "
+                "at the start of the script (or set LIST_TO_STACK=1)."
+            )
 
-    @property
-    def text(self) -> str:
-        """The content as text (text parts joined)."""
-        return content_to_text(self.content)
+    # --- construction -----------------------------------------------------------------------------
+    @classmethod
+    def from_chats(cls, chats: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]]) -> History:
+        """A History from one chat (a list of message dicts: shape ``(T,)``) or a list of chats
+        (shape ``(B, T)``, lazily stacked so the chats may have different lengths)."""
+        if not chats:
+            raise ValueError("History.from_chats needs at least one message or chat")
+        if isinstance(chats[0], dict):
+            return lazy_stack([cls(**dict(message)) for message in chats])
+        return lazy_stack([cls.from_chats(chat) for chat in chats])
 
-    def to_dict(self) -> dict[str, Any]:
-        """The message as a JSON-able dict (content parts as dicts; empty optional fields left out)."""
-        out: dict[str, Any] = {"role": self.role}
-        out["content"] = self.content if isinstance(self.content, str) else [p.to_dict() for p in self.content]
-        if not self.is_complete:
-            out["is_complete"] = False
-        for key in ("tool_calls", "tool_responses", "name"):
-            if getattr(self, key) is not None:
-                out[key] = getattr(self, key)
+    @classmethod
+    def from_conversations(cls, conversations: Sequence[Conversation]) -> History:
+        """A ``(B, T)`` History from llmrl's internal conversations."""
+        return cls.from_chats([[_message_dict(m) for m in conv.messages] for conv in conversations])
+
+    @classmethod
+    def from_text(cls, text: str | list[str], chat_template_name: str | None = None, **kwargs: Any) -> History:
+        """Parse rendered chat text back into a History (``(T,)`` for a string, ``(B, T)`` for a list)."""
+        if isinstance(text, list):
+            return lazy_stack([cls.from_text(t, chat_template_name=chat_template_name, **kwargs) for t in text])
+        conv = Conversation.from_text(text, chat_template_name=chat_template_name, **kwargs)
+        return cls.from_chats([_message_dict(m) for m in conv.messages])
+
+    # --- conversion -------------------------------------------------------------------------------
+    def _messages(self) -> list[Message]:
+        """The messages of a 1-D History (one chat), skipping TorchRL's ``"<none>"`` placeholders."""
+        roles = _as_list(self.role)
+        contents = _as_list(self.content)
+        complete = _as_list(self.is_complete) if self.is_complete is not None else [True] * len(roles)
+        calls = _as_list(self.tool_calls) if self.tool_calls is not None else [None] * len(roles)
+        replies = _as_list(self.tool_responses) if self.tool_responses is not None else [None] * len(roles)
+        out = []
+        for role, content, done, call, reply in zip(roles, contents, complete, calls, replies, strict=False):
+            if role == "<none>":
+                continue
+            done = bool(done.item()) if isinstance(done, torch.Tensor) else bool(done)
+            out.append(Message(role=role, content=content, is_complete=done, tool_calls=call, tool_responses=reply))
         return out
 
-    def to_template_dict(self) -> dict[str, Any]:
-        """The dict a chat template sees: role, text content, and tool_calls / name when set."""
-        out: dict[str, Any] = {"role": self.role, "content": self.text}
-        if self.tool_calls is not None:
-            out["tool_calls"] = self.tool_calls
-        if self.name is not None:
-            out["name"] = self.name
-        return out
+    def to_conversations(self) -> list[Conversation]:
+        """llmrl's internal conversations: one per chat of a ``(B, T)`` History (one for a ``(T,)`` History)."""
+        if self.batch_dims == 1:
+            return [Conversation(self._messages())]
+        if self.batch_dims != 2:
+            raise ValueError(f"to_conversations needs a (T,) or (B, T) History, got shape {tuple(self.shape)}")
+        return [self[i].to_conversations()[0] for i in range(self.batch_size[0])]
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any] | Message, where: str = "message") -> Message:
-        """Build a message from a dict with at least ``role`` and ``content``; errors name ``where``."""
-        if isinstance(data, Message):
-            return copy.deepcopy(data)
-        if not isinstance(data, dict):
-            raise TypeError(f"{where}: expected a dict with 'role' and 'content', got {type(data).__name__}")
-        missing = {"role", "content"} - set(data)
-        if missing:
-            raise ValueError(f"{where}: missing field(s) {sorted(missing)}")
-        unknown = set(data) - {"role", "content", "is_complete", "tool_calls", "tool_responses", "name"}
-        if unknown:
-            raise ValueError(f"{where}: unknown field(s) {sorted(unknown)}")
-        try:
-            return cls(**data)
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"{where}: {err}") from err
-
-
-@dataclass
-class TokenizedChat:
-    """A rendered conversation and its tokens; ``assistant_masks`` is 1 on assistant-generated tokens."""
-
-    text: str | list[str]
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    assistant_masks: torch.Tensor | None = None
-
-
-def _is_message_like(obj: Any) -> bool:
-    return isinstance(obj, Message) or (isinstance(obj, dict) and "role" in obj)
-
-
-@dataclass
-class History:
-    """One conversation: an ordered list of :class:`Message` (mutable; ``append`` adds a turn)."""
-
-    messages: list[Message] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.messages = [Message.from_dict(m, where=f"message {i}") for i, m in enumerate(self.messages)]
-
-    # --- construction -------------------------------------------------------------------------
-    @overload
-    @classmethod
-    def from_chats(cls, chats: Sequence[dict[str, Any] | Message]) -> History: ...
-    @overload
-    @classmethod
-    def from_chats(cls, chats: Sequence[Sequence[dict[str, Any] | Message]]) -> HistoryBatch: ...
-    @classmethod
-    def from_chats(cls, chats):
-        """A list of messages gives a :class:`History`; a list of such lists gives a :class:`HistoryBatch`."""
-        if not isinstance(chats, list | tuple):
-            raise TypeError(f"from_chats expects a list of messages or of chats, got {type(chats).__name__}")
-        if chats and all(_is_message_like(m) for m in chats):
-            return cls(list(chats))
-        return HistoryBatch([cls.from_chats(list(chat)) if not isinstance(chat, History) else chat for chat in chats])
-
-    @classmethod
-    def from_text(
-        cls,
-        text: str | Sequence[str],
-        chat_template_name: str | None = None,
-        tokenizer: Any = None,
-        role: str = "assistant",
-    ) -> History | HistoryBatch:
-        """Parse rendered chat text back into messages (a list of texts gives a HistoryBatch).
-
-        A last message without its end-of-turn marker is kept with ``is_complete=False``. Text without chat
-        markers becomes one ``role`` message. The format comes from ``chat_template_name``, else from the
-        markers in the text or in the tokenizer's template.
-        """
-        if not isinstance(text, str):
-            return HistoryBatch([cls.from_text(t, chat_template_name, tokenizer, role) for t in text])  # type: ignore[misc]
-        text_format = end = None
-        if chat_template_name is not None:
-            named = named_template(chat_template_name)
-            text_format, end = named.text_format, named.end_of_turn
-        elif tokenizer is not None:
-            resolved = resolve_template(tokenizer)
-            end = resolved.end_of_turn
-        return cls([Message(**m) for m in parse_text(text, text_format, end, role)])
-
-    # --- list-like API --------------------------------------------------------------------------
-    def append(self, message: Message | dict[str, Any] | History) -> History:
-        """Add one message (or all messages of another History); returns self for chaining."""
-        if isinstance(message, History):
-            self.messages.extend(copy.deepcopy(message.messages))
-        else:
-            self.messages.append(Message.from_dict(message, where=f"message {len(self.messages)}"))
-        return self
-
-    def extend(self, messages: Iterable[Message | dict[str, Any]]) -> History:
-        """Add several messages; returns self."""
-        for message in messages:
-            self.append(message)
-        return self
-
-    def copy(self) -> History:
-        """A deep copy (messages are not shared)."""
-        return History(copy.deepcopy(self.messages))
-
-    def __len__(self) -> int:
-        return len(self.messages)
-
-    def __iter__(self) -> Iterator[Message]:
-        return iter(self.messages)
-
-    @overload
-    def __getitem__(self, index: int) -> Message: ...
-    @overload
-    def __getitem__(self, index: slice) -> History: ...
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return History(copy.deepcopy(self.messages[index]))
-        return self.messages[index]
-
-    @property
-    def role(self) -> list[str]:
-        """The roles, in order (TorchRL's ``History.role``)."""
-        return [m.role for m in self.messages]
-
-    @property
-    def content(self) -> list[Content]:
-        """The contents, in order (TorchRL's ``History.content``)."""
-        return [m.content for m in self.messages]
-
-    def to_chat(self) -> list[dict[str, Any]]:
-        """The conversation as a list of JSON-able dicts."""
-        return [m.to_dict() for m in self.messages]
-
-    # --- rendering ------------------------------------------------------------------------------
+    # --- rendering --------------------------------------------------------------------------------
     def apply_chat_template(
         self,
-        tokenizer: Any = None,
         *,
+        tokenizer: Any = None,
         add_generation_prompt: bool = True,
         chat_template: str | None = None,
         chat_template_name: str | None = None,
-        tokenize: bool = False,
-        return_assistant_tokens_mask: bool = False,
-        include_end_of_turn: bool = True,
-        mask_roles: tuple[str, ...] = ("assistant",),
-        **template_kwargs: Any,
-    ) -> str | TokenizedChat:
-        """Render the chat; with ``tokenize`` or ``return_assistant_tokens_mask`` return a :class:`TokenizedChat`.
-
-        An incomplete last message is rendered open (no end-of-turn, no generation prompt), so the text is a
-        prefix the policy can continue. The assistant mask covers the content of ``mask_roles`` messages and,
-        with ``include_end_of_turn`` (default), the end-of-turn token after it. TorchRL's ChatML template masks
-        the content only: pass ``include_end_of_turn=False`` for that behaviour.
-        """
-        resolved = resolve_template(tokenizer, chat_template, chat_template_name)
-        msgs = [m.to_template_dict() for m in self.messages]
-        open_last = bool(self.messages) and not self.messages[-1].is_complete
-        text = render(
-            msgs,
-            resolved.template,
-            tokenizer=tokenizer,
-            add_generation_prompt=add_generation_prompt and not open_last,
-            **template_kwargs,
-        )
-        if open_last:
-            last_role = self.messages[-1].role
-            spans = assistant_char_spans(
-                msgs,
-                resolved.template,
-                text,
-                roles=(last_role,),
-                include_end_of_turn=False,
-                tokenizer=tokenizer,
-                **template_kwargs,
-            )
-            text = text[: spans[-1][1][1]]
-        if not tokenize and not return_assistant_tokens_mask:
-            return text
-        if tokenizer is None:
-            raise ValueError("tokenize=True / return_assistant_tokens_mask=True need a tokenizer")
-        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=return_assistant_tokens_mask)
-        input_ids = torch.tensor(enc["input_ids"], dtype=torch.long)
-        masks = None
-        if return_assistant_tokens_mask:
-            if "offset_mapping" not in enc:
-                raise ValueError("assistant masks need a fast tokenizer (offset mapping)")
-            spans = assistant_char_spans(
-                msgs,
-                resolved.template,
-                text,
-                roles=mask_roles,
-                end_of_turn=resolved.end_of_turn,
-                include_end_of_turn=include_end_of_turn,
-                tokenizer=tokenizer,
-                **template_kwargs,
-            )
-            masks = torch.tensor(char_spans_to_token_mask(enc["offset_mapping"], [s for _, s in spans]))
-        return TokenizedChat(text, input_ids, torch.ones_like(input_ids), masks)
-
-
-@dataclass
-class HistoryBatch:
-    """A batch of conversations of different lengths (one :class:`History` per slot)."""
-
-    histories: list[History] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.histories = [h if isinstance(h, History) else History.from_chats(list(h)) for h in self.histories]
-
-    def __len__(self) -> int:
-        return len(self.histories)
-
-    def __iter__(self) -> Iterator[History]:
-        return iter(self.histories)
-
-    @overload
-    def __getitem__(self, index: int) -> History: ...
-    @overload
-    def __getitem__(self, index: slice) -> HistoryBatch: ...
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return HistoryBatch(self.histories[index])
-        return self.histories[index]
-
-    def append(self, messages: Sequence[Message | dict[str, Any] | None]) -> HistoryBatch:
-        """Append one message per slot (``None`` leaves that slot unchanged)."""
-        if len(messages) != len(self.histories):
-            raise ValueError(f"append got {len(messages)} messages for a batch of {len(self.histories)}")
-        for history, message in zip(self.histories, messages, strict=True):
-            if message is not None:
-                history.append(message)
-        return self
-
-    def to_chats(self) -> list[list[dict[str, Any]]]:
-        """All conversations as lists of dicts."""
-        return [h.to_chat() for h in self.histories]
-
-    def apply_chat_template(
-        self,
-        tokenizer: Any = None,
-        *,
-        tokenize: bool = False,
+        continue_final_message: bool = False,
+        tokenize: bool | None = None,
+        padding: bool | str = False,
+        truncation: bool | str = False,
+        return_tensors: str | None = None,
+        return_dict: bool | None = None,
         return_assistant_tokens_mask: bool = False,
         **kwargs: Any,
-    ) -> list[str] | TokenizedChat:
-        """Render every conversation; tokenized output is right-padded into ``(B, max_len)`` tensors."""
-        outs = [
-            h.apply_chat_template(
-                tokenizer, tokenize=tokenize, return_assistant_tokens_mask=return_assistant_tokens_mask, **kwargs
+    ) -> str | list[str] | TensorDict:
+        """Render the chat(s): a string per chat, or (``tokenize``/``return_dict``/``return_assistant_tokens_mask``)
+        a TensorDict with ``input_ids``, ``attention_mask`` and, on request, ``assistant_masks`` (1 on assistant
+        content). A ``(B, T)`` History gives a list of strings or a lazy stack of per-chat TensorDicts."""
+        template = _template_for(tokenizer, chat_template, chat_template_name)
+        if tokenize is None:
+            tokenize = return_assistant_tokens_mask or return_tensors is not None
+        if return_dict is None:
+            return_dict = return_assistant_tokens_mask
+        if self.batch_dims > 1:
+            rows = [
+                self[i].apply_chat_template(
+                    tokenizer=tokenizer,
+                    add_generation_prompt=add_generation_prompt,
+                    chat_template=template,
+                    continue_final_message=continue_final_message,
+                    tokenize=tokenize,
+                    padding=padding,
+                    truncation=truncation,
+                    return_tensors=return_tensors,
+                    return_dict=return_dict,
+                    return_assistant_tokens_mask=return_assistant_tokens_mask,
+                    **kwargs,
+                )
+                for i in range(self.batch_size[0])
+            ]
+            return lazy_stack(rows) if return_dict else rows
+        conv = Conversation(self._messages())
+        if continue_final_message and conv.messages:
+            conv.messages[-1].is_complete = False
+        if not tokenize and not return_dict:
+            return conv.apply_chat_template(
+                tokenizer, add_generation_prompt=add_generation_prompt, chat_template=template, **kwargs
             )
-            for h in self.histories
-        ]
-        if not tokenize and not return_assistant_tokens_mask:
-            return outs  # type: ignore[return-value]
-        pad_id = getattr(tokenizer, "pad_token_id", None)
-        pad_id = 0 if pad_id is None else pad_id
-        ids, attn = as_padded_tensor([o.input_ids for o in outs], padding_value=pad_id, return_mask=True)
-        masks = None
-        if return_assistant_tokens_mask:
-            masks = as_padded_tensor([o.assistant_masks for o in outs], padding_value=False)
-        return TokenizedChat([o.text for o in outs], ids, attn.long(), masks)
+        out = conv.apply_chat_template(
+            tokenizer,
+            add_generation_prompt=add_generation_prompt,
+            chat_template=template,
+            tokenize=True,
+            return_assistant_tokens_mask=return_assistant_tokens_mask,
+            include_end_of_turn=False,
+            **kwargs,
+        )
+        if not return_dict:
+            return out.input_ids.unsqueeze(0)
+        fields: dict[str, torch.Tensor] = {"input_ids": out.input_ids, "attention_mask": out.attention_mask}
+        if out.assistant_masks is not None:
+            fields["assistant_masks"] = out.assistant_masks.long()
+        return TensorDict(fields, batch_size=[])
+
+    # --- growing ------------------------------------------------------------------------------------
+    def append(self, history: History, *, inplace: bool = True, dim: int = -1) -> History:
+        """Add one message per chat (``history`` has one dimension fewer than ``self``) along ``dim``."""
+        if not self.batch_dims:
+            raise RuntimeError("Cannot append an element to a batchless History. Call unsqueeze(dim=0) first on self.")
+        if self.batch_dims != history.batch_dims + 1:
+            raise RuntimeError(
+                "The new history to append must have one less dimension than self. "
+                f"Got self.ndim={self.ndim} and history.ndim={history.ndim}."
+            )
+        dim = dim % self.batch_dims
+        grown = lazy_stack([*self.unbind(dim), history], dim=dim)
+        if not inplace:
+            return grown
+        self.__dict__["_tensordict"] = grown._tensordict
+        return self
+
+    def extend(self, history: History, *, inplace: bool = True, dim: int = 0) -> History:
+        """Concatenate ``history`` (same number of dimensions) along ``dim``."""
+        if not self.batch_dims:
+            raise RuntimeError("Cannot add an element to a batchless History. Call unsqueeze(dim=0) first on self.")
+        if self.batch_dims != history.batch_dims:
+            raise RuntimeError(
+                "The new history to extend must have as many dimensions as self. "
+                f"Got self.ndim={self.ndim} and history.ndim={history.ndim}."
+            )
+        dim = dim % self.batch_dims
+        grown = lazy_stack([*self.unbind(dim), *history.unbind(dim)], dim=dim)
+        if not inplace:
+            return grown
+        self.__dict__["_tensordict"] = grown._tensordict
+        return self
 
 
-__all__ = ["ContentBase", "History", "HistoryBatch", "KNOWN_ROLES", "Message", "TokenizedChat"]
+def _message_dict(message: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": message.role, "content": message.content, "is_complete": message.is_complete}
+    if message.tool_calls is not None:
+        out["tool_calls"] = message.tool_calls
+    if message.tool_responses is not None:
+        out["tool_responses"] = message.tool_responses
+    return out
 
 
-def episode_start(messages: Sequence[Message], policy_role: str, turns: int) -> int:
-    """Index of the first of the last ``turns`` ``policy_role`` messages: where an episode's own answers begin,
-    after the prompt and any few-shot example turns (which are also ``policy_role`` messages)."""
-    policy = [i for i, m in enumerate(messages) if m.role == policy_role]
-    if turns < 1 or turns > len(policy):
-        return len(messages)
-    return policy[len(policy) - turns]
-
-
-def episode_prompt(messages: Sequence[Message], policy_role: str, turns: int, user_role: str = "user") -> str:
-    """The text of the user message an episode answers: the last ``user_role`` message before its first answer."""
-    start = episode_start(messages, policy_role, turns)
-    return next((m.text for m in reversed(messages[:start]) if m.role == user_role), "")
+__all__ = ["History"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llmrl_core.data.history import HistoryBatch
+from llmrl_core.data.conversation import ConversationBatch
 from llmrl_core.data.tensors import as_padded_tensor
 
 
@@ -49,7 +49,7 @@ class Response:
 class LLMData:
     """A batch of prompts and (after generation) responses; every list has one entry per slot."""
 
-    history: HistoryBatch | None = None
+    history: ConversationBatch | None = None
     text: list[str] | None = None
     tokens: list[torch.Tensor] | None = None
     text_response: list[str] | None = None

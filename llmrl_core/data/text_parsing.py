@@ -1,4 +1,4 @@
-"""Parse rendered chat text back into messages (``History.from_text``).
+"""Parse rendered chat text back into messages (``Conversation.from_text``).
 
 Each supported format has a regular-expression parser. A final message without its end-of-turn marker (a
 partial generation, e.g. cut by a token limit) is kept with ``is_complete=False``. Text with no chat markers

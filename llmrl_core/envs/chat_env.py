@@ -5,11 +5,11 @@ Contract with the policy (one env holds B slots; each GRPO copy is its own slot 
 * ``out = env.reset(prompts)`` builds B conversations (system prompt + user query) and returns an
   :class:`~llmrl_core.envs.types.EnvOutput`. Without ``prompts`` a primer transform (DataLoadingPrimer)
   supplies them. The policy reads the prompt in the env's ``input_mode``:
-  ``"history"`` -> ``out.history`` (a HistoryBatch; the policy applies the chat template),
+  ``"history"`` -> ``out.history`` (a ConversationBatch; the policy applies the chat template),
   ``"text"`` -> ``out.text`` (rendered with the generation prompt), ``"tokens"`` -> ``out.tokens`` (ids).
 * ``out = env.step(actions)`` takes one action per slot: a :class:`~llmrl_core.data.llm_data.Response`
   (text, token ids, log-probs, finish reason), a plain string, or an :class:`~llmrl_core.data.llm_data.LLMData`
-  batch; ``None`` for slots already done. The response is appended to the slot's History as the
+  batch; ``None`` for slots already done. The response is appended to the slot's Conversation as the
   ``policy_role`` message (``is_complete=False`` when it was cut by the token limit), the transforms run
   (tools, reward parsers), and the full conversation becomes the next prompt (multi-turn).
 * ``done = terminated | truncated``: transforms terminate (e.g. an answer was given); the env truncates
@@ -34,7 +34,7 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler
 
 from llmrl_core.data.chat_templates import assistant_char_spans, resolve_template
-from llmrl_core.data.history import History, HistoryBatch, Message
+from llmrl_core.data.conversation import Conversation, ConversationBatch, Message
 from llmrl_core.data.llm_data import LLMData, Response
 from llmrl_core.envs.transforms.base import Transform
 from llmrl_core.envs.types import EnvOutput, PromptRow, SlotState
@@ -170,7 +170,7 @@ class ChatEnv:
 
     # --- reset -----------------------------------------------------------------------------------
     def reset(self, prompts: Sequence[Any] | None = None) -> EnvOutput:
-        """Start B new conversations; ``prompts`` items: str, History, list of messages, dict row or PromptRow."""
+        """Start B new conversations; ``prompts`` items: str, Conversation, list of messages, dict row or PromptRow."""
         rows = self._collect_prompts(prompts)
         self.slots = [self._make_slot(i, row) for i, row in enumerate(rows)]
         for transform in self.transforms:
@@ -200,7 +200,7 @@ class ChatEnv:
         if prompts is None:
             rows = self._draw_rows(len(index_list), "reset_slots()")
         else:
-            if isinstance(prompts, str | History | dict | PromptRow):
+            if isinstance(prompts, str | Conversation | dict | PromptRow):
                 prompts = [prompts]
             if len(prompts) != len(index_list):
                 raise ValueError(f"reset_slots() got {len(prompts)} prompts for {len(index_list)} slots")
@@ -286,7 +286,7 @@ class ChatEnv:
                     break
             else:
                 raise ValueError("reset() got no prompts and no transform provides them (add a DataLoadingPrimer)")
-        if isinstance(prompts, str | History | dict | PromptRow):
+        if isinstance(prompts, str | Conversation | dict | PromptRow):
             prompts = [prompts]
         rows = [self._as_row(item, i) for i, item in enumerate(prompts)]
         if not rows:
@@ -309,13 +309,15 @@ class ChatEnv:
         if query is None:
             raise ValueError(f"prompt {index} (id {row.prompt_id!r}): missing {self.data_key!r}")
         if isinstance(query, str):
-            history = History([Message(self.user_role, query)])
-        elif isinstance(query, History):
+            history = Conversation([Message(self.user_role, query)])
+        elif isinstance(query, Conversation):
             history = query.copy()
         elif isinstance(query, list | tuple):
-            history = History(list(query))
+            history = Conversation(list(query))
         else:
-            raise TypeError(f"prompt {index}: {self.data_key!r} must be str, History or messages, got {type(query)}")
+            raise TypeError(
+                f"prompt {index}: {self.data_key!r} must be str, Conversation or messages, got {type(query)}"
+            )
         if self.system_prompt is not None and (not history.messages or history[0].role != self.system_role):
             history.messages.insert(0, Message(self.system_role, self.system_prompt))
         return SlotState(
@@ -376,7 +378,7 @@ class ChatEnv:
         return text, False
 
     # --- rendering / tokens ----------------------------------------------------------------------
-    def _render(self, history: History, add_generation_prompt: bool) -> str:
+    def _render(self, history: Conversation, add_generation_prompt: bool) -> str:
         return history.apply_chat_template(
             self.tokenizer,
             add_generation_prompt=add_generation_prompt,
@@ -434,7 +436,7 @@ class ChatEnv:
             text = [s.prompt_text or "" for s in slots]
             tokens = [s.all_tokens() for s in slots]
         out = EnvOutput(
-            history=HistoryBatch([s.history for s in slots]),
+            history=ConversationBatch([s.history for s in slots]),
             reward=torch.tensor([s.reward for s in slots], dtype=torch.float32),
             done=torch.tensor([s.done for s in slots], dtype=torch.bool),
             terminated=torch.tensor([s.terminated for s in slots], dtype=torch.bool),

@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from llmrl_core.data.history import Message
+from llmrl_core.data.conversation import Message
 from llmrl_core.envs.chat_env import ChatEnv, InputMode
 from llmrl_core.envs.transforms.base import Transform
 from llmrl_core.envs.types import EnvOutput, PromptRow, SlotState

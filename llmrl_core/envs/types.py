@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from llmrl_core.data.history import History, HistoryBatch, Message
+from llmrl_core.data.conversation import Conversation, ConversationBatch, Message
 from llmrl_core.data.llm_data import LLMData, Response
 
 
@@ -47,7 +47,7 @@ class SlotState:
     """
 
     index: int
-    history: History
+    history: Conversation
     data: dict[str, Any] = field(default_factory=dict)
     prompt_id: str | int | None = None
     group_id: int | None = None
@@ -127,7 +127,7 @@ class EnvOutput:
     reset). A slot whose ``done`` is True needs no further action; ``active`` lists the others.
     """
 
-    history: HistoryBatch
+    history: ConversationBatch
     reward: torch.Tensor
     done: torch.Tensor
     terminated: torch.Tensor

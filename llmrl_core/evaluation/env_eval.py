@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llmrl_core.collectors.trajectory import Trajectory
-from llmrl_core.data.history import episode_start
+from llmrl_core.data.conversation import episode_start
 from llmrl_core.envs.chat_env import ChatEnv
 from llmrl_core.envs.types import PromptRow
 from llmrl_core.evaluation.gsm8k_eval import run_decoding_modes

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmrl_core.data.history import episode_prompt
+from llmrl_core.data.conversation import episode_prompt
 from llmrl_core.envs.transforms.base import Transform
 
 SINGLE_TURN = ("gsm8k", "arithmetic")
@@ -145,7 +145,7 @@ def _transform_items(cfg: EnvConfig) -> list[tuple[str, dict[str, Any]]]:
         where = f"env.transforms[{index}]"
         if not isinstance(entry, Mapping) or len(entry) != 1:
             raise ValueError(f"{where}: expected one {{name: options}} mapping, got {entry!r}")
-        (name, options), = entry.items()
+        ((name, options),) = entry.items()
         if name not in TRANSFORMS:
             raise ValueError(f"{where}: unknown transform {name!r}; known: {sorted(TRANSFORMS)}")
         if name == "few_shot" and isinstance(options, list):

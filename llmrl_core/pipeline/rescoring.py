@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from llmrl_core.builtin_data import gsm8k_path
-from llmrl_core.data.history import Message, episode_prompt
+from llmrl_core.data.conversation import Message, episode_prompt
 from llmrl_core.envs.data_sources import open_source
 from llmrl_core.envs.gsm8k_reward import GSM8KRewardParser
 

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import torch
 
-from llmrl_core.data.history import History, HistoryBatch
+from llmrl_core.data.conversation import Conversation, ConversationBatch
 from llmrl_core.data.llm_data import LLMData
 from llmrl_core.data.tensors import as_padded_tensor
 
@@ -116,10 +116,10 @@ class LLMWrapperBase:
         history = getattr(data, "history", None)
         if history is None:
             raise ValueError("input_mode='history' but the data has no history")
-        chats = history if isinstance(history, HistoryBatch) else HistoryBatch(list(history))
+        chats = history if isinstance(history, ConversationBatch) else ConversationBatch(list(history))
         return [self._render_history(h) for h in chats]
 
-    def _render_history(self, history: History) -> list[int]:
+    def _render_history(self, history: Conversation) -> list[int]:
         text = history.apply_chat_template(self.tokenizer, add_generation_prompt=True, chat_template=self.chat_template)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llmrl_core.data.history import Message
+from llmrl_core.data.conversation import Message
 from llmrl_core.envs.transforms.base import Transform
 from llmrl_core.envs.types import SlotState
 

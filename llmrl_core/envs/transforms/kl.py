@@ -55,7 +55,7 @@ from typing import Any
 
 import torch
 
-from llmrl_core.data.history import History
+from llmrl_core.data.conversation import Conversation
 from llmrl_core.envs.transforms.base import Transform
 from llmrl_core.envs.types import SlotState
 from llmrl_core.trainer.batch import TrainSample, pack_samples, plan_micro_batches
@@ -230,7 +230,7 @@ class RetrieveLogProb(Transform):
         return list(self._tokenizer()(response.text, add_special_tokens=False)["input_ids"])
 
     def _rendered_context(self, slot: SlotState) -> list[int]:
-        """History/text mode: the prompt of the latest response, rendered with the env's template."""
+        """Conversation/text mode: the prompt of the latest response, rendered with the env's template."""
         env = self.parent
         if env is None:
             raise ValueError(
@@ -245,7 +245,7 @@ class RetrieveLogProb(Transform):
         render = getattr(env, "_render", None)
         if render is None:
             raise ValueError(f"{type(self).__name__}: {type(env).__name__} cannot render a conversation to tokens")
-        text = render(History(list(messages[:last])), add_generation_prompt=True)
+        text = render(Conversation(list(messages[:last])), add_generation_prompt=True)
         return list(self._tokenizer()(text, add_special_tokens=False)["input_ids"])
 
     def _window(self, slot: SlotState) -> tuple[list[int], list[int]]:

@@ -17,7 +17,7 @@ from llmrl_core.envs.types import EnvOutput
 
 
 class TemplateTransform(Transform):
-    """Renders each slot's History into ``output.text`` (with the generation prompt for active slots)."""
+    """Renders each slot's Conversation into ``output.text`` (with the generation prompt for active slots)."""
 
     def __init__(
         self,

@@ -1,0 +1,79 @@
+"""TorchRL's LLM data containers (``torchrl.modules.llm.policies``): ``ChatHistory``, ``Text``, ``Tokens``,
+``LogProbs`` and ``Masks``.
+
+Each holds one quantity of a policy call in its three views — ``prompt`` (what the model was given),
+``response`` (what it produced) and ``full`` (both) — so a TensorDict reads
+``td["history"].prompt``, ``td.get(("tokens", "full"))``, ``td.get(("log_probs", "full"), as_list=True)`` or
+``td.get(("masks", "all_assistant_mask"))`` exactly as in TorchRL. ``padded`` records whether the tensors are
+right-padded ``(B, T)`` batches (``pad_output=True``) or ragged per-sample tensors.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from tensordict import TensorClass, lazy_stack
+
+from llmrl_core.data.history import History
+
+
+class Tokens(TensorClass["nocast"]):
+    """Token ids of the prompt, the response and the full sequence."""
+
+    prompt: torch.Tensor | None = None
+    response: torch.Tensor | None = None
+    full: torch.Tensor | None = None
+    padded: bool | None = None
+
+
+class Masks(TensorClass["nocast"]):
+    """Attention mask of the full sequence and the mask of its assistant tokens."""
+
+    all_attention_mask: torch.Tensor | None = None
+    all_assistant_mask: torch.Tensor | None = None
+    padded: bool | None = None
+
+
+class LogProbs(TensorClass["nocast"]):
+    """Per-token log-probabilities of the prompt, the response and the full sequence."""
+
+    prompt: torch.Tensor | None = None
+    response: torch.Tensor | None = None
+    full: torch.Tensor | None = None
+    padded: bool | None = None
+
+
+class Text(TensorClass["nocast"]):
+    """Rendered text of the prompt, the response and the full conversation."""
+
+    prompt: str | None = None
+    response: str | None = None
+    full: str | None = None
+
+
+class ChatHistory(TensorClass["nocast"]):
+    """Conversations (:class:`~llmrl_core.data.History`) of the prompt, the response and the full exchange.
+
+    Each History carries one more dimension than the container (the messages); a History given with the
+    container's own number of dimensions is taken as one message per sample and gets that dimension, with a
+    warning, as in TorchRL.
+    """
+
+    prompt: History | None = None
+    response: History | None = None
+    full: History | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("prompt", "response", "full"):
+            value = getattr(self, name)
+            if value is not None and getattr(value, "batch_dims", None) == self.batch_dims:
+                warnings.warn(
+                    f"ChatHistory.{name} should have one more batch dimension than the ChatHistory (the messages); "
+                    f"got {value.batch_dims} and {self.batch_dims}: adding it along the last dimension.",
+                    stacklevel=2,
+                )
+                setattr(self, name, lazy_stack([value], -1))
+
+
+__all__ = ["ChatHistory", "LogProbs", "Masks", "Text", "Tokens"]
