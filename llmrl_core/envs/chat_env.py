@@ -18,7 +18,8 @@ Contract with the policy (one env holds B slots; each GRPO copy is its own slot 
   ``step_and_maybe_reset(actions)`` steps and then resets the slots that are done (TorchRL's partial reset),
   so a slot in a long episode never holds back the others' next prompts.
 
-Why dataclasses and not TensorDict: see :mod:`llmrl_core.envs.types`. In tokens mode the env keeps each slot's
+TorchRL's calls work too: ``reset`` and ``step`` given a TensorDict read it and answer in TorchRL's layout
+(:mod:`llmrl_core.envs.tensordict_io`). Inside, slots are still the dataclasses of :mod:`llmrl_core.envs.types`. In tokens mode the env keeps each slot's
 ids exactly as sampled: next prompt = previous prompt + sampled response ids + the ids of whatever the
 template adds after it (tool output, next generation prompt), so no re-tokenization drift enters the
 log-probs; ``SlotState.policy_mask()`` marks the sampled tokens.
@@ -31,11 +32,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+from tensordict import TensorDictBase
 from torch.utils.data import DataLoader, RandomSampler
 
 from llmrl_core.data.chat_templates import assistant_char_spans, resolve_template
 from llmrl_core.data.conversation import Conversation, ConversationBatch, Message
 from llmrl_core.data.llm_data import LLMData, Response
+from llmrl_core.envs.tensordict_io import actions_from_tensordict, output_to_tensordict, rows_from_tensordict
 from llmrl_core.envs.transforms.base import Transform
 from llmrl_core.envs.types import EnvOutput, PromptRow, SlotState
 
@@ -52,7 +55,7 @@ class ChatEnv:
     def __init__(
         self,
         *,
-        batch_size: int | None = None,
+        batch_size: int | Sequence[int] | torch.Size | None = None,
         system_prompt: str | None = None,
         tokenizer: Any = None,
         input_mode: InputMode = "history",
@@ -63,7 +66,9 @@ class ChatEnv:
         policy_role: str = "assistant",
         data_key: str = "query",
         max_turns: int | None = None,
+        device: torch.device | str | None = None,
     ) -> None:
+        batch_size = _flat_batch_size(batch_size, type(self).__name__)
         if input_mode not in ("history", "text", "tokens"):
             raise ValueError(f"input_mode must be 'history', 'text' or 'tokens', got {input_mode!r}")
         if input_mode == "tokens" and tokenizer is None:
@@ -81,6 +86,7 @@ class ChatEnv:
         self.policy_role = policy_role
         self.data_key = data_key
         self.max_turns = max_turns
+        self.device = torch.device(device) if device is not None else None
         # Tokens mode: a slot whose next prompt would be longer is truncated (``info["context_full"]``) instead of
         # being sent to an engine that cannot take it. Rollout loops set it from the engine's context length.
         self.max_prompt_tokens: int | None = None
@@ -169,8 +175,19 @@ class ChatEnv:
         return self._template.end_of_turn
 
     # --- reset -----------------------------------------------------------------------------------
-    def reset(self, prompts: Sequence[Any] | None = None) -> EnvOutput:
-        """Start B new conversations; ``prompts`` items: str, Conversation, list of messages, dict row or PromptRow."""
+    def reset(self, prompts: Sequence[Any] | TensorDictBase | None = None) -> EnvOutput | TensorDictBase:
+        """Start B new conversations; ``prompts`` items: str, Conversation, list of messages, dict row or PromptRow.
+
+        Given a TensorDict (TorchRL's call: ``env.reset(TensorDict({"query": [...]}, batch_size=(B,)))``) the
+        rows come from its fields and the result is TorchRL's TensorDict (:mod:`llmrl_core.envs.tensordict_io`).
+        """
+        if isinstance(prompts, TensorDictBase):
+            rows = rows_from_tensordict(prompts, self.data_key)
+            result = output_to_tensordict(self.reset(rows), self.input_mode, with_reward=False)
+            for key in prompts.keys():
+                if key not in result.keys():
+                    result.set(key, prompts.get(key))
+            return result
         rows = self._collect_prompts(prompts)
         self.slots = [self._make_slot(i, row) for i, row in enumerate(rows)]
         for transform in self.transforms:
@@ -214,8 +231,8 @@ class ChatEnv:
         return self._output()
 
     def step_and_maybe_reset(
-        self, actions: LLMData | Sequence[Action], prompts: Sequence[Any] | None = None
-    ) -> tuple[EnvOutput, EnvOutput]:
+        self, actions: LLMData | Sequence[Action] | TensorDictBase, prompts: Sequence[Any] | None = None
+    ) -> tuple[EnvOutput, EnvOutput] | tuple[TensorDictBase, TensorDictBase]:
         """Step, then reset the slots that are done; returns ``(step output, next output)``.
 
         The step output is what :meth:`step` returned (rewards and done flags of this step, the finished
@@ -224,6 +241,11 @@ class ChatEnv:
         slot finished, both are the same object. A finished slot needs ``prompts`` or a primer. TorchRL returns
         the step's tensordict (with ``"next"``) and the partially reset one; ours are two :class:`EnvOutput`.
         """
+        if isinstance(actions, TensorDictBase):
+            stepped = self.step(actions)
+            done = [i for i, d in enumerate(stepped.get(("next", "done")).reshape(-1).tolist()) if d]
+            following = self._output() if not done else self.reset_slots(done, prompts)
+            return stepped, output_to_tensordict(following, self.input_mode, with_reward=False)
         out = self.step(actions)
         done = [i for i, d in enumerate(out.done.tolist()) if d]
         if not done:
@@ -330,8 +352,22 @@ class ChatEnv:
         )
 
     # --- step ------------------------------------------------------------------------------------
-    def step(self, actions: LLMData | Sequence[Action]) -> EnvOutput:
-        """Append each active slot's response, run the transforms, return the next prompts and rewards."""
+    def step(self, actions: LLMData | Sequence[Action] | TensorDictBase) -> EnvOutput | TensorDictBase:
+        """Append each active slot's response, run the transforms, return the next prompts and rewards.
+
+        Given a TensorDict (TorchRL's call) the answers are read from it and the outcome is written under its
+        ``"next"`` key; a bare ``History`` under ``"history"`` (the whole conversation) becomes a ``ChatHistory``
+        whose ``prompt`` and ``full`` are that conversation.
+        """
+        if isinstance(actions, TensorDictBase):
+            from llmrl_core.data.history import History
+            from llmrl_core.modules.policies.common import ChatHistory
+
+            out = self.step(actions_from_tensordict(actions, self.policy_role))
+            bare = actions.get("history", None)
+            if isinstance(bare, History):
+                actions.set("history", ChatHistory(prompt=bare, full=bare, batch_size=actions.batch_size))
+            return actions.set("next", output_to_tensordict(out, self.input_mode, with_reward=True))
         if not self.slots:
             raise RuntimeError("step() called before reset()")
         responses = actions.responses() if isinstance(actions, LLMData) else list(actions)
@@ -496,3 +532,15 @@ class ChatEnv:
             f"{type(self).__name__}(input_mode={self.input_mode!r}, max_turns={self.max_turns}, "
             f"transforms={self.transforms})"
         )
+
+
+def _flat_batch_size(batch_size: int | Sequence[int] | torch.Size | None, owner: str) -> int | None:
+    """TorchRL's batch sizes (``(1,)``, ``[4]``, ``torch.Size([2])``) as llmrl's slot count; ``()`` is refused."""
+    if batch_size is None or isinstance(batch_size, int):
+        return batch_size
+    dims = list(batch_size)
+    if not dims:
+        raise ValueError(f"{owner} must have at least one dimension")
+    if len(dims) != 1:
+        raise ValueError(f"{owner} takes a one-dimensional batch size, got {tuple(dims)}")
+    return int(dims[0])

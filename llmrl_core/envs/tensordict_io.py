@@ -1,0 +1,98 @@
+"""TorchRL's TensorDict door of :class:`~llmrl_core.envs.chat_env.ChatEnv`: reading prompts and actions out of a
+TensorDict, and writing an env output back as TorchRL lays it out.
+
+Layout (TorchRL's ``ChatEnv``): a reset returns ``history`` (a ``ChatHistory`` whose ``prompt`` is each slot's
+conversation so far), ``text`` (``Text(prompt=...)``, text and tokens modes), ``tokens`` (``Tokens(prompt=...)``,
+tokens mode), the data key (e.g. ``query``) and ``done``/``terminated`` of shape ``(B, 1)``; a step writes the same
+under ``"next"`` plus ``truncated`` and ``reward`` ``(B, 1)``. An action is read from ``("history", "full")``
+(the whole conversation: its last message is the answer), ``("history", "response")``, a bare ``History`` under
+``"history"`` (taken as the full conversation), ``("text", "response")`` or ``("tokens", "response")``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
+
+from llmrl_core.data.history import History
+from llmrl_core.envs.types import EnvOutput
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, NonTensorData | NonTensorStack):
+        return value.tolist()
+    if hasattr(value, "tolist") and not isinstance(value, torch.Tensor):
+        return value.tolist()
+    return value
+
+
+def rows_from_tensordict(td: TensorDictBase, data_key: str) -> list[dict[str, Any]]:
+    """One prompt row per batch entry of a reset TensorDict: every non-tensor field (``query``, ``answer``, ...)."""
+    if td.batch_dims != 1:
+        raise ValueError(f"ChatEnv.reset expects a TensorDict with one batch dimension, got {tuple(td.batch_size)}")
+    size = td.batch_size[0]
+    fields: dict[str, list[Any]] = {}
+    for key in td.keys():
+        if key in ("history", "text", "tokens", "done", "terminated", "truncated", "reward", "next"):
+            continue
+        values = _plain(td.get(key))
+        if isinstance(values, list) and len(values) == size:
+            fields[key] = values
+    if data_key not in fields:
+        raise KeyError(
+            f"ChatEnv.reset: the TensorDict has no {data_key!r} entry (the env's data_key); "
+            f"it has {sorted(str(k) for k in td.keys())}"
+        )
+    return [{name: values[i] for name, values in fields.items()} for i in range(size)]
+
+
+def _last_content(history: History) -> str:
+    messages = history._messages()
+    if not messages:
+        raise ValueError("ChatEnv.step: an action's conversation is empty")
+    return messages[-1].text
+
+
+def actions_from_tensordict(td: TensorDictBase, policy_role: str) -> list[str | None]:
+    """The answer of each slot in a step TensorDict (see the module docstring for the keys read)."""
+    history = td.get("history", None)
+    if isinstance(history, History):
+        histories = [history[i] for i in range(td.batch_size[0])]
+        return [_last_content(h) for h in histories]
+    if history is not None:
+        full = getattr(history, "full", None)
+        if full is not None:
+            return [_last_content(full[i]) for i in range(td.batch_size[0])]
+        response = getattr(history, "response", None)
+        if response is not None:
+            return ["".join(m.text for m in response[i]._messages()) for i in range(td.batch_size[0])]
+    text = td.get(("text", "response"), None)
+    if text is not None:
+        return [str(t) for t in _plain(text)]
+    raise KeyError(
+        "ChatEnv.step: no action found; expected ('history', 'full'), ('history', 'response'), a History under "
+        f"'history' or ('text', 'response'); got keys {sorted(str(k) for k in td.keys(True, True))}"
+    )
+
+
+def output_to_tensordict(out: EnvOutput, input_mode: str, with_reward: bool) -> TensorDict:
+    """An :class:`EnvOutput` as TorchRL's ChatEnv TensorDict (see the module docstring)."""
+    from llmrl_core.modules.policies.common import ChatHistory, Text, Tokens
+
+    size = out.batch_size
+    fields: dict[str, Any] = {
+        "history": ChatHistory(prompt=History.from_conversations(list(out.history)), batch_size=(size,)),
+        "done": out.done.reshape(size, 1).clone(),
+        "terminated": out.terminated.reshape(size, 1).clone(),
+    }
+    if with_reward:  # TorchRL's reset carries done/terminated only; a step may also be cut short (max_turns)
+        fields["truncated"] = out.truncated.reshape(size, 1).clone()
+    if out.text is not None and input_mode in ("text", "tokens"):
+        fields["text"] = Text(prompt=list(out.text), batch_size=(size,))
+    if out.tokens is not None and input_mode == "tokens":
+        fields["tokens"] = Tokens(prompt=list(out.tokens), padded=False, batch_size=(size,))
+    if with_reward:
+        fields["reward"] = out.reward.reshape(size, 1).to(torch.float32)
+    return TensorDict(fields, batch_size=(size,))
