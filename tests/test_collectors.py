@@ -104,7 +104,9 @@ def test_async_collector_finishes_while_one_env_is_stuck_in_a_tool(policy):
         env.append_transform(StuckTool(release))
         envs.append(env)
     prompts = [{"query": "You are stuck in a tool."}] + [{"query": f"Say the number {i}."} for i in range(4)]
-    collector = LLMCollector(envs, policy, prompts=prompts, async_envs=True, total_trajectories=4)
+    collector = LLMCollector(
+        envs, policy, prompts=prompts, async_envs=True, total_trajectories=4, track_policy_version=True
+    )
     start = time.monotonic()
     try:
         trajectories = collector.collect()
@@ -309,8 +311,36 @@ def test_track_policy_version_options():
     env, _ = _scripted_env()
     with pytest.raises(ValueError, match="two different PolicyVersions"):
         LLMCollector(env, scripted_policy, policy_version=PolicyVersion(), track_policy_version=custom)
-    with pytest.raises(ValueError, match="track_policy_version=False"):
-        LLMCollector(env, scripted_policy, policy_version=PolicyVersion(), track_policy_version=False)
+    given = PolicyVersion()
+    assert LLMCollector(env, scripted_policy, policy_version=given).policy_version_tracker is given
+
+
+def test_torchrl_arguments_and_errors():
+    rows = [{"query": f"q{i}"} for i in range(4)]
+    env, _ = _scripted_env()
+    with pytest.raises(RuntimeError, match="both a buffer and a queue"):
+        LLMCollector(env, scripted_policy, queue=queue.Queue(), replay_buffer=[], dialog_turns_per_batch=1)
+    with pytest.raises(TypeError, match="yield_only_last_steps=True requires"):
+        LLMCollector(env, scripted_policy, yield_only_last_steps=True, yield_completed_trajectories=False)
+    with pytest.raises(TypeError, match="exactly one of policy and policy_factory"):
+        LLMCollector(env, scripted_policy, policy_factory=lambda: scripted_policy)
+    assert LLMCollector(env, scripted_policy).get_policy_version() is None  # TorchRL: track_policy_version=False
+    seen = queue.Queue()
+    collector = LLMCollector(
+        lambda: _scripted_env()[0],
+        policy_factory=lambda: scripted_policy,
+        prompts=rows,
+        total_trajectories=4,
+        dialog_turns_per_batch=2,
+        queue=seen,
+        postproc=lambda batch: [t.reward for t in batch],
+        verbose=True,
+        flatten_data=False,
+    )
+    assert collector.get_policy_model() is scripted_policy
+    batches = list(collector)
+    assert all(isinstance(r, float) for b in batches for r in b) and sum(len(b) for b in batches) == 4
+    assert [seen.get_nowait() for _ in batches] == batches
 
 
 class RecordingUpdater:
@@ -342,6 +372,7 @@ def test_update_policy_weights_pushes_through_the_weight_updater():
         prompts=[{"query": f"q{i}"} for i in range(6)],
         total_trajectories=6,
         weight_updater=updater,
+        track_policy_version=True,
     )
     assert updater.trackers == [collector.version_tracker]  # registered once: one increment per push
     versions = []
@@ -353,9 +384,9 @@ def test_update_policy_weights_pushes_through_the_weight_updater():
     assert collector.get_policy_version() == 3
 
     calls: list = []
-    plain = LLMCollector(env, scripted_policy, weight_updater=calls.append)  # a callable: the collector increments
-    assert plain.update_policy_weights_({"w": 1}) == 1 and calls == [{"w": 1}]
-    local = LLMCollector(env, scripted_policy)  # no updater: the policy changed in place, the version advances
+    plain = LLMCollector(env, scripted_policy, weight_updater=calls.append, track_policy_version=True)
+    assert plain.update_policy_weights_(state_dict={"w": 1}) == 1 and calls == [{"w": 1}]  # TorchRL's keyword
+    local = LLMCollector(env, scripted_policy, track_policy_version=True)  # no updater: the version advances
     assert local.update_policy_weights_() == 1
     with pytest.raises(ValueError, match="needs a weight_updater"):
         local.update_policy_weights_({"w": 1})

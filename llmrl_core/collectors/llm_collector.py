@@ -105,9 +105,14 @@ class LLMCollector:
     trajectory mode: at least that many turns of finished trajectories); ``total_dialog_turns`` (sampled
     turns) or ``total_trajectories`` (finished episodes) end the iteration.
 
-    TorchRL's options: ``yield_only_last_steps`` hands out only the last :class:`DialogTurn` of each finished
-    episode (``yield_completed_trajectories`` may then be left unset). ``track_policy_version``: True stamps
-    the version of ``policy_version``, else of the env's ``PolicyVersion``, else of a collector-owned one
+    TorchRL's options: ``env`` may be a factory (TorchRL's ``create_env_fn``), ``policy_factory`` builds the policy
+    (exactly one of ``policy``/``policy_factory``), ``queue`` (anything with ``put``) or ``replay_buffer``
+    (anything with ``extend``) receives every batch (not both: RuntimeError), ``postproc`` maps each batch,
+    ``total_dialog_turns=-1`` means no limit, ``flatten_data``/``verbose``/``reset_at_each_iter`` are accepted.
+    ``yield_only_last_steps`` hands out only the last :class:`DialogTurn` of each finished
+    episode (``yield_completed_trajectories`` may then be left unset; False is a TypeError).
+    ``track_policy_version`` (default False, as TorchRL; an env's own ``PolicyVersion`` or a ``policy_version``
+    given is used anyway): True stamps the version of the env's ``PolicyVersion``, else of a collector-owned one
     (unlike TorchRL, the collector never appends a ``PolicyVersion`` to the env, so ``env.state_dict()``
     keeps its shape and async envs work); a ``PolicyVersion`` is used as given; False stamps None.
     ``weight_updater`` (e.g. a ``vLLMUpdater``, any object with ``push_weights(weights)``, or a callable) is
@@ -117,23 +122,48 @@ class LLMCollector:
 
     def __init__(
         self,
-        env: ChatEnv | Sequence[ChatEnv],
-        policy: Policy,
+        env: ChatEnv | Sequence[ChatEnv] | Callable[[], ChatEnv],
+        policy: Policy | None = None,
         *,
+        policy_factory: Callable[[], Policy] | None = None,
         dialog_turns_per_batch: int | None = None,
-        total_dialog_turns: int | None = None,
+        total_dialog_turns: int | None = -1,
         total_trajectories: int | None = None,
         yield_completed_trajectories: bool | None = None,
         yield_only_last_steps: bool = False,
         prompts: Iterable[Any] | None = None,
         prompts_per_reset: int | None = None,
         sink: Any = None,
+        replay_buffer: Any = None,
+        queue: Any = None,
+        postproc: Callable[[list[Any]], Any] | None = None,
+        reset_at_each_iter: bool = False,
+        flatten_data: bool | None = None,
+        verbose: bool = False,
         policy_version: PolicyVersion | None = None,
-        track_policy_version: bool | PolicyVersion = True,
+        track_policy_version: bool | PolicyVersion = False,
         weight_updater: Any = None,
         rolling_reset: bool = False,
-        async_envs: bool = False,
+        async_envs: bool | None = None,
     ) -> None:
+        if queue is not None and replay_buffer is not None:
+            raise RuntimeError("Handling both a buffer and a queue is not possible at the moment.")
+        if yield_only_last_steps and yield_completed_trajectories is False:
+            raise TypeError("yield_only_last_steps=True requires yield_completed_trajectories=True (or None)")
+        if (policy is None) == (policy_factory is None):
+            raise TypeError("LLMCollector needs exactly one of policy and policy_factory")
+        if sink is not None and (queue is not None or replay_buffer is not None):
+            raise ValueError("sink is llmrl's name for queue/replay_buffer: pass only one of them")
+        policy = policy if policy is not None else policy_factory()
+        if callable(env) and not isinstance(env, ChatEnv | Sequence):
+            env = env()  # TorchRL's create_env_fn
+        async_envs = bool(async_envs)
+        total_dialog_turns = None if total_dialog_turns is not None and total_dialog_turns < 0 else total_dialog_turns
+        self.postproc = postproc
+        self.reset_at_each_iter = reset_at_each_iter
+        self.flatten_data = flatten_data
+        self.verbose = verbose
+        sink = sink if sink is not None else (queue if queue is not None else replay_buffer)
         self.envs = list(env) if isinstance(env, Sequence) else [env]
         if not self.envs:
             raise ValueError("LLMCollector needs at least one env")
@@ -172,12 +202,10 @@ class LLMCollector:
             if policy_version is not None and policy_version is not track:
                 raise ValueError("policy_version and track_policy_version name two different PolicyVersions")
             return track
-        if policy_version is not None:
-            if not track:
-                raise ValueError("policy_version was given but track_policy_version=False")
+        if policy_version is not None:  # a tracker given is a tracker used
             return policy_version
-        if not track:
-            return None
+        if not track:  # an env that carries its own PolicyVersion still stamps it, as in TorchRL
+            return self._find_version_tracker()
         return self._find_version_tracker() or PolicyVersion()
 
     def _find_version_tracker(self) -> PolicyVersion | None:
@@ -221,16 +249,32 @@ class LLMCollector:
             self._updater_increments = True
         return True
 
+    def get_policy_model(self) -> Policy:
+        """The policy this collector samples with (TorchRL's accessor)."""
+        return self.policy
+
     def update_policy_weights_(
-        self, policy_or_weights: Mapping[str, torch.Tensor] | torch.nn.Module | None = None
+        self,
+        policy_or_weights: Mapping[str, torch.Tensor] | torch.nn.Module | None = None,
+        *,
+        state_dict: Mapping[str, torch.Tensor] | None = None,
+        worker_ids: Any = None,
+        **kwargs: Any,
     ) -> Version:
         """Push new weights to the policy through the weight updater and advance the version; returns it.
 
         With a ``weight_updater``, ``policy_or_weights`` (a state dict or a module) goes to its
         ``push_weights`` (or its ``__call__``); the version advances once (by the updater when it holds the
         tracker, by the collector otherwise). Without one, the policy is taken to be updated in place: only
-        the version advances, and passing weights is an error.
+        the version advances, and passing weights is an error. ``state_dict=`` is TorchRL's keyword for the
+        weights; ``worker_ids`` is accepted for TorchRL's signature (every engine of this collector is updated).
         """
+        if state_dict is not None:
+            if policy_or_weights is not None:
+                raise ValueError("update_policy_weights_: pass the weights once (positionally or as state_dict=)")
+            policy_or_weights = state_dict
+        if kwargs:
+            raise TypeError(f"update_policy_weights_ got unexpected arguments {sorted(kwargs)}")
         if self.weight_updater is None:
             if policy_or_weights is not None:
                 raise ValueError("update_policy_weights_(weights) needs a weight_updater (e.g. a vLLMUpdater)")
@@ -253,11 +297,13 @@ class LLMCollector:
                 buffer.extend(items)
                 while buffer and self._batch_ready(buffer):
                     batch, buffer = self._split_batch(buffer)
+                    batch = self.postproc(batch) if self.postproc is not None else batch
                     self._deliver(batch)
                     yield batch
                 if self._finished():
                     break
             if buffer:
+                buffer = self.postproc(buffer) if self.postproc is not None else buffer
                 self._deliver(buffer)
                 yield buffer
         finally:
@@ -292,8 +338,8 @@ class LLMCollector:
     def _deliver(self, batch: list[Any]) -> None:
         if self.sink is None:
             return
-        if isinstance(self.sink, queue_module.Queue):
-            self.sink.put(batch)
+        if isinstance(self.sink, queue_module.Queue) or not callable(getattr(self.sink, "extend", None)):
+            self.sink.put(batch)  # a queue (any object with put), TorchRL's ``queue``
         else:
             self.sink.extend(batch)
 
