@@ -19,10 +19,10 @@ Contract with the policy (one env holds B slots; each GRPO copy is its own slot 
   so a slot in a long episode never holds back the others' next prompts.
 
 TorchRL's calls work too: ``reset`` and ``step`` given a TensorDict read it and answer in TorchRL's layout
-(:mod:`llmrl_core.envs.tensordict_io`). Inside, slots are still the dataclasses of :mod:`llmrl_core.envs.types`. In tokens mode the env keeps each slot's
-ids exactly as sampled: next prompt = previous prompt + sampled response ids + the ids of whatever the
-template adds after it (tool output, next generation prompt), so no re-tokenization drift enters the
-log-probs; ``SlotState.policy_mask()`` marks the sampled tokens.
+(:mod:`llmrl_core.envs.tensordict_io`). Inside, slots are still the dataclasses of :mod:`llmrl_core.envs.types`.
+In tokens mode the env keeps each slot's ids exactly as sampled: next prompt = previous prompt + sampled
+response ids + the ids of whatever the template adds after it (tool output, next generation prompt), so no
+re-tokenization drift enters the log-probs; ``SlotState.policy_mask()`` marks the sampled tokens.
 """
 
 from __future__ import annotations
