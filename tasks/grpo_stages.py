@@ -70,6 +70,7 @@ def load_prompts(cfg: GRPOConfig, primer_state: dict | None) -> tuple[list[Promp
         resolve_source(d.source),
         batch_size=d.prompts_per_iteration,
         repeats=d.group_size,
+        group_repeats=True,  # all G copies of a prompt in one iteration: a GRPO group is never split
         shuffle=d.shuffle,
         seed=cfg.seed,
         rename={cfg.env.prompt_field: "query"},

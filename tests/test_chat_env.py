@@ -277,7 +277,7 @@ def test_reset_slots_restarts_only_the_given_slots():
 
 
 def test_reset_slots_draws_from_the_primer_without_skipping_rows():
-    primer = DataLoadingPrimer(_rows(10), batch_size=1, repeats=2, shuffle=False)
+    primer = DataLoadingPrimer(_rows(10), batch_size=1, repeats=2, group_repeats=True, shuffle=False)
     env = ChatEnv(batch_size=2, chat_template_name="chatml").append_transform(primer)
     out = env.reset()
     assert list(zip(out.prompt_id, out.group_id, out.sample_index, strict=True)) == [("p0", 0, 0), ("p0", 0, 1)]
@@ -293,7 +293,7 @@ def test_reset_slots_draws_from_the_primer_without_skipping_rows():
     assert "pending_prompts" not in env.state_dict()
     # a checkpoint taken mid-group resumes with the copy that was still owed, then the next group
     fresh = ChatEnv(batch_size=2, chat_template_name="chatml").append_transform(
-        DataLoadingPrimer(_rows(10), batch_size=1, repeats=2, shuffle=False)
+        DataLoadingPrimer(_rows(10), batch_size=1, repeats=2, group_repeats=True, shuffle=False)
     )
     fresh.load_state_dict(state)
     out = fresh.reset()
@@ -352,7 +352,14 @@ def test_from_dataloader_builds_a_primed_env(tmp_path):
     path = tmp_path / "prompts.jsonl"
     path.write_text("".join(json.dumps({"id": i, "question": f"q{i}"}) + "\n" for i in range(5)))
     env = ChatEnv.from_dataloader(
-        str(path), batch_size=2, repeats=2, shuffle=False, rename={"question": "query"}, system_prompt="S", max_turns=2
+        str(path),
+        batch_size=2,
+        repeats=2,
+        group_repeats=True,
+        shuffle=False,
+        rename={"question": "query"},
+        system_prompt="S",
+        max_turns=2,
     )
     assert isinstance(env, DatasetChatEnv) and env.batch_size == 4 and env.max_turns == 2
     assert env.transforms == [env.primer]

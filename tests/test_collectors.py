@@ -21,7 +21,9 @@ def policy(vllm_engine_fp32):
 
 
 def _gsm8k_env(tokenizer, batch_size=2, repeats=2, input_mode="history"):
-    return make_gsm8k_env(batch_size=batch_size, repeats=repeats, tokenizer=tokenizer, input_mode=input_mode, seed=0)
+    return make_gsm8k_env(
+        batch_size=batch_size, repeats=repeats, group_repeats=True, tokenizer=tokenizer, input_mode=input_mode, seed=0
+    )
 
 
 def test_sync_collector_yields_trajectories_and_stamps_versions(policy):
@@ -228,7 +230,7 @@ def test_rolling_reset_with_the_env_primer_keeps_group_ids():
     from llmrl_core.envs import DatasetChatEnv
 
     rows = [{"id": f"p{i}", "query": f"question {i}", "turns": 3 if i == 0 else 1} for i in range(8)]
-    env = DatasetChatEnv(rows, batch_size=1, repeats=2, shuffle=False, max_turns=None)
+    env = DatasetChatEnv(rows, batch_size=1, repeats=2, group_repeats=True, shuffle=False, max_turns=None)
     lengths = EpisodeLength()
     env.append_transform(lengths)
     trajectories = LLMCollector(env, scripted_policy, total_trajectories=6, rolling_reset=True).collect()

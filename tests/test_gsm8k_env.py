@@ -92,7 +92,9 @@ def test_every_packaged_test_gold_answer_scores_as_correct():
 
 
 def test_gsm8k_env_on_the_packaged_test_set():
-    env = make_gsm8k_env(str(GSM8K_TEST), batch_size=3, repeats=2, seed=0, chat_template_name="chatml")
+    env = make_gsm8k_env(
+        str(GSM8K_TEST), batch_size=3, repeats=2, group_repeats=True, seed=0, chat_template_name="chatml"
+    )
     out = env.reset()
     assert out.batch_size == 6 and out.group_id == [0, 0, 1, 1, 2, 2]
     user = out.history[0][1].content
@@ -143,7 +145,9 @@ def test_gsm8k_defaults_and_errors():
 def test_gsm8k_env_with_the_packaged_model(hf_model_fp32):
     """End to end: tokens mode, the real model generates, the env scores the sampled ids (~10 s idle, 70 s loaded)."""
     model, tokenizer = hf_model_fp32
-    env = make_gsm8k_env(str(GSM8K_TEST), batch_size=1, repeats=2, tokenizer=tokenizer, input_mode="tokens", seed=3)
+    env = make_gsm8k_env(
+        str(GSM8K_TEST), batch_size=1, repeats=2, group_repeats=True, tokenizer=tokenizer, input_mode="tokens", seed=3
+    )
     out = env.reset()
     prompts = out.tokens
     width = max(len(p) for p in prompts)

@@ -23,7 +23,7 @@ def _rows(*keys):
 
 
 def test_one_scored_batch_goes_through_the_env():
-    env = IFEvalEnv(_rows(142, 1001), batch_size=2, repeats=2, shuffle=False)
+    env = IFEvalEnv(_rows(142, 1001), batch_size=2, repeats=2, group_repeats=True, shuffle=False)
     out = env.reset()
     assert out.batch_size == 4
     assert out.prompt_id == [142, 142, 1001, 1001] and out.group_id == [0, 0, 1, 1] and out.sample_index == [0, 1, 0, 1]

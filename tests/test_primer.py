@@ -135,7 +135,14 @@ def test_dataset_chat_env_draws_groups_and_resumes(tmp_path):
     path = tmp_path / "prompts.jsonl"
     path.write_text("\n".join(json.dumps({"question": r["query"], "answer": r["answer"]}) for r in ROWS))
     make = lambda: DatasetChatEnv(  # noqa: E731
-        path, batch_size=2, repeats=4, rename={"question": "query"}, system_prompt="S", seed=5, id_key=None
+        path,
+        batch_size=2,
+        repeats=4,
+        group_repeats=True,
+        rename={"question": "query"},
+        system_prompt="S",
+        seed=5,
+        id_key=None,
     )
     env = make()
     out = env.reset()

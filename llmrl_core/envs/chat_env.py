@@ -102,9 +102,11 @@ class ChatEnv:
         cls,
         dataloader: Any,
         *,
-        batch_size: int | None = None,
-        repeats: int = 1,
-        group_repeats: bool = True,
+        repeats: int | None = None,
+        device: torch.device | str | None = None,
+        group_repeats: bool = False,
+        batch_size: int | Sequence[int] | torch.Size | None = None,
+        primers: Any = None,
         shuffle: bool | None = None,
         seed: int = 0,
         rename: dict[str, str] | None = None,
@@ -117,15 +119,19 @@ class ChatEnv:
         ``Dataset``, a ``.jsonl``/``.parquet`` path, an iterable of dict rows), a ``torch.utils.data.DataLoader``
         (its ``dataset`` is read; its ``batch_size`` and shuffling are the defaults here), or a ready
         ``DataLoadingPrimer``. ``batch_size`` prompts per reset (default 1), each in ``repeats`` copies sharing a
-        group id; with ``group_repeats=True`` (the default, as in ``DatasetChatEnv``; TorchRL's is False) the env
-        holds ``batch_size * repeats`` slots, otherwise ``batch_size``. ``shuffle`` defaults to True (seeded by
+        group id; with ``group_repeats=True`` the env holds ``batch_size * repeats`` slots, otherwise (the default,
+        as in TorchRL) ``batch_size``. ``primers`` (TorchRL specs) is refused: extra fields come from the rows.
+        ``shuffle`` defaults to True (seeded by
         ``seed``). The other keyword arguments go to :class:`ChatEnv` (``system_prompt``, ``tokenizer``,
         ``input_mode``, ``max_turns`` (None by default here, 1 in ``DatasetChatEnv``), ...). As in TorchRL, a
         subclass's own transforms are not added.
         """
         from llmrl_core.envs.dataset_chat_env import DatasetChatEnv
-        from llmrl_core.envs.primer import DataLoadingPrimer
+        from llmrl_core.envs.primer import DataLoadingPrimer, refuse_torchrl_only
 
+        refuse_torchrl_only(f"{cls.__name__}.from_dataloader", primers=primers)
+        batch_size = _flat_batch_size(batch_size, f"{cls.__name__}.from_dataloader")
+        repeats = 1 if repeats is None else repeats
         if isinstance(dataloader, DataLoadingPrimer):
             primer = dataloader
         else:
@@ -147,7 +153,7 @@ class ChatEnv:
         target = cls if issubclass(cls, DatasetChatEnv) else DatasetChatEnv
         env = target.__new__(target)
         slots = primer.batch_size * (primer.repeats if primer.group_repeats else 1)
-        ChatEnv.__init__(env, batch_size=slots, **chat_env_kwargs)
+        ChatEnv.__init__(env, batch_size=slots, device=device, **chat_env_kwargs)
         env.primer = primer
         env.append_transform(primer)
         return env

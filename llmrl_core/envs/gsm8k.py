@@ -57,11 +57,11 @@ class GSM8KEnv(DatasetChatEnv):
         self,
         dataset: Any = None,
         *,
-        batch_size: int = 1,
-        repeats: int = 1,
-        group_repeats: bool = True,
+        batch_size: int | None = None,
+        repeats: int | None = None,
+        group_repeats: bool = False,
         shuffle: bool = True,
-        seed: int = 0,
+        seed: int | None = 0,
         tokenizer: Any = None,
         input_mode: InputMode = "history",
         system_prompt: str | None = GSM8K_SYSTEM_PROMPT,
@@ -73,7 +73,11 @@ class GSM8KEnv(DatasetChatEnv):
         format_reward: float = 0.1,
         correct_reward: float = 1.0,
         few_shot: Sequence[Mapping[str, Any]] = (),
+        max_steps: int | None = None,
+        **torchrl_kwargs: Any,
     ) -> None:
+        if dataset == "openai/gsm8k":  # TorchRL's default hub id: the copy shipped in the package (offline)
+            dataset = None
         super().__init__(
             dataset if dataset is not None else gsm8k_path("train"),
             batch_size=batch_size,
@@ -88,7 +92,8 @@ class GSM8KEnv(DatasetChatEnv):
             input_mode=input_mode,
             template_kwargs=template_kwargs,
             chat_template_name=chat_template_name,
-            max_turns=max_turns,
+            max_turns=max_steps if max_steps is not None else max_turns,
+            **torchrl_kwargs,
         )
         if few_shot:
             # example questions get the same template as the real one, so the examples look like the task
@@ -112,24 +117,28 @@ class GSM8KEnv(DatasetChatEnv):
 
 def make_gsm8k_env(
     dataset: Any = None,
+    num_envs: int = 1,
+    repeats: int | None = None,
+    batch_size_dl: int = 1,
+    seed: int | None = 0,
+    group_repeats: bool = False,
+    tokenizer: Any = None,
     *,
     split: str = "train",
-    batch_size: int = 1,
-    repeats: int = 1,
-    group_repeats: bool = True,
-    seed: int = 0,
-    tokenizer: Any = None,
+    batch_size: int | None = None,
     input_mode: InputMode = "history",
     **kwargs: Any,
 ) -> GSM8KEnv:
     """Build a :class:`GSM8KEnv`; ``dataset`` may be a path, a ``datasets.Dataset`` or rows, else the shipped
     ``split`` (``train`` or ``test``) is used."""
-    if dataset is None:
+    if dataset is None or dataset == "openai/gsm8k":
         dataset = gsm8k_path(split)
     elif isinstance(dataset, str) and not Path(dataset).exists():
         raise FileNotFoundError(f"GSM8K dataset {dataset} not found (pass a jsonl/parquet path or a Dataset)")
     return GSM8KEnv(
         dataset,
+        num_envs=num_envs,
+        batch_size_dl=batch_size_dl,
         batch_size=batch_size,
         repeats=repeats,
         group_repeats=group_repeats,

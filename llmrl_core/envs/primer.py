@@ -2,7 +2,7 @@
 
 * ``batch_size`` prompts per batch; ``repeats`` (G) copies of each prompt share one ``group_id`` (a GRPO
   group) and get ``sample_index`` 0..G-1. With ``group_repeats=True`` a batch holds all G copies of its
-  prompts (B = batch_size * G, copies adjacent); with ``group_repeats=False`` (TorchRL's default) copies
+  prompts (B = batch_size * G, copies adjacent); with ``group_repeats=False`` (the default, as in TorchRL) copies
   come successively, ``batch_size`` slots per reset, so a group may span resets.
 * Order: a seeded permutation per epoch (``seed``, epoch) when ``shuffle``; the source order otherwise.
   Batches cross epoch boundaries without dropping rows; no row repeats within an epoch.
@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from torch.utils.data import DataLoader
 
 from llmrl_core.envs.data_sources import RowSource, open_source
 from llmrl_core.envs.transforms.base import Transform
@@ -23,22 +24,64 @@ from llmrl_core.envs.types import PromptRow
 _STATE_VERSION = 1
 
 
+def refuse_torchrl_only(owner: str, *, primers: Any = None, use_ray_service: bool = False, **ray: Any) -> None:
+    """Refuse, by name, the TorchRL arguments that have no meaning here: ``primers`` (TorchRL specs: llmrl's envs
+    take their extra fields from the prompt rows) and Ray services (llmrl hosts remote parts on Dask)."""
+    if primers is not None:
+        raise ValueError(
+            f"{owner}: primers= takes TorchRL specs, which llmrl does not use; extra prompt fields come from the "
+            "dataset rows themselves (pass them as row fields)"
+        )
+    if use_ray_service or any(bool(v) for v in ray.values()):
+        names = ["use_ray_service"] if use_ray_service else [k for k, v in ray.items() if v]
+        raise ValueError(
+            f"{owner}: {', '.join(names)} asks for a Ray service; llmrl runs remote parts on Dask "
+            "(see RayLLMCollector / RayRetrieveKL, hosted as Dask actors)"
+        )
+
+
+def _as_count(value: Any, name: str) -> int:
+    """TorchRL passes sizes as ints, ``torch.Size([n])`` or ``(n,)``; None means 1."""
+    if value is None:
+        return 1
+    if isinstance(value, int):
+        return value
+    dims = list(value)
+    if len(dims) != 1:
+        raise ValueError(f"{name} must be an int or a one-dimensional size, got {value!r}")
+    return int(dims[0])
+
+
 class DataLoadingPrimer(Transform):
     """Draws prompt rows from a source in seeded order and expands them into GRPO groups."""
 
     def __init__(
         self,
-        source: Any,
+        dataloader: Any = None,
         *,
-        batch_size: int = 1,
-        repeats: int = 1,
-        group_repeats: bool = True,
+        dataloader_factory: Any = None,
+        batch_size: int | Any = 1,
+        repeats: int | None = 1,
+        group_repeats: bool = False,
         shuffle: bool = True,
         seed: int = 0,
         rename: dict[str, str] | None = None,
         id_key: str | None = "id",
+        primers: Any = None,
+        stack_method: Any = None,
+        device: Any = None,
+        use_ray_service: bool = False,
     ) -> None:
         super().__init__()
+        refuse_torchrl_only(type(self).__name__, primers=primers, use_ray_service=use_ray_service)
+        self.stack_method, self.device = stack_method, device  # kept for TorchRL's signature; rows are dicts here
+        if (dataloader is None) == (dataloader_factory is None):
+            raise ValueError("DataLoadingPrimer needs exactly one of dataloader and dataloader_factory")
+        source = dataloader if dataloader is not None else dataloader_factory()
+        if isinstance(source, DataLoader):
+            source = source.dataset  # rows are drawn one by one here; the loader's batching is the env's
+        batch_size = _as_count(batch_size, "batch_size")
+        repeats = 1 if repeats is None else int(repeats)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if repeats < 1:
@@ -111,7 +154,7 @@ class DataLoadingPrimer(Transform):
             )
         return rows
 
-    def reset_dataloader(self, seed: int | None = None) -> None:
+    def reset_dataloader(self, seed: int | None = None) -> DataLoadingPrimer:
         """Restart from the first prompt of epoch 0 (optionally with a new seed); group ids keep counting."""
         if seed is not None:
             self.seed = int(seed)
@@ -119,6 +162,7 @@ class DataLoadingPrimer(Transform):
         self._position = 0
         self._pending = []
         self._order = self._epoch_order(0)
+        return self
 
     @property
     def epoch(self) -> int:

@@ -53,11 +53,11 @@ class IFEvalEnv(DatasetChatEnv):
         self,
         dataset: Any = None,
         *,
-        batch_size: int = 1,
-        repeats: int = 1,
-        group_repeats: bool = True,
+        batch_size: int | None = None,
+        repeats: int | None = None,
+        group_repeats: bool = False,
         shuffle: bool = True,
-        seed: int = 0,
+        seed: int | None = 0,
         tokenizer: Any = None,
         input_mode: InputMode = "history",
         system_prompt: str | None = IFEVAL_SYSTEM_PROMPT,
@@ -69,6 +69,8 @@ class IFEvalEnv(DatasetChatEnv):
         max_turns: int | None = 1,
         template_kwargs: dict[str, Any] | None = None,
         chat_template_name: str | None = None,
+        max_steps: int | None = None,
+        **torchrl_kwargs: Any,
     ) -> None:
         super().__init__(
             dataset if dataset is not None else load_ifeval(),
@@ -85,7 +87,8 @@ class IFEvalEnv(DatasetChatEnv):
             input_mode=input_mode,
             template_kwargs=template_kwargs,
             chat_template_name=chat_template_name,
-            max_turns=max_turns,
+            max_turns=max_steps if max_steps is not None else max_turns,
+            **torchrl_kwargs,
         )
         self._validate_rows()
         if question_template is not None:
