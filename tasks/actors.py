@@ -21,6 +21,7 @@ import pyarrow.fs as pafs
 import torch
 
 from llmrl_core.collectors.dask_collector import RolloutActor
+from llmrl_core.collectors.tensordict_batches import rows as episode_rows
 from llmrl_core.evaluation.rollout_health import rollout_health
 from llmrl_core.hardware import mixed_precision_for
 from llmrl_core.pipeline.grpo_config import GRPOConfig
@@ -131,7 +132,7 @@ class RolloutWorker(RolloutActor):
         idle = self.idle_s()
         start = time.perf_counter()
         sampling = sampling_config(self.cfg, version if batch is None else batch, shard)
-        trajectories = self.collect(rows, sampling=sampling, progress=self.cfg.progress)
+        trajectories = episode_rows(self.collect(rows, sampling=sampling, progress=self.cfg.progress))
         params = {
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
@@ -148,7 +149,7 @@ class RolloutWorker(RolloutActor):
         info = TrajectoryStore(staging_uri).write_shard(self.cfg.run_id, version, shard, records)
         rewards = [r.reward for r in records]
         health = rollout_health(
-            texts=[t.responses[-1].text if t.responses else "" for t in trajectories],
+            texts=[t.response_text for t in trajectories],
             group_ids=[t.group_id for t in trajectories],
             correct=[bool(t.info.get("success", False)) for t in trajectories],
             has_answer=[bool(t.reward_components.get("reward_answer", 0.0)) for t in trajectories],

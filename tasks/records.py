@@ -1,4 +1,4 @@
-"""Trajectories <-> Parquet rows <-> train samples: the conversions between collector, store and trainer."""
+"""Collected episodes <-> Parquet rows <-> train samples: the conversions between collector, store and trainer."""
 
 from __future__ import annotations
 
@@ -7,24 +7,24 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from llmrl_core.collectors.trajectory import Trajectory
+from llmrl_core.collectors.tensordict_batches import EpisodeRow
 from llmrl_core.trainer.batch import TrainSample
 from storage.schema import TrajectoryRecord, table_to_records
 from storage.trajectories import TrajectoryStore
 
 
 def trajectory_to_record(
-    t: Trajectory, *, run_id: str, policy_version: int, model_id: str, sampling: dict[str, Any]
+    t: EpisodeRow, *, run_id: str, policy_version: int, model_id: str, sampling: dict[str, Any]
 ) -> TrajectoryRecord:
-    """One stored row for a finished (tokens-mode) trajectory: prompt = tokens before the first sampled one."""
-    if t.tokens is None or t.policy_mask is None:
-        raise ValueError("trajectory_to_record needs tokens-mode trajectories (env input_mode='tokens')")
+    """One stored row for a finished (tokens-mode) episode: prompt = tokens before the first sampled one."""
+    if t.tokens is None or t.policy_mask is None or t.sampler_log_probs is None:
+        raise ValueError("trajectory_to_record needs tokens-mode episodes with log-probs (env input_mode='tokens')")
     mask = t.policy_mask.tolist()
     if True not in mask:
         raise ValueError(f"trajectory of prompt {t.prompt_id} has no sampled token")
     start = mask.index(True)
     tokens = t.tokens.tolist()
-    sampled = iter(float(lp) for r in t.responses for lp in (r.log_probs.tolist() if r.log_probs is not None else []))
+    sampled = iter(t.sampler_log_probs.tolist())
     logprobs = [next(sampled) if m else math.nan for m in mask[start:]]
     return TrajectoryRecord(
         run_id=run_id,
@@ -33,7 +33,7 @@ def trajectory_to_record(
         group_id=str(t.group_id),
         sample_index=int(t.sample_index),
         turn=max(0, t.num_turns - 1),
-        messages=[{"role": m.role, "content": m.text} for m in t.history.messages],
+        messages=[dict(m) for m in t.messages],
         prompt_tokens=tokens[:start],
         response_tokens=tokens[start:],
         response_mask=mask[start:],

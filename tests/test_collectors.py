@@ -7,8 +7,11 @@ import threading
 import time
 
 import pytest
+import torch
 
-from llmrl_core.collectors import DialogTurn, LLMCollector, Trajectory
+from llmrl_core.collectors import LLMCollector
+from llmrl_core.collectors.tensordict_batches import EpisodeRow
+from llmrl_core.collectors.tensordict_batches import rows as episodes
 from llmrl_core.data import LLMData
 from llmrl_core.envs import ChatEnv, PolicyVersion, Transform, make_gsm8k_env
 from llmrl_core.policies.base import SamplingConfig
@@ -38,7 +41,11 @@ def test_sync_collector_yields_trajectories_and_stamps_versions(policy):
         collector.increment_version()
     assert [len(b) for b in batches] == [4, 4]
     for expected_version, batch in enumerate(batches):
-        assert all(isinstance(t, Trajectory) for t in batch)
+        assert batch["policy_version"].tolist() == [expected_version] * 4  # TorchRL's key, a tensor per row
+        assert batch.get(("history", "full"))[0].role[0] == "system"
+        sampled_rows = batch.get(("tokens", "response"), as_list=True)
+        batch = episodes(batch)
+        assert all(isinstance(t, EpisodeRow) for t in batch)
         assert all(t.policy_versions == [expected_version] for t in batch)
         # one GRPO group per prompt: 2 prompts x 2 copies, copies share the group id and the prompt
         groups = {}
@@ -46,14 +53,15 @@ def test_sync_collector_yields_trajectories_and_stamps_versions(policy):
             groups.setdefault(t.group_id, []).append(t)
         assert sorted(len(g) for g in groups.values()) == [2, 2]
         for members in groups.values():
-            assert len({m.history[1].text for m in members}) == 1
-        for t in batch:
+            assert len({m.messages[1]["content"] for m in members}) == 1
+        for t, response in zip(batch, sampled_rows, strict=True):
             assert t.reward in (0.0, 0.1, 1.0)
             assert t.terminated or t.truncated
             assert t.num_turns == 1 and t.finish_reason in {"stop", "length"}
-            # tokens mode: the exact sampled ids sit inside the trajectory tokens, under the policy mask
-            sampled = t.responses[0].token_ids
-            assert t.tokens[t.policy_mask].tolist() == sampled.tolist()
+            # tokens mode: the exact sampled ids sit inside the trajectory tokens, under the policy mask,
+            # with one sampler log-prob each
+            assert t.tokens[t.policy_mask].tolist() == response[response.ne(-1)].tolist()
+            assert len(t.sampler_log_probs) == int(t.policy_mask.sum()) == t.num_sampled_tokens
     assert version.version == 2
 
 
@@ -72,16 +80,16 @@ def test_dialog_turn_batches_and_sink(policy):
     )
     batches = list(collector)
     assert [len(b) for b in batches] == [4, 4, 4]
-    turns = [t for b in batches for t in b]
-    assert all(isinstance(t, DialogTurn) for t in turns)
+    turns = [b[i] for b in batches for i in range(len(b))]
+    assert all(t["reward"].shape == (1,) and t.get(("tokens", "response")).dtype == torch.long for t in turns)
     # 2 turns per conversation: the second turn's prompt holds the first answer
-    assert sorted(t.turn for t in turns) == [1] * 6 + [2] * 6
+    assert sorted(t["turn"] for t in turns) == [1] * 6 + [2] * 6
     # the second turn's prompt is the whole conversation so far: the query and the first answer
-    first_answers = {t.response.text.strip() for t in turns if t.turn == 1}
-    for t in (t for t in turns if t.turn == 2):
-        assert [m.role for m in t.prompt.messages] == ["user", "assistant"]
-        assert t.prompt.messages[-1].text.strip() in first_answers
-    assert sink.qsize() == 3 and sink.get() == batches[0]
+    first_answers = {t["text"].response.strip() for t in turns if t["turn"] == 1}
+    for t in (t for t in turns if t["turn"] == 2):
+        assert list(t["history"].prompt.role) == ["user", "assistant"]
+        assert t["history"].prompt.content[-1].strip() in first_answers
+    assert sink.qsize() == 3 and sink.get() is batches[0]
 
 
 class StuckTool(Transform):
@@ -111,7 +119,7 @@ def test_async_collector_finishes_while_one_env_is_stuck_in_a_tool(policy):
     )
     start = time.monotonic()
     try:
-        trajectories = collector.collect()
+        trajectories = episodes(collector.collect())
     finally:
         release.set()
     assert time.monotonic() - start < 240
@@ -179,7 +187,7 @@ def test_rolling_reset_lets_other_slots_take_new_prompts_during_a_long_episode()
     collector = LLMCollector(
         env, scripted_policy, prompts=_counted(_long_and_short(), drawn), total_trajectories=6, rolling_reset=True
     )
-    trajectories = collector.collect()
+    trajectories = episodes(collector.collect())
     # slot 1 ran q1..q5 one after the other while slot 0 was still in its 6-turn episode
     assert [t.data["query"] for t in trajectories] == ["q1", "q2", "q3", "q4", "q5", "long"]
     assert lengths.events == [("start", "long"), ("start", "q1")] + [
@@ -192,7 +200,7 @@ def test_rolling_reset_lets_other_slots_take_new_prompts_during_a_long_episode()
 
     # the default (TorchRL's batch schedule kept): the next pair waits until the long episode is over
     env, lengths = _scripted_env()
-    batch_mode = LLMCollector(env, scripted_policy, prompts=_long_and_short(), total_trajectories=6).collect()
+    batch_mode = episodes(LLMCollector(env, scripted_policy, prompts=_long_and_short(), total_trajectories=6).collect())
     assert [t.data["query"] for t in batch_mode] == ["long", "q1", "q2", "q3", "q4", "q5"]
     assert lengths.steps == 8 and lengths.events.index(("start", "q2")) > lengths.events.index(("end", "long"))
 
@@ -205,12 +213,14 @@ def test_rolling_reset_draws_only_the_prompts_it_needs():
         env, scripted_policy, prompts=_counted(rows, drawn), total_trajectories=4, rolling_reset=True
     )
     batches = list(collector)
-    trajectories = [t for b in batches for t in b]
+    trajectories = [t for b in batches for t in episodes(b)]
     assert len(trajectories) == 4 and drawn == ["q0", "q1", "q2", "q3"]
     assert sorted(t.data["query"] for t in trajectories) == ["q0", "q1", "q2", "q3"]
     # the prompts run out before the total: the collector ends when the last running episode ends
     env, _ = _scripted_env(batch_size=2)
-    short = LLMCollector(env, scripted_policy, prompts=rows[:3], total_trajectories=10, rolling_reset=True).collect()
+    short = episodes(
+        LLMCollector(env, scripted_policy, prompts=rows[:3], total_trajectories=10, rolling_reset=True).collect()
+    )
     assert sorted(t.data["query"] for t in short) == ["q0", "q1", "q2"]
     # total_dialog_turns: no new episode is started for turns that will not be collected
     env, _ = _scripted_env(batch_size=2)
@@ -233,7 +243,7 @@ def test_rolling_reset_with_the_env_primer_keeps_group_ids():
     env = DatasetChatEnv(rows, batch_size=1, repeats=2, group_repeats=True, shuffle=False, max_turns=None)
     lengths = EpisodeLength()
     env.append_transform(lengths)
-    trajectories = LLMCollector(env, scripted_policy, total_trajectories=6, rolling_reset=True).collect()
+    trajectories = episodes(LLMCollector(env, scripted_policy, total_trajectories=6, rolling_reset=True).collect())
     assert [(t.prompt_id, t.group_id, t.sample_index) for t in trajectories] == [
         ("p0", 0, 0),  # both copies of p0 take 3 turns and finish together
         ("p0", 0, 1),
@@ -257,7 +267,7 @@ def test_rolling_reset_with_async_envs():
         rolling_reset=True,
         async_envs=True,
     )
-    trajectories = collector.collect()
+    trajectories = episodes(collector.collect())
     assert len(trajectories) == 7 and len(drawn) == 7
     assert sorted(t.data["query"] for t in trajectories) == sorted(drawn)
     assert sum(len([e for e in lengths.events if e[0] == "start"]) for lengths in all_lengths) == 7
@@ -268,10 +278,16 @@ def test_yield_only_last_steps_hands_out_the_last_turn_of_each_episode():
     rows = [{"query": f"q{i}", "turns": i + 1} for i in range(4)]
     collector = LLMCollector(env, scripted_policy, prompts=rows, yield_only_last_steps=True, total_trajectories=4)
     assert collector.yield_completed_trajectories is False
-    turns = collector.collect()
-    assert all(isinstance(t, DialogTurn) and t.done for t in turns)
-    assert sorted((t.prompt.messages[0].text, t.turn) for t in turns) == [("q0", 1), ("q1", 2), ("q2", 3), ("q3", 4)]
-    assert sorted(t.reward for t in turns) == [1.0, 2.0, 3.0, 4.0]  # the last step's reward
+    batch = collector.collect()
+    turns = [batch[i] for i in range(len(batch))]
+    assert batch["done"].all() and batch["done"].shape == (4, 1)
+    assert sorted((t["history"].prompt.content[0], t["turn"]) for t in turns) == [
+        ("q0", 1),
+        ("q1", 2),
+        ("q2", 3),
+        ("q3", 4),
+    ]
+    assert sorted(batch["reward"].reshape(-1).tolist()) == [1.0, 2.0, 3.0, 4.0]  # the last step's reward
     assert collector.turns_collected == 1 + 2 + 3 + 4  # every sampled turn counts toward total_dialog_turns
     # TorchRL's combination (yield_completed_trajectories=True with it) gives the same items; batches count items
     env, _ = _scripted_env(batch_size=2)
@@ -286,7 +302,7 @@ def test_yield_only_last_steps_hands_out_the_last_turn_of_each_episode():
             rolling_reset=True,
         )
     )
-    assert [len(b) for b in batches] == [1, 1, 1, 1] and [b[0].turn for b in batches] == [1, 2, 3, 4]
+    assert [len(b) for b in batches] == [1, 1, 1, 1] and [b[0]["turn"] for b in batches] == [1, 2, 3, 4]
 
 
 def test_track_policy_version_options():
@@ -294,14 +310,16 @@ def test_track_policy_version_options():
     env, _ = _scripted_env()
     off = LLMCollector(env, scripted_policy, prompts=rows, track_policy_version=False, total_trajectories=4)
     assert off.get_policy_version() is None and off.increment_version() is None
-    assert all(t.policy_versions == [None] and t.policy_version is None for t in off.collect())
+    untracked = off.collect()
+    assert "policy_version" not in untracked.keys()  # TorchRL writes the key only when versions are tracked
+    assert all(t.policy_versions == [None] and t.policy_version is None for t in episodes(untracked))
 
     env, _ = _scripted_env()
     on = LLMCollector(env, scripted_policy, prompts=rows, total_trajectories=4, track_policy_version=True)
     assert on.get_policy_version() == 0 and not any(isinstance(t, PolicyVersion) for t in env.transforms)
     stamped = []
     for batch in on:
-        stamped += [t.policy_version for t in batch]
+        stamped += batch["policy_version"].tolist()
         on.increment_version()
     assert stamped == [0, 0, 1, 1] and on.get_policy_version() == 2
 
@@ -309,7 +327,7 @@ def test_track_policy_version_options():
     env, _ = _scripted_env()
     uid = LLMCollector(env, scripted_policy, prompts=rows, total_trajectories=2, track_policy_version=custom)
     assert uid.policy_version_tracker is custom
-    assert {t.policy_version for t in uid.collect()} == {custom.version}
+    assert set(uid.collect()["policy_version"]) == {custom.version}  # a uuid version: a string per row
     env, _ = _scripted_env()
     with pytest.raises(ValueError, match="two different PolicyVersions"):
         LLMCollector(env, scripted_policy, policy_version=PolicyVersion(), track_policy_version=custom)
@@ -335,7 +353,7 @@ def test_torchrl_arguments_and_errors():
         total_trajectories=4,
         dialog_turns_per_batch=2,
         queue=seen,
-        postproc=lambda batch: [t.reward for t in batch],
+        postproc=lambda batch: batch["reward"].reshape(-1).tolist(),
         verbose=True,
         flatten_data=False,
     )
@@ -379,7 +397,7 @@ def test_update_policy_weights_pushes_through_the_weight_updater():
     assert updater.trackers == [collector.version_tracker]  # registered once: one increment per push
     versions = []
     for step, batch in enumerate(collector):
-        versions.append([t.policy_version for t in batch])
+        versions.append(batch["policy_version"].tolist())
         assert collector.update_policy_weights_({"w": torch.full((2,), float(step))}) == step + 1
     assert versions == [[0, 0], [1, 1], [2, 2]]
     assert [p["w"].tolist() for p in updater.pushed] == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]

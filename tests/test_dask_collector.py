@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from llmrl_core.collectors.dask_collector import DaskLLMCollector, shard_by_group
+from llmrl_core.collectors.tensordict_batches import rows as episodes
 from llmrl_core.envs import PromptRow, make_gsm8k_env
 from llmrl_core.policies.base import SamplingConfig
 from llmrl_core.policies.vllm_engine import EngineConfig
@@ -60,7 +61,7 @@ def test_two_workers_collect_with_consistent_versions(default_model_path, tmp_pa
             shared_dir=tmp_path / "weights",
         )
         assert len(collector.actors) == 2
-        first = collector.collect(rows)
+        first = episodes(collector.collect(rows))
         assert len(first) == 8
         assert sorted((t.group_id, t.sample_index) for t in first) == sorted((r.group_id, r.sample_index) for r in rows)
         assert all(t.policy_versions == [0] for t in first)
@@ -72,10 +73,10 @@ def test_two_workers_collect_with_consistent_versions(default_model_path, tmp_pa
                 param.mul_(0.0)  # a degenerate policy: every token equally likely
         assert collector.push_weights(model) == 1
         assert collector.engine_versions() == [1, 1]
-        second = collector.collect(rows)
+        second = episodes(collector.collect(rows))
         assert all(t.policy_versions == [1] for t in second)
         # uniform logits over the 49152-token vocabulary: every sampled token has log-prob -log(V)
-        lps = torch.cat([t.responses[0].log_probs for t in second])
+        lps = torch.cat([t.sampler_log_probs for t in second])
         torch.testing.assert_close(
             lps, torch.full_like(lps, -torch.log(torch.tensor(49152.0)).item()), atol=1e-3, rtol=0
         )

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
 
 from llmrl_core.data import ConversationBatch
 from llmrl_core.envs import ChatEnv, MLGymWrapper, PromptRow, make_mlgym
@@ -494,25 +493,28 @@ def test_mlgym_score_reward():
 # --- end to end with the engine ------------------------------------------------------------------------------
 def test_collector_plays_guess_number_with_vllm(vllm_engine_fp32):
     from llmrl_core.collectors import LLMCollector
+    from llmrl_core.collectors.tensordict_batches import rows as episodes
     from llmrl_core.policies.base import SamplingConfig
     from llmrl_core.policies.vllm_wrapper import vLLMWrapper
 
     policy = vLLMWrapper(vllm_engine_fp32, sampling=SamplingConfig(max_new_tokens=24, temperature=0.8, seed=0))
     env = make_guess_number_env(policy.tokenizer, input_mode="tokens", batch_size=2, max_guesses=3, seed=0)
-    trajectories = LLMCollector(env, policy, total_trajectories=2).collect()
+    batch = LLMCollector(env, policy, total_trajectories=2).collect()
+    sampled_rows = batch.get(("log_probs", "full"), as_list=True)
+    trajectories = episodes(batch)
     assert len(trajectories) == 2 and sorted(t.data["seed"] for t in trajectories) == [0, 1]
     assert any(t.num_turns > 1 for t in trajectories)
-    for t in trajectories:
+    for t, full_log_probs in zip(trajectories, sampled_rows, strict=True):
         assert t.reward in (0.0, 1.0) and t.reward_components == {"env": t.reward}
         assert t.terminated == (t.reward == 1.0) and (t.terminated or t.truncated)
         if not (t.terminated and t.num_turns == 1):  # a wrong (or unreadable) first guess: the game went on
             assert t.num_turns > 1
         assert t.info["guesses_used"] == t.num_turns
-        assert t.history.role == ["user"] + ["assistant", "user"] * (t.num_turns - 1) + ["assistant"]
+        assert [m["role"] for m in t.messages] == ["user"] + ["assistant", "user"] * (t.num_turns - 1) + ["assistant"]
         # the policy mask covers exactly the sampled ids; the game's replies are outside it
-        sampled = torch.cat([r.token_ids for r in t.responses])
-        assert t.tokens[t.policy_mask].tolist() == sampled.tolist()
+        assert len(t.sampler_log_probs) == int(t.policy_mask.sum()) == t.num_sampled_tokens
+        assert bool((full_log_probs[~t.policy_mask] == 0).all())  # TorchRL's full log-probs: 0 off the policy
         env_text = policy.tokenizer.decode(t.tokens[~t.policy_mask].tolist())
-        for message in t.history.messages:
-            if message.role == "user":
-                assert f"user\n{message.content}" in env_text
+        for message in t.messages:
+            if message["role"] == "user":
+                assert f"user\n{message['content']}" in env_text

@@ -3,7 +3,7 @@
 Our counterpart of TorchRL's ``RayLLMCollector``. Each worker hosts a :class:`RolloutActor` (a Dask actor)
 that keeps its engine for the collector's life. ``collect(rows)`` shards the prompt rows across actors
 without splitting a GRPO group (rows that share a ``group_id`` stay together), runs an
-:class:`~llmrl_core.collectors.llm_collector.LLMCollector` on each shard, and gathers the trajectories.
+:class:`~llmrl_core.collectors.llm_collector.LLMCollector` on each shard, and gathers the episodes (one TensorDict).
 ``push_weights`` loads new weights into every engine (a safetensors file on shared storage, or bytes)
 and moves all of them to the same new version; a trajectory stamped with another version is an error.
 """
@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tensordict import TensorDictBase, lazy_stack
 
 from llmrl_core.collectors.llm_collector import LLMCollector
-from llmrl_core.collectors.trajectory import Trajectory
+from llmrl_core.collectors.tensordict_batches import rows as episode_rows
 from llmrl_core.envs.chat_env import ChatEnv
 from llmrl_core.envs.transforms.policy_version import PolicyVersion
 from llmrl_core.envs.types import PromptRow
@@ -32,11 +33,12 @@ EnvFactory = Callable[[Any], ChatEnv]  # tokenizer -> env (batch_size None: rese
 
 def collect_episodes(
     worker: Any, env: ChatEnv, rows: Sequence[PromptRow], sampling: SamplingConfig, progress: bool = False
-) -> list[Trajectory]:
+) -> TensorDictBase:
     """Every row of ``rows`` played to the end of its episode (all turns, tools included) by ``worker`` (a
     :class:`~llmrl_core.policies.vllm_worker.vLLMWorker`) in ``env``, stamped with the worker's version. A slot
     whose conversation outgrows the engine's context is truncated (``ChatEnv.max_prompt_tokens``). The
-    one episode loop of the rollout actors and the evaluation of multi-turn envs."""
+    one episode loop of the rollout actors and the evaluation of multi-turn envs. Returns the collector's
+    TensorDict of episodes (:mod:`llmrl_core.collectors.tensordict_batches`)."""
     from llmrl_core.policies.vllm_wrapper import vLLMWrapper
 
     room = int(worker.config.max_model_len) - int(sampling.max_new_tokens)  # a prompt the engine can still answer
@@ -73,7 +75,7 @@ class RolloutActor:
 
     def collect(
         self, rows: list[PromptRow], sampling: SamplingConfig | None = None, progress: bool = False
-    ) -> list[Trajectory]:
+    ) -> TensorDictBase:
         """Run every row to the end of its episode (all turns) with the current weights; ``sampling`` overrides
         the actor's own for this call (e.g. a seed per version and shard)."""
         try:
@@ -146,12 +148,13 @@ class DaskLLMCollector:
         self.shared_dir = Path(shared_dir) if shared_dir is not None else None
         self.version = 0
 
-    def collect(self, rows: Sequence[PromptRow]) -> list[Trajectory]:
-        """Shard ``rows`` over the engines, run them, and return all trajectories (in shard order)."""
+    def collect(self, rows: Sequence[PromptRow]) -> TensorDictBase:
+        """Shard ``rows`` over the engines, run them, and return all episodes as one TensorDict (shard order)."""
         shards = shard_by_group(rows, len(self.actors))
         pending = [actor.collect(shard) for actor, shard in zip(self.actors, shards, strict=False)]
-        trajectories = [t for future in pending for t in future.result()]
-        stale = {v for t in trajectories for v in t.policy_versions if v != self.version}
+        parts = [future.result() for future in pending]
+        trajectories = lazy_stack([part[i] for part in parts for i in range(part.batch_size[0])])
+        stale = {v for t in episode_rows(trajectories) for v in t.policy_versions if v != self.version}
         if stale:
             raise RuntimeError(
                 f"trajectories stamped with versions {sorted(stale)}; the collector is at {self.version}"

@@ -21,10 +21,12 @@ Every sampled turn is stamped with the policy version current when it was sample
 :meth:`LLMCollector.increment_version`, :meth:`LLMCollector.update_policy_weights_` or a ``vLLMUpdater`` it is
 registered with advances.
 
-Batches are lists of :class:`~llmrl_core.collectors.trajectory.Trajectory` (``yield_completed_trajectories``,
-the default) or of :class:`~llmrl_core.collectors.trajectory.DialogTurn` (every sampled turn, or with
-``yield_only_last_steps`` only the last turn of each finished episode). With a ``sink`` (a
-``queue.Queue`` or anything with ``extend``), every batch is also delivered there.
+Batches are TensorDicts in TorchRL's layout (:mod:`llmrl_core.collectors.tensordict_batches`): one row per
+finished episode (``yield_completed_trajectories``, the default) or per dialog turn (every sampled turn, or with
+``yield_only_last_steps`` only the last turn of each finished episode). With a ``queue`` (anything with ``put``)
+or a ``replay_buffer`` (anything with ``extend``), every batch is also delivered there. The policy is a TorchRL-
+style wrapper (:mod:`llmrl_core.modules`, TensorDict in and out) or a rollout engine callable on
+:class:`~llmrl_core.data.llm_data.LLMData` (:mod:`llmrl_core.policies`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,10 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import torch
+from tensordict import TensorDictBase, lazy_stack
+from tensordict.nn import TensorDictModuleBase
 
+from llmrl_core.collectors.tensordict_batches import llm_data_to_tensordict, responses_from_tensordict, to_tensordict
 from llmrl_core.collectors.trajectory import DialogTurn, Trajectory
 from llmrl_core.data.conversation import ConversationBatch
 from llmrl_core.data.llm_data import LLMData
@@ -289,7 +294,15 @@ class LLMCollector:
         return self.policy_version
 
     # --- iteration -------------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[list[Trajectory] | list[DialogTurn]]:
+    def __iter__(self) -> Iterator[TensorDictBase]:
+        for items in self._item_batches():
+            batch = to_tensordict(items, self.envs[0].policy_role)
+            batch = self.postproc(batch) if self.postproc is not None else batch
+            self._deliver(batch)
+            yield batch
+
+    def _item_batches(self) -> Iterator[list[Trajectory] | list[DialogTurn]]:
+        """The batches as the env slots' snapshots (episodes or turns), before they become TensorDicts."""
         stream = self._run_async() if self.async_envs else self._run_sync()
         buffer: list[Any] = []
         try:
@@ -297,23 +310,20 @@ class LLMCollector:
                 buffer.extend(items)
                 while buffer and self._batch_ready(buffer):
                     batch, buffer = self._split_batch(buffer)
-                    batch = self.postproc(batch) if self.postproc is not None else batch
-                    self._deliver(batch)
                     yield batch
                 if self._finished():
                     break
             if buffer:
-                buffer = self.postproc(buffer) if self.postproc is not None else buffer
-                self._deliver(buffer)
                 yield buffer
         finally:
             stream.close()
 
-    def collect(self) -> list[Any]:
-        """Run to the configured total and return everything, flattened (needs a total)."""
+    def collect(self) -> TensorDictBase:
+        """Run to the configured total and return everything as one TensorDict of rows (needs a total)."""
         if self.total_dialog_turns is None and self.total_trajectories is None:
             raise ValueError("collect() needs total_dialog_turns or total_trajectories")
-        return [item for batch in self for item in batch]
+        rows = [batch[i] for batch in self for i in range(batch.batch_size[0])]
+        return lazy_stack(rows) if rows else to_tensordict([])
 
     def _turns(self, items: list[Any]) -> int:
         return sum(t.num_turns for t in items) if self._yield_trajectories else len(items)
@@ -402,6 +412,8 @@ class LLMCollector:
 
     # --- producing items -------------------------------------------------------------------------
     def _generate(self, data: LLMData) -> list[Any]:
+        if isinstance(self.policy, TensorDictModuleBase):  # a TorchRL-style wrapper: TensorDict in, out
+            return responses_from_tensordict(self.policy(llm_data_to_tensordict(data)))
         return self.policy(data).responses()
 
     def _snapshot(self, out: EnvOutput, active: Sequence[int]) -> list[Any] | None:

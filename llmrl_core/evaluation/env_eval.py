@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llmrl_core.collectors.trajectory import Trajectory
-from llmrl_core.data.conversation import episode_start
+from llmrl_core.collectors.tensordict_batches import EpisodeRow
+from llmrl_core.collectors.tensordict_batches import rows as episode_rows
 from llmrl_core.envs.chat_env import ChatEnv
 from llmrl_core.envs.types import PromptRow
 from llmrl_core.evaluation.gsm8k_eval import run_decoding_modes
@@ -27,7 +27,7 @@ from llmrl_core.evaluation.results import EvaluationResult, ModeResult, Question
 from llmrl_core.policies.base import SamplingConfig
 
 
-def episode_outcome(t: Trajectory, policy_role: str = "assistant") -> SampleOutcome:
+def episode_outcome(t: EpisodeRow, policy_role: str = "assistant") -> SampleOutcome:
     """One finished episode as a scored sample (see the module docstring)."""
     info = t.info
     if "success" in info:
@@ -39,17 +39,19 @@ def episode_outcome(t: Trajectory, policy_role: str = "assistant") -> SampleOutc
     calls = list(info.get("tool_calls", []))
     n_calls = int(info.get("num_tool_calls", len(calls)))
     errors = sum(1 for call in calls if call.get("error"))
-    after = t.history.messages[episode_start(t.history.messages, policy_role, t.num_turns) :]
-    text = "\n".join(f"[{m.role}] {m.text}" for m in after) if len(after) > 1 else (after[0].text if after else "")
+    after = t.episode_messages
+    text = (
+        "\n".join(f"[{m['role']}] {m['content']}" for m in after)
+        if len(after) > 1
+        else (after[0]["content"] if after else "")
+    )
     return SampleOutcome(
         text=text,
         answer=str(info.get("answer", "")),
         correct=correct,
         has_answer=bool(t.reward_components.get("reward_answer", 0.0)),
         reward=float(t.reward),
-        num_tokens=int(t.policy_mask.sum())
-        if t.policy_mask is not None
-        else sum(len(r.token_ids) for r in t.responses),
+        num_tokens=int(t.policy_mask.sum()) if t.policy_mask is not None else t.num_sampled_tokens,
         finish_reason=t.finish_reason,
         extra={
             "tool_call_rate": float(n_calls > 0),
@@ -62,7 +64,7 @@ def episode_outcome(t: Trajectory, policy_role: str = "assistant") -> SampleOutc
 
 def _play(
     worker: Any, env: ChatEnv, rows: Sequence[Mapping[str, Any]], prompt_field: str, sampling: SamplingConfig, n: int
-) -> list[list[Trajectory]]:
+) -> list[list[EpisodeRow]]:
     from llmrl_core.collectors.dask_collector import collect_episodes
 
     prompts = [
@@ -70,14 +72,14 @@ def _play(
         for i, row in enumerate(rows)
         for s in range(n)
     ]
-    groups: list[list[Trajectory]] = [[] for _ in rows]
-    for t in collect_episodes(worker, env, prompts, sampling):
+    groups: list[list[EpisodeRow]] = [[] for _ in rows]
+    for t in episode_rows(collect_episodes(worker, env, prompts, sampling)):
         groups[int(t.group_id)].append(t)  # type: ignore[arg-type]
     return [sorted(g, key=lambda t: t.sample_index) for g in groups]
 
 
 def _mode(
-    name: str, groups: list[list[Trajectory]], answers: Sequence[str], n: int, temperature: float, role: str
+    name: str, groups: list[list[EpisodeRow]], answers: Sequence[str], n: int, temperature: float, role: str
 ) -> ModeResult:
     questions = [
         QuestionOutcome(index, answers[index], [episode_outcome(t, role) for t in group])

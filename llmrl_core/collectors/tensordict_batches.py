@@ -1,0 +1,249 @@
+"""What an :class:`~llmrl_core.collectors.llm_collector.LLMCollector` hands out, as TorchRL lays it out: a
+TensorDict with one row per finished episode (or per dialog turn), lazily stacked so rows may differ in length.
+
+Every row carries TorchRL's containers — ``history`` (:class:`ChatHistory`: ``prompt`` the conversation the
+episode started from, ``response`` what followed, ``full`` both), ``text`` (``response``: the last sampled
+turn), and in tokens mode ``tokens`` (``prompt``/``response``/``full`` ids exactly as sampled), ``masks``
+(``all_assistant_mask``: True on the tokens the policy sampled) and ``log_probs`` (the sampler's log-probs;
+``full`` holds 0 where the policy did not sample) — plus ``reward``, ``done``, ``terminated``, ``truncated``
+(shape ``(1,)``), ``policy_version`` when versions are tracked, and llmrl's bookkeeping as non-tensor fields:
+``prompt_id``, ``group_id``, ``sample_index``, ``turn``/``num_turns``, ``finish_reason``, ``reward_components``,
+``policy_versions``, ``data`` (the prompt row) and ``info``.
+
+``rows(batch)`` reads such a batch back as plain per-row views (:class:`EpisodeRow`) for code that consumes
+episodes one by one (the flows' Parquet writer, the evaluators).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase, lazy_stack
+
+from llmrl_core.collectors.trajectory import DialogTurn, Trajectory
+from llmrl_core.data.conversation import Conversation, episode_start
+from llmrl_core.data.history import History
+from llmrl_core.data.llm_data import LLMData, Response
+
+
+def _history(conversation: Conversation) -> History | None:
+    from llmrl_core.data.history import _message_dict
+
+    messages = conversation.messages
+    return History.from_chats([_message_dict(m) for m in messages]) if messages else None
+
+
+def _chat_history(prompt: Conversation, response: Conversation, full: Conversation) -> Any:
+    from llmrl_core.modules.policies.common import ChatHistory
+
+    return ChatHistory(prompt=_history(prompt), response=_history(response), full=_history(full), batch_size=())
+
+
+def _version(value: int | str | None) -> Any:
+    return torch.tensor(value) if isinstance(value, int) else value
+
+
+def _flags(reward: float, done: bool, terminated: bool, truncated: bool) -> dict[str, torch.Tensor]:
+    return {
+        "reward": torch.tensor([float(reward)]),
+        "done": torch.tensor([bool(done)]),
+        "terminated": torch.tensor([bool(terminated)]),
+        "truncated": torch.tensor([bool(truncated)]),
+    }
+
+
+def trajectory_row(t: Trajectory, policy_role: str = "assistant") -> TensorDict:
+    """One finished episode as a TensorDict row (see the module docstring)."""
+    from llmrl_core.modules.policies.common import LogProbs, Masks, Text, Tokens
+
+    messages = t.history.messages
+    start = episode_start(messages, policy_role, t.num_turns)
+    row = TensorDict(
+        _flags(t.reward, True, t.terminated, t.truncated),
+        batch_size=(),
+    )
+    row.set(
+        "history",
+        _chat_history(Conversation(messages[:start]), Conversation(messages[start:]), Conversation(messages)),
+    )
+    row.set("text", Text(response=t.responses[-1].text if t.responses else "", batch_size=()))
+    if t.tokens is not None and t.policy_mask is not None:
+        mask = t.policy_mask.bool()
+        first = int(mask.nonzero()[0]) if bool(mask.any()) else len(mask)
+        row.set("tokens", Tokens(prompt=t.tokens[:first], response=t.tokens[first:], full=t.tokens, padded=False))
+        row.set("masks", Masks(all_assistant_mask=mask, all_attention_mask=torch.ones_like(mask), padded=False))
+        sampled = [r.log_probs for r in t.responses if r.log_probs is not None]
+        if sampled and int(mask.sum()) == sum(len(s) for s in sampled):
+            full = torch.zeros(len(mask), dtype=torch.float32)
+            full[mask] = torch.cat(sampled).to(torch.float32)
+            row.set("log_probs", LogProbs(response=full[first:], full=full, padded=False))
+    if t.policy_version is not None:
+        row.set("policy_version", _version(t.policy_version))
+    return _with_bookkeeping(
+        row,
+        prompt_id=t.prompt_id,
+        group_id=t.group_id,
+        sample_index=t.sample_index,
+        num_turns=t.num_turns,
+        finish_reason=t.finish_reason,
+        reward_components=dict(t.reward_components),
+        policy_versions=list(t.policy_versions),
+        num_sampled_tokens=sum(len(r.token_ids) for r in t.responses if r.token_ids is not None),
+        data=dict(t.data),
+        info=dict(t.info),
+    )
+
+
+def turn_row(d: DialogTurn) -> TensorDict:
+    """One sampled dialog turn as a TensorDict row (see the module docstring)."""
+    from llmrl_core.data.conversation import Message
+    from llmrl_core.modules.policies.common import LogProbs, Text, Tokens
+
+    answer = Conversation([Message(role="assistant", content=d.response.text)])
+    full = Conversation([*d.prompt.messages, *answer.messages])
+    row = TensorDict(_flags(d.reward, d.done, d.done, False), batch_size=())
+    row.set("history", _chat_history(d.prompt, answer, full))
+    row.set("text", Text(response=d.response.text, batch_size=()))
+    if d.response.token_ids is not None:
+        row.set("tokens", Tokens(response=d.response.token_ids, padded=False))
+    if d.response.log_probs is not None:
+        row.set("log_probs", LogProbs(response=d.response.log_probs.to(torch.float32), padded=False))
+    if d.policy_version is not None:
+        row.set("policy_version", _version(d.policy_version))
+    return _with_bookkeeping(
+        row,
+        prompt_id=d.prompt_id,
+        group_id=d.group_id,
+        sample_index=d.sample_index,
+        turn=d.turn,
+        finish_reason=d.response.finish_reason,
+        reward_components=dict(d.reward_components),
+    )
+
+
+def _with_bookkeeping(row: TensorDict, **fields: Any) -> TensorDict:
+    for name, value in fields.items():
+        row.set_non_tensor(name, value)
+    return row
+
+
+def to_tensordict(items: Sequence[Trajectory | DialogTurn], policy_role: str = "assistant") -> TensorDictBase:
+    """A batch of collector items as one lazily stacked TensorDict of shape ``(len(items),)``."""
+    rows = [trajectory_row(i, policy_role) if isinstance(i, Trajectory) else turn_row(i) for i in items]
+    if not rows:
+        return TensorDict(batch_size=(0,))
+    return lazy_stack(rows)
+
+
+@dataclass
+class EpisodeRow:
+    """Plain Python view of one row of a collector batch, for code that consumes episodes one by one."""
+
+    messages: list[dict[str, Any]]
+    episode_messages: list[dict[str, Any]]
+    tokens: torch.Tensor | None
+    policy_mask: torch.Tensor | None
+    sampler_log_probs: torch.Tensor | None
+    response_text: str
+    reward: float
+    terminated: bool
+    truncated: bool
+    prompt_id: Any
+    group_id: Any
+    sample_index: int
+    num_turns: int
+    num_sampled_tokens: int
+    finish_reason: str | None
+    reward_components: dict[str, float]
+    policy_versions: list[Any]
+    data: dict[str, Any]
+    info: dict[str, Any]
+
+    @property
+    def policy_version(self) -> Any:
+        """The version that sampled the first turn."""
+        return self.policy_versions[0] if self.policy_versions else None
+
+
+def _message_dicts(history: History | None) -> list[dict[str, Any]]:
+    return [{"role": m.role, "content": m.text} for m in history._messages()] if history is not None else []
+
+
+def _maybe(td: TensorDictBase, key: Any) -> Any:
+    return td.get(key, None) if key in td.keys(include_nested=True) else None
+
+
+def rows(batch: TensorDictBase) -> list[EpisodeRow]:
+    """The episodes of a trajectory batch (``yield_completed_trajectories``) as :class:`EpisodeRow` views."""
+    out = []
+    for i in range(batch.batch_size[0] if batch.batch_dims else 0):
+        row = batch[i]
+        full = row.get(("history", "full"))
+        response = _maybe(row, ("history", "response"))
+        mask = _maybe(row, ("masks", "all_assistant_mask"))
+        log_probs = _maybe(row, ("log_probs", "full"))
+        out.append(
+            EpisodeRow(
+                messages=_message_dicts(full),
+                episode_messages=_message_dicts(response),
+                tokens=_maybe(row, ("tokens", "full")),
+                policy_mask=mask,
+                sampler_log_probs=log_probs[mask] if log_probs is not None and mask is not None else None,
+                response_text=str(row["text", "response"]),
+                reward=float(row.get("reward")[0]),
+                terminated=bool(row.get("terminated")[0]),
+                truncated=bool(row.get("truncated")[0]),
+                prompt_id=row["prompt_id"],
+                group_id=row["group_id"],
+                sample_index=int(row["sample_index"]),
+                num_turns=int(row["num_turns"]),
+                num_sampled_tokens=int(row["num_sampled_tokens"]),
+                finish_reason=row["finish_reason"],
+                reward_components=dict(row["reward_components"]),
+                policy_versions=list(row["policy_versions"]),
+                data=dict(row["data"]),
+                info=dict(row["info"]),
+            )
+        )
+    return out
+
+
+def llm_data_to_tensordict(data: LLMData) -> TensorDict:
+    """The prompts of an :class:`LLMData` batch as the input of a TensorDict policy wrapper (TorchRL's keys)."""
+    from llmrl_core.modules.policies.common import ChatHistory, Text, Tokens
+
+    size = data.batch_size
+    per_row = []
+    for i in range(size):
+        row = TensorDict(batch_size=())
+        if data.history is not None:
+            row.set("history", ChatHistory(prompt=_history(data.history[i]), batch_size=()))
+        if data.text is not None:
+            row.set("text", Text(prompt=data.text[i], batch_size=()))
+        if data.tokens is not None:
+            row.set("tokens", Tokens(prompt=data.tokens[i], padded=False))
+        per_row.append(row)
+    return lazy_stack(per_row) if per_row else TensorDict(batch_size=(0,))
+
+
+def responses_from_tensordict(td: TensorDictBase) -> list[Response]:
+    """The sampled responses a TensorDict policy wrote (``("text", "response")``, ``("tokens", "response")``,
+    ``("log_probs", "response")``), one :class:`Response` per row."""
+    size = td.batch_size[0]
+    keys = td.keys(include_nested=True)
+    texts = td.get(("text", "response")) if ("text", "response") in keys else None
+    tokens = td.get(("tokens", "response"), as_list=True) if ("tokens", "response") in keys else None
+    log_probs = td.get(("log_probs", "response"), as_list=True) if ("log_probs", "response") in keys else None
+    if texts is None:
+        raise KeyError(f"the policy wrote no ('text', 'response'); its output keys: {sorted(map(str, keys))}")
+    out = []
+    for i in range(size):
+        ids = tokens[i] if tokens is not None else None
+        lps = log_probs[i] if log_probs is not None else None
+        if ids is not None and lps is not None and len(lps) != len(ids):
+            lps = None
+        out.append(Response(str(texts[i]), token_ids=ids, log_probs=lps))
+    return out
