@@ -1,0 +1,669 @@
+"""Golden outputs of TorchRL 0.14.1's own LLM documentation examples, for side-by-side checks of llmrl.
+
+Runs in the side virtual environment that has ``torchrl`` (never in llmrl's own one)::
+
+    /work/sidevenv/torchrl/bin/python scripts/torchrl_goldens.py \\
+        --model ~/.cache/llmrl/models/SmolLM2-135M-Instruct --out tests/goldens/torchrl
+
+Each ``tests/torchrl_examples/<name>.py`` runs in its own child process: ``torch.manual_seed(0)``, then the file is
+executed with the global ``DEFAULT_MODEL`` (the model folder, standing in for every hub model id) and its stdout
+captured. ``<out>/<name>.json`` records whether it ran, the error (type, message, the example's line that raised,
+the innermost frame) and a summary of the globals it created (see ``tests/torchrl_golden_format.py``).
+``<out>/api_probes.json`` records the signatures of the LLM API names, where they import from, the errors TorchRL
+raises for the misuses its sources document, and how ``History.apply_chat_template`` renders and masks chats
+with the packaged tokenizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import inspect
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+import torch  # noqa: E402
+from torchrl_golden_format import dumps, summarize, summarize_globals, to_jsonable  # noqa: E402
+
+EXAMPLES = ROOT / "tests" / "torchrl_examples"
+MODEL_PLACEHOLDER = "<DEFAULT_MODEL>"
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": sys.version.split()[0]}
+    for name in ("torchrl", "tensordict", "torch", "transformers"):
+        try:
+            out[name] = importlib.import_module(name).__version__
+        except Exception as err:  # an absent package is part of the record
+            out[name] = f"unavailable ({type(err).__name__})"
+    return out
+
+
+def _scrub(text: str, model: str | None = None) -> str:
+    """Machine-independent text: the model folder, the repository and site-packages become placeholders."""
+    if not text:
+        return text
+    if model:
+        text = text.replace(model, MODEL_PLACEHOLDER)
+    text = text.replace(str(ROOT), "<repo>")
+    return re.sub(r"[^\s\"']*/site-packages/", "<site-packages>/", text)
+
+
+class _Timeout(BaseException):
+    """Raised inside the example by SIGALRM (a BaseException, so example code cannot swallow it)."""
+
+
+def _on_alarm(signum, frame):
+    raise _Timeout("the example ran past the harness time limit")
+
+
+def _error_record(err: BaseException, filename: str, source_lines: list[str], model: str) -> dict[str, Any]:
+    frames = traceback.extract_tb(err.__traceback__)
+    example_frames = [f for f in frames if f.filename == filename]
+    record: dict[str, Any] = {
+        "type": "TimeoutError" if isinstance(err, _Timeout) else type(err).__name__,
+        "module": type(err).__module__,
+        "message": _scrub(str(err), model),
+    }
+    if example_frames:
+        lineno = example_frames[-1].lineno
+        record["line"] = lineno
+        record["line_text"] = source_lines[lineno - 1].strip() if 0 < lineno <= len(source_lines) else None
+    if frames:
+        inner = frames[-1]
+        record["origin"] = {"file": _scrub(inner.filename, model), "function": inner.name, "line": inner.lineno}
+    tb = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    record["traceback_tail"] = _scrub(tb, model)[-4000:]
+    return record
+
+
+def run_one(path: Path, model: str, result_path: Path, timeout: int) -> None:
+    """Child-process body: run one example and write its golden JSON."""
+    source = path.read_text()
+    lines = source.splitlines()
+    filename = str(path)
+    namespace: dict[str, Any] = {"__name__": "__main__", "__file__": filename, "DEFAULT_MODEL": model}
+    injected = set(namespace) | {"__builtins__"}
+    stdout = io.StringIO()
+    caught: list[warnings.WarningMessage] = []
+    error: BaseException | None = None
+    torch.manual_seed(0)
+    signal.signal(signal.SIGALRM, _on_alarm)
+    signal.alarm(timeout)
+    start = time.perf_counter()
+    try:
+        code = compile(source, filename, "exec")
+        with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(stdout):
+            warnings.simplefilter("default")
+            exec(code, namespace)
+    except (Exception, SystemExit, _Timeout) as err:
+        error = err
+    finally:
+        signal.alarm(0)
+    elapsed = time.perf_counter() - start
+    recorded, others = summarize_globals(namespace, exclude=injected)
+    seen: set[tuple[str, str]] = set()
+    warning_records = []
+    for w in caught:
+        key = (w.category.__name__, _scrub(str(w.message), model))
+        if key not in seen and len(seen) < 50:
+            seen.add(key)
+            warning_records.append({"category": key[0], "message": key[1]})
+    record = {
+        "example": path.name,
+        "ok": error is None,
+        "error": None if error is None else _error_record(error, filename, lines, model),
+        "stdout": _scrub(stdout.getvalue(), model),
+        "globals": recorded,
+        "other_globals": others,
+        "warnings": warning_records,
+        "seconds": round(elapsed, 2),
+        "versions": _versions(),
+        "model": Path(model).name,
+        "seed": 0,
+    }
+    result_path.write_text(dumps(record))
+
+
+# --------------------------------------------------------------------------------------------- API probes
+
+PUBLIC_MODULES = [
+    "torchrl.envs",
+    "torchrl.envs.llm",
+    "torchrl.envs.llm.transforms",
+    "torchrl.envs.llm.transforms.kl",
+    "torchrl.envs.transforms",
+    "torchrl.collectors",
+    "torchrl.collectors.llm",
+    "torchrl.modules",
+    "torchrl.modules.llm",
+    "torchrl.modules.llm.policies",
+    "torchrl.data",
+    "torchrl.data.llm",
+    "torchrl.objectives",
+    "torchrl.objectives.llm",
+]
+
+# name -> (import path used, attribute chain for methods)
+SIGNATURE_TARGETS = [
+    ("ChatEnv", "torchrl.envs.llm", None),
+    ("DatasetChatEnv", "torchrl.envs.llm", None),
+    ("DatasetChatEnv.from_dataloader", "torchrl.envs.llm", "from_dataloader"),
+    ("ChatEnv.from_dataloader", "torchrl.envs.llm", "from_dataloader"),
+    ("LLMEnv.from_dataloader", "torchrl.envs.llm", "from_dataloader"),
+    ("LLMCollector", "torchrl.collectors.llm", None),
+    ("TransformersWrapper", "torchrl.modules.llm", None),
+    ("vLLMWrapper", "torchrl.modules.llm", None),
+    ("KLRewardTransform", "torchrl.envs.llm.transforms", None),
+    ("RetrieveLogProb", "torchrl.envs.llm.transforms", None),
+    ("RetrieveKL", "torchrl.envs.llm.transforms", None),
+    ("KLComputation", "torchrl.envs.llm.transforms", None),
+    ("History", "torchrl.data.llm", None),
+    ("History.from_chats", "torchrl.data.llm", "from_chats"),
+    ("History.apply_chat_template", "torchrl.data.llm", "apply_chat_template"),
+    ("History.append", "torchrl.data.llm", "append"),
+    ("History.extend", "torchrl.data.llm", "extend"),
+    ("History.default_spec", "torchrl.data.llm", "default_spec"),
+    ("ChatHistory", "torchrl.modules.llm.policies", None),
+    ("ChatHistory.default_spec", "torchrl.modules.llm.policies", "default_spec"),
+    ("Text", "torchrl.modules.llm.policies", None),
+    ("Tokens", "torchrl.modules.llm.policies", None),
+    ("LogProbs", "torchrl.modules.llm.policies", None),
+    ("Masks", "torchrl.modules.llm.policies", None),
+    ("PolicyVersion", "torchrl.envs.llm.transforms", None),
+    ("DataLoadingPrimer", "torchrl.envs.llm.transforms", None),
+    ("PythonInterpreter", "torchrl.envs.llm.transforms", None),
+    ("GRPOLoss", "torchrl.objectives.llm", None),
+    ("MCAdvantage", "torchrl.objectives.llm", None),
+    ("SFTLoss", "torchrl.objectives.llm", None),
+    ("RayKLRewardTransform", "torchrl.envs.llm.transforms.kl", None),
+    ("RayRetrieveKL", "torchrl.envs.llm.transforms.kl", None),
+    ("vLLMUpdater", "torchrl.collectors.llm", None),
+]
+
+
+def _param_records(sig: inspect.Signature) -> list[dict[str, Any]]:
+    out = []
+    for p in sig.parameters.values():
+        out.append(
+            {
+                "name": p.name,
+                "kind": p.kind.name,
+                "default": None if p.default is inspect.Parameter.empty else repr(p.default),
+                "has_default": p.default is not inspect.Parameter.empty,
+                "annotation": None if p.annotation is inspect.Parameter.empty else str(p.annotation),
+            }
+        )
+    return out
+
+
+def _signature_record(label: str, module_name: str, attr: str | None) -> dict[str, Any]:
+    cls_name = label.split(".")[0]
+    record: dict[str, Any] = {"import": f"from {module_name} import {cls_name}"}
+    try:
+        obj = getattr(importlib.import_module(module_name), cls_name)
+    except Exception as err:
+        record["error"] = f"{type(err).__name__}: {err}"
+        return record
+    record["defined_in"] = f"{obj.__module__}.{obj.__qualname__}"
+    record["public_paths"] = []
+    for mod_name in PUBLIC_MODULES:
+        try:
+            mod = importlib.import_module(mod_name)
+        except Exception:
+            continue
+        if getattr(mod, cls_name, None) is obj:
+            record["public_paths"].append(f"{mod_name}.{cls_name}")
+    target = obj if attr is None else getattr(obj, attr)
+    if attr is not None:
+        raw = inspect.getattr_static(obj, attr)
+        record["method_kind"] = type(raw).__name__  # classmethod / staticmethod / function
+    try:
+        if attr is None and inspect.isclass(obj):
+            # What a caller sees (a metaclass __call__ may hide __init__), and __init__ itself without self.
+            init_sig = inspect.signature(obj.__init__)
+            params = list(init_sig.parameters.values())[1:]
+            sig = init_sig.replace(parameters=params)
+            try:
+                call_sig = inspect.signature(obj)
+                if str(call_sig) != str(sig):
+                    record["call_signature"] = str(call_sig)
+            except (TypeError, ValueError):
+                pass
+        else:
+            sig = inspect.signature(target)
+    except (TypeError, ValueError) as err:
+        record["error"] = f"{type(err).__name__}: {err}"
+        return record
+    record["signature"] = str(sig)
+    record["parameters"] = _param_records(sig)
+    return record
+
+
+def _probe(name: str, seed: str | None, call: str, fn) -> dict[str, Any]:
+    record: dict[str, Any] = {"name": name, "seed": seed, "call": call}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            result = fn()
+        except Exception as err:
+            record["raised"] = True
+            record["type"] = type(err).__name__
+            record["message"] = str(err)
+            frames = traceback.extract_tb(err.__traceback__)
+            if frames:
+                record["origin"] = {"file": _scrub(frames[-1].filename), "function": frames[-1].name,
+                                    "line": frames[-1].lineno}
+        else:
+            record["raised"] = False
+            record["result_type"] = type(result).__name__ if result is not None else None
+            if type(result).__name__ == "TensorDict":  # data results (KLComputation) are kept whole
+                record["result"] = summarize(result)
+    record["warnings"] = [f"{w.category.__name__}: {w.message}" for w in caught][:5]
+    return record
+
+
+def _error_probes(model_path: str) -> list[dict[str, Any]]:
+    from tensordict import TensorDict, set_list_to_stack
+    from torch.utils.data import DataLoader
+    from torchrl.collectors.llm import LLMCollector
+    from torchrl.data.llm import History
+    from torchrl.envs.llm import ChatEnv, DatasetChatEnv
+    from torchrl.envs.llm.transforms import (
+        DataLoadingPrimer,
+        KLComputation,
+        KLRewardTransform,
+        RetrieveKL,
+        RetrieveLogProb,
+    )
+    from torchrl.envs.llm.transforms.kl import RayKLRewardTransform, RayRetrieveKL
+    from torchrl.modules.llm import TransformersWrapper
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path).eval()
+
+    def wrapper(**kw):
+        base = {"tokenizer": tokenizer, "input_mode": "history", "generate": False, "return_log_probs": True}
+        base.update(kw)
+        return TransformersWrapper(model, **base)
+
+    tokens_ref = wrapper(input_mode="tokens")
+    gen = wrapper(log_probs_key="gen_log_probs", pad_output=True)
+    ref = wrapper(log_probs_key="ref_log_probs", pad_output=True)
+    generating = wrapper(generate=True, return_log_probs=None)
+    generating_padded = wrapper(generate=True, return_log_probs=True, pad_output=True)
+
+    def env(**kw):
+        prompts = [{"query": "What is 2 + 2?"}, {"query": "Name a colour."}]
+        return ChatEnv.from_dataloader(DataLoader(prompts, batch_size=1), tokenizer=tokenizer, **kw)
+
+    def kl_td(gen_lp, ref_lp, reward=None):
+        nxt = {("gen_log_probs", "full"): gen_lp, ("ref_log_probs", "full"): ref_lp}
+        if reward is not None:
+            nxt["reward"] = reward
+        return TensorDict(next=TensorDict(nxt, batch_size=(2,)), batch_size=(2,))
+
+    def dataset_env_without_list_to_stack(tmp=Path("/tmp/torchrl_goldens_ds")):
+        tmp.mkdir(exist_ok=True)
+        (tmp / "train.jsonl").write_text(json.dumps({"text": "What is 2 + 2?"}) + "\n")
+        with set_list_to_stack(False):
+            return DatasetChatEnv(dataset=str(tmp))
+
+    def collector_postproc_twice():
+        collector = LLMCollector(env(), policy=generating, dialog_turns_per_batch=1, postproc=lambda td: td)
+        collector.set_postproc(lambda td: td)
+
+    s004, s003, s002 = "004_f621bca59e0c4348.txt", "003_ce42da60f6f21460.txt", "002_826a258ee385f037.txt"
+    probes = [
+        ("KLRewardTransform: both ref_model and ref_model_factory", s004,
+         "KLRewardTransform(ref_model=m, ref_model_factory=lambda: m)",
+         lambda: KLRewardTransform(ref_model=tokens_ref, ref_model_factory=lambda: tokens_ref)),
+        ("KLRewardTransform: neither ref_model nor ref_model_factory", s004, "KLRewardTransform()",
+         lambda: KLRewardTransform()),
+        ("KLRewardTransform: ref_model that generates", s004,
+         "KLRewardTransform(TransformersWrapper(..., generate=True))", lambda: KLRewardTransform(generating)),
+        ("KLRewardTransform: ref_model not in tokens input mode", s004,
+         "KLRewardTransform(TransformersWrapper(..., input_mode='history', generate=False))",
+         lambda: KLRewardTransform(wrapper())),
+        ("KLRewardTransform: out_keys of the wrong length", s004,
+         "KLRewardTransform(m, out_keys=['reward', 'kl'])",
+         lambda: KLRewardTransform(tokens_ref, out_keys=["reward", "kl"])),
+        ("KLRewardTransform: two in_keys", s004, "KLRewardTransform(m, in_keys=['a', 'b'])",
+         lambda: KLRewardTransform(tokens_ref, in_keys=["a", "b"])),
+        ("KLRewardTransform: two positional models (the legacy docstring call)", s004,
+         "KLRewardTransform(gen_model, ref_model)", lambda: KLRewardTransform(tokens_ref, tokens_ref)),
+        ("KLRewardTransform: tokens-mode ref_model (valid)", s004, "KLRewardTransform(m)",
+         lambda: KLRewardTransform(tokens_ref)),
+        ("KLRewardTransform: use_ray_service=True", s004, "KLRewardTransform(m, use_ray_service=True)",
+         lambda: KLRewardTransform(tokens_ref, use_ray_service=True)),
+        ("RayKLRewardTransform: both ref_model and ref_model_factory", s004,
+         "RayKLRewardTransform(ref_model=m, ref_model_factory=lambda: m)",
+         lambda: RayKLRewardTransform(ref_model=tokens_ref, ref_model_factory=lambda: tokens_ref)),
+        ("RayKLRewardTransform: neither", s004, "RayKLRewardTransform()", lambda: RayKLRewardTransform()),
+        ("RetrieveLogProb: model with generate=True", s004, "RetrieveLogProb(TransformersWrapper(..., generate=True))",
+         lambda: RetrieveLogProb(generating)),
+        ("RetrieveLogProb: model with return_log_probs=False", s004,
+         "RetrieveLogProb(TransformersWrapper(..., generate=False, return_log_probs=False))",
+         lambda: RetrieveLogProb(wrapper(return_log_probs=False))),
+        ("RetrieveLogProb: assistant_only with input_mode='text'", s004,
+         "RetrieveLogProb(TransformersWrapper(..., input_mode='text', generate=False), assistant_only=True)",
+         lambda: RetrieveLogProb(wrapper(input_mode="text"))),
+        ("RetrieveLogProb: input_mode='text' with assistant_only=False (valid)", s004,
+         "RetrieveLogProb(TransformersWrapper(..., input_mode='text'), assistant_only=False)",
+         lambda: RetrieveLogProb(wrapper(input_mode="text"), assistant_only=False)),
+        ("RetrieveLogProb: log_probs_full_key not ending with 'full' (warning)", s004,
+         "RetrieveLogProb(m, log_probs_full_key='lp')", lambda: RetrieveLogProb(wrapper(), log_probs_full_key="lp")),
+        ("RetrieveKL: equal log_probs_key on both models", s004,
+         "RetrieveKL(gen_model=m1, ref_model=m2) with m1.log_probs_key == m2.log_probs_key == 'log_probs'",
+         lambda: RetrieveKL(gen_model=wrapper(), ref_model=wrapper())),
+        ("RetrieveKL: pad_output mismatch", s004, "RetrieveKL(gen(pad_output=True), ref(pad_output=False))",
+         lambda: RetrieveKL(gen_model=gen, ref_model=wrapper(log_probs_key="ref_log_probs", pad_output=False))),
+        ("RetrieveKL: generating gen_model", s004,
+         "RetrieveKL(gen_model=TransformersWrapper(..., generate=True, return_log_probs=True, pad_output=True), "
+         "ref_model=ref)",
+         lambda: RetrieveKL(gen_model=generating_padded, ref_model=ref)),
+        ("RetrieveKL: generating ref_model", s004,
+         "RetrieveKL(gen_model=gen, ref_model=TransformersWrapper(..., generate=True, return_log_probs=True, "
+         "pad_output=True))",
+         lambda: RetrieveKL(gen_model=gen, ref_model=generating_padded)),
+        ("RetrieveKL: ref_model=None", s004, "RetrieveKL(gen_model=gen, ref_model=None)",
+         lambda: RetrieveKL(gen_model=gen, ref_model=None)),
+        ("RetrieveKL: gen_model=None", s004, "RetrieveKL(gen_model=None, ref_model=ref)",
+         lambda: RetrieveKL(gen_model=None, ref_model=ref)),
+        ("RetrieveKL: both gen_model and gen_model_factory", s004,
+         "RetrieveKL(gen_model=gen, gen_model_factory=lambda: gen, ref_model=ref)",
+         lambda: RetrieveKL(gen_model=gen, gen_model_factory=lambda: gen, ref_model=ref)),
+        ("RetrieveKL: both ref_model and ref_model_factory", s004,
+         "RetrieveKL(gen_model=gen, ref_model=ref, ref_model_factory=lambda: ref)",
+         lambda: RetrieveKL(gen_model=gen, ref_model=ref, ref_model_factory=lambda: ref)),
+        ("RetrieveKL: factories only (valid)", s004,
+         "RetrieveKL(gen_model_factory=lambda: gen, ref_model_factory=lambda: ref)",
+         lambda: RetrieveKL(gen_model_factory=lambda: gen, ref_model_factory=lambda: ref)),
+        ("RetrieveKL: 'from_collector' used outside an env", s004,
+         "RetrieveKL(ref_model=ref)(TensorDict(batch_size=(2,)))",
+         lambda: RetrieveKL(ref_model=ref)(TensorDict(batch_size=(2,)))),
+        ("RayRetrieveKL: both gen_model and gen_model_factory", s004,
+         "RayRetrieveKL(gen_model=gen, gen_model_factory=lambda: gen)",
+         lambda: RayRetrieveKL(gen_model=gen, gen_model_factory=lambda: gen)),
+        ("RayRetrieveKL: both ref_model and ref_model_factory", s004,
+         "RayRetrieveKL(gen_model=None, ref_model=ref, ref_model_factory=lambda: ref)",
+         lambda: RayRetrieveKL(gen_model=None, ref_model=ref, ref_model_factory=lambda: ref)),
+        ("KLComputation: docstring keyword names", s004,
+         "KLComputation(gen_log_probs_key=..., ref_log_probs_key=..., kl_key='kl_penalty', coef=1.0)",
+         lambda: KLComputation(gen_log_probs_key=("gen_log_probs", "full"),
+                               ref_log_probs_key=("ref_log_probs", "full"), kl_key="kl_penalty", coef=1.0)),
+        ("KLComputation: missing log-probs", s004,
+         "KLComputation(('gen_log_probs', 'full'), ('ref_log_probs', 'full'))(TensorDict(next={}))",
+         lambda: KLComputation(("gen_log_probs", "full"), ("ref_log_probs", "full"))(
+             TensorDict(next=TensorDict(batch_size=(2,)), batch_size=(2,)))),
+        ("KLComputation: per-sample shape mismatch", s004, "gen (2, 10) vs ref (2, 9)",
+         lambda: KLComputation(("gen_log_probs", "full"), ("ref_log_probs", "full"), add_to_reward=False)(
+             kl_td(torch.zeros(2, 10), torch.zeros(2, 9)))),
+        ("KLComputation: reward (2, 10, 1) with log-probs (2, 10) (the docstring's data, valid keywords)", s004,
+         "KLComputation(('gen_log_probs', 'full'), ('ref_log_probs', 'full'), kl_key='kl_penalty', "
+         "add_to_reward=True, coeff=1.0)(data)",
+         lambda: KLComputation(("gen_log_probs", "full"), ("ref_log_probs", "full"), kl_key="kl_penalty",
+                               add_to_reward=True, coeff=1.0)(
+             kl_td(torch.full((2, 10), -1.0), torch.full((2, 10), -1.5), torch.ones(2, 10, 1)))),
+        ("KLComputation: add_to_reward=False", s004,
+         "KLComputation(('gen_log_probs', 'full'), ('ref_log_probs', 'full'), add_to_reward=False)(data)",
+         lambda: KLComputation(("gen_log_probs", "full"), ("ref_log_probs", "full"), add_to_reward=False)(
+             kl_td(torch.full((2, 10), -1.0), torch.full((2, 10), -1.5)))),
+        ("KLComputation: reward without the extra trailing dim", s004, "reward (2, 10) with KL (2, 10)",
+         lambda: KLComputation(("gen_log_probs", "full"), ("ref_log_probs", "full"))(
+             kl_td(torch.zeros(2, 10), torch.zeros(2, 10), torch.zeros(2, 10)))),
+        ("ChatEnv: batch_size=()", s003, "ChatEnv(batch_size=())", lambda: ChatEnv(batch_size=())),
+        ("ChatEnv: invalid input_mode", s003, "ChatEnv(input_mode='foo')", lambda: ChatEnv(input_mode="foo")),
+        ("ChatEnv: reset without a tensordict", s003, "ChatEnv().reset()", lambda: ChatEnv().reset()),
+        ("ChatEnv: reset without the 'query' key", s003, "ChatEnv().reset(TensorDict(text='hi', batch_size=[1]))",
+         lambda: ChatEnv().reset(TensorDict(text="hi", batch_size=[1]))),
+        ("DatasetChatEnv: list_to_stack disabled", s003, "with set_list_to_stack(False): DatasetChatEnv(dataset=dir)",
+         dataset_env_without_list_to_stack),
+        ("LLMCollector: yield_only_last_steps=True, yield_completed_trajectories=False", s002,
+         "LLMCollector(env, policy=p, dialog_turns_per_batch=1, yield_only_last_steps=True, "
+         "yield_completed_trajectories=False)",
+         lambda: LLMCollector(env(), policy=generating, dialog_turns_per_batch=1, yield_only_last_steps=True,
+                              yield_completed_trajectories=False)),
+        ("LLMCollector: yield_only_last_steps with flatten_data", s002,
+         "LLMCollector(env, ..., yield_only_last_steps=True, flatten_data=False)",
+         lambda: LLMCollector(env(), policy=generating, dialog_turns_per_batch=1, yield_only_last_steps=True,
+                              flatten_data=False)),
+        ("LLMCollector: yield_only_last_steps with reset_at_each_iter", s002,
+         "LLMCollector(env, ..., yield_only_last_steps=True, reset_at_each_iter=True)",
+         lambda: LLMCollector(env(), policy=generating, dialog_turns_per_batch=1, yield_only_last_steps=True,
+                              reset_at_each_iter=True)),
+        ("LLMCollector: queue and replay_buffer", s002, "LLMCollector(env, ..., queue=q, replay_buffer=rb)",
+         lambda: LLMCollector(env(), policy=generating, dialog_turns_per_batch=1, queue=object(),
+                              replay_buffer=object())),
+        ("LLMCollector: async_envs=True with a plain env", s002, "LLMCollector(env, ..., async_envs=True)",
+         lambda: LLMCollector(env(), policy=generating, dialog_turns_per_batch=1, async_envs=True)),
+        ("LLMCollector: yield_completed_trajectories with a 2-d batch", s002,
+         "LLMCollector(ChatEnv(batch_size=(1, 1)), ..., yield_completed_trajectories=True)",
+         lambda: LLMCollector(ChatEnv(batch_size=(1, 1), tokenizer=tokenizer), policy=generating,
+                              dialog_turns_per_batch=1, yield_completed_trajectories=True)),
+        ("LLMCollector: set_postproc twice", s002, "LLMCollector(..., postproc=f).set_postproc(g)",
+         collector_postproc_twice),
+        ("LLMCollector: no dialog_turns_per_batch (required in the seed's signature)", s002,
+         "LLMCollector(env, policy=p)", lambda: LLMCollector(env(), policy=generating)),
+        ("LLMCollector: policy and policy_factory", s002, "LLMCollector(env, policy=p, policy_factory=lambda: p)",
+         lambda: LLMCollector(env(), policy=generating, policy_factory=lambda: generating,
+                              dialog_turns_per_batch=1)),
+        ("History.apply_chat_template: no tokenizer and no template", None,
+         "History.from_chats([[...]]).apply_chat_template()",
+         lambda: History.from_chats([[{"role": "user", "content": "hi"}]]).apply_chat_template()),
+        ("DataLoadingPrimer: no dataloader", None, "DataLoadingPrimer()", lambda: DataLoadingPrimer()),
+    ]
+    return [_probe(name, seed, call, fn) for name, seed, call, fn in probes]
+
+
+CHATS = [
+    [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Hello, how are you?"},
+        {"role": "assistant", "content": "I'm doing well, thank you!"},
+    ],
+    [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "What's the weather like?"},
+        {"role": "assistant", "content": "I can't check the weather for you."},
+    ],
+]
+
+
+def _history_probes(model_path: str) -> dict[str, Any]:
+    """How History renders and masks the seeds' two chats with the packaged tokenizer."""
+    from tensordict import set_list_to_stack
+    from torchrl.data.llm import History
+    from torchrl.data.llm import history as history_module
+    from torchrl.modules.llm.policies import ChatHistory
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    templates = getattr(history_module, "_CHAT_TEMPLATES", {})
+    out: dict[str, Any] = {
+        "tokenizer_template_has_generation_tag": "{% generation %}" in (tokenizer.chat_template or ""),
+        "builtin_template_names": sorted(templates),
+        "custom_model_family_keywords": to_jsonable(getattr(history_module, "_CUSTOM_MODEL_FAMILY_KEYWORDS", None)),
+    }
+    with set_list_to_stack(True):
+        history = History.from_chats(CHATS)
+        out["from_chats"] = summarize(history)
+        text = history.apply_chat_template(tokenizer=tokenizer, add_generation_prompt=False)
+        out["text"] = text
+        out["text_with_generation_prompt"] = history.apply_chat_template(tokenizer=tokenizer)
+        out["tokenizer_own_template_text"] = [
+            tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=False) for chat in CHATS
+        ]
+        masked = history.apply_chat_template(
+            tokenizer=tokenizer, add_generation_prompt=False, return_assistant_tokens_mask=True
+        )
+        out["tokenized_with_assistant_mask"] = summarize(masked)
+        picked = None
+        for name, template in templates.items():
+            try:
+                candidate = history.apply_chat_template(
+                    tokenizer=tokenizer, add_generation_prompt=False, chat_template=template
+                )
+            except Exception:
+                continue
+            if candidate == text:
+                picked = name
+                break
+        out["template_picked"] = picked
+        if picked is not None:
+            out["template_picked_source"] = templates[picked]
+        rows = []
+        for i in range(len(CHATS)):
+            ids = masked[i]["input_ids"].tolist()
+            mask = masked[i]["assistant_masks"].tolist()
+            rows.append(
+                {
+                    "n_tokens": len(ids),
+                    "n_assistant_tokens": int(sum(mask)),
+                    "assistant_text": tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m]),
+                }
+            )
+        out["assistant_mask_rows"] = rows
+        # Append / extend on a single conversation (History.append and History.extend)
+        one = History.from_chats([CHATS[0][:2]])
+        reply = History(role="assistant", content="Fine.", batch_size=())
+        try:
+            appended = one[0].append(reply)
+            out["append"] = summarize(appended)
+        except Exception as err:
+            out["append"] = {"error": f"{type(err).__name__}: {err}"}
+        try:
+            extended = one[0].extend(History.from_chats([[{"role": "assistant", "content": "Fine."}]])[0])
+            out["extend"] = summarize(extended)
+        except Exception as err:
+            out["extend"] = {"error": f"{type(err).__name__}: {err}"}
+        for label, fn in (
+            ("History.default_spec", lambda: History.default_spec(shape=(1,))),
+            ("ChatHistory.default_spec(prompt)", lambda: ChatHistory.default_spec(shape=(1,), keys=["prompt"])),
+            ("ChatHistory.default_spec(full)", lambda: ChatHistory.default_spec(shape=(1,), keys=["full"])),
+        ):
+            try:
+                spec = fn()
+                out[label] = {
+                    "class": type(spec).__name__,
+                    "shape": list(spec.shape),
+                    "keys": sorted(
+                        "/".join((k,) if isinstance(k, str) else k)
+                        for k in spec.keys(include_nested=True, leaves_only=True)
+                    ),
+                    "repr": str(spec)[:3000],
+                }
+            except Exception as err:
+                out[label] = {"error": f"{type(err).__name__}: {err}"}
+    return out
+
+
+def run_probes(model: str, result_path: Path) -> None:
+    torch.manual_seed(0)
+    record: dict[str, Any] = {"versions": _versions(), "model": Path(model).name}
+    record["signatures"] = {label: _signature_record(label, mod, attr) for label, mod, attr in SIGNATURE_TARGETS}
+    record["error_probes"] = _error_probes(model)
+    try:
+        record["history"] = _history_probes(model)
+    except Exception as err:
+        record["history"] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-3000:]}
+    result_path.write_text(_scrub(dumps(to_jsonable(record)), model))
+
+
+# --------------------------------------------------------------------------------------------- driver
+
+
+def _run_child(args: list[str], timeout: int) -> tuple[int | None, str]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), *args]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as err:
+        return None, (err.stderr or b"").decode() if isinstance(err.stderr, bytes) else (err.stderr or "")
+    return proc.returncode, proc.stderr
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="model folder used for every hub model id")
+    parser.add_argument("--out", default=str(ROOT / "tests" / "goldens" / "torchrl"))
+    parser.add_argument("--examples", default=str(EXAMPLES))
+    parser.add_argument("--only", nargs="*", help="example names (file stems) to run; default: all")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds per example")
+    parser.add_argument("--no-probes", action="store_true")
+    parser.add_argument("--probes-only", action="store_true")
+    parser.add_argument("--run-one", help=argparse.SUPPRESS)
+    parser.add_argument("--probes", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    model = str(Path(os.path.expanduser(args.model)).resolve())
+
+    if args.run_one:
+        run_one(Path(args.run_one).resolve(), model, Path(args.result), args.timeout)
+        return 0
+    if args.probes:
+        run_probes(model, Path(args.result))
+        return 0
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    examples = sorted(Path(args.examples).glob("*.py"))
+    if args.only:
+        examples = [p for p in examples if p.stem in set(args.only)]
+    if args.probes_only:
+        examples = []
+    for path in examples:
+        result = out / f"{path.stem}.json"
+        result.unlink(missing_ok=True)
+        start = time.perf_counter()
+        rc, stderr = _run_child(
+            ["--run-one", str(path), "--model", model, "--result", str(result), "--timeout", str(args.timeout)],
+            args.timeout + 120,
+        )
+        if not result.exists():  # the child died (crash, hard timeout): still leave a golden behind
+            result.write_text(
+                dumps(
+                    {
+                        "example": path.name,
+                        "ok": False,
+                        "error": {
+                            "type": "ChildProcessError" if rc is not None else "TimeoutError",
+                            "message": f"the example process ended without a result (exit status {rc})",
+                            "traceback_tail": _scrub(stderr, model)[-4000:],
+                        },
+                        "stdout": "",
+                        "globals": {},
+                        "other_globals": {},
+                        "warnings": [],
+                        "versions": _versions(),
+                        "model": Path(model).name,
+                        "seed": 0,
+                    }
+                )
+            )
+        data = json.loads(result.read_text())
+        status = "ok" if data["ok"] else f"{data['error']['type']}: {data['error']['message'][:150]}"
+        print(f"{path.stem:34s} {time.perf_counter() - start:6.1f}s  {status}", flush=True)
+    if not args.no_probes:
+        result = out / "api_probes.json"
+        rc, stderr = _run_child(["--probes", "--model", model, "--result", str(result)], args.timeout + 120)
+        print(f"{'api_probes':34s} exit {rc}" + ("" if rc == 0 else f"\n{stderr[-3000:]}"), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
