@@ -23,7 +23,7 @@ def trainer(default_model_path):
 def engine(vllm_engine_fp32, trainer):
     """The session engine; whatever a test pushes, the original weights go back afterwards."""
     yield vllm_engine_fp32
-    vLLMUpdater("in_process").register_engine(vllm_engine_fp32).push_weights(trainer[2])
+    vLLMUpdater(mode="in_process").register_engine(vllm_engine_fp32).push_weights(trainer[2])
 
 
 def _fixed_tokens(tokenizer):
@@ -48,7 +48,7 @@ def test_push_changes_engine_matches_trainer_and_restores_exactly(mode, engine, 
     torch.testing.assert_close(before, _trainer_logprobs(model, prompt, response), atol=1e-3, rtol=0)
 
     version = PolicyVersion()
-    updater = vLLMUpdater(mode, shared_dir=tmp_path).register_engine(engine).register_version_tracker(version)
+    updater = vLLMUpdater(mode=mode, shared_dir=tmp_path).register_engine(engine).register_version_tracker(version)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for param in model.parameters():
@@ -70,9 +70,9 @@ def test_push_changes_engine_matches_trainer_and_restores_exactly(mode, engine, 
 
 def test_updater_rejects_bad_configuration():
     with pytest.raises(ValueError, match="mode must be one of"):
-        vLLMUpdater("carrier-pigeon")
+        vLLMUpdater(mode="carrier-pigeon")
     with pytest.raises(ValueError, match="shared_dir"):
-        vLLMUpdater("file")
+        vLLMUpdater(mode="file")
     with pytest.raises(RuntimeError, match="no engine registered"):
         vLLMUpdater().push_weights({})
 
@@ -100,7 +100,7 @@ def test_nccl_push_matches_trainer(default_model_path):
         )
     )
     prompt, response = _fixed_tokens(tokenizer)
-    updater = vLLMUpdater("nccl", device="cuda:0").register_engine(llm)
+    updater = vLLMUpdater(mode="nccl", device="cuda:0").register_engine(llm)
     with torch.no_grad():
         for param in model.parameters():
             param.add_(torch.randn_like(param) * 0.02)
@@ -129,7 +129,7 @@ if __name__ == "__main__":
             p.add_(torch.randn_like(p) * 0.02)
         expected = torch.log_softmax(model(torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1], -1)
     expected = expected.gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
-    vLLMUpdater("bytes").register_engine(llm).push_weights(model)
+    vLLMUpdater(mode="bytes").register_engine(llm).push_weights(model)
     after = score_with_vllm(llm, [prompt], [response])[0]
     print("RESULT", (after - before).abs().max().item(), (after - expected).abs().max().item(), flush=True)
     shutdown_llm(llm)
@@ -157,7 +157,7 @@ def test_state_without_the_tied_head_still_updates_the_output_layer(engine, trai
     """save_pretrained drops lm_head for tied models; vLLM's CPU model keeps its own copy of the head."""
     model, tokenizer, original = trainer
     prompt, response = _fixed_tokens(tokenizer)
-    updater = vLLMUpdater("in_process").register_engine(engine)
+    updater = vLLMUpdater(mode="in_process").register_engine(engine)
     try:
         with torch.no_grad():
             model.model.embed_tokens.weight.mul_(1.5)  # tied: changes the input embeddings and the head
@@ -179,7 +179,7 @@ def test_state_with_only_the_tied_head_still_updates_the_input_embeddings(engine
 
     model, tokenizer, original = trainer
     prompt, response = _fixed_tokens(tokenizer)
-    updater = vLLMUpdater("in_process").register_engine(engine)
+    updater = vLLMUpdater(mode="in_process").register_engine(engine)
     before = score_with_vllm(engine, [prompt], [response])[0]
     try:
         with torch.no_grad():

@@ -274,6 +274,8 @@ class LLMCollector:
         the version advances, and passing weights is an error. ``state_dict=`` is TorchRL's keyword for the
         weights; ``worker_ids`` is accepted for TorchRL's signature (every engine of this collector is updated).
         """
+        if state_dict is Ellipsis or policy_or_weights is Ellipsis:  # TorchRL's docs write `state_dict=...`
+            state_dict = policy_or_weights = None
         if state_dict is not None:
             if policy_or_weights is not None:
                 raise ValueError("update_policy_weights_: pass the weights once (positionally or as state_dict=)")
@@ -283,6 +285,11 @@ class LLMCollector:
         if self.weight_updater is None:
             if policy_or_weights is not None:
                 raise ValueError("update_policy_weights_(weights) needs a weight_updater (e.g. a vLLMUpdater)")
+            return self.increment_version()
+        if policy_or_weights is None and callable(getattr(self.weight_updater, "increment_version", None)):
+            if self._updater_increments:  # nothing to send: the updater only advances the version it holds
+                self.weight_updater.increment_version()
+                return self.policy_version
             return self.increment_version()
         push = getattr(self.weight_updater, "push_weights", None)
         if callable(push):

@@ -32,7 +32,7 @@ class vLLMWorker:  # noqa: N801 - TorchRL's naming
         self.llm = make_llm(self.config)
         self.policy_version: int | str = 0
         self.last_reload_s = 0.0  # the engine's own reload of the last weights loaded (vLLM reload_weights)
-        self._updater = vLLMUpdater("in_process").register_engine(self.llm)
+        self._updater = vLLMUpdater(mode="in_process").register_engine(self.llm)
 
     def get_tokenizer(self) -> Any:
         """The engine's tokenizer."""

@@ -73,11 +73,13 @@ class vLLMUpdater:  # noqa: N801 - TorchRL's name
 
     def __init__(
         self,
-        mode: str = "in_process",
-        *,
-        shared_dir: str | Path | None = None,
-        master_address: str = "127.0.0.1",
+        master_address: str | None = None,
         master_port: int | None = None,
+        model_metadata: dict[str, tuple[torch.dtype, torch.Size]] | None = None,
+        vllm_tp_size: int | None = None,
+        *,
+        mode: str = "in_process",
+        shared_dir: str | Path | None = None,
         device: str = "cuda:0",
         initial_version: int = 0,
     ) -> None:
@@ -87,7 +89,9 @@ class vLLMUpdater:  # noqa: N801 - TorchRL's name
             raise ValueError("mode='file' needs shared_dir (a folder every engine can read)")
         self.mode = mode
         self.shared_dir = Path(shared_dir) if shared_dir is not None else None
-        self.master_address = master_address
+        self.master_address = master_address or "127.0.0.1"
+        self.model_metadata = dict(model_metadata) if model_metadata else None
+        self.vllm_tp_size = vllm_tp_size
         self.master_port = master_port
         self.device = device
         self.version = initial_version
@@ -107,8 +111,26 @@ class vLLMUpdater:  # noqa: N801 - TorchRL's name
         self.trackers.append(tracker)
         return self
 
-    def push_weights(self, weights: Mapping[str, torch.Tensor] | torch.nn.Module) -> int:
-        """Send ``weights`` to every engine, reset their prefix caches, bump the version; returns it."""
+    def init(self, model_metadata: dict[str, tuple[torch.dtype, torch.Size]] | None = None) -> None:
+        """TorchRL's set-up call: record the weights' names, dtypes and shapes (``...`` or None: none given).
+        Engines join through :meth:`register_engine`; the NCCL group opens on the first NCCL push."""
+        if model_metadata is not None and model_metadata is not Ellipsis:
+            self.model_metadata = dict(model_metadata)
+
+    def increment_version(self) -> int:
+        """Advance the version (and every registered tracker) without sending weights."""
+        self.version += 1
+        for tracker in self.trackers:
+            tracker.increment_version()
+        return self.version
+
+    def push_weights(self, weights: Mapping[str, torch.Tensor] | torch.nn.Module | None) -> int:
+        """Send ``weights`` to every engine, reset their prefix caches, bump the version; returns it.
+
+        ``None`` (or TorchRL's ``...`` placeholder): the policy's weights were changed in place (a transformers
+        policy, or engines updated by other means); only the version advances."""
+        if weights is None or weights is Ellipsis:
+            return self.increment_version()
         if not self.engines:
             raise RuntimeError("no engine registered: call register_engine(llm) first")
         state = weights.state_dict() if isinstance(weights, torch.nn.Module) else dict(weights)
@@ -134,10 +156,7 @@ class vLLMUpdater:  # noqa: N801 - TorchRL's name
             self._push_nccl(state)
         for llm in self.engines:
             llm.reset_prefix_cache()
-        self.version += 1
-        for tracker in self.trackers:
-            tracker.increment_version()
-        return self.version
+        return self.increment_version()
 
     # --- NCCL ------------------------------------------------------------------------------------
     def _init_nccl(self) -> None:
