@@ -185,15 +185,15 @@ class ChatEnv:
         """Start B new conversations; ``prompts`` items: str, Conversation, list of messages, dict row or PromptRow.
 
         Given a TensorDict (TorchRL's call: ``env.reset(TensorDict({"query": [...]}, batch_size=(B,)))``) the
-        rows come from its fields and the result is TorchRL's TensorDict (:mod:`llmrl_core.envs.tensordict_io`).
+        rows come from its fields and it is filled in with TorchRL's layout and returned
+        (:mod:`llmrl_core.envs.tensordict_io`).
         """
         if isinstance(prompts, TensorDictBase):
             rows = rows_from_tensordict(prompts, self.data_key)
             result = output_to_tensordict(self.reset(rows), self.input_mode, with_reward=False)
-            for key in prompts.keys():
-                if key not in result.keys():
-                    result.set(key, prompts.get(key))
-            return result
+            for name in rows[0]:  # the prompt fields, one entry per row (a stack, as TorchRL writes them)
+                result.set(name, [row.get(name) for row in rows])
+            return prompts.update(result)  # as TorchRL: the reset TensorDict is filled in and returned
         rows = self._collect_prompts(prompts)
         self.slots = [self._make_slot(i, row) for i, row in enumerate(rows)]
         for transform in self.transforms:
@@ -414,9 +414,10 @@ class ChatEnv:
 
     def _strip_end(self, text: str) -> tuple[str, bool]:
         markers = [m for m in (self.end_of_turn, getattr(self.tokenizer, "eos_token", None)) if m]
+        trimmed = text.rstrip()  # a hand-written answer may end "<|im_end|>\n"; a sampled one ends at the marker
         for marker in markers:
-            if text.endswith(marker):
-                return text[: -len(marker)], True
+            if trimmed.endswith(marker):
+                return trimmed[: -len(marker)], True
         return text, False
 
     # --- rendering / tokens ----------------------------------------------------------------------

@@ -6,7 +6,9 @@ conversation so far), ``text`` (``Text(prompt=...)``, text and tokens modes), ``
 tokens mode), the data key (e.g. ``query``) and ``done``/``terminated`` of shape ``(B, 1)``; a step writes the same
 under ``"next"`` plus ``truncated`` and ``reward`` ``(B, 1)``. An action is read from ``("history", "full")``
 (the whole conversation: its last message is the answer), ``("history", "response")``, a bare ``History`` under
-``"history"`` (taken as the full conversation), ``("text", "response")`` or ``("tokens", "response")``.
+``"history"`` (taken as the full conversation), ``("text", "response")`` (or TorchRL's older
+``"text_response"``); a reset reads the data key (``query``), or TorchRL's older ``text=`` field when the data
+key is absent.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
+from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase, is_tensor_collection
 
 from llmrl_core.data.history import History
 from llmrl_core.envs.types import EnvOutput
@@ -40,6 +42,10 @@ def rows_from_tensordict(td: TensorDictBase, data_key: str) -> list[dict[str, An
         values = _plain(td.get(key))
         if isinstance(values, list) and len(values) == size:
             fields[key] = values
+    if data_key not in fields and isinstance(td.get("text", None), NonTensorData | NonTensorStack):
+        fields[data_key] = _plain(td.get("text"))  # TorchRL's older calls: reset(TensorDict(text=...))
+        if not isinstance(fields[data_key], list):
+            fields[data_key] = [fields[data_key]] * size
     if data_key not in fields:
         raise KeyError(
             f"ChatEnv.reset: the TensorDict has no {data_key!r} entry (the env's data_key); "
@@ -68,9 +74,12 @@ def actions_from_tensordict(td: TensorDictBase, policy_role: str) -> list[str | 
         response = getattr(history, "response", None)
         if response is not None:
             return ["".join(m.text for m in response[i]._messages()) for i in range(td.batch_size[0])]
-    text = td.get(("text", "response"), None)
+    text = td.get(("text", "response"), None) if is_tensor_collection(td.get("text", None)) else None
+    if text is None:
+        text = td.get("text_response", None)  # TorchRL's older key for the sampled text
     if text is not None:
-        return [str(t) for t in _plain(text)]
+        values = _plain(text)
+        return [str(t) for t in (values if isinstance(values, list) else [values])]
     raise KeyError(
         "ChatEnv.step: no action found; expected ('history', 'full'), ('history', 'response'), a History under "
         f"'history' or ('text', 'response'); got keys {sorted(str(k) for k in td.keys(True, True))}"

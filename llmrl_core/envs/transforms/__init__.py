@@ -1,4 +1,10 @@
-"""Env transforms (TorchRL names): the ``Transform`` base class and the built-in transforms."""
+"""Env transforms (TorchRL's ``torchrl.envs.llm.transforms``): the ``Transform`` base class and the built-in
+transforms. The tools (``PythonInterpreter``, ``MCPToolTransform``, ``BrowserTransform``), ``DataLoadingPrimer``
+and the Dask-hosted KL transforms (``RayKLRewardTransform``, ``RayRetrieveKL``) are importable from here too, as in
+TorchRL; they load on first use (the tools' modules pull in heavier dependencies).
+"""
+
+from typing import Any
 
 from llmrl_core.envs.transforms.base import Transform
 from llmrl_core.envs.transforms.few_shot import FewShotExamples
@@ -7,8 +13,32 @@ from llmrl_core.envs.transforms.policy_version import PolicyVersion
 from llmrl_core.envs.transforms.template import TemplateTransform, Tokenizer
 from llmrl_core.envs.transforms.thinking import AddThinkingPrompt
 
+_LAZY = {
+    "PythonInterpreter": "llmrl_core.tools.python_interpreter",
+    "MCPToolTransform": "llmrl_core.tools.mcp_transform",
+    "BrowserTransform": "llmrl_core.tools.browser",
+    "DataLoadingPrimer": "llmrl_core.envs.primer",
+    "RayKLRewardTransform": "llmrl_core.envs.transforms.kl_hosted",
+    "RayRetrieveKL": "llmrl_core.envs.transforms.kl_hosted",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "AddThinkingPrompt",
+    "BrowserTransform",
+    "DataLoadingPrimer",
+    "MCPToolTransform",
+    "PythonInterpreter",
+    "RayKLRewardTransform",
+    "RayRetrieveKL",
     "FewShotExamples",
     "KLComputation",
     "KLRewardTransform",

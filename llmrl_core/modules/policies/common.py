@@ -11,6 +11,7 @@ right-padded ``(B, T)`` batches (``pad_output=True``) or ragged per-sample tenso
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import torch
 from tensordict import TensorClass, lazy_stack
@@ -74,6 +75,14 @@ class ChatHistory(TensorClass["nocast"]):
                     stacklevel=2,
                 )
                 setattr(self, name, lazy_stack([value], -1))
+
+    def apply_chat_template(self, **kwargs: Any) -> Any:
+        """Render the conversation a policy continues next — ``prompt`` (else ``full``) — with
+        :meth:`History.apply_chat_template` (same arguments)."""
+        history = self.prompt if self.prompt is not None else self.full
+        if history is None:
+            raise ValueError("ChatHistory.apply_chat_template: neither prompt nor full is set")
+        return history.apply_chat_template(**kwargs)
 
 
 __all__ = ["ChatHistory", "LogProbs", "Masks", "Text", "Tokens"]
