@@ -277,7 +277,7 @@ def test_yield_only_last_steps_hands_out_the_last_turn_of_each_episode():
     env, _ = _scripted_env(batch_size=2)
     rows = [{"query": f"q{i}", "turns": i + 1} for i in range(4)]
     collector = LLMCollector(env, scripted_policy, prompts=rows, yield_only_last_steps=True, total_trajectories=4)
-    assert collector.yield_completed_trajectories is False
+    assert collector.yield_completed_trajectories is True  # TorchRL: None follows yield_only_last_steps
     batch = collector.collect()
     turns = [batch[i] for i in range(len(batch))]
     assert batch["done"].all() and batch["done"].shape == (4, 1)

@@ -81,8 +81,11 @@ def _where(path: str) -> str:
     return path or "<value>"
 
 
-def assert_same(ours: dict, theirs: dict, path: str = "", atol: float = 1e-4) -> None:
-    """Structural and numeric equality of two summaries (see tests/torchrl_golden_format.py)."""
+def assert_same(ours: dict, theirs: dict, path: str = "", atol: float = 1e-4, skip: frozenset = frozenset()) -> None:
+    """Structural and numeric equality of two summaries (see tests/torchrl_golden_format.py); leaves whose path
+    is in ``skip`` are compared by the caller (where the documents' text, not TorchRL's run, is the spec)."""
+    if path in skip:
+        return
     assert ours.get("kind") == theirs.get("kind"), f"{_where(path)}: {ours.get('kind')} != {theirs.get('kind')}"
     kind = theirs["kind"]
     if kind == "tensor":
@@ -100,10 +103,10 @@ def assert_same(ours: dict, theirs: dict, path: str = "", atol: float = 1e-4) ->
         assert ours["keys"] == theirs["keys"], f"{_where(path)}: keys {ours['keys']} != {theirs['keys']}"
         assert ours["classes"] == theirs["classes"], f"{_where(path)}: nested classes differ"
         for leaf, summary in theirs["leaves"].items():
-            assert_same(ours["leaves"][leaf], summary, f"{path}/{leaf}", atol)
+            assert_same(ours["leaves"][leaf], summary, f"{path}/{leaf}", atol, skip)
     elif kind == "nested_tensor":
         for i, (a, b) in enumerate(zip(ours["components"], theirs["components"], strict=True)):
-            assert_same(a, b, f"{path}[{i}]", atol)
+            assert_same(a, b, f"{path}[{i}]", atol, skip)
     else:
         assert ours.get("value") == theirs.get("value"), f"{_where(path)}: {ours.get('value')} != {theirs.get('value')}"
 
@@ -114,13 +117,15 @@ def _finite(values: Any) -> Any:
     return {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}.get(values, values)
 
 
-def assert_matches_golden(name: str, namespace: dict[str, Any], names: list[str] | None = None) -> None:
-    """Every global TorchRL's run left (or ``names`` of them) equals ours."""
+def assert_matches_golden(
+    name: str, namespace: dict[str, Any], names: list[str] | None = None, skip: frozenset = frozenset()
+) -> None:
+    """Every global TorchRL's run left (or ``names`` of them) equals ours, but for the leaves in ``skip``."""
     recorded = golden(name)["globals"]
     ours, _ = summarize_globals(namespace, exclude={"DEFAULT_MODEL"})
     for var in names if names is not None else sorted(recorded):
         assert var in ours, f"{name}: the example left no {var!r} (TorchRL's run did)"
-        assert_same(ours[var], recorded[var], var)
+        assert_same(ours[var], recorded[var], var, skip=skip)
 
 
 # --- the examples ------------------------------------------------------------------------------------------------
@@ -144,7 +149,8 @@ def test_004_retrieve_log_prob(default_model_path):
 
 def test_004_retrieve_kl(default_model_path):
     ns, printed = run_example("004_retrieve_kl", default_model_path)
-    assert_matches_golden("004_retrieve_kl", ns, ["history", "data", "next_td"])
+    kl_leaves = frozenset({"data/next/kl_penalty", "result/next/kl_penalty", "next_td/kl_penalty"})
+    assert_matches_golden("004_retrieve_kl", ns, ["history", "data", "next_td", "result"], skip=kl_leaves)
     # TorchRL leaves the KL as a nested tensor and fails to print its shape; the text promises a (2, T) tensor
     kl = ns["kl"]
     theirs = golden("004_retrieve_kl")["globals"]["kl"]["components"]
@@ -176,7 +182,7 @@ def test_000_policy_version(default_model_path):
     ns, printed = run_example("000_policy_version", default_model_path, max_prints=3)
     assert golden("000_policy_version")["error"]["type"] == "TypeError"  # TorchRL needs dialog_turns_per_batch
     assert printed[0] == "1"  # the version after one weight update
-    assert printed[1:] == ["tensor([1])", "tensor([1])"] or all(p.endswith("1])") for p in printed[1:])
+    assert printed[1:] == ["tensor([1])", "tensor([1])"]  # every dialog turn stamped with that version
 
 
 def test_000_python_interpreter(default_model_path):
@@ -218,3 +224,26 @@ def mocking_classes():
     yield
     for name in names:
         sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "004_ray_kl_reward_direct",
+        "004_ray_kl_reward_factory",
+        "004_ray_retrieve_kl_direct",
+        "004_ray_retrieve_kl_factory",
+    ],
+)
+def test_004_ray_hosted_examples(name, default_model_path):
+    """The Ray-hosted examples ask for a GPU (num_gpus=1 / device="cuda"); llmrl hosts them as Dask actors. On a
+    machine without one, the request fails at once with a message that names it (TorchRL 0.14.1 fails these
+    examples before reaching Ray: see the goldens); with a GPU, the hosted transform is built."""
+    assert not golden(name)["ok"]
+    if torch.cuda.is_available():
+        ns, _ = run_example(name, default_model_path)
+        assert type(ns["transform"]).__name__.startswith("Ray")
+        ns["transform"].close()
+        return
+    with pytest.raises((ValueError, RuntimeError), match="(?i)gpu|cuda"):
+        run_example(name, default_model_path)

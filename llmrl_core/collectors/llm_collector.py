@@ -114,8 +114,10 @@ class LLMCollector:
     (exactly one of ``policy``/``policy_factory``), ``queue`` (anything with ``put``) or ``replay_buffer``
     (anything with ``extend``) receives every batch (not both: RuntimeError), ``postproc`` maps each batch,
     ``total_dialog_turns=-1`` means no limit, ``flatten_data``/``verbose``/``reset_at_each_iter`` are accepted.
-    ``yield_only_last_steps`` hands out only the last :class:`DialogTurn` of each finished
-    episode (``yield_completed_trajectories`` may then be left unset; False is a TypeError).
+    Items are dialog turns by default (TorchRL's ``yield_completed_trajectories=None``), whole episodes with
+    ``yield_completed_trajectories=True`` or when a ``total_trajectories`` is given;
+    ``yield_only_last_steps`` hands out only the last turn of each finished episode
+    (``yield_completed_trajectories`` is then True, as in TorchRL; False is a TypeError).
     ``track_policy_version`` (default False, as TorchRL; an env's own ``PolicyVersion`` or a ``policy_version``
     given is used anyway): True stamps the version of the env's ``PolicyVersion``, else of a collector-owned one
     (unlike TorchRL, the collector never appends a ``PolicyVersion`` to the env, so ``env.state_dict()``
@@ -178,8 +180,9 @@ class LLMCollector:
         self.async_envs = async_envs
         self.rolling_reset = rolling_reset
         self.yield_only_last_steps = yield_only_last_steps
-        if yield_completed_trajectories is None:
-            yield_completed_trajectories = not yield_only_last_steps
+        if yield_completed_trajectories is None:  # TorchRL: dialog turns unless only last steps are asked for;
+            # llmrl: a total counted in trajectories asks for whole episodes
+            yield_completed_trajectories = yield_only_last_steps or total_trajectories is not None
         self.yield_completed_trajectories = yield_completed_trajectories
         # What the items are: whole trajectories, or dialog turns (all, or the last of each episode).
         self._yield_trajectories = yield_completed_trajectories and not yield_only_last_steps
