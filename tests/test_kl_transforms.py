@@ -1,32 +1,53 @@
-"""KL env transforms (RetrieveLogProb, KLComputation, RetrieveKL, KLRewardTransform) and the pure KL functions.
+"""KL transforms on TensorDicts (RetrieveLogProb, KLComputation, RetrieveKL, KLRewardTransform) and the pure
+KL functions.
 
-The independent reference is a plain, unpacked forward of one conversation at a time through a tiny randomly
-initialised Llama followed by ``log_softmax``; the transforms score all slots in packed micro-batches.
+The independent reference is a plain forward of one conversation at a time through a tiny randomly initialised
+Llama (the packaged tokenizer's vocabulary) followed by ``log_softmax`` by hand; the transforms score padded
+batches through ``TransformersWrapper``.
 """
 
 from __future__ import annotations
 
-import math
+from types import SimpleNamespace
 
 import pytest
 import torch
+from tensordict import TensorDict, lazy_stack, set_list_to_stack
 
-from llmrl_core.data import Conversation, Response
-from llmrl_core.envs import (
-    ChatEnv,
+from llmrl_core.data.history import History
+from llmrl_core.envs.transforms.kl import (
     KLComputation,
     KLRewardTransform,
     RetrieveKL,
     RetrieveLogProb,
-    SlotState,
-    Transform,
+    kl_reward_penalty,
+    token_kl,
 )
-from llmrl_core.envs.transforms.kl import kl_reward_penalty, token_kl
+from llmrl_core.modules.policies.common import ChatHistory
+from llmrl_core.modules.policies.transformers_wrapper import TransformersWrapper
 
-VOCAB = 97
+CHATS = [
+    [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Hello, how are you?"},
+        {"role": "assistant", "content": "I'm doing well, thank you!"},
+    ],
+    [
+        {"role": "user", "content": "What's 2+2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "And 3+3?"},
+        {"role": "assistant", "content": "It is 6."},
+    ],
+]
 
 
-def tiny_llama(seed: int, vocab_size: int = VOCAB):
+@pytest.fixture(autouse=True)
+def _list_to_stack():
+    with set_list_to_stack(True):
+        yield
+
+
+def tiny_llama(seed: int, vocab_size: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -43,215 +64,47 @@ def tiny_llama(seed: int, vocab_size: int = VOCAB):
 
 
 @pytest.fixture(scope="module")
-def policy():
-    return tiny_llama(0)
+def tokenizer(default_model_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(default_model_path)
 
 
 @pytest.fixture(scope="module")
-def reference():
-    return tiny_llama(1)
+def models(tokenizer):
+    return tiny_llama(2, len(tokenizer)), tiny_llama(3, len(tokenizer))
 
 
 @torch.no_grad()
-def reference_log_probs(model, ids: list[int], start: int, temperature: float = 1.0) -> torch.Tensor:
-    """Log-probs of ids[start:] given everything before them: one unpacked forward, plain log_softmax."""
-    logits = model(input_ids=torch.tensor([ids])).logits[0].float() / temperature
-    log_probs = torch.log_softmax(logits, dim=-1)
-    targets = torch.tensor(ids[start:])
-    return log_probs[start - 1 : len(ids) - 1].gather(-1, targets[:, None]).squeeze(-1)
+def by_hand(model, ids: torch.Tensor) -> torch.Tensor:
+    """Log-prob of every token given those before it (0 for the first): one unpadded forward, log_softmax."""
+    logits = model(input_ids=ids[None]).logits[0].float()
+    log_probs = torch.log_softmax(logits[:-1], dim=-1).gather(-1, ids[1:, None]).squeeze(-1)
+    return torch.cat([torch.zeros(1), log_probs])
 
 
-def rand_ids(gen: torch.Generator, n: int) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (n,), generator=gen)
+def rendered(tokenizer) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Token ids and assistant masks of CHATS, as the wrappers render them."""
+    out = History.from_chats(CHATS).apply_chat_template(
+        tokenizer=tokenizer,
+        add_generation_prompt=False,
+        tokenize=True,
+        return_dict=True,
+        return_assistant_tokens_mask=True,
+    )
+    return list(out.get("input_ids", as_list=True)), [m.bool() for m in out.get("assistant_masks", as_list=True)]
 
 
-def make_slots() -> list[SlotState]:
-    """Tokens-mode slots as ChatEnv leaves them during on_step: prompt segments, then the latest response.
-
-    Slot 2 is on its second turn: [prompt, response 1 (policy), tool output + template glue], then response 2.
-    """
-    gen = torch.Generator().manual_seed(123)
-    slots = []
-    for index, (prompt_len, response_len) in enumerate([(7, 5), (12, 9), (4, 3), (20, 1)]):
-        slot = SlotState(index=index, history=Conversation())
-        slot.token_segments = [rand_ids(gen, prompt_len)]
-        slot.segment_is_policy = [False]
-        if index == 2:
-            first = rand_ids(gen, 6)
-            slot.responses.append(Response("turn 1", token_ids=first, log_probs=-torch.rand(6, generator=gen)))
-            slot.token_segments += [first, rand_ids(gen, 5)]
-            slot.segment_is_policy += [True, False]
-        ids = rand_ids(gen, response_len)
-        slot.responses.append(Response("latest", token_ids=ids, log_probs=-torch.rand(response_len, generator=gen)))
-        slot.turn = len(slot.responses)
-        slots.append(slot)
-    return slots
+def scorer(model, tokenizer, **kwargs) -> TransformersWrapper:
+    return TransformersWrapper(model, tokenizer=tokenizer, input_mode="history", generate=False, **kwargs)
 
 
-def full_ids(slot: SlotState) -> list[int]:
-    return slot.all_tokens().tolist() + slot.last_response.token_ids.tolist()
-
-
-def response_start(slot: SlotState) -> int:
-    return len(slot.all_tokens())
-
-
-def new_tokens_start(slot: SlotState) -> int:
-    """First token no earlier step scored: after the previous response, or 1 on the first turn."""
-    end, start = 0, 1
-    for segment, is_policy in zip(slot.token_segments, slot.segment_is_policy, strict=True):
-        end += len(segment)
-        if is_policy:
-            start = end
-    return start
-
-
-class ForwardCounter:
-    def __init__(self, model):
-        self.calls = 0
-        self.handle = model.register_forward_hook(self._hook)
-
-    def _hook(self, *args):
-        self.calls += 1
-
-    def remove(self):
-        self.handle.remove()
-
-
-# --- RetrieveLogProb ------------------------------------------------------------------------------
-def test_retrieve_log_prob_batched_matches_unpacked_forward_per_row(policy):
-    slots = make_slots()
-    counter = ForwardCounter(policy)
-    try:
-        RetrieveLogProb(policy, token_budget=40).on_step(slots)
-    finally:
-        counter.remove()
-    lengths = [len(full_ids(s)) for s in slots]
-    assert lengths == [12, 21, 18, 21] and counter.calls == 2  # first-fit decreasing: [21, 18], [21, 12]
-    for slot in slots:
-        got = slot.info["log_probs"]
-        want = reference_log_probs(policy, full_ids(slot), response_start(slot))
-        assert got.shape == (len(slot.last_response.token_ids),)
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
-
-
-def test_one_forward_for_all_slots_when_they_fit_the_budget(policy):
-    slots = make_slots()
-    counter = ForwardCounter(policy)
-    try:
-        RetrieveLogProb(policy, token_budget=4096).on_step(slots)
-    finally:
-        counter.remove()
-    assert counter.calls == 1
-
-
-def test_assistant_only_false_scores_prompt_and_glue_tokens_too(policy):
-    slots = make_slots()
-    RetrieveLogProb(policy, log_probs_key="all", assistant_only=False, token_budget=64).on_step(slots)
-    RetrieveLogProb(policy, log_probs_key="assistant", assistant_only=True, token_budget=64).on_step(slots)
-    for slot in slots:
-        start = new_tokens_start(slot)
-        want = reference_log_probs(policy, full_ids(slot), start)
-        torch.testing.assert_close(slot.info["all"], want, atol=1e-5, rtol=0)
-        n = len(slot.last_response.token_ids)
-        assert len(slot.info["all"]) == len(full_ids(slot)) - start > n
-        # the assistant-only window is the tail of the full window: the latest response's tokens
-        torch.testing.assert_close(slot.info["all"][-n:], slot.info["assistant"], atol=1e-5, rtol=0)
-    # slot 2 (second turn): the first response was charged at its own step, so only glue + response 2 count
-    assert new_tokens_start(slots[2]) == 4 + 6 and len(slots[2].info["all"]) == 5 + 3
-
-
-def test_temperature_divides_the_logits(policy):
-    slots = make_slots()
-    RetrieveLogProb(policy, log_probs_key="t07", temperature=0.7).on_step(slots)
-    RetrieveLogProb(policy, log_probs_key="t1").on_step(slots)
-    for slot in slots:
-        want = reference_log_probs(policy, full_ids(slot), response_start(slot), temperature=0.7)
-        torch.testing.assert_close(slot.info["t07"], want, atol=1e-5, rtol=0)
-    assert not torch.allclose(slots[1].info["t07"], slots[1].info["t1"], atol=1e-3)
-
-
-def test_from_sampler_reads_response_log_probs_and_needs_assistant_only():
-    slots = make_slots()
-    RetrieveLogProb("from_sampler").on_step(slots)
-    for slot in slots:
-        assert torch.equal(slot.info["log_probs"], slot.last_response.log_probs)
-    with pytest.raises(ValueError, match="assistant_only=True"):
-        RetrieveLogProb("from_sampler", assistant_only=False)
-    slots[0].responses[-1] = Response("no log-probs", token_ids=torch.tensor([1, 2]))
-    with pytest.raises(ValueError, match="has no log_probs"):
-        RetrieveLogProb("from_sampler").on_step(slots)
-
-
-# --- KLComputation / RetrieveKL / KLRewardTransform -----------------------------------------------
-def test_retrieve_kl_adds_summed_token_kl_to_the_reward(policy, reference):
-    slots = make_slots()
-    for slot in slots:
-        slot.add_reward(1.0, name="answer")
-    RetrieveKL(policy, reference, coeff=0.25, token_budget=48).on_step(slots)
-    for slot in slots:
-        ids, start = full_ids(slot), response_start(slot)
-        kl = reference_log_probs(policy, ids, start) - reference_log_probs(reference, ids, start)
-        torch.testing.assert_close(slot.info["kl_penalty"], kl, atol=2e-5, rtol=0)
-        torch.testing.assert_close(
-            slot.info["ref_log_probs"], reference_log_probs(reference, ids, start), atol=1e-5, rtol=0
-        )
-        assert slot.info["kl_penalty_total"] == pytest.approx(float(kl.sum()), abs=1e-4)
-        assert slot.info["kl_penalty_tokens"] == len(kl)
-        assert slot.reward_components["kl_penalty"] == pytest.approx(-0.25 * float(kl.sum()), abs=1e-4)
-        assert slot.reward == pytest.approx(1.0 - 0.25 * float(kl.sum()), abs=1e-4)
-
-
-def test_kl_stored_for_a_loss_term_leaves_the_reward_alone(policy, reference):
-    slots = make_slots()
-    RetrieveKL(policy, reference, add_to_reward=False).on_step(slots)
-    for slot in slots:
-        assert slot.reward == 0.0 and slot.reward_components == {}
-        assert slot.info["kl_penalty"].shape == slot.last_response.token_ids.shape
-
-
-def test_same_model_on_both_sides_gives_zero_kl(policy):
-    slots = make_slots()
-    RetrieveKL(policy, policy, assistant_only=False).on_step(slots)
-    for slot in slots:
-        assert slot.info["kl_penalty"].abs().max() < 1e-6 and abs(slot.reward) < 1e-5
-
-
-def test_kl_reward_transform_uses_sampler_log_probs_and_skips_non_finite(reference):
-    slots = make_slots()
-    slots[1].last_response.log_probs[3] = float("nan")
-    transform = KLRewardTransform(reference, coef=0.5)
-    transform.on_step(slots)
-    for slot in slots:
-        ids, start = full_ids(slot), response_start(slot)
-        kl = slot.last_response.log_probs - reference_log_probs(reference, ids, start)
-        finite = torch.isfinite(kl)
-        assert slot.info["kl_penalty_tokens"] == int(finite.sum())
-        assert slot.reward == pytest.approx(-0.5 * float(kl[finite].sum()), abs=1e-4)
-        assert math.isfinite(slot.reward)
-    assert slots[1].info["kl_penalty_tokens"] == len(slots[1].last_response.token_ids) - 1
-    transform.coef = 2.0
-    assert transform.kl_computation.coeff == 2.0
-    with pytest.raises(ValueError, match="assistant_only must be True"):
-        KLRewardTransform(reference, assistant_only=False)
-
-
-def test_kl_computation_checks_its_inputs():
-    slot = SlotState(index=0, history=Conversation())
-    slot.info.update(log_probs=torch.tensor([-1.0, -2.0]), ref_log_probs=torch.tensor([-1.5, -1.0]))
-    KLComputation(coeff=2.0).step_slot(slot)
-    assert slot.info["kl_penalty"].tolist() == pytest.approx([0.5, -1.0])
-    assert slot.reward == pytest.approx(-2.0 * (0.5 - 1.0))
-    slot.info["ref_log_probs"] = torch.tensor([-1.0])
-    with pytest.raises(ValueError, match="shape"):
-        KLComputation().step_slot(slot)
-    del slot.info["ref_log_probs"]
-    with pytest.raises(ValueError, match="ref_log_probs"):
-        KLComputation().step_slot(slot)
-    with pytest.raises(ValueError, match="must differ"):
-        KLComputation("a", "a")
-    with pytest.raises(ValueError, match="reference model"):
-        RetrieveKL()
+def history_data(with_next: bool = False) -> TensorDict:
+    chat = ChatHistory(full=History.from_chats(CHATS))
+    data = TensorDict(history=chat, batch_size=(2,))
+    if with_next:
+        data.set("next", TensorDict(history=ChatHistory(full=History.from_chats(CHATS)), batch_size=(2,)))
+    return data
 
 
 # --- pure functions -------------------------------------------------------------------------------
@@ -276,60 +129,232 @@ def test_token_kl_and_penalty_arithmetic():
         token_kl([0.0, 1.0], [0.0, 1.0], [True])
 
 
-# --- inside a ChatEnv -----------------------------------------------------------------------------
-class Echo(Transform):
-    """A toy tool: every assistant turn gets a tool message back, so turn 2 has tool tokens before it."""
-
-    def step_slot(self, slot):
-        slot.add_message("tool", "ok")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(default_model_path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(default_model_path)
-
-
-@pytest.fixture(scope="module")
-def vocab_models(tokenizer):
-    return tiny_llama(2, len(tokenizer)), tiny_llama(3, len(tokenizer))
-
-
-def sampled(tokenizer, text: str) -> Response:
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    return Response(text, token_ids=torch.tensor(ids), log_probs=torch.full((len(ids),), -0.5))
-
-
-@pytest.mark.parametrize("assistant_only", [True, False])
-def test_episode_sum_equals_the_full_sequence_masked_sum(tokenizer, vocab_models, assistant_only):
-    """Per-step windows add up to TorchRL's one-shot masked KL over the final conversation (no double counting)."""
-    policy, reference = vocab_models
-    env = ChatEnv(tokenizer=tokenizer, input_mode="tokens", system_prompt="S", max_turns=2)
-    env.append_transform(Echo())
-    env.append_transform(RetrieveKL(policy, reference, assistant_only=assistant_only, coeff=0.3))
-    env.reset(["What is 2+3?", "Name a colour."])
-    env.step([sampled(tokenizer, "Let me check.<|im_end|>"), sampled(tokenizer, "Red<|im_end|>")])
-    env.step([sampled(tokenizer, "It is 5.<|im_end|>"), sampled(tokenizer, "Blue, too.<|im_end|>")])
-    for slot in env.slots:
-        ids = slot.all_tokens().tolist()
-        kl = reference_log_probs(policy, ids, 1) - reference_log_probs(reference, ids, 1)
-        if assistant_only:
-            kl = kl[slot.policy_mask()[1:]]
-        assert slot.done and slot.episode_reward == pytest.approx(-0.3 * float(kl.sum()), abs=1e-4)
+# --- KLComputation --------------------------------------------------------------------------------
+def test_kl_computation_runs_the_documented_example():
+    """TorchRL's own docstring example (``gen_log_probs_key``/``coef`` spellings): KL (2, 10), reward (2, 10, 1)."""
+    gen, ref, reward = torch.randn(2, 10), torch.randn(2, 10), torch.randn(2, 10, 1)
+    next_td = TensorDict(
+        {("gen_log_probs", "full"): gen, ("ref_log_probs", "full"): ref, "reward": reward.clone()}, batch_size=(2,)
+    )
+    data = TensorDict(next=next_td, batch_size=(2,))
+    transform = KLComputation(
+        gen_log_probs_key=("gen_log_probs", "full"),
+        ref_log_probs_key=("ref_log_probs", "full"),
+        kl_key="kl_penalty",
+        add_to_reward=True,
+        coef=1.0,
+    )
+    assert transform.in_keys == [("gen_log_probs", "full"), ("ref_log_probs", "full"), "reward"]
+    assert transform.out_keys == ["kl_penalty", "reward"]
+    result = transform(data)
+    kl = result["next"].get("kl_penalty")
+    assert kl.shape == torch.Size([2, 10])
+    torch.testing.assert_close(kl, gen - ref)
+    torch.testing.assert_close(result["next", "reward"], reward - (gen - ref).unsqueeze(-1))
+    # TorchRL's own names give the same transform; a conflicting pair of spellings is refused
+    same = KLComputation(("gen_log_probs", "full"), coeff=0.5)
+    assert same.gen_log_probs_full_key == ("gen_log_probs", "full") and same.coef == 0.5
+    with pytest.raises(TypeError, match="got both"):
+        KLComputation(("a", "full"), gen_log_probs_key=("b", "full"))
 
 
-def test_history_mode_scores_the_response_after_the_rendered_prompt(tokenizer, vocab_models):
-    policy, _ = vocab_models
-    env = ChatEnv(tokenizer=tokenizer, system_prompt="S")
-    env.append_transform(RetrieveLogProb(policy))
-    out = env.reset(["What is 2+3?"])
-    prompt_ids = tokenizer(out.history[0].apply_chat_template(tokenizer), add_special_tokens=False)["input_ids"]
-    response = sampled(tokenizer, "5<|im_end|>")
-    env.step([response])
-    want = reference_log_probs(policy, prompt_ids + response.token_ids.tolist(), len(prompt_ids))
-    torch.testing.assert_close(env.slots[0].info["log_probs"], want, atol=1e-5, rtol=0)
-    env2 = ChatEnv(tokenizer=tokenizer).append_transform(RetrieveLogProb(policy, assistant_only=False))
-    env2.reset(["What is 2+3?"])
-    with pytest.raises(ValueError, match="input_mode='tokens'"):
-        env2.step([response])
+def test_kl_computation_on_ragged_samples_and_its_errors():
+    rows = [
+        TensorDict(
+            {
+                ("log_probs", "full"): torch.randn(n),
+                ("ref_log_probs", "full"): torch.randn(n),
+                "reward": torch.randn(n, 1),
+            }
+        )
+        for n in (3, 5)
+    ]
+    before = [r.clone() for r in rows]
+    out = KLComputation(coeff=2.0)(lazy_stack(rows))
+    for got_kl, got_reward, row in zip(
+        out.get("kl_penalty", as_list=True), out.get("reward", as_list=True), before, strict=True
+    ):
+        kl = row["log_probs", "full"] - row["ref_log_probs", "full"]
+        torch.testing.assert_close(got_kl, kl)
+        torch.testing.assert_close(got_reward, row["reward"] - 2.0 * kl.unsqueeze(-1))
+    # no reward in the data: only the KL
+    out = KLComputation()(
+        TensorDict({("log_probs", "full"): torch.zeros(2, 4), ("ref_log_probs", "full"): torch.ones(2, 4)}, [2])
+    )
+    assert out["kl_penalty"].eq(-1).all() and "reward" not in out.keys()
+    with pytest.raises(ValueError, match="Log-probs not found"):
+        KLComputation()(TensorDict({("log_probs", "full"): torch.zeros(2, 4)}, [2]))
+    with pytest.raises(ValueError, match="different shapes"):
+        KLComputation()(
+            TensorDict({("log_probs", "full"): torch.zeros(2, 4), ("ref_log_probs", "full"): torch.zeros(2, 3)}, [2])
+        )
+    with pytest.raises(ValueError, match="one more dimension"):
+        data = TensorDict(
+            {
+                ("log_probs", "full"): torch.zeros(2, 4),
+                ("ref_log_probs", "full"): torch.zeros(2, 4),
+                "reward": torch.zeros(2, 1),
+            },
+            [2],
+        )
+        KLComputation()(data)
+
+
+# --- RetrieveLogProb ------------------------------------------------------------------------------
+@pytest.mark.parametrize("pad_output", [True, False])
+def test_retrieve_log_prob_matches_a_forward_by_hand(tokenizer, models, pad_output):
+    policy, _ = models
+    transform = RetrieveLogProb(scorer(policy, tokenizer, pad_output=pad_output), assistant_only=True)
+    assert transform.in_keys == [("history", "full")] and transform.out_keys == [("log_probs", "full")]
+    result = transform(history_data())
+    ids, masks = rendered(tokenizer)
+    got = result.get(("log_probs", "full"), as_list=True)
+    if pad_output:
+        dense = result.get(("log_probs", "full"))
+        assert dense.shape == (2, max(len(i) for i in ids)) and dense.dtype == torch.float32
+        got = [row[row.numel() - len(i) :] for row, i in zip(dense, ids, strict=True)]  # left padding
+        assert dense[1, : dense.shape[1] - len(ids[1])].eq(0).all()
+    for row, seq, mask, chat in zip(got, ids, masks, CHATS, strict=True):
+        torch.testing.assert_close(row, by_hand(policy, seq).masked_fill(~mask, 0.0), atol=2e-5, rtol=0)
+        # the mask covers the assistant contents, nothing else
+        assistant = [m["content"] for m in chat if m["role"] == "assistant"]
+        assert "".join(tokenizer.decode(seq[mask])).replace("<|im_end|>", "") == "".join(assistant)
+    # everything but the first token when assistant_only=False, on the "next" entry when there is one
+    data = history_data(with_next=True)
+    result = RetrieveLogProb(scorer(policy, tokenizer, pad_output=False), assistant_only=False)(data)
+    for row, seq in zip(result["next"].get(("log_probs", "full"), as_list=True), ids, strict=True):
+        torch.testing.assert_close(row, by_hand(policy, seq), atol=2e-5, rtol=0)
+
+
+def test_retrieve_log_prob_checks_its_model(tokenizer, models):
+    policy, _ = models
+    with pytest.raises(ValueError, match="generate=False"):
+        RetrieveLogProb(TransformersWrapper(policy, tokenizer=tokenizer))
+    with pytest.raises(ValueError, match="input_mode='history'"):
+        RetrieveLogProb(TransformersWrapper(policy, tokenizer=tokenizer, input_mode="tokens", generate=False))
+    transform = RetrieveLogProb(
+        TransformersWrapper(policy, tokenizer=tokenizer, input_mode="tokens", generate=False), assistant_only=False
+    )
+    assert transform.in_keys == [("tokens", "full")]
+    with pytest.warns(UserWarning, match="does not end with 'full'"):
+        RetrieveLogProb(scorer(policy, tokenizer), log_probs_full_key="lp")
+
+
+# --- RetrieveKL -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("pad_output", [True, False])
+def test_retrieve_kl_is_the_masked_log_prob_difference(tokenizer, models, pad_output):
+    policy, reference = models
+    gen = scorer(policy, tokenizer, pad_output=pad_output, log_probs_key="gen_log_probs")
+    ref = scorer(reference, tokenizer, pad_output=pad_output, log_probs_key="ref_log_probs")
+    transform = RetrieveKL(gen_model=gen, ref_model=ref, assistant_only=True, tokenizer=tokenizer, coeff=0.3)
+    assert [type(t).__name__ for t in transform] == ["RetrieveLogProb", "RetrieveLogProb", "KLComputation"]
+    data = history_data(with_next=True)
+    ids, masks = rendered(tokenizer)
+    rewards = [torch.randn(len(i), 1) for i in ids]
+    if pad_output:
+        data["next", "reward"] = torch.stack(
+            [torch.nn.functional.pad(r, (0, 0, max(map(len, ids)) - len(r), 0)) for r in rewards]
+        )
+    result = transform(data)
+    kl = result["next"].get("kl_penalty", as_list=True)
+    if pad_output:
+        assert result["next"].get("kl_penalty").shape == (2, max(map(len, ids)))
+        kl = [row[row.numel() - len(i) :] for row, i in zip(result["next"].get("kl_penalty"), ids, strict=True)]
+    for row, seq, mask in zip(kl, ids, masks, strict=True):
+        want = (by_hand(policy, seq) - by_hand(reference, seq)).masked_fill(~mask, 0.0)
+        torch.testing.assert_close(row, want, atol=3e-5, rtol=0)
+        assert row[~mask].eq(0).all() and row[mask].abs().sum() > 0
+    if pad_output:
+        for i, (seq, reward) in enumerate(zip(ids, rewards, strict=True)):
+            got = result["next", "reward"][i, -len(seq) :]
+            torch.testing.assert_close(got, reward - 0.3 * kl[i].unsqueeze(-1), atol=1e-5, rtol=0)
+
+
+def test_retrieve_kl_argument_errors(tokenizer, models, monkeypatch):
+    policy, reference = models
+    gen = scorer(policy, tokenizer, log_probs_key="gen_log_probs")
+    with pytest.raises(ValueError, match="pad_output mismatch"):
+        RetrieveKL(gen, scorer(reference, tokenizer, pad_output=True))
+    with pytest.raises(ValueError, match="different `log_prob_key`"):
+        RetrieveKL(gen, scorer(reference, tokenizer, log_probs_key="gen_log_probs"))
+    with pytest.raises(ValueError, match="generation model must have `generate=False`"):
+        RetrieveKL(TransformersWrapper(policy, tokenizer=tokenizer), gen)
+    with pytest.raises(ValueError, match="Cannot provide both 'ref_model' and 'ref_model_factory'"):
+        RetrieveKL(gen, gen, ref_model_factory=lambda: gen)
+    # use_ray_service=True builds the hosted variant with the same arguments, as TorchRL's metaclass does
+    from llmrl_core.envs.transforms import kl
+
+    class Hosted:
+        def __init__(self, *args, **kwargs):
+            self.args, self.kwargs = args, kwargs
+
+    monkeypatch.setattr(kl, "RayRetrieveKL", Hosted)
+    hosted = RetrieveKL(gen, "ref", use_ray_service=True, coeff=0.5)
+    assert isinstance(hosted, Hosted) and hosted.args == (gen, "ref") and hosted.kwargs == {"coeff": 0.5}
+    # the default gen_model waits for a container with a collector
+    lazy = RetrieveKL(ref_model=scorer(reference, tokenizer, log_probs_key="ref_log_probs"))
+    assert len(lazy) == 0
+    with pytest.raises(ValueError, match="container is not set"):
+        lazy(history_data(with_next=True))
+
+
+class EnvWithCollector:
+    """What RetrieveKL needs from its container: ``collector.policy``."""
+
+    def __init__(self, policy):
+        self.collector = SimpleNamespace(policy=policy)
+
+
+def test_retrieve_kl_from_collector_scores_with_the_collectors_policy(tokenizer, models):
+    policy, reference = models
+    env = EnvWithCollector(TransformersWrapper(policy, tokenizer=tokenizer))
+    ref = scorer(reference, tokenizer, log_probs_key="ref_log_probs")
+    lazy = RetrieveKL(ref_model=ref, add_to_reward=False)
+    lazy.set_container(env)
+    result = lazy(history_data(with_next=True))
+    eager = RetrieveKL(
+        scorer(policy, tokenizer), scorer(reference, tokenizer, log_probs_key="ref_log_probs"), add_to_reward=False
+    )
+    want = eager(history_data(with_next=True))
+    assert len(lazy) == 3 and lazy[0].model.generate is False and lazy[0].model.in_keys == [("history", "full")]
+    for got, expected in zip(
+        result["next"].get("kl_penalty", as_list=True), want["next"].get("kl_penalty", as_list=True), strict=True
+    ):
+        torch.testing.assert_close(got, expected)
+
+
+# --- KLRewardTransform ----------------------------------------------------------------------------
+def test_kl_reward_transform_penalises_each_assistant_token(tokenizer, models):
+    policy, reference = models
+    ids, masks = rendered(tokenizer)
+    gen_lp = [by_hand(policy, seq) for seq in ids]
+    step = lazy_stack(
+        [
+            TensorDict({("tokens", "full"): seq, ("log_probs", "full"): lp, ("masks", "all_assistant_mask"): m})
+            for seq, lp, m in zip(ids, gen_lp, masks, strict=True)
+        ]
+    )
+    next_td = TensorDict(reward=torch.tensor([[1.0], [2.0]]), batch_size=(2,))
+    ref = TransformersWrapper(reference, tokenizer=tokenizer, input_mode="tokens", generate=False)
+    transform = KLRewardTransform(ref, coef=0.5)
+    assert transform.in_keys == ["reward", ("tokens", "full")]
+    assert transform.out_keys == ["reward", "kl_penalty", "ref_log_probs"]
+    data = step.copy().set("next", next_td)
+    out = transform(data)["next"]
+    for i, (seq, mask) in enumerate(zip(ids, masks, strict=True)):
+        kl = (gen_lp[i] - by_hand(reference, seq)).masked_fill(~mask, 0.0).unsqueeze(-1)
+        torch.testing.assert_close(out.get("kl_penalty", as_list=True)[i], kl, atol=3e-5, rtol=0)
+        torch.testing.assert_close(out.get("reward", as_list=True)[i], (i + 1.0) - 0.5 * kl, atol=2e-5, rtol=0)
+        assert out.get("ref_log_probs", as_list=True)[i].shape == (len(seq), 1)
+    # the documented legacy form KLRewardTransform(gen_model, ref_model) and the argument errors
+    assert KLRewardTransform(policy, ref).ref_model is ref
+    with pytest.raises(ValueError, match="exactly one of"):
+        KLRewardTransform()
+    with pytest.raises(ValueError, match="Cannot provide both"):
+        KLRewardTransform(ref, ref_model_factory=lambda: ref)
+    with pytest.raises(ValueError, match="tokens as input"):
+        KLRewardTransform(scorer(reference, tokenizer))
+    with pytest.raises(ValueError, match="configured to generate"):
+        KLRewardTransform(TransformersWrapper(reference, tokenizer=tokenizer, input_mode="tokens"))
+    with pytest.raises(ValueError, match="out_keys must have the same length"):
+        KLRewardTransform(ref, out_keys=["a", "b"])

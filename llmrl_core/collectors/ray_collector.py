@@ -13,9 +13,10 @@ declaring the Dask resource ``GPU``; ``num_cpus`` is recorded (on an owned clust
 ``sync_iter=False`` asks for the next batch before handing out the current one (the actor collects while the
 caller works); the actor runs one call at a time, so a weight update sent meanwhile waits for that batch.
 
-Where the data goes: ``replay_buffer`` (TorchRL's) and ``queue`` (llmrl's ``LLMCollector`` argument) stay in the
+Where the data goes: ``replay_buffer`` (TorchRL's) and ``queue``/``sink`` (``LLMCollector`` arguments) stay in the
 caller's process, and every batch the remote collector hands out is delivered to them here (``extend`` /
-``put``): a Dask actor gets a pickled copy of its arguments, so a buffer sent to it would fill on the worker.
+``put``): a Dask actor gets a pickled copy of its arguments, so a buffer sent to it would fill on the worker. As in
+TorchRL, iterating then yields None for each batch delivered to a replay buffer or queue.
 Other keyword arguments of llmrl's ``LLMCollector`` (``prompts``, ``total_trajectories``, ``rolling_reset``, ...)
 are passed through; ``client=`` / ``address=`` choose the Dask cluster.
 """
@@ -40,12 +41,13 @@ class RayLLMCollector:
         dialog_turns_per_batch, total_dialog_turns, yield_only_last_steps, yield_completed_trajectories,
             postproc, async_envs, reset_at_each_iter, flatten_data, weight_updater, track_policy_version,
             verbose: passed to the remote ``LLMCollector``.
-        replay_buffer: filled here, in the caller's process, with each batch.
+        replay_buffer: filled here, in the caller's process, with each batch (iteration then yields None).
         ray_init_config / remote_config: Ray settings, refused unless None.
         sync_iter: False fetches the next batch while the caller handles the current one.
         num_cpus / num_gpus: Ray's actor resources (``num_gpus`` > 0: a Dask worker with ``GPU`` resources).
         client / address: the Dask cluster (default: the current client, else an owned local cluster).
-        **kwargs: further ``LLMCollector`` arguments (``queue`` is delivered to here, like ``replay_buffer``).
+        **kwargs: further ``LLMCollector`` arguments (``queue`` and ``sink`` are served here, like
+            ``replay_buffer``).
     """
 
     def __init__(
@@ -78,12 +80,15 @@ class RayLLMCollector:
         from llmrl_core.dask_hosting import DaskHost, refuse_ray_only
 
         refuse_ray_only("RayLLMCollector", ray_init_config=ray_init_config, remote_config=remote_config)
-        local_queue = kwargs.pop("queue", None)
+        local_queue, sink = kwargs.pop("queue", None), kwargs.pop("sink", None)
         if local_queue is not None and replay_buffer is not None:
             raise RuntimeError("Handling both a buffer and a queue is not possible at the moment.")
+        if sink is not None and (local_queue is not None or replay_buffer is not None):
+            raise ValueError("sink is llmrl's name for queue/replay_buffer: pass only one of them")
         self.sync_iter = sync_iter
         self.replay_buffer = replay_buffer  # kept here: batches are delivered in this process
         self.queue = local_queue
+        self._sink = next((t for t in (replay_buffer, local_queue, sink) if t is not None), None)
         self.num_cpus = num_cpus
         self.num_gpus = num_gpus
         collector_kwargs = dict(
@@ -115,14 +120,17 @@ class RayLLMCollector:
 
     # --- batches -----------------------------------------------------------------------------------
     def _deliver(self, batch: Any) -> Any:
-        if self.replay_buffer is not None:
-            self.replay_buffer.extend(batch)
-        elif self.queue is not None:
-            if isinstance(self.queue, queue_module.Queue) or not callable(getattr(self.queue, "extend", None)):
-                self.queue.put(batch)
-            else:
-                self.queue.extend(batch)
-        return batch
+        """Hand ``batch`` to the replay buffer / queue / sink of this process; what iteration yields: None with a
+        replay buffer or a queue (TorchRL: the collector "will not yield tensordicts but populate the buffer
+        instead"), else the batch."""
+        sink = self._sink
+        if sink is None:
+            return batch
+        if isinstance(sink, queue_module.Queue) or not callable(getattr(sink, "extend", None)):
+            sink.put(batch)
+        else:
+            sink.extend(batch)
+        return None if sink is self.replay_buffer or sink is self.queue else batch
 
     def __iter__(self) -> Iterator[Any]:
         """The remote collector's batches, from a new iteration (as ``iter()`` on a local ``LLMCollector``)."""
@@ -140,7 +148,8 @@ class RayLLMCollector:
             yield self._deliver(batch)
 
     def next(self) -> Any:
-        """The next batch of the remote collector's running iteration, or None when it is exhausted."""
+        """The next batch of the remote collector's running iteration (None when it is exhausted, or when batches
+        go to a replay buffer or queue)."""
         has_batch, batch = self._host.submit_next().result()
         return self._deliver(batch) if has_batch else None
 

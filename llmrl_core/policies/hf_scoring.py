@@ -30,6 +30,49 @@ def render_chat_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[i
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def gather_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``log_softmax(logits)[..., target]`` in fp32: the log-prob of each target under its logits row.
+
+    ``logits`` is ``(..., V)`` and ``targets`` the matching ``(...)`` integer ids. The one log-softmax + gather
+    every llmrl scorer uses (teacher forcing here, the sampled tokens of a ``generate`` call, the policy
+    wrappers of :mod:`llmrl_core.modules.policies`).
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return logp.gather(-1, targets.to(logp.device).long().unsqueeze(-1)).squeeze(-1)
+
+
+def teacher_forced_log_probs(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    return_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-position log-prob of each token of a padded batch given the tokens before it (one forward pass).
+
+    ``input_ids`` is ``(B, L)``, padded on either side; ``attention_mask`` (``(B, L)``, True on real tokens,
+    default all True) also gives the position ids, so a left-padded row is scored exactly as it would be alone.
+    Returns ``(log_probs, entropy)``, both ``(B, L)`` and aligned with ``input_ids``: entry ``t`` is about the
+    token at ``t`` (its log-prob; the entropy of the distribution it was drawn from); the first real token of a
+    row (no context) and padding positions are 0. ``entropy`` is None unless ``return_entropy``. Gradients flow
+    when enabled by the caller.
+    """
+    device = next(model.parameters()).device
+    ids = input_ids.to(device)
+    mask = torch.ones_like(ids, dtype=torch.bool) if attention_mask is None else attention_mask.to(device).bool()
+    position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=mask.long(), position_ids=position_ids).logits[:, :-1]
+    scored = mask[:, 1:] & mask[:, :-1]  # a token with a real token before it
+    log_probs = torch.zeros(ids.shape, dtype=torch.float32, device=device)
+    log_probs[:, 1:] = torch.where(scored, gather_log_probs(logits, ids[:, 1:]), 0.0)
+    entropy = None
+    if return_entropy:
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        entropy = torch.zeros(ids.shape, dtype=torch.float32, device=device)
+        entropy[:, 1:] = torch.where(scored, -(logp.exp() * logp).sum(-1), 0.0)
+    return log_probs, entropy
+
+
 @torch.no_grad()
 def score_response_tokens(
     model: Any, prompt_token_ids: Sequence[int], response_token_ids: Sequence[int]
@@ -37,8 +80,6 @@ def score_response_tokens(
     """Log-prob of each response token given the prompt and the response tokens before it."""
     if not response_token_ids:
         return torch.empty(0)
-    device = next(model.parameters()).device
-    ids = torch.tensor([list(prompt_token_ids) + list(response_token_ids)], device=device)
-    logits = model(input_ids=ids).logits[0, len(prompt_token_ids) - 1 : -1].float()
-    targets = ids[0, len(prompt_token_ids) :]
-    return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1).cpu()
+    ids = torch.tensor([list(prompt_token_ids) + list(response_token_ids)])
+    log_probs, _ = teacher_forced_log_probs(model, ids)
+    return log_probs[0, len(prompt_token_ids) :].cpu()

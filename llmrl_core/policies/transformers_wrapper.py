@@ -8,6 +8,7 @@ import torch
 
 from llmrl_core.data.tensors import as_padded_tensor
 from llmrl_core.policies.base import InputMode, LLMWrapperBase, PolicyOutput, SamplingConfig
+from llmrl_core.policies.hf_scoring import gather_log_probs, teacher_forced_log_probs
 
 
 def _stop_token_ids(model: Any, tokenizer: Any) -> set[int]:
@@ -88,12 +89,7 @@ class TransformersWrapper(LLMWrapperBase):
         with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
             if cfg.seed is not None:
                 torch.manual_seed(cfg.seed)
-            out = self.model.generate(
-                input_ids=ids.to(self.device), attention_mask=mask.to(self.device).long(), **kwargs
-            )
-        new = out.sequences[:, ids.shape[1] :].cpu()
-        logps = torch.stack([torch.log_softmax(step.float(), dim=-1) for step in out.logits], dim=1).cpu()
-        sampled = logps.gather(-1, new[:, : logps.shape[1], None]).squeeze(-1)
+            new, sampled = generate_with_log_probs(self.model, ids, mask, **kwargs)
         texts, tokens, log_probs, reasons = [], [], [], []
         for row in range(new.shape[0]):
             length, reason = self._response_length(new[row])
@@ -127,13 +123,30 @@ class TransformersWrapper(LLMWrapperBase):
             chunk = range(start, min(start + self.score_batch_size, len(prompts)))
             seqs = [prompts[i] + responses[i] for i in chunk]
             ids, mask = as_padded_tensor(seqs, padding_value=self.pad_id, return_mask=True)
-            logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device).long()).logits
-            logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-            token_lp = logp.gather(-1, ids[:, 1:, None].to(self.device)).squeeze(-1).cpu()
-            ent = -(logp.exp() * logp).sum(-1).cpu() if self.return_entropy else None
+            token_lp, ent = teacher_forced_log_probs(self.model, ids, mask, return_entropy=self.return_entropy)
             for row, i in enumerate(chunk):
-                begin, end = len(prompts[i]) - 1, len(prompts[i]) - 1 + len(responses[i])
-                log_probs.append(token_lp[row, begin:end].clone())
+                begin, end = len(prompts[i]), len(prompts[i]) + len(responses[i])
+                log_probs.append(token_lp[row, begin:end].cpu())
                 if ent is not None:
-                    entropies.append(ent[row, begin:end].clone())
+                    entropies.append(ent[row, begin:end].cpu())
         return log_probs, (entropies if self.return_entropy else None)
+
+
+def generate_with_log_probs(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, **generate_kwargs: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``model.generate`` on a left-padded batch: ``(new_tokens, log_probs)``, both ``(N, R)`` on the CPU.
+
+    ``N`` is the batch times ``num_return_sequences`` (the samples of a row are consecutive), ``R`` the longest
+    continuation; rows that stopped early are filled with the pad id by ``generate`` (their log-probs there are
+    meaningless: trim with the stop tokens). ``log_probs`` is the log-prob of each new token under the model's
+    raw logits (before temperature / top-p processing). ``generate_kwargs`` go to ``model.generate``
+    (``output_logits`` and ``return_dict_in_generate`` are forced on).
+    """
+    device = next(model.parameters()).device
+    kwargs = dict(generate_kwargs, output_logits=True, return_dict_in_generate=True)
+    out = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device).long(), **kwargs)
+    new = out.sequences[:, input_ids.shape[1] :]
+    logits = torch.stack(list(out.logits), dim=1)
+    log_probs = gather_log_probs(logits, new[:, : logits.shape[1]])
+    return new.cpu(), log_probs.detach().cpu()
