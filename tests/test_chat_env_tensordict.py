@@ -63,6 +63,17 @@ def test_text_mode_renders_the_prompt(default_model_path):
     assert stepped["next", "text"].prompt[0].count("Hello!") == 1
 
 
+def test_tokens_mode_gives_ragged_prompt_ids(default_model_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
+    env = ChatEnv(system_prompt=SYSTEM, input_mode="tokens", tokenizer=tokenizer, batch_size=(2,))
+    obs = env.reset(TensorDict({"query": ["Hi", "What is the capital of France?"]}, batch_size=(2,)))
+    ids = obs.get(("tokens", "prompt"), as_list=True)
+    assert [len(i) for i in ids][0] < [len(i) for i in ids][1]
+    assert [tokenizer.decode(i) for i in ids] == list(obs["text"].prompt)
+
+
 def test_torchrl_argument_errors():
     with pytest.raises(ValueError, match="at least one dimension"):
         ChatEnv(batch_size=())

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase, is_tensor_collection
+from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase, is_tensor_collection, lazy_stack
 
 from llmrl_core.data.history import History
 from llmrl_core.envs.types import EnvOutput
@@ -100,8 +100,8 @@ def output_to_tensordict(out: EnvOutput, input_mode: str, with_reward: bool) -> 
         fields["truncated"] = out.truncated.reshape(size, 1).clone()
     if out.text is not None and input_mode in ("text", "tokens"):
         fields["text"] = Text(prompt=list(out.text), batch_size=(size,))
-    if out.tokens is not None and input_mode == "tokens":
-        fields["tokens"] = Tokens(prompt=list(out.tokens), padded=False, batch_size=(size,))
+    if out.tokens is not None and input_mode == "tokens":  # ragged ids: one Tokens per slot, lazily stacked
+        fields["tokens"] = lazy_stack([Tokens(prompt=ids, padded=False, batch_size=()) for ids in out.tokens])
     if with_reward:
         fields["reward"] = out.reward.reshape(size, 1).to(torch.float32)
     return TensorDict(fields, batch_size=(size,))
