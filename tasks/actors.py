@@ -90,10 +90,13 @@ class RolloutWorker(RolloutActor):
         if r.weight_sync != "checkpoint" and engine.resolved_device() == "cuda":  # NCCL weight sync may be used
             engine = dataclasses.replace(engine, weight_sync_extension=True)
         super().__init__(
-            lambda tokenizer: make_task_env(cfg.task, tokenizer, input_mode="tokens", env=cfg.env),
+            lambda tokenizer: (
+                None if cfg.env.agent else make_task_env(cfg.task, tokenizer, input_mode="tokens", env=cfg.env)
+            ),  # an agent run has no env: the agent talks to the engine through its OpenAI endpoint
             engine,
             sampling_config(cfg, 0, 0),
         )
+        self._agent_tokenizer: Any = None
 
     def describe(self) -> dict[str, str]:
         """The engine's device and dtype, and why (for the run's log and lineage)."""
@@ -132,7 +135,11 @@ class RolloutWorker(RolloutActor):
         idle = self.idle_s()
         start = time.perf_counter()
         sampling = sampling_config(self.cfg, version if batch is None else batch, shard)
-        trajectories = episode_rows(self.collect(rows, sampling=sampling, progress=self.cfg.progress))
+        agent_metrics: dict[str, float] = {}
+        if self.cfg.env.agent:
+            trajectories, agent_metrics = self._agent_episodes(rows, sampling)
+        else:
+            trajectories = episode_rows(self.collect(rows, sampling=sampling, progress=self.cfg.progress))
         params = {
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
@@ -147,6 +154,8 @@ class RolloutWorker(RolloutActor):
             for t in trajectories
         ]
         info = TrajectoryStore(staging_uri).write_shard(self.cfg.run_id, version, shard, records)
+        if not records:  # every agent episode of the shard failed: nothing to measure, the failures say why
+            return {"shard": info.path, "rows": 0, "seconds": time.perf_counter() - start, **agent_metrics}
         rewards = [r.reward for r in records]
         health = rollout_health(
             texts=[t.response_text for t in trajectories],
@@ -170,7 +179,40 @@ class RolloutWorker(RolloutActor):
             "reward_mean": float(np.mean(rewards)),
             **health,
             **tools,
+            **agent_metrics,
         }
+
+    def _agent_episodes(self, rows: list[Any], sampling: SamplingConfig) -> tuple[list[Any], dict[str, Any]]:
+        """Run ``env.agent`` once per row against this engine's OpenAI endpoint (up for this rollout only, so no
+        weight load meets a request in flight); returns the finished episodes' rows and the agent metrics.
+        Failed episodes (crash, ``rollout.agent_timeout_s``, bad result) are counted, not stored: their groups
+        train on the rows that remain. Raises when every episode failed (the first failures' reasons)."""
+        from llmrl_core.agents.rollout import run_agent_rollout
+
+        if self._agent_tokenizer is None:  # the endpoint's own copy: vLLM's engine thread uses the engine's
+            from transformers import AutoTokenizer
+
+            self._agent_tokenizer = AutoTokenizer.from_pretrained(self.worker.config.model)
+        result = run_agent_rollout(
+            self.worker,
+            self.cfg.env.agent,
+            rows,
+            sampling,
+            tokenizer=self._agent_tokenizer,
+            concurrency=self.cfg.rollout.agent_concurrency,
+            timeout_s=self.cfg.rollout.agent_timeout_s,
+            model_name=self.cfg.model,
+        )
+        metrics: dict[str, Any] = result.metrics()
+        failures = result.failures
+        if failures:
+            metrics["agent_failure_examples"] = [f"{f.episode_id}: {f.error}: {f.detail}" for f in failures[:3]]
+        if rows and not result.rows:
+            raise RuntimeError(
+                f"env.agent {self.cfg.env.agent!r}: all {len(rows)} episodes failed, e.g. "
+                + "; ".join(metrics["agent_failure_examples"])
+            )
+        return result.rows, metrics
 
     def score(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
         """Engine log-probs of fixed tokens (lets tests compare engine and checkpoint weights)."""

@@ -100,6 +100,10 @@ def merge_shard_metrics(shards: list[dict]) -> dict[str, float]:
     if calls:  # a tool env: the share of rollouts that called a tool, and the share of calls that worked
         merged["tool_call_rate"] = sum(s.get("tool_call_rate", 0.0) * s["rows"] for s in shards) / rows
         merged["tool_success_rate"] = 1.0 - sum(s.get("tool_errors", 0.0) for s in shards) / calls
+    for key in {k for s in shards for k in s if k.startswith("agent_") and isinstance(s[k], int | float)}:
+        merged[key] = sum(s.get(key, 0.0) for s in shards)  # env.agent: episodes, failures (by kind), ...
+    if any("agent_calls_mean" in s for s in shards):  # ... except the per-row mean, weighted by the stored rows
+        merged["agent_calls_mean"] = sum(s.get("agent_calls_mean", 0.0) * s["rows"] for s in shards) / max(rows, 1)
     if all("response_tokens_min" in s for s in shards):
         merged["response_tokens_min"] = min(s["response_tokens_min"] for s in shards)
         merged["response_tokens_max"] = max(s["response_tokens_max"] for s in shards)

@@ -72,8 +72,13 @@ class EnvConfig:
     env_reward: bool = True
     max_turns: int | None = None  # None: 1 for single-turn envs, 3 for the tool variants
     query_field: str | None = None  # the data row field holding the prompt (default: question; ifeval: prompt)
+    agent: str | None = None  # "module:function": an OpenAI-API agent (docs/agents.md); the env name is then unused
 
     def __post_init__(self) -> None:
+        if self.agent is not None:
+            from llmrl_core.agents.loading import check_agent_env
+
+            check_agent_env(self)  # importable, takes (row, client), no env-only setting beside it
         if self.factory is None and self.name not in BUILTIN_ENVS:
             raise ValueError(f"env.name must be one of {list(BUILTIN_ENVS)} (or set env.factory), got {self.name!r}")
         if self.max_turns is not None and self.max_turns < 1:

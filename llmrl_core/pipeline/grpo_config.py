@@ -67,9 +67,27 @@ class RolloutConfig:
     # or object), "nccl" (one CUDA broadcast from the trainer to every engine; the checkpoint is still written, for
     # resume), "auto" (nccl when the trainer and every engine run on CUDA, else checkpoint).
     weight_sync: Literal["auto", "checkpoint", "nccl"] = "auto"
+    # env.agent (docs/agents.md): agent episodes run at once per engine, and the seconds one may take before it
+    # fails (its own episode only)
+    agent_concurrency: int = 8
+    agent_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         _check(self.workers >= 1, "rollout.workers", "must be >= 1", self.workers)
+        _check(
+            isinstance(self.agent_concurrency, int) and self.agent_concurrency >= 1,
+            "rollout.agent_concurrency",
+            "must be an integer >= 1 (agent episodes at once per engine)",
+            self.agent_concurrency,
+        )
+        _check(
+            isinstance(self.agent_timeout_s, int | float)
+            and math.isfinite(self.agent_timeout_s)
+            and self.agent_timeout_s > 0,
+            "rollout.agent_timeout_s",
+            "must be > 0 (seconds one agent episode may take)",
+            self.agent_timeout_s,
+        )
         _check(
             self.tensor_parallel_size >= 1,
             "rollout.tensor_parallel_size",

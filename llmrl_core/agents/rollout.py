@@ -1,0 +1,111 @@
+"""One rollout of agent episodes on a resident engine: serve the endpoint for the rollout's duration, run an
+episode per prompt row, and turn each finished episode into its training row (failed ones into outcomes)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from llmrl_core.agents.loading import load_agent
+from llmrl_core.agents.recorder import CallRecorder
+from llmrl_core.agents.runner import EpisodeJob, EpisodeOutcome, run_episodes
+from llmrl_core.agents.server import AgentEndpoint, SamplingPolicy
+from llmrl_core.collectors.tensordict_batches import EpisodeRow
+from llmrl_core.envs.types import PromptRow
+from llmrl_core.policies.base import SamplingConfig
+
+
+@dataclass
+class AgentRollout:
+    """The episodes of one agent rollout: training rows of the episodes that ended with a reward, the outcome of
+    every episode, and the sizes of the engine batches that served them."""
+
+    rows: list[EpisodeRow]
+    outcomes: list[EpisodeOutcome]
+    batch_sizes: list[int]
+
+    @property
+    def failures(self) -> list[EpisodeOutcome]:
+        """The episodes that failed (crash, timeout, bad result, or no model call)."""
+        return [o for o in self.outcomes if not o.ok]
+
+    def metrics(self) -> dict[str, float]:
+        """``agent_episodes``, ``agent_failures`` (and by kind), ``agent_calls_mean``, ``agent_rewritten`` (rows
+        whose agent rewrote its history), ``engine_batch_mean`` (requests per engine batch)."""
+        kinds: dict[str, float] = {}
+        for outcome in self.failures:
+            kinds[f"agent_failures_{outcome.error}"] = kinds.get(f"agent_failures_{outcome.error}", 0.0) + 1
+        calls = [r.info["agent_calls"] for r in self.rows]
+        return {
+            "agent_episodes": float(len(self.outcomes)),
+            "agent_failures": float(len(self.failures)),
+            **kinds,
+            "agent_calls_mean": sum(calls) / len(calls) if calls else 0.0,
+            "agent_rewritten": float(sum(bool(r.info["history_rewritten"]) for r in self.rows)),
+            "engine_batch_mean": sum(self.batch_sizes) / len(self.batch_sizes) if self.batch_sizes else 0.0,
+        }
+
+
+def episode_id(row: PromptRow, index: int) -> str:
+    """A deterministic episode id (reproducible seeds): the row's place in the rollout and its group identity."""
+    return f"e{index}-p{row.prompt_id}-g{row.group_id}-s{row.sample_index}"
+
+
+def run_agent_rollout(
+    worker: Any,
+    agent_path: str,
+    rows: Sequence[PromptRow],
+    sampling: SamplingConfig,
+    *,
+    tokenizer: Any,
+    concurrency: int = 8,
+    timeout_s: float = 120.0,
+    model_name: str = "policy",
+    host: str = "127.0.0.1",
+) -> AgentRollout:
+    """Run ``agent_path``'s agent once per row against ``worker``'s engine (a
+    :class:`~llmrl_core.policies.vllm_worker.vLLMWorker`) at its current policy version. The endpoint imposes
+    ``sampling``'s temperature and top-p, caps replies at its ``max_new_tokens``, and seeds every call from its
+    seed. ``tokenizer``: the endpoint's own copy of the engine's tokenizer."""
+    agent = load_agent(agent_path)
+    recorder = CallRecorder(open_only=True)
+    jobs = []
+    for index, row in enumerate(rows):
+        job = EpisodeJob(episode_id(row, index), dict(row.data))
+        recorder.open(job.episode_id)
+        jobs.append(job)
+    endpoint = AgentEndpoint(
+        worker.llm,
+        tokenizer,
+        model_name=model_name,
+        policy_version=worker.policy_version,
+        max_model_len=int(worker.config.max_model_len),
+        sampling=SamplingPolicy(sampling.temperature, sampling.top_p, sampling.max_new_tokens, sampling.seed),
+        recorder=recorder,
+        host=host,
+    )
+    with endpoint:
+        outcomes = run_episodes(
+            agent, jobs, endpoint.base_url, concurrency=concurrency, timeout_s=timeout_s, on_end=recorder.close
+        )
+    out_rows = []
+    for row, job, outcome in zip(rows, jobs, outcomes, strict=True):
+        log = recorder.episodes[job.episode_id]
+        if outcome.ok and not log.calls:
+            outcome.error, outcome.detail = "no_call", "the agent returned without calling the model"
+        if not outcome.ok:
+            continue
+        components = {"agent": float(outcome.reward or 0.0), **outcome.components}
+        out_rows.append(
+            log.to_row(
+                row.data,
+                row.prompt_id,
+                row.group_id,
+                row.sample_index,
+                float(outcome.reward or 0.0),
+                components,
+                outcome.messages,
+            )
+        )
+    return AgentRollout(out_rows, list(outcomes), list(endpoint.batcher.batch_sizes))

@@ -1,0 +1,193 @@
+"""The OpenAI-compatible agent endpoint on a real engine, through the real ``openai`` client: ``/v1/models``,
+chat and completions, episode ids, batching of concurrent calls, and the recorded exact tokens (the prefix rule
+across turns, history rewrites, tool-call replies)."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(default_model_path)
+
+
+@pytest.fixture(scope="module")
+def endpoint(vllm_engine_fp32, tokenizer):
+    from llmrl_core.agents import AgentEndpoint, SamplingPolicy
+
+    server = AgentEndpoint(
+        vllm_engine_fp32,
+        tokenizer,
+        model_name="smol",
+        policy_version=7,
+        sampling=SamplingPolicy(temperature=1.0, top_p=1.0, max_tokens=16, seed=3),
+    )
+    with server:
+        yield server
+
+
+@pytest.fixture
+def client(endpoint):
+    import httpx
+    import openai
+
+    return openai.OpenAI(
+        base_url=endpoint.base_url, api_key="x", max_retries=0, http_client=httpx.Client(trust_env=False)
+    )
+
+
+def test_binds_localhost_and_lists_the_policy(endpoint, client):
+    assert endpoint.base_url.startswith("http://127.0.0.1:")
+    models = client.models.list().data
+    assert [m.id for m in models] == ["smol"]
+    assert models[0].model_extra["policy_version"] == 7
+
+
+def test_chat_records_what_the_client_received(endpoint, client, tokenizer):
+    reply = client.chat.completions.create(
+        model="smol",
+        messages=[{"role": "user", "content": "Name a color."}],
+        max_tokens=12,
+        extra_body={"episode_id": "chat-1", "return_token_ids": True},
+    )
+    (call,) = endpoint.recorder.episodes["chat-1"].calls
+    choice = reply.choices[0]
+    assert choice.model_extra["token_ids"] == call.token_ids
+    assert tokenizer.decode(call.token_ids, skip_special_tokens=True) == choice.message.content
+    assert 1 <= len(call.token_ids) <= 12 and len(call.logprobs) == len(call.token_ids)
+    assert all(math.isfinite(lp) and lp <= 0 for lp in call.logprobs)
+    assert call.policy_version == 7 and call.finish_reason == choice.finish_reason
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Name a color."}], tokenize=False, add_generation_prompt=True
+    )
+    assert call.prompt_ids == tokenizer.encode(rendered, add_special_tokens=False)
+    assert reply.usage.prompt_tokens == len(call.prompt_ids)
+
+
+def test_completions_and_the_user_field(endpoint, client, tokenizer):
+    out = client.completions.create(model="smol", prompt="1, 2, 3,", max_tokens=8, user="comp-1", logprobs=1)
+    (call,) = endpoint.recorder.episodes["comp-1"].calls
+    assert call.kind == "completion" and out.choices[0].text == call.text
+    assert tokenizer.decode(call.token_ids, skip_special_tokens=True) == out.choices[0].text
+    assert out.choices[0].logprobs.token_logprobs == pytest.approx(call.logprobs)
+
+
+def test_the_header_names_the_episode(endpoint, client):
+    episode = client.with_options(default_headers={"X-Episode-Id": "hdr-1"})
+    episode.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    assert len(endpoint.recorder.episodes["hdr-1"].calls) == 1
+
+
+def test_concurrent_calls_run_as_one_batch(endpoint, client):
+    before = len(endpoint.batcher.batch_sizes)
+    barrier = threading.Barrier(6)
+    errors = []
+
+    def call(i: int) -> None:
+        try:
+            barrier.wait()
+            client.chat.completions.create(
+                model="smol", messages=[{"role": "user", "content": f"Count to {i}."}], max_tokens=8, user=f"conc-{i}"
+            )
+        except Exception as err:  # pragma: no cover - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    sizes = endpoint.batcher.batch_sizes[before:]
+    assert sum(sizes) == 6 and max(sizes) > 1, sizes  # the engine took several pending requests at once
+
+
+def test_turns_keep_the_exact_prefix_and_a_rewrite_starts_a_new_chain(endpoint, client):
+    messages = [{"role": "user", "content": "Say a number."}]
+    first = client.chat.completions.create(model="smol", messages=messages, max_tokens=10, user="turns")
+    messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Another."}]
+    client.chat.completions.create(model="smol", messages=messages, max_tokens=10, user="turns")
+    log = endpoint.recorder.episodes["turns"]
+    one, two = log.calls
+    assert two.parent == 0 and not two.reformatted
+    assert two.prompt_ids[: len(one.prompt_ids) + len(one.token_ids)] == one.prompt_ids + one.token_ids
+    row = log.to_row({"q": 1}, "p", "g", 0, 1.0)
+    assert row.tokens.tolist() == two.prompt_ids + two.token_ids
+    sampled = [t for t, m in zip(row.tokens.tolist(), row.policy_mask.tolist(), strict=True) if m]
+    assert sampled == one.token_ids + two.token_ids
+    assert row.sampler_log_probs.tolist() == pytest.approx(one.logprobs + two.logprobs)
+    assert row.num_turns == 2 and row.info["history_rewritten"] is False
+
+    rewritten = [{"role": "user", "content": "Say a number."}, {"role": "assistant", "content": "Forty-two."}]
+    client.chat.completions.create(
+        model="smol", messages=[*rewritten, {"role": "user", "content": "More."}], max_tokens=6, user="turns"
+    )
+    assert log.calls[2].parent is None
+    row = log.to_row({}, "p", "g", 0, 0.0)
+    assert row.info["history_rewritten"] is True and row.info["agent_calls_trained"] == 1
+
+
+def test_tool_call_replies_keep_the_sampled_ids(tokenizer):
+    """A tool-call reply that the template renders otherwise than it was sampled still continues its chain."""
+    from llmrl_core.agents.chat import parse_tool_calls
+    from llmrl_core.agents.recorder import CallRecord, EpisodeLog
+
+    log = EpisodeLog("tools")
+    tools = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
+    messages = [{"role": "user", "content": "What is 2+3?"}]
+    plan = log.plan_chat(tokenizer, messages, tools)
+    text = '<tool_call>{"name": "calc", "arguments": {"expression": "2+3"}}</tool_call>'
+    sampled = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+    content, calls = parse_tool_calls(text)
+    assert content is None and calls[0]["function"]["name"] == "calc"
+    assert json.loads(calls[0]["function"]["arguments"]) == {"expression": "2+3"}
+    reply = {"role": "assistant", "content": "", "tool_calls": calls}
+    log.add(
+        CallRecord(
+            "chat",
+            plan.context_text,
+            plan.prompt_ids,
+            sampled,
+            [-0.5] * len(sampled),
+            text,
+            "stop",
+            0,
+            messages=messages,
+            tools=tools,
+            reply=reply,
+        )
+    )
+    follow = [
+        *messages,
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": calls[0]["id"], "content": "5"},
+    ]
+    nxt = log.plan_chat(tokenizer, follow, tools)
+    assert nxt.parent == 0 and nxt.reformatted
+    assert nxt.prompt_ids[: len(plan.prompt_ids) + len(sampled)] == plan.prompt_ids + sampled
+    rendered_tail = tokenizer.decode(nxt.prompt_ids[len(plan.prompt_ids) + len(sampled) :])
+    assert rendered_tail.startswith("\n<|im_start|>tool\n5<|im_end|>") and rendered_tail.endswith("assistant\n")
+
+
+def test_refusals_are_openai_errors(endpoint, client):
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match="streaming"):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], stream=True, user="s")
+    endpoint.recorder.open_only = True
+    try:
+        with pytest.raises(openai.APIStatusError, match="unknown episode"):
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], user="nobody")
+        endpoint.recorder.open("done")
+        endpoint.recorder.close("done")
+        with pytest.raises(openai.APIStatusError, match="is over"):
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], user="done")
+    finally:
+        endpoint.recorder.open_only = False

@@ -1,0 +1,103 @@
+"""The agent route (``env.agent``): OpenAI-API agents written with the plain ``openai`` client
+(tests/agent_examples/calculator_agent.py, no llmrl import) against a real engine's endpoint: early config errors,
+and a crashing or hung agent (sync and async) fails its own episode only. The GRPO flow run is
+tests/test_agent_flow.py."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from llmrl_core.pipeline.config_io import ConfigError, load_config
+from llmrl_core.pipeline.grpo_config import GRPOConfig
+
+AGENTS = Path(__file__).parent / "agent_examples"
+
+
+@pytest.fixture
+def agents_on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(AGENTS))
+    yield
+    sys.modules.pop("calculator_agent", None)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("env.agent=no_such_agent_module:solve", "env.agent: cannot import module 'no_such_agent_module'"),
+        ("env.agent=calculator_agent:nope", "env.agent: module 'calculator_agent' has no attribute 'nope'"),
+        ("env.agent=calculator_agent", "env.agent must look like 'module:function'"),
+        ("env.agent=calculator_agent:not_an_agent", r"env.agent: .* must accept \(row, client\)"),
+        ("rollout.agent_concurrency=0", "rollout.agent_concurrency must be an integer >= 1"),
+        ("rollout.agent_timeout_s=0", "rollout.agent_timeout_s must be > 0"),
+    ],
+)
+def test_bad_agent_settings_fail_before_anything_starts(agents_on_path, override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(GRPOConfig, None, [override])
+
+
+def test_an_agent_excludes_env_only_settings(agents_on_path):
+    with pytest.raises(ConfigError, match="env.factory does not apply with env.agent"):
+        load_config(GRPOConfig, None, ["env.agent=calculator_agent:solve", "env.factory=json:dumps"])
+    cfg = load_config(GRPOConfig, None, ["env.agent=calculator_agent:solve", "rollout.agent_concurrency=3"])
+    assert cfg.env.agent == "calculator_agent:solve" and cfg.rollout.agent_concurrency == 3
+
+
+def _rows(n_groups: int, group_size: int) -> list:
+    from llmrl_core.envs.types import PromptRow
+
+    return [
+        PromptRow({"query": f"What is {10 + g} + {20 + g}?", "answer": f"#### {30 + 2 * g}"}, f"q{g}", g, i)
+        for g in range(n_groups)
+        for i in range(group_size)
+    ]
+
+
+@pytest.mark.parametrize("agent", ["flaky", "flaky_async"])
+def test_a_crashing_and_a_hung_agent_fail_only_their_episode(agents_on_path, vllm_engine_fp32, agent):
+    """4 episodes at once: the first crashes, the second hangs past the timeout; the other two are stored rows
+    whose masked tokens are exactly the engine's sampled ids."""
+    import calculator_agent
+    from transformers import AutoTokenizer
+
+    from llmrl_core.agents import run_agent_rollout
+    from llmrl_core.policies.base import SamplingConfig
+
+    calculator_agent._STARTED[0] = 0
+    worker = types.SimpleNamespace(
+        llm=vllm_engine_fp32, policy_version=3, config=types.SimpleNamespace(max_model_len=2048)
+    )
+    tokenizer = AutoTokenizer.from_pretrained(vllm_engine_fp32.llm_engine.model_config.model)
+    rows = _rows(2, 2)
+    result = run_agent_rollout(
+        worker,
+        f"calculator_agent:{agent}",
+        rows,
+        SamplingConfig(max_new_tokens=24, temperature=1.0, seed=11),
+        tokenizer=tokenizer,
+        concurrency=4,
+        timeout_s=15.0,
+    )
+    errors = sorted(o.error for o in result.failures)
+    assert errors == ["crash", "timeout"], [(o.error, o.detail) for o in result.outcomes]
+    crash = next(o for o in result.failures if o.error == "crash")
+    assert "crashed" in crash.detail
+    metrics = result.metrics()
+    assert metrics["agent_episodes"] == 4 and metrics["agent_failures"] == 2
+    assert metrics["agent_failures_crash"] == 1 and metrics["agent_failures_timeout"] == 1
+    assert len(result.rows) == 2
+    for row in result.rows:
+        assert row.num_turns == 4 and row.info["num_tool_calls"] == 3 and not row.info["history_rewritten"]
+        assert row.policy_versions == [3, 3, 3, 3]
+        assert torch_finite(row.sampler_log_probs)
+        log_calls = row.info["agent_calls"]
+        assert log_calls == 4
+    assert max(result.batch_sizes) > 1  # concurrent episodes shared engine batches
+
+
+def torch_finite(values) -> bool:
+    return bool(values.isfinite().all()) and len(values) > 0
