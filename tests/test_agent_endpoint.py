@@ -191,3 +191,14 @@ def test_refusals_are_openai_errors(endpoint, client):
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], user="done")
     finally:
         endpoint.recorder.open_only = False
+
+
+def test_stored_messages_map_openai_roles_and_refuse_the_rest():
+    from llmrl_core.agents.recorder import stored_messages
+
+    stored = stored_messages(
+        [{"role": "developer", "content": [{"type": "text", "text": "Be brief."}]}, {"role": "assistant"}]
+    )
+    assert stored == [{"role": "system", "content": "Be brief."}, {"role": "assistant", "content": ""}]
+    with pytest.raises(ValueError, match=r"messages\[0\]: role 'narrator'"):
+        stored_messages([{"role": "narrator", "content": "x"}])

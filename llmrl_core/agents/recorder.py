@@ -22,8 +22,25 @@ from typing import Any
 
 import torch
 
-from llmrl_core.agents.chat import normalize_message, render_chat, same_reply
+from llmrl_core.agents.chat import content_text, normalize_message, render_chat, same_reply
 from llmrl_core.collectors.tensordict_batches import EpisodeRow
+
+STORED_ROLES = ("system", "user", "assistant", "tool")  # what the trajectory store accepts
+ROLE_ALIASES = {"developer": "system", "function": "tool", "ipython": "tool"}
+
+
+def stored_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as the trajectory store keeps them: ``{role, content}`` with text content, OpenAI's other roles
+    mapped (``developer`` -> system, ``function`` -> tool); raises ValueError for a message it cannot store."""
+    out = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise ValueError(f"messages[{index}] is not a mapping: {message!r}"[:300])
+        role = ROLE_ALIASES.get(str(message.get("role")), str(message.get("role")))
+        if role not in STORED_ROLES:
+            raise ValueError(f"messages[{index}]: role {message.get('role')!r} is not one of {STORED_ROLES}")
+        out.append({"role": role, "content": content_text(message.get("content"))})
+    return out
 
 
 @dataclass
@@ -169,12 +186,12 @@ class EpisodeLog:
             for offset, lp in enumerate(call.logprobs):
                 mask[start + offset] = True
                 logprobs[start + offset] = lp
-        episode = messages if messages is not None else self._messages(last)
+        episode = stored_messages(messages if messages is not None else self._messages(last))
         first_reply = next((i for i, m in enumerate(episode) if m["role"] == "assistant"), len(episode))
         tool_calls = self._tool_calls(last)
         return EpisodeRow(
-            messages=[{"role": m["role"], "content": m.get("content", "")} for m in episode],
-            episode_messages=[{"role": m["role"], "content": m.get("content", "")} for m in episode[first_reply:]],
+            messages=episode,
+            episode_messages=episode[first_reply:],
             tokens=torch.tensor(tokens, dtype=torch.long),
             policy_mask=torch.tensor(mask, dtype=torch.bool),
             sampler_log_probs=torch.tensor([logprobs[i] for i in sorted(logprobs)], dtype=torch.float32),

@@ -97,15 +97,13 @@ def run_agent_rollout(
         if not outcome.ok:
             continue
         components = {"agent": float(outcome.reward or 0.0), **outcome.components}
-        out_rows.append(
-            log.to_row(
-                row.data,
-                row.prompt_id,
-                row.group_id,
-                row.sample_index,
-                float(outcome.reward or 0.0),
-                components,
-                outcome.messages,
+        reward = float(outcome.reward or 0.0)
+        try:
+            out_rows.append(
+                log.to_row(
+                    row.data, row.prompt_id, row.group_id, row.sample_index, reward, components, outcome.messages
+                )
             )
-        )
+        except ValueError as err:  # e.g. messages the agent returned that cannot be stored: its episode only
+            outcome.error, outcome.detail = "bad_result", str(err)
     return AgentRollout(out_rows, list(outcomes), list(endpoint.batcher.batch_sizes))
