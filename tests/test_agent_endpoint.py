@@ -202,3 +202,22 @@ def test_stored_messages_map_openai_roles_and_refuse_the_rest():
     assert stored == [{"role": "system", "content": "Be brief."}, {"role": "assistant", "content": ""}]
     with pytest.raises(ValueError, match=r"messages\[0\]: role 'narrator'"):
         stored_messages([{"role": "narrator", "content": "x"}])
+
+
+def test_completion_calls_continue_by_text_or_by_ids(tokenizer):
+    from llmrl_core.agents.recorder import CallRecord, EpisodeLog
+
+    log = EpisodeLog("comp")
+    first = log.plan_completion(tokenizer, "Once upon")
+    sampled = tokenizer.encode(" a time", add_special_tokens=False)
+    log.add(
+        CallRecord(
+            "completion", first.context_text, first.prompt_ids, sampled, [-1.0] * len(sampled), " a time", "length", 0
+        )
+    )
+    by_text = log.plan_completion(tokenizer, "Once upon a time, there")
+    assert by_text.parent == 0
+    assert by_text.prompt_ids[: len(first.prompt_ids) + len(sampled)] == first.prompt_ids + sampled
+    by_ids = log.plan_completion(tokenizer, [*first.prompt_ids, *sampled, 11])
+    assert by_ids.parent == 0 and by_ids.prompt_ids[-1] == 11
+    assert log.plan_completion(tokenizer, "Twice upon a time").parent is None
