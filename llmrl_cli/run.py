@@ -33,6 +33,36 @@ def use_one_prefect_home() -> None:
     signal.signal(signal.SIGTERM, stop_on_sigterm)
 
 
+def main_job_for(overrides: list[str]) -> Path:
+    """The config of ``llmrl run grpo`` without ``--config``: the main job; or, when ``--set env.name=...`` names an
+    env other than its arithmetic one, the main job's schedule (iterations, rollout, training, held-out evaluation)
+    without its arithmetic prompts and prompt format, so that env brings its own (written under $LLMRL_HOME)."""
+    import yaml
+
+    from llmrl_core.paths import llmrl_home
+
+    names = [o.split("=", 1)[1].strip().strip("\"'") for o in overrides if o.replace(" ", "").startswith("env.name=")]
+    env = names[-1] if names else "arithmetic"
+    if env == "arithmetic":
+        typer.echo(
+            f"no --config: the main job ({MAIN_JOB.name}: two-digit addition, 10 iterations, then a held-out "
+            "evaluation); GSM8K: --config recipes/gsm8k-demo.yaml",
+            err=True,
+        )
+        return MAIN_JOB
+    settings = yaml.safe_load(MAIN_JOB.read_text())
+    settings.pop("task", None)
+    settings["data"].pop("source", None)
+    settings["run_id"] = f"{env.replace('_', '-')}-quickstart"
+    path = llmrl_home() / "configs" / f"main_job_{env}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(f"# {MAIN_JOB.name} without its arithmetic prompts, for env.name={env}\n" + yaml.safe_dump(settings))
+    tmp.replace(path)
+    typer.echo(f"no --config: the main job's schedule with env {env!r} and its own prompts ({path})", err=True)
+    return path
+
+
 @run_app.command("grpo")
 def run_grpo(
     config: Path = typer.Option(None, "--config", "-c", help="YAML config (sections: data, rollout, train, dask)."),
@@ -48,12 +78,7 @@ def run_grpo(
     from llmrl_core.pipeline.grpo_config import GRPOConfig
 
     if config is None:
-        config = MAIN_JOB
-        typer.echo(
-            f"no --config: the main job ({MAIN_JOB.name}: two-digit addition, 10 iterations, then a held-out "
-            "evaluation); GSM8K: --config recipes/gsm8k-demo.yaml",
-            err=True,
-        )
+        config = main_job_for(list(overrides or []))
     if load_checked(GRPOConfig, config, overrides, show_config) is None:
         return
     from flows.grpo import grpo

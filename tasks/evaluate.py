@@ -185,7 +185,8 @@ def evaluate_version(run_id: str, runs_dir: str | None, version: int, settings: 
     if scoring == "ifeval" or (scoring == "episode" and settings["env"].get("name") == "ifeval"):
         rows = ifeval_rows(settings["source"], settings["n_questions"])
     else:
-        rows = load_source_rows(settings["source"], limit=settings["n_questions"])
+        env = settings["env"] if isinstance(settings["env"], dict) else {}
+        rows = load_source_rows(settings["source"], limit=settings["n_questions"], env_options=env.get("options"))
     if len(rows) < settings["n_questions"]:
         raise ValueError(
             f"{settings['source']}: {len(rows)} questions, fewer than n_questions={settings['n_questions']}"

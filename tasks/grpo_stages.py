@@ -67,7 +67,7 @@ def load_prompts(cfg: GRPOConfig, primer_state: dict | None) -> tuple[list[Promp
     """Draw the next ``prompts_per_iteration`` prompts, ``group_size`` copies each; returns rows and cursor."""
     d = cfg.data
     primer = DataLoadingPrimer(
-        resolve_source(d.source),
+        resolve_source(d.source, cfg.env.options),
         batch_size=d.prompts_per_iteration,
         repeats=d.group_size,
         group_repeats=True,  # all G copies of a prompt in one iteration: a GRPO group is never split

@@ -1,20 +1,29 @@
 """Prompt sources by name: the shipped GSM8K splits, generated arithmetic, or a local file.
 
 ``resolve_source("gsm8k:train")`` is the shipped file's path; ``resolve_source("arithmetic:test?n=200")``
-is a list of rows (see :mod:`llmrl_core.builtin_data.arithmetic`); any other string must be an existing
-``.jsonl`` / ``.parquet`` path with ``question`` and ``answer`` fields.
+is a list of rows (see :mod:`llmrl_core.builtin_data.arithmetic`); ``reasoning_gym:train`` / ``reasoning_gym:test``
+are the rows of the reasoning-gym dataset named in the run's ``env.args`` (passed as ``env_options``, see
+:mod:`llmrl_core.builtin_data.reasoning_gym_data`); any other string must be an existing ``.jsonl`` / ``.parquet``
+path with ``question`` and ``answer`` fields.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from llmrl_core.builtin_data import gsm8k_path, load_gsm8k
 from llmrl_core.builtin_data.arithmetic import arithmetic_rows
+from llmrl_core.builtin_data.reasoning_gym_data import is_reasoning_gym_source, reasoning_gym_rows
 
 
-def resolve_source(source: str) -> str | list[dict[str, str]]:
-    """A path (GSM8K split or a user file) or generated rows, for a ``DataLoadingPrimer`` or an env."""
+def resolve_source(source: str, env_options: Mapping[str, Any] | None = None) -> str | Sequence[dict[str, Any]]:
+    """A path (GSM8K split or a user file) or generated rows, for a ``DataLoadingPrimer`` or an env.
+
+    ``env_options``: the run's ``env.args`` (the reasoning-gym dataset behind ``reasoning_gym:`` sources)."""
+    if is_reasoning_gym_source(source):
+        return reasoning_gym_rows(source, env_options)
     if source.startswith("gsm8k:"):
         return str(gsm8k_path(source.split(":", 1)[1]))
     if source.startswith("arithmetic:"):
@@ -29,15 +38,20 @@ def resolve_source(source: str) -> str | list[dict[str, str]]:
     if not Path(source).exists():
         raise FileNotFoundError(
             f"source {source!r}: no such file (use gsm8k:train, gsm8k:test, arithmetic:train, arithmetic:test, "
-            "ifeval, guess_number:train or a .jsonl/.parquet path with question/answer fields)"
+            "ifeval, guess_number:train, reasoning_gym:train, reasoning_gym:test or a .jsonl/.parquet path with "
+            "question/answer fields)"
         )
     return source
 
 
-def load_source_rows(source: str, limit: int | None = None) -> list[dict[str, str]]:
-    """The first ``limit`` rows of ``source`` as ``{"question", "answer"}`` dicts (for evaluation)."""
+def load_source_rows(
+    source: str, limit: int | None = None, env_options: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """The first ``limit`` rows of ``source`` as ``{"question", "answer", ...}`` dicts (for evaluation)."""
     if source.startswith("gsm8k:"):
         return load_gsm8k(source.split(":", 1)[1], limit=limit)
+    if is_reasoning_gym_source(source):
+        return list(reasoning_gym_rows(source, env_options, n=limit))
     resolved = resolve_source(source)
     if isinstance(resolved, list):
         rows = resolved

@@ -68,10 +68,7 @@ class GSM8KRewardParser(Transform):
 
     def score(self, response: str, answer_field: str) -> dict[str, float | bool]:
         """The reward outputs for one response text and one gold ``answer`` field."""
-        for marker in (self.eos_token, "<|im_end|>"):
-            if marker and response.endswith(marker):
-                response = response[: -len(marker)]
-        think, answer = extract_tags(response)
+        think, answer = extract_tags(self.strip_end(response))
         has_answer = bool(answer)
         correct = has_answer and normalize_answer(answer) == normalize_answer(gold_answer(answer_field))
         if correct:
@@ -88,6 +85,17 @@ class GSM8KRewardParser(Transform):
             "success": correct,
         }
 
+    def score_row(self, response: str, row: dict[str, Any]) -> dict[str, float | bool]:
+        """The reward outputs for one response to a prompt row (here: against the row's gold answer field)."""
+        return self.score(response, str(row[self.answer_key]))
+
+    def strip_end(self, response: str) -> str:
+        """``response`` without a trailing end-of-turn / EOS marker."""
+        for marker in (self.eos_token, "<|im_end|>"):
+            if marker and response.endswith(marker):
+                response = response[: -len(marker)]
+        return response
+
     def step_slot(self, slot: SlotState) -> None:
         """Score the slot's last policy message, add the reward, terminate when an answer was given."""
         role = self.parent.policy_role if self.parent is not None else "assistant"
@@ -99,7 +107,7 @@ class GSM8KRewardParser(Transform):
                 f"slot {slot.index} (prompt {slot.prompt_id!r}): row has no {self.answer_key!r} field "
                 f"(fields: {sorted(slot.data)})"
             )
-        out = self.score(message.text, str(slot.data[self.answer_key]))
+        out = self.score_row(message.text, slot.data)
         slot.add_reward(float(out["reward"]))
         for key in ("reward_answer", "reward_think", "reward_right"):
             slot.reward_components[key] = float(out[key])

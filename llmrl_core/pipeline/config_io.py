@@ -115,6 +115,14 @@ def _apply_override(data: dict[str, Any], cls: type, override: str) -> None:
     keys = dotted.strip().split(".")
     node, node_cls = data, cls
     for i, key in enumerate(keys):
+        if node_cls is None:  # inside a free-form mapping setting (env.args, env.options): any key
+            if i == len(keys) - 1:
+                node[key] = yaml.safe_load(raw) if raw.strip() else ""
+            else:
+                node = node.setdefault(key, {})
+                if not isinstance(node, dict):
+                    raise ConfigError(f"{'.'.join(keys[: i + 1])} is not a mapping in override {override!r}")
+            continue
         types_ = _field_types(node_cls)
         if key not in types_:
             path = ".".join(keys[: i + 1])
@@ -123,6 +131,12 @@ def _apply_override(data: dict[str, Any], cls: type, override: str) -> None:
             node[key] = yaml.safe_load(raw) if raw.strip() else ""
         else:
             field_type = types_[key]
+            if typing.get_origin(field_type) is dict or field_type is dict:
+                node = node.setdefault(key, {})
+                if not isinstance(node, dict):
+                    raise ConfigError(f"{'.'.join(keys[: i + 1])} is not a mapping in override {override!r}")
+                node_cls = None
+                continue
             if not _is_dataclass_type(field_type):
                 raise ConfigError(f"{'.'.join(keys[: i + 1])} is not a section in override {override!r}")
             node = node.setdefault(key, {})

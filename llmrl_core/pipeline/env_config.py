@@ -6,8 +6,10 @@ Three ways to name an environment, all checked by :func:`validate_env_config` be
 - a built-in ``name`` (:data:`BUILTIN_ENVS`): ``gsm8k`` / ``arithmetic`` (answer-tag reward; the prompt format
   and reward values come from the run's ``task`` section), their tool-using variants ``gsm8k_python`` /
   ``arithmetic_python`` (sandboxed Python interpreter) and ``arithmetic_mcp`` (the shipped MCP calculator
-  server), ``ifeval`` (IFEval's 25 instruction checkers) and ``guess_number`` (a Gymnasium-style text game
-  through :class:`~llmrl_core.envs.mlgym.MLGymWrapper`);
+  server), ``ifeval`` (IFEval's 25 instruction checkers), ``guess_number`` (a Gymnasium-style text game
+  through :class:`~llmrl_core.envs.mlgym.MLGymWrapper`) and ``reasoning_gym`` (any dataset of the optional
+  ``reasoning-gym`` package, named with its config in ``args``: ``{dataset: chain_sum, config: {...}}``; its own
+  ``score_answer`` pays, see :class:`~llmrl_core.envs.reasoning_gym_env.ReasoningGymEnv`);
 - ``factory: "my_pkg.my_module:make_env"``: any importable function returning a
   :class:`~llmrl_core.envs.chat_env.ChatEnv` (with its transforms), called as
   ``factory(tokenizer=..., input_mode=..., **options)``;
@@ -34,7 +36,14 @@ from llmrl_core.envs.transforms.base import Transform
 
 SINGLE_TURN = ("gsm8k", "arithmetic")
 PYTHON_TOOL = ("gsm8k_python", "arithmetic_python")
-BUILTIN_ENVS: tuple[str, ...] = (*SINGLE_TURN, *PYTHON_TOOL, "arithmetic_mcp", "ifeval", "guess_number")
+BUILTIN_ENVS: tuple[str, ...] = (
+    *SINGLE_TURN,
+    *PYTHON_TOOL,
+    "arithmetic_mcp",
+    "ifeval",
+    "guess_number",
+    "reasoning_gym",
+)
 TOOL_MAX_TURNS = 3
 
 PYTHON_TOOL_PROMPT = (
@@ -67,6 +76,7 @@ class EnvConfig:
     name: str = "gsm8k"
     factory: str | None = None  # "module:function" returning a ChatEnv; wins over name
     options: dict[str, Any] = field(default_factory=dict)  # keyword options of the factory / built-in
+    args: dict[str, Any] = field(default_factory=dict)  # another name for options (reasoning_gym's spelling)
     transforms: list[dict[str, Any]] = field(default_factory=list)  # [{python_interpreter: {timeout: 5}}, ...]
     rewards: list[RewardFunctionConfig] = field(default_factory=list)
     env_reward: bool = True
@@ -79,6 +89,10 @@ class EnvConfig:
             from llmrl_core.agents.loading import check_agent_env
 
             check_agent_env(self)  # importable, takes (row, client), no env-only setting beside it
+        if self.args:  # one mechanism: args is options under the name the ecosystem's env configs use
+            if self.options and self.options != self.args:
+                raise ValueError("env.args and env.options are the same setting: give one of them")
+            self.options, self.args = dict(self.args), {}
         if self.factory is None and self.name not in BUILTIN_ENVS:
             raise ValueError(f"env.name must be one of {list(BUILTIN_ENVS)} (or set env.factory), got {self.name!r}")
         if self.max_turns is not None and self.max_turns < 1:
@@ -179,6 +193,10 @@ def validate_env_config(cfg: EnvConfig) -> None:
     """Check names, import paths and option names without building anything (raises ValueError naming the key)."""
     if cfg.factory is not None:
         _check_options(import_object(cfg.factory, "env.factory"), cfg.options, "env.options")
+    elif cfg.name == "reasoning_gym":
+        from llmrl_core.builtin_data.reasoning_gym_data import ReasoningGymSpec
+
+        ReasoningGymSpec.from_options(cfg.options).validate()
     elif cfg.name == "guess_number":
         from llmrl_core.envs.mlgym import MLGymWrapper
         from llmrl_core.envs.text_games import GuessNumberEnv
@@ -234,6 +252,22 @@ def _builtin_env(cfg: EnvConfig, task: Any, tokenizer: Any, input_mode: str, max
 
         return IFEvalEnv(
             None, shuffle=False, tokenizer=tokenizer, input_mode=input_mode, max_turns=max_turns, **cfg.options
+        )
+    if cfg.name == "reasoning_gym":
+        from llmrl_core.envs.reasoning_gym_env import ReasoningGymEnv
+
+        options = dict(cfg.options)
+        return ReasoningGymEnv(
+            options.pop("dataset"),
+            **options,
+            shuffle=False,
+            tokenizer=tokenizer,
+            input_mode=input_mode,
+            max_turns=max_turns,
+            system_prompt=task.system_prompt,
+            question_template=task.question_template,
+            format_reward=task.format_reward,
+            correct_reward=task.correct_reward,
         )
     if cfg.name == "guess_number":
         from llmrl_core.envs.text_games import make_guess_number_env

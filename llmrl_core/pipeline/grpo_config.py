@@ -285,6 +285,7 @@ class GRPOConfig:
         from llmrl_core.objectives import GRPOLoss
 
         validate_env_config(self.env)  # names, import paths and options: before any engine starts
+        self._env_defaults()
         _check(
             self.keep_checkpoints > self.rollout.max_staleness,
             "keep_checkpoints",
@@ -303,3 +304,20 @@ class GRPOConfig:
             GRPOLoss(None, **self.train.loss_options(self.rollout.max_new_tokens))
         except (TypeError, ValueError) as err:
             raise ValueError(f"train: {err}") from err
+
+    def _env_defaults(self) -> None:
+        """An env that brings its own prompts (``reasoning_gym``) replaces the GSM8K defaults it would otherwise
+        inherit: the prompt sources and the GSM8K prompt format. Settings the user gave are kept."""
+        if self.env.factory is not None or self.env.name != "reasoning_gym":
+            return
+        from llmrl_core.envs.gsm8k import GSM8K_QUESTION_TEMPLATE, GSM8K_SYSTEM_PROMPT
+        from llmrl_core.envs.reasoning_gym_env import REASONING_GYM_SYSTEM_PROMPT
+
+        if self.data.source == DataConfig.source:
+            self.data.source = "reasoning_gym:train"
+        if self.task.eval_source == TaskConfig.eval_source:
+            self.task.eval_source = "reasoning_gym:test"
+        if self.task.system_prompt == GSM8K_SYSTEM_PROMPT:
+            self.task.system_prompt = REASONING_GYM_SYSTEM_PROMPT
+        if self.task.question_template == GSM8K_QUESTION_TEMPLATE:
+            self.task.question_template = None

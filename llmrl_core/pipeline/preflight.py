@@ -15,7 +15,7 @@ in a second with a message naming the setting, the file and the row, and leaves 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -75,8 +75,11 @@ def check_model(model: Any, setting: str = "model") -> None:
         )
 
 
-def source_rows(source: str, setting: str, limit: int = FIRST_ROWS) -> list[dict[str, Any]]:
-    """The first ``limit`` rows of a data source string (clear errors for unknown schemes, bad files, no rows)."""
+def source_rows(
+    source: str, setting: str, limit: int = FIRST_ROWS, env_options: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """The first ``limit`` rows of a data source string (clear errors for unknown schemes, bad files, no rows);
+    ``env_options``: the run's ``env.args`` (behind ``reasoning_gym:`` sources)."""
     from llmrl_core.builtin_data.sources import resolve_source
     from llmrl_core.envs.data_sources import open_source
 
@@ -88,7 +91,7 @@ def source_rows(source: str, setting: str, limit: int = FIRST_ROWS) -> list[dict
             "as a local .jsonl/.parquet file, or use gsm8k:train, arithmetic:train, ifeval, guess_number:train"
         )
     try:
-        resolved = resolve_source(source)
+        resolved = resolve_source(source, env_options)
         rows = open_source(resolved)
         count = len(rows)
         first = [rows[i] for i in range(min(limit, count))]
@@ -117,14 +120,16 @@ def env_fields(env: Any) -> tuple[str, ...]:
     """The row fields the run's env reads: its prompt field, and ``answer`` for the answer-checking built-ins."""
     if env.factory is not None:
         return (env.prompt_field,)
-    if env.name in ("gsm8k", "arithmetic", "gsm8k_python", "arithmetic_python", "arithmetic_mcp"):
+    if env.name in ("gsm8k", "arithmetic", "gsm8k_python", "arithmetic_python", "arithmetic_mcp", "reasoning_gym"):
         return (env.prompt_field, "answer")
     return (env.prompt_field,)
 
 
-def check_source(source: str, fields: Iterable[str], setting: str) -> None:
+def check_source(
+    source: str, fields: Iterable[str], setting: str, env_options: Mapping[str, Any] | None = None
+) -> None:
     """The source opens, has rows, and its first rows carry ``fields`` as non-empty strings."""
-    check_rows(source_rows(source, setting), tuple(fields), f"{setting} {source!r}")
+    check_rows(source_rows(source, setting, env_options=env_options), tuple(fields), f"{setting} {source!r}")
 
 
 def check_runs_dir(runs_dir: Any, setting: str = "runs_dir") -> None:
@@ -161,7 +166,7 @@ def preflight(cfg: Any) -> None:
     check_model(cfg.model)
     check_runs_dir(cfg.runs_dir)
     if isinstance(cfg, GRPOConfig):
-        check_source(cfg.data.source, env_fields(cfg.env), "data.source")
+        check_source(cfg.data.source, env_fields(cfg.env), "data.source", cfg.env.options)
     elif isinstance(cfg, SFTConfig):
         if cfg.source == "dataset":
             rows = source_rows(cfg.data.source, "data.source")
