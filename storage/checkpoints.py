@@ -226,6 +226,11 @@ class CheckpointStore:
         """The safetensors file of a version: a path in a local store, else its URI."""
         return self._ref(self._weights_name(version))
 
+    def weights_uri(self, version: int) -> str:
+        """The safetensors file of a version as a URI (``file:///...`` in a local store), for lineage and UIs."""
+        ref = self.weights_path(version)
+        return Path(ref).absolute().as_uri() if isinstance(ref, Path) else str(ref)
+
     def manifest_path(self, version: int) -> Path | str:
         """The manifest of a version: a path in a local store, else its URI."""
         return self._ref(self._manifest_name(version))

@@ -61,7 +61,11 @@ class PendingPublish:
         if metrics:  # an iteration's metrics, with what its publish cost (version 0 has none)
             metrics = {**metrics, **self.staged.seconds, "seal_s": info["seconds"]}
         self.lineage.log_version(
-            version, checkpoint=self.checkpoints.manifest(version), data=list(self.data), metrics=metrics or None
+            version,
+            checkpoint=self.checkpoints.manifest(version),
+            checkpoint_uri=self.checkpoints.weights_uri(version),
+            data=list(self.data),
+            metrics=metrics or None,
         )
         commit_version(self.run_dir, version, self.primer_state, metrics, self.markers_uri)
         if version > 0:  # in the background beside the next iteration, or now

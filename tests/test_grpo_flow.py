@@ -111,6 +111,14 @@ def test_two_iterations_crash_and_resume(tmp_path, default_model_path):
         info = version_lineage("t1", version, run_dir=runs / "t1")
         assert info["policy_version"] == version and info["parent_version"] == version - 1
         assert any(d["policy_version"] == version - 1 for d in info["data"])
+        # the lineage names the version's checkpoint file, and that file is the one the manifest hashed
+        import hashlib
+        from pathlib import Path
+        from urllib.parse import urlparse
+
+        path = Path(urlparse(info["checkpoint_uri"]).path)
+        assert info["checkpoint_uri"].startswith("file://") and path.name == f"policy_v{version:06d}.safetensors"
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == info["checkpoint"]["sha256"]
 
 
 @pytest.mark.slow

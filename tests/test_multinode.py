@@ -163,7 +163,6 @@ def _actor_count_on_worker() -> Any:
     return actor_count
 
 
-@pytest.mark.slow
 def _with(settings: list[str], **changes: object) -> list[str]:
     """``settings`` (``key=value`` items) with ``changes`` applied."""
     kept = [item for item in settings if item.partition("=")[0] not in changes]
@@ -195,6 +194,7 @@ def _run_flow(
     return flow
 
 
+@pytest.mark.slow
 def test_grpo_on_a_joined_cluster_of_separate_nodes(tmp_path, default_model_path, s3_server):
     from dask.distributed import Client
 

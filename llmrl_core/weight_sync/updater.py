@@ -39,16 +39,25 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def add_tied_head(state: dict[str, torch.Tensor], llm: Any) -> None:
-    """Add ``lm_head.weight`` from the embeddings when the model ties them and ``state`` lacks the head.
+TIED_NAMES = ("model.embed_tokens.weight", "lm_head.weight")
 
-    vLLM's CPU model keeps the output layer as its own tensor even for tied models, so a state dict saved
-    without the head (as ``save_pretrained`` writes tied models) would leave the previous head in place.
-    """
+
+def add_tied_head(state: dict[str, torch.Tensor], llm: Any) -> None:
+    """Spell out both names of a tied embedding/output head when ``state`` has only one of them.
+
+    A state dict of a tied model carries the shared tensor once, under either name (``save_pretrained`` keeps
+    the embeddings; a de-duplicated checkpoint may keep the head). vLLM loads the tensor through the embeddings'
+    name: given only the head, it still updates the shared tensor but warns on every reload that the embeddings
+    "Failed to load weights" / "were not loaded from checkpoint" (tests/test_weight_sync.py checks that the
+    reloaded engine scores like the trainer either way). Given both names, it loads the embeddings and ties the
+    head, with no warning; a CPU build that keeps the head as its own tensor gets it too."""
     config = getattr(getattr(getattr(llm, "llm_engine", None), "model_config", None), "hf_config", None)
-    tied = getattr(config, "tie_word_embeddings", False)
-    if tied and "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
-        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    if not getattr(config, "tie_word_embeddings", False):
+        return
+    present = [name for name in TIED_NAMES if name in state]
+    if len(present) == 1:
+        for name in TIED_NAMES:
+            state.setdefault(name, state[present[0]])
 
 
 def engine_dtype(llm: Any) -> torch.dtype | None:
