@@ -7,7 +7,7 @@ content (:class:`ReasoningGymReward`). Rows come from :mod:`llmrl_core.builtin_d
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llmrl_core.builtin_data.reasoning_gym_data import ReasoningGymRows, ReasoningGymSpec, score_entry
@@ -15,6 +15,7 @@ from llmrl_core.envs.chat_env import InputMode
 from llmrl_core.envs.dataset_chat_env import DatasetChatEnv
 from llmrl_core.envs.gsm8k import GSM8KPrepareQuestion
 from llmrl_core.envs.gsm8k_reward import GSM8KRewardParser, extract_tags
+from llmrl_core.envs.transforms.few_shot import FewShotExamples
 
 REASONING_GYM_SYSTEM_PROMPT = (
     "Solve the task. You may reason briefly inside <think> and </think>; then write only the final answer "
@@ -48,7 +49,8 @@ class ReasoningGymReward(GSM8KRewardParser):
 
 class ReasoningGymEnv(DatasetChatEnv):
     """A reasoning-gym dataset (``dataset``: its name, ``config``: its settings) as a :class:`DatasetChatEnv`:
-    prompts from the ``split`` rows (disjoint seeds for train and test), rewards from the dataset's own scorer."""
+    prompts from the ``split`` rows (disjoint seeds for train and test), rewards from the dataset's own scorer;
+    ``few_shot`` worked examples come before the question as earlier turns."""
 
     def __init__(
         self,
@@ -69,6 +71,7 @@ class ReasoningGymEnv(DatasetChatEnv):
         question_template: str | None = None,
         format_reward: float = 0.0,
         correct_reward: float = 1.0,
+        few_shot: Sequence[Mapping[str, Any]] = (),
         max_turns: int | None = 1,
         **kwargs: Any,
     ) -> None:
@@ -90,6 +93,8 @@ class ReasoningGymEnv(DatasetChatEnv):
             max_turns=max_turns,
             **kwargs,
         )
+        if few_shot:  # worked examples as earlier turns (``{question, response | turns}``), as in GSM8KEnv
+            self.append_transform(FewShotExamples(list(few_shot), user_role=self.user_role))
         if question_template is not None:
             self.append_transform(GSM8KPrepareQuestion(question_template, role=self.user_role))
         self.append_transform(

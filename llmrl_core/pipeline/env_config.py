@@ -266,6 +266,7 @@ def _builtin_env(cfg: EnvConfig, task: Any, tokenizer: Any, input_mode: str, max
             max_turns=max_turns,
             system_prompt=task.system_prompt,
             question_template=task.question_template,
+            few_shot=task.few_shot,
             format_reward=task.format_reward,
             correct_reward=task.correct_reward,
         )
