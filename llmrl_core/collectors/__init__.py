@@ -1,8 +1,9 @@
-"""Collectors: run environments and a policy together and hand out trajectories (TorchRL's ``LLMCollector``, and
-``RayLLMCollector``, which runs one in a Dask actor)."""
+"""Collectors: run environments and a policy together and hand out TensorDict batches (TorchRL's ``LLMCollector``,
+and ``RayLLMCollector``, which runs one in a Dask actor). The slots' own records (``Trajectory``, ``DialogTurn``)
+stay internal, in :mod:`llmrl_core.collectors.trajectory`; ``rows(batch)`` reads a batch back episode by episode."""
 
 from llmrl_core.collectors.llm_collector import LLMCollector
 from llmrl_core.collectors.ray_collector import RayLLMCollector
-from llmrl_core.collectors.trajectory import DialogTurn, Trajectory
+from llmrl_core.collectors.tensordict_batches import rows
 
-__all__ = ["DialogTurn", "LLMCollector", "RayLLMCollector", "Trajectory"]
+__all__ = ["LLMCollector", "RayLLMCollector", "rows"]

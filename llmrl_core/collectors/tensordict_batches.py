@@ -30,10 +30,10 @@ from llmrl_core.data.llm_data import LLMData, Response
 
 
 def _history(conversation: Conversation) -> History | None:
-    from llmrl_core.data.history import _message_dict
+    from llmrl_core.data.history import message_dict
 
     messages = conversation.messages
-    return History.from_chats([_message_dict(m) for m in messages]) if messages else None
+    return History.from_chats([message_dict(m) for m in messages]) if messages else None
 
 
 def _chat_history(prompt: Conversation, response: Conversation, full: Conversation) -> Any:
@@ -169,7 +169,7 @@ class EpisodeRow:
 
 
 def _message_dicts(history: History | None) -> list[dict[str, Any]]:
-    return [{"role": m.role, "content": m.text} for m in history._messages()] if history is not None else []
+    return [{"role": m.role, "content": m.text} for m in history.to_messages()] if history is not None else []
 
 
 def _maybe(td: TensorDictBase, key: Any) -> Any:

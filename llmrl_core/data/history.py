@@ -83,7 +83,7 @@ class History(TensorClass["nocast"]):
     @classmethod
     def from_conversations(cls, conversations: Sequence[Conversation]) -> History:
         """A ``(B, T)`` History from llmrl's internal conversations."""
-        return cls.from_chats([[_message_dict(m) for m in conv.messages] for conv in conversations])
+        return cls.from_chats([[message_dict(m) for m in conv.messages] for conv in conversations])
 
     @classmethod
     def from_text(cls, text: str | list[str], chat_template_name: str | None = None, **kwargs: Any) -> History:
@@ -91,10 +91,10 @@ class History(TensorClass["nocast"]):
         if isinstance(text, list):
             return lazy_stack([cls.from_text(t, chat_template_name=chat_template_name, **kwargs) for t in text])
         conv = Conversation.from_text(text, chat_template_name=chat_template_name, **kwargs)
-        return cls.from_chats([_message_dict(m) for m in conv.messages])
+        return cls.from_chats([message_dict(m) for m in conv.messages])
 
     # --- conversion -------------------------------------------------------------------------------
-    def _messages(self) -> list[Message]:
+    def to_messages(self) -> list[Message]:
         """The messages of a 1-D History (one chat), skipping TorchRL's ``"<none>"`` placeholders."""
         roles = _as_list(self.role)
         contents = _as_list(self.content)
@@ -112,7 +112,7 @@ class History(TensorClass["nocast"]):
     def to_conversations(self) -> list[Conversation]:
         """llmrl's internal conversations: one per chat of a ``(B, T)`` History (one for a ``(T,)`` History)."""
         if self.batch_dims == 1:
-            return [Conversation(self._messages())]
+            return [Conversation(self.to_messages())]
         if self.batch_dims != 2:
             raise ValueError(f"to_conversations needs a (T,) or (B, T) History, got shape {tuple(self.shape)}")
         return [self[i].to_conversations()[0] for i in range(self.batch_size[0])]
@@ -160,7 +160,7 @@ class History(TensorClass["nocast"]):
                 for i in range(self.batch_size[0])
             ]
             return lazy_stack(rows) if return_dict else rows
-        conv = Conversation(self._messages())
+        conv = Conversation(self.to_messages())
         if continue_final_message and conv.messages:
             conv.messages[-1].is_complete = False
         if not tokenize and not return_dict:
@@ -217,7 +217,8 @@ class History(TensorClass["nocast"]):
         return self
 
 
-def _message_dict(message: Message) -> dict[str, Any]:
+def message_dict(message: Message) -> dict[str, Any]:
+    """One message as a chat dict (role, content, is_complete; tool calls and responses when present)."""
     out: dict[str, Any] = {"role": message.role, "content": message.content, "is_complete": message.is_complete}
     if message.tool_calls is not None:
         out["tool_calls"] = message.tool_calls
@@ -226,4 +227,4 @@ def _message_dict(message: Message) -> dict[str, Any]:
     return out
 
 
-__all__ = ["History"]
+__all__ = ["History", "message_dict"]

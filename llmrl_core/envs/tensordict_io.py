@@ -55,7 +55,7 @@ def rows_from_tensordict(td: TensorDictBase, data_key: str) -> list[dict[str, An
 
 
 def _last_content(history: History) -> str:
-    messages = history._messages()
+    messages = history.to_messages()
     if not messages:
         raise ValueError("ChatEnv.step: an action's conversation is empty")
     return messages[-1].text
@@ -73,7 +73,7 @@ def actions_from_tensordict(td: TensorDictBase, policy_role: str) -> list[str | 
             return [_last_content(full[i]) for i in range(td.batch_size[0])]
         response = getattr(history, "response", None)
         if response is not None:
-            return ["".join(m.text for m in response[i]._messages()) for i in range(td.batch_size[0])]
+            return ["".join(m.text for m in response[i].to_messages()) for i in range(td.batch_size[0])]
     text = td.get(("text", "response"), None) if is_tensor_collection(td.get("text", None)) else None
     if text is None:
         text = td.get("text_response", None)  # TorchRL's older key for the sampled text
