@@ -24,10 +24,10 @@ CHAIN = {"dataset": "chain_sum", "config": {"min_terms": 2, "max_terms": 2, "max
 def test_rows_are_the_datasets_entries_and_the_splits_use_disjoint_seeds():
     spec = ReasoningGymSpec.from_options(CHAIN)
     train, test = ReasoningGymRows(spec, "train"), ReasoningGymRows(spec, "test", n=50)
-    direct_train = rg.create_dataset("chain_sum", seed=0, size=100_000, **CHAIN["config"])
-    direct_test = rg.create_dataset("chain_sum", seed=spec.split_seed("test"), size=10_000, **CHAIN["config"])
-    assert len(test) == 50 and len(train) == 100_000
-    for i in (0, 7, 99_999):
+    direct_train = rg.create_dataset("chain_sum", seed=0, size=10_000, **CHAIN["config"])
+    direct_test = rg.create_dataset("chain_sum", seed=spec.split_seed("test"), size=2_000, **CHAIN["config"])
+    assert len(test) == 50 and len(train) == 10_000
+    for i in (0, 7, 9_999):
         assert train[i]["question"] == direct_train[i]["question"] and train[i]["answer"] == direct_train[i]["answer"]
         assert train[i]["rg_index"] == i and train[i]["rg_split"] == "train"
     assert [r["question"] for r in test] == [direct_test[i]["question"] for i in range(50)]
@@ -40,7 +40,7 @@ def test_rows_are_the_datasets_entries_and_the_splits_use_disjoint_seeds():
 def test_sources_resolve_through_the_runs_env_args():
     rows = load_source_rows("reasoning_gym:test", limit=3, env_options=CHAIN)
     assert len(rows) == 3 and all(r["rg_split"] == "test" for r in rows)
-    assert len(resolve_source("reasoning_gym:train", CHAIN)) == 100_000
+    assert len(resolve_source("reasoning_gym:train", CHAIN)) == 10_000
     with pytest.raises(ValueError, match="env.args.dataset"):
         resolve_source("reasoning_gym:train", None)
     with pytest.raises(ValueError, match="reasoning_gym:train or reasoning_gym:test"):
@@ -54,11 +54,11 @@ def test_the_reward_is_the_datasets_own_score(name):
     spec = ReasoningGymSpec.from_options({"dataset": name})
     reward = ReasoningGymReward(spec, format_reward=0.1, correct_reward=1.0)
     row = ReasoningGymRows(spec, "train")[3]
-    entry = rg.create_dataset(name, seed=0, size=100_000)[3]
+    entry = rg.create_dataset(name, seed=0, size=10_000)[3]
     right = reward.score_row(f"<think>ok</think><answer>{entry['answer']}</answer><|im_end|>", row)
     assert right["success"] is True and right["reward"] == pytest.approx(1.0)
     wrong_answer = "zzz-not-it"
-    expected = rg.create_dataset(name, seed=0, size=100_000).score_answer(wrong_answer, entry)
+    expected = rg.create_dataset(name, seed=0, size=10_000).score_answer(wrong_answer, entry)
     wrong = reward.score_row(f"<answer>{wrong_answer}</answer>", row)
     assert wrong["success"] is False
     assert wrong["reward"] == pytest.approx(max(expected, 0.1))
@@ -153,7 +153,7 @@ def test_grpo_trains_on_several_datasets_and_the_evaluate_flow_reports_one(tmp_p
         assert summary["published_version"] == 1
         rows = store.read_records(run_id, version=0)
         assert len(rows) == 4
-        direct = rg.create_dataset(dataset, seed=0, size=100_000)  # the dataset, asked independently
+        direct = rg.create_dataset(dataset, seed=0, size=10_000)  # the dataset, asked independently
         for r in rows:
             entry = direct[int(r.prompt_id)]  # the prompt id is the row's index in the train split
             user = next(m["content"] for m in r.messages if m["role"] == "user")

@@ -22,7 +22,7 @@ from typing import Any
 
 TEST_SEED_OFFSET = 1_000_003
 SPLITS = ("train", "test")
-DEFAULT_SIZES = {"train": 100_000, "test": 10_000}
+DEFAULT_SIZES = {"train": 10_000, "test": 2_000}  # some datasets precompute or cap their size
 SOURCE_PREFIX = "reasoning_gym:"
 
 
@@ -93,7 +93,10 @@ class ReasoningGymSpec:
         try:
             dataset(self, "train")[0]
         except (TypeError, ValueError, AssertionError, KeyError) as err:
-            raise ValueError(f"{setting}.config: reasoning-gym {self.dataset!r} refused its config ({err})") from err
+            sizes = f"{self.split_size('train')} train / {self.split_size('test')} test rows: {setting}.size / test_size"
+            raise ValueError(
+                f"{setting}.config: reasoning-gym {self.dataset!r} refused its config ({err}; split sizes {sizes})"
+            ) from err
 
 
 def _freeze(value: Any) -> Any:
