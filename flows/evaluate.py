@@ -7,6 +7,10 @@ prompt format and reward parser the run trained with (the ``task`` section of ``
 ``task`` override it), and every metric carries a standard error over questions. A run whose env has tools,
 several turns, a game or a factory (``env`` of ``RUN/config.json``) is scored by playing each question to the
 end of its episode in that env, as its rollouts were, with tool-call rate and tool success rate per version.
+A run with ``env.agent`` is scored by its agent: each question is played by the agent against the OpenAI endpoint
+served from the evaluation engine at each version, with this evaluation's sampling imposed (greedy, and
+``n_samples`` at ``temperature``); accuracy is task success (the agent's ``success`` entry, else reward > 0;
+see :mod:`llmrl_core.evaluation.agent_eval`). The agent module must be importable here (``PYTHONPATH``).
 Version 0 is the base model (``model``) unless the run stored a version-0 checkpoint. One engine serves all versions:
 each version's weights are loaded into it in turn. The report (a table with the paired change in accuracy
 against version 0, and a curve PNG) goes to ``RUN/evaluations/<settings hash>/``, to MLflow (experiment
@@ -34,6 +38,7 @@ from tasks.evaluate import (
     publish_artifacts,
     release_engines,
     resolve_versions,
+    run_agent_settings,
     run_env,
     run_exists,
     run_task,
@@ -79,9 +84,11 @@ def evaluate(
     scoring = env_scoring(env)
     if scoring == "episode":
         logger.info("run %s trained in env %s: every episode is played in it, tools and turns included", run_id, env)
+    elif scoring == "agent":
+        logger.info("run %s trained agent %s: it plays every question against each version", run_id, env["agent"])
     source = source or ("ifeval" if env.get("name") == "ifeval" else task_cfg.eval_source)
     settings = {
-        "env": env if scoring == "episode" else ("ifeval" if scoring == "ifeval" else "gsm8k"),
+        "env": env if scoring in ("episode", "agent") else ("ifeval" if scoring == "ifeval" else "gsm8k"),
         "scoring": scoring,
         "task": task_cfg.to_dict(),
         "source": source,
@@ -95,6 +102,7 @@ def evaluate(
         "greedy": greedy,
         "model": model,
         "dtype": dtype,
+        **(run_agent_settings(run_id, runs_dir) if scoring == "agent" else {}),
     }
     chosen = resolve_versions(run_id, runs_dir, versions)
     logger.info("evaluating run %s versions %s on %s questions of %s", run_id, chosen, n_questions, source)

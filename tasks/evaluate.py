@@ -105,7 +105,10 @@ def run_env(run_id: str, runs_dir: str | None) -> dict[str, Any]:
 
 def env_scoring(env: dict[str, Any]) -> str:
     """How an env's versions are scored: ``single_turn`` (gsm8k/arithmetic answer tags, one engine batch),
-    ``ifeval`` (IFEval's four metrics), or ``episode`` (tools, games, factories: every turn played in the env)."""
+    ``ifeval`` (IFEval's four metrics), ``episode`` (tools, games, factories: every turn played in the env), or
+    ``agent`` (``env.agent``: the agent plays every row against the engine's OpenAI endpoint)."""
+    if env.get("agent"):
+        return "agent"
     if env.get("factory"):
         return "episode"
     name = str(env.get("name", "gsm8k"))
@@ -115,6 +118,18 @@ def env_scoring(env: dict[str, Any]) -> str:
     if name == "ifeval" and not extras:
         return "ifeval"
     return "episode"
+
+
+def run_agent_settings(run_id: str, runs_dir: str | None) -> dict[str, Any]:
+    """How a run's agent episodes ran (``rollout.agent_concurrency`` / ``agent_timeout_s`` of ``RUN/config.json``,
+    or their defaults), for evaluating its agent the same way."""
+    layout = RunLayout.for_runs_dir(run_id, runs_dir)
+    path = layout.run_dir / "config.json"
+    rollout = dict(json.loads(path.read_text()).get("rollout") or {}) if path.is_file() else {}
+    return {
+        "agent_concurrency": int(rollout.get("agent_concurrency", 8)),
+        "agent_timeout_s": float(rollout.get("agent_timeout_s", 120.0)),
+    }
 
 
 def run_task(run_id: str, runs_dir: str | None, overrides: dict[str, Any] | None = None) -> TaskConfig:
@@ -198,7 +213,9 @@ def evaluate_version(run_id: str, runs_dir: str | None, version: int, settings: 
         top_p=settings["top_p"],
         seed=settings["seed"],
     )
-    if scoring == "episode":
+    if scoring == "agent":
+        result = _evaluate_agent(resident, rows, settings, sampling)
+    elif scoring == "episode":
         result = _evaluate_episodes(worker, rows, settings, task, sampling)
     elif scoring == "ifeval":
         result = evaluate_ifeval(
@@ -228,6 +245,35 @@ def evaluate_version(run_id: str, runs_dir: str | None, version: int, settings: 
         "version %s: %s", version, ", ".join(f"{k}={v:.3f}" for k, v in summary.items() if k.endswith("accuracy"))
     )
     return {"version": version, "path": str(path), "summary": summary, "reused": False}
+
+
+def _evaluate_agent(
+    resident: dict[str, Any], rows: list[dict[str, Any]], settings: dict[str, Any], sampling: SamplingConfig
+) -> Any:
+    """Play every held-out row with the run's agent (``env.agent``) against the endpoint of the resident engine,
+    with the evaluation's sampling imposed."""
+    from llmrl_core.evaluation.agent_eval import evaluate_agent
+
+    worker: vLLMWorker = resident["worker"]
+    if resident.get("agent_tokenizer") is None:  # the endpoint's own copy: vLLM's engine thread uses the engine's
+        from transformers import AutoTokenizer
+
+        resident["agent_tokenizer"] = AutoTokenizer.from_pretrained(str(resolve_model(worker.config.model)))
+    env = settings["env"]
+    return evaluate_agent(
+        worker,
+        env["agent"],
+        rows,
+        settings["n_samples"],
+        settings["k_values"],
+        sampling,
+        tokenizer=resident["agent_tokenizer"],
+        greedy=settings["greedy"],
+        prompt_field=env.get("prompt_field", "question"),
+        concurrency=settings.get("agent_concurrency", 8),
+        timeout_s=settings.get("agent_timeout_s", 120.0),
+        settings={"task": settings["source"], "env": env},
+    )
 
 
 def _evaluate_episodes(

@@ -43,8 +43,8 @@ def test_bad_agent_settings_fail_before_anything_starts(agents_on_path, override
 def test_an_agent_excludes_env_only_settings(agents_on_path):
     with pytest.raises(ConfigError, match="env.factory does not apply with env.agent"):
         load_config(GRPOConfig, None, ["env.agent=calculator_agent:solve", "env.factory=json:dumps"])
-    with pytest.raises(ConfigError, match="final_eval.questions must be 0 with env.agent"):
-        load_config(GRPOConfig, None, ["env.agent=calculator_agent:solve", "final_eval.questions=5"])
+    cfg = load_config(GRPOConfig, None, ["env.agent=calculator_agent:solve", "final_eval.questions=5"])
+    assert cfg.final_eval.questions == 5  # the final evaluation plays the agent (tests/test_agent_eval.py)
     cfg = load_config(GRPOConfig, None, ["env.agent=calculator_agent:solve", "rollout.agent_concurrency=3"])
     assert cfg.env.agent == "calculator_agent:solve" and cfg.rollout.agent_concurrency == 3
 

@@ -294,12 +294,6 @@ class GRPOConfig:
             self.keep_checkpoints,
         )
 
-        _check(
-            self.env.agent is None or self.final_eval.questions == 0,
-            "final_eval.questions",
-            "must be 0 with env.agent (the final evaluation scores an env, not an agent)",
-            self.final_eval.questions,
-        )
         try:  # the loss validates its own options: a bad combination fails here, before any engine starts
             GRPOLoss(None, **self.train.loss_options(self.rollout.max_new_tokens))
         except (TypeError, ValueError) as err:
