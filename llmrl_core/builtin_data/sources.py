@@ -4,7 +4,8 @@
 is a list of rows (see :mod:`llmrl_core.builtin_data.arithmetic`); ``reasoning_gym:train`` / ``reasoning_gym:test``
 are the rows of the reasoning-gym dataset named in the run's ``env.args`` (passed as ``env_options``, see
 :mod:`llmrl_core.builtin_data.reasoning_gym_data`); any other string must be an existing ``.jsonl`` / ``.parquet``
-path with ``question`` and ``answer`` fields.
+path with ``question`` and ``answer`` fields. ``verifiers:train`` / ``verifiers:eval`` are the datasets of the verifiers
+environment named in the run's ``env.verifiers`` (see :mod:`llmrl_core.builtin_data.verifiers_data`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from llmrl_core.builtin_data import gsm8k_path, load_gsm8k
 from llmrl_core.builtin_data.arithmetic import arithmetic_rows
 from llmrl_core.builtin_data.reasoning_gym_data import is_reasoning_gym_source, reasoning_gym_rows
+from llmrl_core.builtin_data.verifiers_data import is_verifiers_source, verifiers_rows
 
 
 def resolve_source(source: str, env_options: Mapping[str, Any] | None = None) -> str | Sequence[dict[str, Any]]:
@@ -24,6 +26,8 @@ def resolve_source(source: str, env_options: Mapping[str, Any] | None = None) ->
     ``env_options``: the run's ``env.args`` (the reasoning-gym dataset behind ``reasoning_gym:`` sources)."""
     if is_reasoning_gym_source(source):
         return reasoning_gym_rows(source, env_options)
+    if is_verifiers_source(source):
+        return verifiers_rows(source, env_options)
     if source.startswith("gsm8k:"):
         return str(gsm8k_path(source.split(":", 1)[1]))
     if source.startswith("arithmetic:"):
@@ -52,6 +56,8 @@ def load_source_rows(
         return load_gsm8k(source.split(":", 1)[1], limit=limit)
     if is_reasoning_gym_source(source):
         return list(reasoning_gym_rows(source, env_options, n=limit))
+    if is_verifiers_source(source):
+        return verifiers_rows(source, env_options, n=limit)
     resolved = resolve_source(source)
     if isinstance(resolved, list):
         rows = resolved

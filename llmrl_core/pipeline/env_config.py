@@ -83,9 +83,13 @@ class EnvConfig:
     max_turns: int | None = None  # None: 1 for single-turn envs, 3 for the tool variants
     query_field: str | None = None  # the data row field holding the prompt (default: question; ifeval: prompt)
     agent: str | None = None  # "module:function": an OpenAI-API agent (docs/agents.md); the env name is then unused
+    # {id: <installed verifiers env id>, args: {...}}: the env's own rollout through the agent route (docs/verifiers.md)
+    verifiers: dict[str, Any] = field(default_factory=dict)  # empty: not this route
 
     def __post_init__(self) -> None:
-        if self.agent is not None:
+        if self.verifiers:
+            self._verifiers_route()
+        elif self.agent is not None:
             from llmrl_core.agents.loading import check_agent_env
 
             check_agent_env(self)  # importable, takes (row, client), no env-only setting beside it
@@ -99,6 +103,24 @@ class EnvConfig:
             raise ValueError(f"env.max_turns must be >= 1, got {self.max_turns}")
         if not self.env_reward and not self.rewards:
             raise ValueError("env.env_reward is false but env.rewards is empty: nothing would pay")
+
+    def _verifiers_route(self) -> None:
+        """``env.verifiers`` is an agent (the env's own rollout against the endpoint) whose rows come from the env's
+        datasets: its spec goes into ``options`` (where the ``verifiers:`` sources read it), the agent is set."""
+        from llmrl_core.agents.verifiers_agent import AGENT_PATH
+        from llmrl_core.builtin_data.verifiers_data import VerifiersSpec
+
+        spec = VerifiersSpec.from_config(self.verifiers)
+        if self.agent not in (None, AGENT_PATH):
+            raise ValueError("env.verifiers and env.agent are two routes: unset one of them")
+        for key in ("factory", "transforms", "rewards", "args"):
+            if getattr(self, key, None):
+                raise ValueError(f"env.{key} does not apply with env.verifiers (the environment brings its own)")
+        if self.options and self.options != {"verifiers": {"id": spec.id, "args": dict(spec.args)}}:
+            raise ValueError("env.options does not apply with env.verifiers: give the arguments as env.verifiers.args")
+        self.verifiers = {"id": spec.id, "args": dict(spec.args)}
+        self.options = {"verifiers": dict(self.verifiers)}
+        self.agent = AGENT_PATH
 
     @property
     def prompt_field(self) -> str:
@@ -191,7 +213,11 @@ def _check_options(target: Any, options: Mapping[str, Any], where: str) -> None:
 
 def validate_env_config(cfg: EnvConfig) -> None:
     """Check names, import paths and option names without building anything (raises ValueError naming the key)."""
-    if cfg.factory is not None:
+    if cfg.verifiers:  # loads the env: an unknown id or arguments it refuses are said here
+        from llmrl_core.builtin_data.verifiers_data import VerifiersSpec, load_env
+
+        load_env(VerifiersSpec.from_config(cfg.verifiers))
+    elif cfg.factory is not None:
         _check_options(import_object(cfg.factory, "env.factory"), cfg.options, "env.options")
     elif cfg.name == "reasoning_gym":
         from llmrl_core.builtin_data.reasoning_gym_data import ReasoningGymSpec

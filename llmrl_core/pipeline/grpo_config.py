@@ -300,8 +300,14 @@ class GRPOConfig:
             raise ValueError(f"train: {err}") from err
 
     def _env_defaults(self) -> None:
-        """An env that brings its own prompts (``reasoning_gym``) replaces the GSM8K defaults it would otherwise
-        inherit: the prompt sources and the GSM8K prompt format. Settings the user gave are kept."""
+        """An env that brings its own prompts (``reasoning_gym``, ``env.verifiers``) replaces the GSM8K defaults it
+        would otherwise inherit: the prompt sources and the GSM8K prompt format. Settings the user gave are kept."""
+        if self.env.verifiers:  # the verifiers env's own datasets (docs/verifiers.md)
+            if self.data.source == DataConfig.source:
+                self.data.source = "verifiers:train"
+            if self.task.eval_source == TaskConfig.eval_source:
+                self.task.eval_source = "verifiers:eval"
+            return
         if self.env.factory is not None or self.env.name != "reasoning_gym":
             return
         from llmrl_core.envs.gsm8k import GSM8K_QUESTION_TEMPLATE, GSM8K_SYSTEM_PROMPT

@@ -118,7 +118,7 @@ def check_rows(rows: Iterable[dict[str, Any]], fields: Iterable[str], where: str
 
 def env_fields(env: Any) -> tuple[str, ...]:
     """The row fields the run's env reads: its prompt field, and ``answer`` for the answer-checking built-ins."""
-    if env.factory is not None:
+    if env.factory is not None or getattr(env, "verifiers", None):  # a verifiers env may have no answers
         return (env.prompt_field,)
     if env.name in ("gsm8k", "arithmetic", "gsm8k_python", "arithmetic_python", "arithmetic_mcp", "reasoning_gym"):
         return (env.prompt_field, "answer")
