@@ -221,3 +221,30 @@ def test_completion_calls_continue_by_text_or_by_ids(tokenizer):
     by_ids = log.plan_completion(tokenizer, [*first.prompt_ids, *sampled, 11])
     assert by_ids.parent == 0 and by_ids.prompt_ids[-1] == 11
     assert log.plan_completion(tokenizer, "Twice upon a time").parent is None
+
+
+def test_the_readme_agent_runs_against_the_endpoint(endpoint):
+    """README "Bring your environment", route 2: the agent as printed, a plain openai client, a real engine."""
+    import re
+    from pathlib import Path
+
+    import httpx
+    import openai
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("**2. Any agent that talks to an OpenAI-compatible endpoint**") :]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert "llmrl" not in code.split("->")[-1].split("\n", 1)[1]  # no llmrl import in the agent
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    client = openai.OpenAI(
+        base_url=endpoint.base_url,
+        api_key="x",
+        max_retries=0,
+        default_headers={"X-Episode-Id": "readme-1"},
+        http_client=httpx.Client(trust_env=False),
+    )
+    reward = namespace["solve"]({"query": "What is 12 + 30?", "answer": "#### 42"}, client)
+    assert reward in (0.0, 1.0)
+    calls = endpoint.recorder.episodes["readme-1"].calls
+    assert 1 <= len(calls) <= 3 and all(c.token_ids for c in calls)
