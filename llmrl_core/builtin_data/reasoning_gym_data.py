@@ -93,7 +93,8 @@ class ReasoningGymSpec:
         try:
             dataset(self, "train")[0]
         except (TypeError, ValueError, AssertionError, KeyError) as err:
-            sizes = f"{self.split_size('train')} train / {self.split_size('test')} test rows: {setting}.size / test_size"
+            sizes = f"{self.split_size('train')} train / {self.split_size('test')} test rows"
+            sizes += f": {setting}.size / test_size"
             raise ValueError(
                 f"{setting}.config: reasoning-gym {self.dataset!r} refused its config ({err}; split sizes {sizes})"
             ) from err
