@@ -40,6 +40,7 @@ def test_an_agent_run_is_scored_by_its_agent():
 
 
 @pytest.mark.slow
+@pytest.mark.isolated
 def test_evaluate_flow_and_final_eval_play_the_agent_per_version(tmp_path, agents_on_path, monkeypatch):
     from flows.evaluate import evaluate
     from flows.grpo import grpo

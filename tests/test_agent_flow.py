@@ -22,6 +22,7 @@ def agents_on_path(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.isolated
 def test_grpo_trains_a_three_tool_call_agent_from_the_engines_exact_tokens(tmp_path, agents_on_path, monkeypatch):
     from flows.grpo import grpo
     from storage.trajectories import TrajectoryStore

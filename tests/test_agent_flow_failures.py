@@ -15,6 +15,7 @@ AGENTS = Path(__file__).parent / "agent_examples"
 
 
 @pytest.mark.slow
+@pytest.mark.isolated
 def test_a_crashing_and_a_hung_episode_fail_alone_in_the_flow(tmp_path, monkeypatch):
     from flows.grpo import grpo
     from storage.trajectories import TrajectoryStore

@@ -139,6 +139,7 @@ def _grpo(tmp_path, run_id, dataset, *extra):
 
 
 @pytest.mark.slow
+@pytest.mark.isolated
 def test_grpo_trains_on_several_datasets_and_the_evaluate_flow_reports_one(tmp_path):
     from storage.trajectories import TrajectoryStore
 

@@ -25,6 +25,7 @@ def vf_envs(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.isolated
 def test_grpo_trains_a_verifiers_env_for_two_iterations(tmp_path, vf_envs):
     import vf_tiny_echo
     from transformers import AutoTokenizer
