@@ -22,6 +22,7 @@ from llmrl_core.agents.rollout import run_agent_rollout
 from llmrl_core.agents.runner import EpisodeOutcome
 from llmrl_core.collectors.tensordict_batches import EpisodeRow
 from llmrl_core.envs.types import PromptRow
+from llmrl_core.evaluation.env_eval import held_out_answers
 from llmrl_core.evaluation.gsm8k_eval import run_decoding_modes
 from llmrl_core.evaluation.results import EvaluationResult, ModeResult, QuestionOutcome, SampleOutcome
 from llmrl_core.policies.base import SamplingConfig
@@ -117,14 +118,7 @@ def evaluate_agent(
     """Play every row with the agent ``agent`` (``module:function``) against ``worker``'s engine (greedy if
     ``greedy``, ``n_samples`` sampled episodes if > 0) and score task success (see the module docstring).
     ``tokenizer``: the endpoint's own copy of the engine's tokenizer."""
-    if not rows:
-        raise ValueError("no rows to evaluate")
-    missing = [i for i, row in enumerate(rows) if not isinstance(row.get(prompt_field), str)]
-    if missing:
-        raise ValueError(
-            f"row {missing[0]}: field {prompt_field!r} must be a string (fields: {sorted(rows[missing[0]])})"
-        )
-    answers = [str(row.get(answer_field, "")) for row in rows]
+    answers = held_out_answers(rows, prompt_field, answer_field)
 
     def run_mode(name: str, cfg: SamplingConfig, n: int) -> ModeResult:
         groups = _play(worker, agent, rows, prompt_field, cfg, n, tokenizer, concurrency, timeout_s)

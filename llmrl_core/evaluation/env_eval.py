@@ -88,6 +88,18 @@ def _mode(
     return ModeResult(mode=name, n_samples=n, temperature=temperature, questions=questions)
 
 
+def held_out_answers(rows: Sequence[Mapping[str, Any]], prompt_field: str, answer_field: str) -> list[str]:
+    """Each row's ``answer_field`` as text, after checking there are rows and each has its prompt as a string."""
+    if not rows:
+        raise ValueError("no rows to evaluate")
+    missing = [i for i, row in enumerate(rows) if not isinstance(row.get(prompt_field), str)]
+    if missing:
+        raise ValueError(
+            f"row {missing[0]}: field {prompt_field!r} must be a string (fields: {sorted(rows[missing[0]])})"
+        )
+    return [str(row.get(answer_field, "")) for row in rows]
+
+
 def evaluate_env(
     worker: Any,
     env: ChatEnv,
@@ -103,14 +115,7 @@ def evaluate_env(
 ) -> EvaluationResult:
     """Play every row in ``env`` with ``worker`` (greedy if ``greedy``, ``n_samples`` sampled if > 0) and score
     the episodes (see the module docstring). ``prompt_field`` is the row field that becomes the user message."""
-    if not rows:
-        raise ValueError("no rows to evaluate")
-    missing = [i for i, row in enumerate(rows) if not isinstance(row.get(prompt_field), str)]
-    if missing:
-        raise ValueError(
-            f"row {missing[0]}: field {prompt_field!r} must be a string (fields: {sorted(rows[missing[0]])})"
-        )
-    answers = [str(row.get(answer_field, "")) for row in rows]
+    answers = held_out_answers(rows, prompt_field, answer_field)
 
     def run_mode(name: str, cfg: SamplingConfig, n: int) -> ModeResult:
         groups = _play(worker, env, rows, prompt_field, cfg, n)
