@@ -361,7 +361,7 @@ def test_from_dataloader_builds_a_primed_env(tmp_path):
         system_prompt="S",
         max_turns=2,
     )
-    assert isinstance(env, DatasetChatEnv) and env.batch_size == 4 and env.max_turns == 2
+    assert isinstance(env, DatasetChatEnv) and env.batch_size == (4,) and env.max_turns == 2
     assert env.transforms == [env.primer]
     out = env.reset()
     assert out.prompt_id == [0, 0, 1, 1] and out.group_id == [0, 0, 1, 1] and out.sample_index == [0, 1, 0, 1]
@@ -372,7 +372,7 @@ def test_from_dataloader_builds_a_primed_env(tmp_path):
 
     loader = DataLoader([{"query": f"row {i}"} for i in range(6)], batch_size=3, shuffle=False)
     env = ChatEnv.from_dataloader(loader, chat_template_name="chatml")
-    assert env.batch_size == 3 and env.primer.shuffle is False
+    assert env.batch_size == (3,) and env.primer.shuffle is False
     assert [h[0].content for h in env.reset().history] == ["row 0", "row 1", "row 2"]
     ungrouped = ChatEnv.from_dataloader(_rows(4), batch_size=3, repeats=2, group_repeats=False)
-    assert ungrouped.batch_size == 3 and ungrouped.reset().sample_index == [0, 1, 0]
+    assert ungrouped.batch_size == (3,) and ungrouped.reset().sample_index == [0, 1, 0]

@@ -78,9 +78,67 @@ def test_torchrl_argument_errors():
     with pytest.raises(ValueError, match="at least one dimension"):
         ChatEnv(batch_size=())
     env = ChatEnv(system_prompt=SYSTEM, batch_size=torch.Size([1]), device="cpu")
-    assert env.batch_size == 1 and env.device == torch.device("cpu")
+    assert env.batch_size == (1,) and env.device == torch.device("cpu")
     with pytest.raises(KeyError, match="'query'"):
         env.reset(TensorDict({"prompt": ["x"]}, batch_size=(1,)))
     env.reset(TensorDict({"query": ["x"]}, batch_size=(1,)))
     with pytest.raises(KeyError, match="no action found"):
         env.step(TensorDict({}, batch_size=(1,)))
+
+
+def test_tensordict_transforms_run_on_the_tensordict_calls():
+    """A TorchRL TensorDict transform appended to a ChatEnv runs as in a TransformedEnv: ``_reset`` on reset(td),
+    ``_inv_call`` on the action, ``_step`` on the "next" data; the collector (slot transforms only) refuses it."""
+    from llmrl_core.collectors import LLMCollector
+    from llmrl_core.envs.transforms.td_base import Transform as TensorDictTransform
+
+    calls = []
+
+    class Tag(TensorDictTransform):
+        def _reset(self, tensordict, tensordict_reset):
+            calls.append("reset")
+            return tensordict_reset.set("tag", torch.ones(tensordict_reset.batch_size[0], 1))
+
+        def _inv_call(self, tensordict):
+            calls.append("inv")
+            return tensordict
+
+        def _step(self, tensordict, next_tensordict):
+            calls.append("step")
+            return next_tensordict.set("reward", next_tensordict["reward"] + 1)
+
+    tag = Tag()
+    env = ChatEnv(batch_size=(2,)).append_transform(tag)
+    assert tag.parent is env and env.td_transforms == [tag] and env.transforms == []
+    obs = env.reset(TensorDict({"query": ["a", "b"]}, batch_size=(2,)))
+    assert obs["tag"].shape == (2, 1)
+    action = obs.clone()
+    action.set("text_response", ["x", "y"])
+    out = env.step(action)
+    assert calls == ["reset", "inv", "step"] and out["next", "reward"].tolist() == [[1.0], [1.0]]
+    with pytest.raises(ValueError, match=r"TensorDict transforms \['Tag'\]"):
+        LLMCollector(env, policy=lambda data: data, dialog_turns_per_batch=2)
+
+
+def test_retrieve_kl_appended_to_a_chat_env(hf_model_fp32):
+    """TorchRL's RetrieveKL inside the env: the step's "next" data carries the per-token KL (0 here: the same
+    weights generate and score)."""
+    from llmrl_core.envs.transforms.kl import RetrieveKL
+    from llmrl_core.modules import TransformersWrapper
+
+    model, tokenizer = hf_model_fp32
+    gen = TransformersWrapper(
+        model, tokenizer=tokenizer, generate=False, pad_output=True, log_probs_key="gen_log_probs"
+    )
+    ref = TransformersWrapper(
+        model, tokenizer=tokenizer, generate=False, pad_output=True, log_probs_key="ref_log_probs"
+    )
+    env = ChatEnv(batch_size=(2,), tokenizer=tokenizer)
+    env.append_transform(RetrieveKL(gen, ref, assistant_only=True, tokenizer=tokenizer, add_to_reward=False))
+    obs = env.reset(TensorDict({"query": ["What is 2+3?", "Name a colour."]}, batch_size=(2,)))
+    policy = TransformersWrapper(
+        model, tokenizer=tokenizer, input_mode="history", generate=True, generate_kwargs={"max_new_tokens": 6}
+    )
+    out = env.step(policy(obs))
+    kl = out["next", "kl_penalty"]
+    assert kl.shape[0] == 2 and kl.ndim == 2 and float(kl.abs().max()) < 1e-4

@@ -1,4 +1,4 @@
-"""LLMEnv (text/token completion env) and LLMHashingEnv (hash-identified token chains)."""
+"""LLMEnv (text/token completion env on ChatEnv) and LLMHashingEnv (hash-identified token chains)."""
 
 from __future__ import annotations
 
@@ -19,22 +19,27 @@ def tokenizer(default_model_path):
 def test_llm_env_text_mode_appends_and_stops_on_eos(tokenizer):
     env = LLMEnv(tokenizer=tokenizer, eos_token_id=tokenizer.eos_token_id)
     out = env.reset(["2+2=", "Hi"])
-    assert out.observation == ["2+2=", "Hi"] and not out.done.any()
+    assert out.text == ["2+2=", "Hi"] and not out.done.any()
     out = env.step(["4", " there"])
-    assert out.observation == ["2+2=4", "Hi there"] and not out.done.any()
+    assert out.text == ["2+2=4", "Hi there"] and not out.done.any()
     out = env.step(["<|im_end|>", "!"])
     assert out.done.tolist() == [True, False] and out.terminated.tolist() == [True, False]
-    out = env.step(["ignored", "?"])
-    assert out.observation == ["2+2=4<|im_end|>", "Hi there!?"]
+    out = env.step([None, "?"])  # a finished slot takes no action
+    assert out.text == ["2+2=4<|im_end|>", "Hi there!?"]
+    # the conversation behind the observation: the prompt as the user's turn, each answer as the policy's
+    assert [m.role for m in out.history[1].messages] == ["user", "assistant", "assistant", "assistant"]
 
 
-def test_llm_env_token_mode_and_max_length():
-    env = LLMEnv(from_text=False, eos_token_id=2, max_length=5)
-    env.reset([torch.tensor([5, 6]), [7]])
+def test_llm_env_token_mode_keeps_ids_and_max_length(tokenizer):
+    env = LLMEnv(from_text=False, tokenizer=tokenizer, eos_token_id=2, max_length=5)
+    out = env.reset([torch.tensor([5, 6]), [7]])
+    assert [t.tolist() for t in out.tokens] == [[5, 6], [7]]
     out = env.step([torch.tensor([8, 2]), torch.tensor([9])])
-    assert [o.tolist() for o in out.observation] == [[5, 6, 8, 2], [7, 9]] and out.done.tolist() == [True, False]
-    out = env.step([torch.tensor([1]), torch.tensor([10, 11, 12, 13])])
-    assert out.observation[1].tolist() == [7, 9, 10, 11, 12] and out.truncated.tolist() == [False, True]
+    assert [t.tolist() for t in out.tokens] == [[5, 6, 8, 2], [7, 9]] and out.done.tolist() == [True, False]
+    out = env.step([None, torch.tensor([10, 11, 12, 13])])
+    assert out.tokens[1].tolist() == [7, 9, 10, 11, 12, 13] and out.truncated.tolist() == [False, True]
+    with pytest.raises(ValueError, match="needs a tokenizer"):
+        LLMEnv(from_text=False)
     with pytest.raises(ValueError, match="eos_token_id is set but text actions come without tokens"):
         e = LLMEnv(eos_token_id=2)
         e.reset(["a"])
@@ -43,8 +48,36 @@ def test_llm_env_token_mode_and_max_length():
 
 def test_llm_env_from_primer():
     primer = DataLoadingPrimer([{"query": "a"}, {"query": "b"}], batch_size=2, shuffle=False)
-    env = LLMEnv(primer=primer)
-    assert env.reset().observation == ["a", "b"]
+    env = LLMEnv(primer=primer, str_key="query")
+    assert env.reset().text == ["a", "b"]
+
+
+def test_llm_env_from_an_endless_loader_as_torchrl():
+    """TorchRL's ``LLMEnv.from_dataloader`` over an endless iterator of string batches (never materialised); an
+    empty TensorDict reset draws the next prompts and fills it in TorchRL's layout."""
+    from tensordict import TensorDict
+
+    class Words:
+        def __init__(self):
+            self.n = 0
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            self.n += 1
+            return [f"w{self.n}"]
+
+    loader = Words()
+    env = LLMEnv.from_dataloader(loader, batch_size=2, repeats=2)  # group_repeats=True: 2 prompts x 2 copies
+    assert env.batch_size == (4,) and loader.n == 0
+    out = env.reset()
+    assert out.text == ["w1", "w1", "w2", "w2"] and out.group_id == [0, 0, 1, 1] and loader.n == 2
+    td = env.reset(TensorDict())
+    assert td.batch_size == (4,) and td["text"].prompt == ["w3", "w3", "w4", "w4"]
+    assert td["history"].prompt[0].to_messages()[0].role == "user"
+    with pytest.raises(ValueError, match="primers= takes TorchRL specs"):
+        LLMEnv.from_dataloader(loader, primers={"x": 1})
 
 
 def test_hashing_env_reset_and_step_agree(tokenizer):

@@ -156,3 +156,46 @@ def test_dataset_chat_env_draws_groups_and_resumes(tmp_path):
     got = next_env.reset()
     assert [h[1].content for h in got.history] == [h[1].content for h in expected.history]
     assert got.group_id == expected.group_id == [2] * 4 + [3] * 4
+
+
+def _numbers(limit=None):
+    """A one-shot iterator (a generator): rows 0, 1, 2, ... (endless without ``limit``)."""
+    i = 0
+    while limit is None or i < limit:
+        yield {"query": f"q{i}", "id": i}
+        i += 1
+
+
+def test_an_endless_iterator_is_streamed_in_order_never_listed():
+    primer = DataLoadingPrimer(_numbers(), batch_size=3, repeats=2)  # group_repeats=False: copies run on
+    first, second = primer.next_batch(), primer.next_batch()
+    assert [(r.prompt_id, r.group_id, r.sample_index) for r in first + second] == [
+        (0, 0, 0), (0, 0, 1), (1, 1, 0), (1, 1, 1), (2, 2, 0), (2, 2, 1),
+    ]  # fmt: skip
+    assert "stream" in repr(primer) and primer.epoch == 0
+
+
+def test_a_stream_cursor_resumes_over_the_same_iterator_recreated():
+    primer = DataLoadingPrimer(_numbers(), batch_size=3, repeats=2)
+    primer.next_batch()  # rows 0, 1 drawn; a copy of row 1 is still owed
+    state = primer.state_dict()
+    expected = [(r.prompt_id, r.group_id, r.sample_index) for r in primer.next_batch()]
+    restored = DataLoadingPrimer(_numbers(), batch_size=3, repeats=2)
+    restored.load_state_dict(state)
+    assert [(r.prompt_id, r.group_id, r.sample_index) for r in restored.next_batch()] == expected
+    sized = DataLoadingPrimer([{"query": "a"}], batch_size=1)
+    with pytest.raises(ValueError, match="saved for a stream"):
+        sized.load_state_dict(state)
+
+
+def test_streams_of_strings_batches_and_collated_columns():
+    strings = DataLoadingPrimer(iter([["x", "y"], ["z"]]), batch_size=3, str_key="text")
+    assert [r.data for r in strings.next_batch()] == [{"text": "x"}, {"text": "y"}, {"text": "z"}]
+    collated = DataLoadingPrimer(iter([{"query": ["a", "b"], "answer": ["1", "2"]}]), batch_size=2)
+    assert [r.data for r in collated.next_batch()] == [{"query": "a", "answer": "1"}, {"query": "b", "answer": "2"}]
+
+
+def test_a_one_shot_stream_that_ends_says_so():
+    primer = DataLoadingPrimer(_numbers(limit=2), batch_size=3)
+    with pytest.raises(ValueError, match="prompt stream generator ended after 2 rows"):
+        primer.next_batch()

@@ -226,6 +226,30 @@ def mocking_classes():
         sys.modules.pop(name, None)
 
 
+@pytest.mark.slow
+@pytest.mark.isolated  # the example starts its own vLLM engine: give it a process of its own
+def test_002_llm_collector(default_model_path, mocking_classes):
+    """TorchRL 0.14.1 cannot run this example (its side venv has no vLLM, and its LLMEnv writes a "text" observation
+    its history-mode vLLMWrapper does not read): the text is the spec. An LLMEnv over the endless string loader,
+    the collector hands out one dialog turn per batch, three in all; the third is printed."""
+    assert golden("002_llm_collector")["error"]["type"] == "ModuleNotFoundError"
+    ns, printed = run_example("002_llm_collector", default_model_path)
+    env, data = ns["env"], ns["data"]
+    assert type(env).__name__ == "LLMEnv" and env.batch_size == (1,) and ns["i"] == 2
+    assert len(printed) == 1 and "TensorDict" in printed[0]
+    assert data.batch_size == (1,)
+    history = data["history"]
+    prompt, full = history.prompt[0].to_messages(), history.full[0].to_messages()
+    word = prompt[0].text
+    assert prompt[0].role == "user" and word.isalpha() and word.islower()  # one of the loader's random words
+    # no EOS rule was given, so the episode goes on: the third turn continues the first two answers
+    assert [m.role for m in prompt] == ["user", "assistant", "assistant"]
+    assert full[: len(prompt)] == prompt and full[-1].role == "assistant" and full[-1].text.strip()
+    tokens = data.get(("tokens", "response"), None)
+    assert tokens is not None and len(tokens[0]) > 0  # the engine's sampled ids travel with the turn
+    assert torch.isfinite(data.get(("log_probs", "response"))[0]).all()
+
+
 @pytest.mark.parametrize(
     "name",
     [

@@ -137,7 +137,7 @@ class LLMCollector:
         total_dialog_turns: int | None = -1,
         total_trajectories: int | None = None,
         yield_completed_trajectories: bool | None = None,
-        yield_only_last_steps: bool = False,
+        yield_only_last_steps: bool | None = None,
         prompts: Iterable[Any] | None = None,
         prompts_per_reset: int | None = None,
         sink: Any = None,
@@ -174,12 +174,20 @@ class LLMCollector:
         self.envs = list(env) if isinstance(env, Sequence) else [env]
         if not self.envs:
             raise ValueError("LLMCollector needs at least one env")
+        with_td = [t for e in self.envs for t in getattr(e, "td_transforms", [])]
+        if with_td:
+            names = sorted({type(t).__name__ for t in with_td})
+            raise ValueError(
+                f"LLMCollector drives the env's slot transforms; its TensorDict transforms {names} run on "
+                "env.reset(td)/env.step(td) only. Apply them to the collector's batches instead "
+                "(postproc=..., or call the transform on each batch)"
+            )
         if not async_envs and len(self.envs) != 1:
             raise ValueError("several envs need async_envs=True (the sync collector steps one batched env)")
         self.policy = policy
         self.async_envs = async_envs
         self.rolling_reset = rolling_reset
-        self.yield_only_last_steps = yield_only_last_steps
+        self.yield_only_last_steps = bool(yield_only_last_steps)
         if yield_completed_trajectories is None:  # TorchRL: dialog turns unless only last steps are asked for;
             # llmrl: a total counted in trajectories asks for whole episodes
             yield_completed_trajectories = yield_only_last_steps or total_trajectories is not None
@@ -383,9 +391,9 @@ class LLMCollector:
     def _next_prompts(self, env: ChatEnv) -> list[Any] | None:
         if self._prompts is None:
             return None
-        size = self.prompts_per_reset or env.batch_size or 1
+        size = self.prompts_per_reset or env.num_slots or 1
         left = self._episodes_left()
-        if self.rolling_reset and env.batch_size is None and left is not None:
+        if self.rolling_reset and env.num_slots is None and left is not None:
             size = min(size, max(left, 1))
         rows = self._take_prompts(size)
         if not rows:
@@ -423,12 +431,16 @@ class LLMCollector:
     # --- producing items -------------------------------------------------------------------------
     def _generate(self, data: LLMData) -> list[Any]:
         if isinstance(self.policy, TensorDictModuleBase):  # a TorchRL-style wrapper: TensorDict in, out
-            return responses_from_tensordict(self.policy(llm_data_to_tensordict(data)))
+            out = self.policy(llm_data_to_tensordict(data))
+            return responses_from_tensordict(out, getattr(self.policy, "tokenizer", None))
         return self.policy(data).responses()
 
     def _snapshot(self, out: EnvOutput, active: Sequence[int]) -> list[Any] | None:
-        """Copies of the prompts about to be answered (the env mutates its histories in ``step``)."""
-        return None if self._yield_trajectories else [out.history[i].copy() for i in active]
+        """Copies of the prompts about to be answered (the env mutates its histories in ``step``), with their token
+        ids in tokens mode."""
+        if self._yield_trajectories:
+            return None
+        return [(out.history[i].copy(), out.tokens[i] if out.tokens is not None else None) for i in active]
 
     def _cap(self, items: list[Any]) -> list[Any]:
         """Rolling resets: never hand out more finished episodes than ``total_trajectories``."""
@@ -452,12 +464,13 @@ class LLMCollector:
         finished = [i for i in active if bool(out.done[i])]
         if not self._yield_trajectories:
             assert prompts is not None
-            for i, response, prompt in zip(active, responses, prompts, strict=True):
+            for i, response, (prompt, prompt_tokens) in zip(active, responses, prompts, strict=True):
                 if self.yield_only_last_steps and not bool(out.done[i]):
                     continue
                 items.append(
                     DialogTurn(
                         prompt=prompt,
+                        prompt_tokens=prompt_tokens,
                         response=response,
                         reward=float(out.reward[i]),
                         reward_components=dict(out.reward_components[i]),

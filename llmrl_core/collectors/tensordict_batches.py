@@ -5,7 +5,8 @@ Every row carries TorchRL's containers — ``history`` (:class:`ChatHistory`: ``
 episode started from, ``response`` what followed, ``full`` both), ``text`` (``response``: the last sampled
 turn), and in tokens mode ``tokens`` (``prompt``/``response``/``full`` ids exactly as sampled), ``masks``
 (``all_assistant_mask``: True on the tokens the policy sampled) and ``log_probs`` (the sampler's log-probs;
-``full`` holds 0 where the policy did not sample) — plus ``reward``, ``done``, ``terminated``, ``truncated``
+``full`` holds 0 where the policy did not sample; a dialog-turn row has the same over its prompt + answer) —
+plus ``reward``, ``done``, ``terminated``, ``truncated``
 (shape ``(1,)``), ``policy_version`` when versions are tracked, and llmrl's bookkeeping as non-tensor fields:
 ``prompt_id``, ``group_id``, ``sample_index``, ``turn``/``num_turns``, ``finish_reason``, ``reward_components``,
 ``policy_versions``, ``data`` (the prompt row) and ``info``.
@@ -100,17 +101,26 @@ def trajectory_row(t: Trajectory, policy_role: str = "assistant") -> TensorDict:
 def turn_row(d: DialogTurn) -> TensorDict:
     """One sampled dialog turn as a TensorDict row (see the module docstring)."""
     from llmrl_core.data.conversation import Message
-    from llmrl_core.modules.policies.common import LogProbs, Text, Tokens
+    from llmrl_core.modules.policies.common import LogProbs, Masks, Text, Tokens
 
     answer = Conversation([Message(role="assistant", content=d.response.text)])
     full = Conversation([*d.prompt.messages, *answer.messages])
     row = TensorDict(_flags(d.reward, d.done, d.done, False), batch_size=())
     row.set("history", _chat_history(d.prompt, answer, full))
     row.set("text", Text(response=d.response.text, batch_size=()))
-    if d.response.token_ids is not None:
-        row.set("tokens", Tokens(response=d.response.token_ids, padded=False))
-    if d.response.log_probs is not None:
-        row.set("log_probs", LogProbs(response=d.response.log_probs.to(torch.float32), padded=False))
+    ids, sampled = d.response.token_ids, d.response.log_probs
+    if ids is not None and d.prompt_tokens is not None:  # tokens mode: the whole sequence, as TorchRL's policy has it
+        prompt, full_ids = d.prompt_tokens.to(torch.long), torch.cat([d.prompt_tokens, ids]).to(torch.long)
+        row.set("tokens", Tokens(prompt=prompt, response=ids, full=full_ids, padded=False))
+        mask = torch.cat([torch.zeros(len(prompt), dtype=torch.bool), torch.ones(len(ids), dtype=torch.bool)])
+        row.set("masks", Masks(all_assistant_mask=mask, all_attention_mask=torch.ones_like(mask), padded=False))
+    elif ids is not None:
+        row.set("tokens", Tokens(response=ids, padded=False))
+    if sampled is not None:
+        full = None
+        if ids is not None and d.prompt_tokens is not None and len(sampled) == len(ids):
+            full = torch.cat([torch.zeros(len(d.prompt_tokens)), sampled.to(torch.float32)])
+        row.set("log_probs", LogProbs(response=sampled.to(torch.float32), full=full, padded=False))
     if d.policy_version is not None:
         row.set("policy_version", _version(d.policy_version))
     return _with_bookkeeping(
@@ -229,14 +239,17 @@ def llm_data_to_tensordict(data: LLMData) -> TensorDict:
     return lazy_stack(per_row) if per_row else TensorDict(batch_size=(0,))
 
 
-def responses_from_tensordict(td: TensorDictBase) -> list[Response]:
+def responses_from_tensordict(td: TensorDictBase, tokenizer: Any = None) -> list[Response]:
     """The sampled responses a TensorDict policy wrote (``("text", "response")``, ``("tokens", "response")``,
-    ``("log_probs", "response")``), one :class:`Response` per row."""
+    ``("log_probs", "response")``), one :class:`Response` per row. A tokens-mode policy that wrote ids but no text
+    has its ids decoded with ``tokenizer`` (the env's)."""
     size = td.batch_size[0]
     keys = td.keys(include_nested=True)
     texts = td.get(("text", "response")) if ("text", "response") in keys else None
     tokens = td.get(("tokens", "response"), as_list=True) if ("tokens", "response") in keys else None
     log_probs = td.get(("log_probs", "response"), as_list=True) if ("log_probs", "response") in keys else None
+    if texts is None and tokens is not None and tokenizer is not None:
+        texts = [tokenizer.decode(torch.as_tensor(ids).tolist(), skip_special_tokens=False) for ids in tokens]
     if texts is None:
         raise KeyError(f"the policy wrote no ('text', 'response'); its output keys: {sorted(map(str, keys))}")
     out = []

@@ -26,6 +26,7 @@ class DialogTurn:
     prompt_id: str | int | None = None
     group_id: int | None = None
     sample_index: int = 0
+    prompt_tokens: torch.Tensor | None = None  # tokens mode: the prompt's ids as the engine saw them
 
 
 @dataclass

@@ -64,7 +64,7 @@ class ChatEnv:
         system_role: str = "system",
         user_role: str = "user",
         policy_role: str = "assistant",
-        data_key: str = "query",
+        data_key: str | None = None,
         max_turns: int | None = None,
         device: torch.device | str | None = None,
     ) -> None:
@@ -75,7 +75,7 @@ class ChatEnv:
             raise ValueError("input_mode='tokens' needs a tokenizer")
         if max_turns is not None and max_turns < 1:
             raise ValueError(f"max_turns must be >= 1 or None, got {max_turns}")
-        self.batch_size = batch_size
+        self.num_slots: int | None = batch_size  # None: as many slots as a reset's prompts
         self.system_prompt = system_prompt
         self.tokenizer = tokenizer
         self.input_mode: InputMode = input_mode
@@ -84,13 +84,14 @@ class ChatEnv:
         self.system_role = system_role
         self.user_role = user_role
         self.policy_role = policy_role
-        self.data_key = data_key
+        self.data_key = data_key or "query"  # TorchRL's default field
         self.max_turns = max_turns
         self.device = torch.device(device) if device is not None else None
         # Tokens mode: a slot whose next prompt would be longer is truncated (``info["context_full"]``) instead of
         # being sent to an engine that cannot take it. Rollout loops set it from the engine's context length.
         self.max_prompt_tokens: int | None = None
         self.transforms: list[Transform] = []
+        self.td_transforms: list[Any] = []  # TorchRL TensorDict transforms (td_base.Transform): the TensorDict calls
         self.slots: list[SlotState] = []
         self._template = resolve_template(tokenizer, chat_template_name=chat_template_name)
         # Rows a primer supplied for a partial reset but no slot has taken yet (see ``reset_slots``).
@@ -107,6 +108,11 @@ class ChatEnv:
         group_repeats: bool = False,
         batch_size: int | Sequence[int] | torch.Size | None = None,
         primers: Any = None,
+        tokenizer: Any = None,
+        template_kwargs: dict[str, Any] | None = None,
+        input_mode: InputMode = "history",
+        data_key: str | None = None,
+        system_prompt: str | None = None,
         shuffle: bool | None = None,
         seed: int = 0,
         rename: dict[str, str] | None = None,
@@ -153,14 +159,49 @@ class ChatEnv:
         target = cls if issubclass(cls, DatasetChatEnv) else DatasetChatEnv
         env = target.__new__(target)
         slots = primer.batch_size * (primer.repeats if primer.group_repeats else 1)
-        ChatEnv.__init__(env, batch_size=slots, device=device, **chat_env_kwargs)
+        ChatEnv.__init__(
+            env,
+            batch_size=slots,
+            device=device,
+            tokenizer=tokenizer,
+            template_kwargs=template_kwargs,
+            input_mode=input_mode,
+            data_key=data_key,
+            system_prompt=system_prompt,
+            **chat_env_kwargs,
+        )
         env.primer = primer
         env.append_transform(primer)
         return env
 
+    @property
+    def batch_size(self) -> torch.Size:
+        """TorchRL's batch size, ``torch.Size([slots])`` (before the first reset of an env without a fixed size:
+        ``torch.Size([])``); set it with an int, a one-dimensional size or None (as many slots as prompts)."""
+        if self.num_slots is not None:
+            return torch.Size([self.num_slots])
+        return torch.Size([len(self.slots)]) if self.slots else torch.Size([])
+
+    @batch_size.setter
+    def batch_size(self, value: int | Sequence[int] | torch.Size | None) -> None:
+        self.num_slots = _flat_batch_size(value, type(self).__name__)
+
     # --- composition -----------------------------------------------------------------------------
-    def append_transform(self, transform: Transform) -> ChatEnv:
-        """Add a transform at the end of the chain; returns the env (chainable)."""
+    def append_transform(self, transform: Any) -> ChatEnv:
+        """Add a transform at the end of the chain; returns the env (chainable).
+
+        A slot transform (:class:`~llmrl_core.envs.transforms.base.Transform`: tools, reward parsers, the primer)
+        runs on every reset and step. A TorchRL TensorDict transform
+        (:class:`~llmrl_core.envs.transforms.td_base.Transform`: ``RetrieveKL``, ``KLRewardTransform``, ...) runs on
+        the TensorDict calls, as in a TorchRL ``TransformedEnv``: ``_reset`` on ``reset(td)``, ``_inv_call`` on the
+        action and ``_step`` on the ``"next"`` data of ``step(td)``, in the order appended.
+        """
+        from llmrl_core.envs.transforms import td_base
+
+        if isinstance(transform, td_base.Transform):
+            transform.set_container(self)
+            self.td_transforms.append(transform)
+            return self
         if not isinstance(transform, Transform):
             raise TypeError(f"append_transform expects a Transform, got {type(transform).__name__}")
         transform.set_parent(self)
@@ -189,11 +230,20 @@ class ChatEnv:
         (:mod:`llmrl_core.envs.tensordict_io`).
         """
         if isinstance(prompts, TensorDictBase):
-            rows = rows_from_tensordict(prompts, self.data_key)
-            result = output_to_tensordict(self.reset(rows), self.input_mode, with_reward=False)
+            # An empty TensorDict (TorchRL's ``env.reset()`` on an env with a primer) draws from the primer.
+            given = rows_from_tensordict(prompts, self.data_key) if not prompts.is_empty() else None
+            out = self.reset(given)
+            rows = given if given is not None else [dict(data) for data in out.data]
+            result = output_to_tensordict(out, self.input_mode, with_reward=False)
             for name in rows[0]:  # the prompt fields, one entry per row (a stack, as TorchRL writes them)
-                result.set(name, [row.get(name) for row in rows])
-            return prompts.update(result)  # as TorchRL: the reset TensorDict is filled in and returned
+                if name not in result.keys():  # a field named like the layout (text) is in the layout already
+                    result.set(name, [row.get(name) for row in rows])
+            if prompts.batch_size != result.batch_size:
+                prompts = prompts.expand(result.batch_size).clone() if not prompts.batch_dims else prompts
+            prompts = prompts.update(result)  # as TorchRL: the reset TensorDict is filled in and returned
+            for transform in self.td_transforms:
+                prompts = transform._reset(prompts, prompts)
+            return prompts
         rows = self._collect_prompts(prompts)
         self.slots = [self._make_slot(i, row) for i, row in enumerate(rows)]
         for transform in self.transforms:
@@ -251,7 +301,10 @@ class ChatEnv:
             stepped = self.step(actions)
             done = [i for i, d in enumerate(stepped.get(("next", "done")).reshape(-1).tolist()) if d]
             following = self._output() if not done else self.reset_slots(done, prompts)
-            return stepped, output_to_tensordict(following, self.input_mode, with_reward=False)
+            reset_td = output_to_tensordict(following, self.input_mode, with_reward=False)
+            for transform in self.td_transforms:
+                reset_td = transform._reset(reset_td, reset_td)
+            return stepped, reset_td
         out = self.step(actions)
         done = [i for i, d in enumerate(out.done.tolist()) if d]
         if not done:
@@ -280,7 +333,7 @@ class ChatEnv:
 
     def _provided_rows(self, caller: str) -> list[Any]:
         for transform in self.transforms:
-            provided = transform.provide_prompts(self.batch_size)
+            provided = transform.provide_prompts(self.num_slots)
             if provided is not None:
                 return list(provided)
         raise ValueError(f"{caller} got no prompts and no transform provides them (add a DataLoadingPrimer)")
@@ -305,10 +358,10 @@ class ChatEnv:
     def _collect_prompts(self, prompts: Sequence[Any] | None) -> list[PromptRow]:
         if prompts is None and self._pending_rows:
             # Rows left over from a partial reset come first, so none is skipped.
-            prompts = self._draw_rows(self.batch_size or len(self.slots) or len(self._pending_rows), "reset()")
+            prompts = self._draw_rows(self.num_slots or len(self.slots) or len(self._pending_rows), "reset()")
         if prompts is None:
             for transform in self.transforms:
-                provided = transform.provide_prompts(self.batch_size)
+                provided = transform.provide_prompts(self.num_slots)
                 if provided is not None:
                     prompts = provided
                     break
@@ -319,8 +372,8 @@ class ChatEnv:
         rows = [self._as_row(item, i) for i, item in enumerate(prompts)]
         if not rows:
             raise ValueError("reset() got an empty batch of prompts")
-        if self.batch_size is not None and len(rows) != self.batch_size:
-            raise ValueError(f"reset() got {len(rows)} prompts but the env's batch_size is {self.batch_size}")
+        if self.num_slots is not None and len(rows) != self.num_slots:
+            raise ValueError(f"reset() got {len(rows)} prompts but the env's batch_size is {self.num_slots}")
         return rows
 
     def _as_row(self, item: Any, index: int) -> PromptRow:
@@ -369,11 +422,16 @@ class ChatEnv:
             from llmrl_core.data.history import History
             from llmrl_core.modules.policies.common import ChatHistory
 
+            for transform in self.td_transforms:
+                actions = transform._inv_call(actions)
             out = self.step(actions_from_tensordict(actions, self.policy_role))
             bare = actions.get("history", None)
             if isinstance(bare, History):
                 actions.set("history", ChatHistory(prompt=bare, full=bare, batch_size=actions.batch_size))
-            return actions.set("next", output_to_tensordict(out, self.input_mode, with_reward=True))
+            next_td = output_to_tensordict(out, self.input_mode, with_reward=True)
+            for transform in self.td_transforms:
+                next_td = transform._step(actions, next_td)
+            return actions.set("next", next_td)
         if not self.slots:
             raise RuntimeError("step() called before reset()")
         responses = actions.responses() if isinstance(actions, LLMData) else list(actions)

@@ -1,14 +1,16 @@
 """Prompt sources for ``DataLoadingPrimer``: a Hugging Face ``datasets.Dataset``, a local jsonl/parquet file,
-or any finite iterable of dict rows.
+any finite iterable of dict rows, or an endless iterator (a stream).
 
 Sized, indexable sources (``datasets.Dataset``, lists) are read row by row on demand; files are read once;
-other iterables are materialised into a list once, so shuffling and resuming work the same for all.
+other finite iterables are materialised into a list once, so shuffling and resuming work the same for all.
+An *iterator* (an object with ``__next__`` and no ``__len__``, e.g. TorchRL's ``DummyStrDataLoader``) may never
+end, so it is read as a :class:`RowStream` instead: in its own order, item by item, when rows are needed.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,68 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
         return pq.read_table(path).to_pylist()
     except Exception as err:  # pyarrow raises several error types for corrupt files
         raise ValueError(f"{path}: cannot read as parquet ({err})") from err
+
+
+class RowStream:
+    """Rows pulled from an iterator as they are needed (its own order; it may be endless).
+
+    An item is a row (a dict), a prompt (a string or anything else: the row ``{str_key: item}``), a batch of them (a
+    list or tuple) or a collated batch (a dict of equal-length lists, as a ``DataLoader`` yields): batches are
+    split into rows. When the iterator ends, a re-iterable source (``iter(source) is not source``) starts again,
+    otherwise drawing raises ``ValueError``.
+    """
+
+    def __init__(self, source: Any, name: str, str_key: str = "query") -> None:
+        self._source = source
+        self._iterator: Iterator[Any] = iter(source)
+        self._buffer: list[dict[str, Any]] = []
+        self.name = name
+        self.str_key = str_key
+        self.drawn = 0  # rows handed out since the start (the cursor a resume skips to)
+        self.passes = 0  # how many times a re-iterable source was started again
+
+    def restart(self) -> bool:
+        """Start again from the source's first item if it can be iterated anew; False for a one-shot iterator."""
+        if iter(self._source) is self._source:
+            return False
+        self._iterator, self._buffer, self.drawn = iter(self._source), [], 0
+        return True
+
+    def _split(self, item: Any) -> list[dict[str, Any]]:
+        if isinstance(item, dict):
+            columns = [v for v in item.values() if isinstance(v, list | tuple)]
+            if columns and len(columns) == len(item) and len({len(c) for c in columns}) == 1:
+                return [{k: v[i] for k, v in item.items()} for i in range(len(columns[0]))]
+            return [dict(item)]
+        if isinstance(item, list | tuple):
+            return [row for part in item for row in self._split(part)]
+        return [{self.str_key: item}]
+
+    def next_row(self) -> dict[str, Any]:
+        """The stream's next row."""
+        while not self._buffer:
+            try:
+                item = next(self._iterator)
+            except StopIteration:
+                if not self.restart():
+                    raise ValueError(f"prompt stream {self.name} ended after {self.drawn} rows") from None
+                self.passes += 1
+                if self.passes > 1 and self.drawn == 0:
+                    raise ValueError(f"prompt stream {self.name} yields no rows") from None
+                continue
+            self._buffer = self._split(item)
+        self.drawn += 1
+        return self._buffer.pop(0)
+
+    def skip(self, count: int) -> None:
+        """Draw and drop ``count`` rows (a resume over a source re-created in the same order)."""
+        for _ in range(count):
+            self.next_row()
+
+
+def is_stream(source: Any) -> bool:
+    """True for an iterator without a length (read as a :class:`RowStream`, never materialised)."""
+    return isinstance(source, Iterator) and not hasattr(source, "__len__") and not isinstance(source, str | Path)
 
 
 def open_source(source: Any) -> RowSource:

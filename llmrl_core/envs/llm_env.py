@@ -1,127 +1,197 @@
-"""``LLMEnv``: the plain completion env of TorchRL's LLM API (observation + action -> next observation).
+"""``LLMEnv``: TorchRL's plain completion env (observation + action -> next observation), as a ``ChatEnv``.
 
-The observation is text (``from_text=True``) or token ids; a step appends each slot's action to its
-observation. With ``eos_token_id`` a slot is done once its action tokens contain it (text actions are
-tokenized with ``tokenizer`` for that check); with ``max_length`` (tokens, or characters in text mode
-without a tokenizer) a longer observation is truncated. Reward is 0: add it in a subclass or with a
-reward function. Prompts come from ``reset(prompts)`` or, without them, from an optional ``primer``.
+Each prompt is a conversation of one user message whose *observation* is its plain text: the env renders a
+conversation by concatenating its messages' contents (no role markup), so after a step the observation is the
+prompt followed by every answer so far, as TorchRL's ``LLMEnv`` builds it. ``from_text=True`` (the default) gives
+the observation as text (``input_mode="text"``), ``from_text=False`` as token ids (``input_mode="tokens"``: the
+sampled ids are kept exactly, a tokenizer is needed to read text answers and prompts). The conversation itself
+travels as ``("history", "prompt")`` as in every ChatEnv, so a policy in history mode (the wrappers' default)
+answers the prompt through its chat template.
+
+A slot is done when its answer contains ``eos_token_id`` (the sampled ids, or the text's EOS marker), or when its
+token observation grows past ``max_length`` (tokens mode). The reward is 0: add a reward transform. Prompts come from
+``reset(prompts)``, a ``primer`` or :meth:`LLMEnv.from_dataloader` (any loader TorchRL takes, endless iterators
+included). TorchRL's key and spec arguments (``token_key``, ``attention_key``, ``action_key``, ``reward_key``,
+``vocab_size``, ``has_attention``, ``assign_reward``, ``assign_done``) are accepted for its signature; the layout
+written is ChatEnv's (:mod:`llmrl_core.envs.tensordict_io`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from llmrl_core.envs.primer import DataLoadingPrimer
+from llmrl_core.data.chat_templates import resolve_template
+from llmrl_core.data.llm_data import Response
+from llmrl_core.envs.chat_env import ChatEnv, _flat_batch_size
+from llmrl_core.envs.primer import DataLoadingPrimer, refuse_torchrl_only
+from llmrl_core.envs.types import PromptRow, SlotState
+
+# A conversation rendered as the plain concatenation of its contents: the observation of a completion env.
+CONCATENATION_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 
 
-@dataclass
-class LLMEnvOutput:
-    """Observations (text or 1-D token tensors) and per-slot ``(B,)`` reward/done flags."""
-
-    observation: list[str] | list[torch.Tensor]
-    reward: torch.Tensor
-    done: torch.Tensor
-    terminated: torch.Tensor
-    truncated: torch.Tensor
-    data: list[dict[str, Any]]
-
-
-class LLMEnv:
-    """Batched completion env: ``reset(prompts)`` then ``step(actions)`` appends actions to observations."""
+class LLMEnv(ChatEnv):
+    """A completion env: ``reset`` takes prompts (text or ids), ``step`` appends each answer to its observation."""
 
     def __init__(
         self,
         *,
+        token_key: Any = None,
+        str_key: str | None = None,
+        attention_key: Any = None,
+        action_key: Any = None,
+        reward_key: Any = "reward",
         from_text: bool = True,
-        tokenizer: Any = None,
+        device: torch.device | str | None = None,
+        vocab_size: int | None = None,
+        has_attention: bool = True,
+        assign_reward: bool = False,
+        assign_done: bool = False,
+        batch_size: int | Sequence[int] | torch.Size | None = None,
         eos_token_id: int | None = None,
+        tokenizer: Any = None,
         max_length: int | None = None,
         primer: DataLoadingPrimer | None = None,
-        str_key: str = "query",
+        max_turns: int | None = None,
     ) -> None:
-        if not from_text and tokenizer is None and primer is not None:
-            raise ValueError("a token-mode LLMEnv fed by a primer needs a tokenizer to encode the rows")
+        if not from_text and tokenizer is None:
+            raise ValueError("LLMEnv(from_text=False) needs a tokenizer: token observations are kept beside their text")
+        if max_length is not None and from_text:
+            raise ValueError("LLMEnv: max_length counts tokens, set from_text=False (or cut text in a transform)")
+        super().__init__(
+            batch_size=batch_size,
+            tokenizer=tokenizer,
+            input_mode="text" if from_text else "tokens",
+            data_key=str_key or "text",
+            max_turns=max_turns,
+            device=device,
+        )
+        self._template = resolve_template(tokenizer, chat_template=CONCATENATION_TEMPLATE)
         self.from_text = from_text
-        self.tokenizer = tokenizer
         self.eos_token_id = eos_token_id
         self.max_length = max_length
-        self.primer = primer
-        self.str_key = str_key
-        self._obs: list[Any] = []
-        self._data: list[dict[str, Any]] = []
-        self._done: list[bool] = []
-
-    def reset(self, prompts: Sequence[str] | Sequence[torch.Tensor] | None = None) -> LLMEnvOutput:
-        """Start from ``prompts`` (strings or token tensors) or from the primer's next batch."""
-        if prompts is None:
-            if self.primer is None:
-                raise ValueError("LLMEnv.reset() needs prompts or a primer")
-            rows = self.primer.next_batch()
-            self._data = [r.data for r in rows]
-            texts = [self._row_text(r.data, i) for i, r in enumerate(rows)]
-            prompts = texts if self.from_text else [self._encode(t) for t in texts]
-        else:
-            self._data = [{} for _ in prompts]
-        self._obs = [self._check_obs(p, i) for i, p in enumerate(prompts)]
-        self._done = [False] * len(self._obs)
-        return self._output([0.0] * len(self._obs), [False] * len(self._obs))
-
-    def _row_text(self, row: dict[str, Any], index: int) -> str:
-        if self.str_key not in row:
-            raise ValueError(f"primer row {index} has no {self.str_key!r} field (fields: {sorted(row)})")
-        return str(row[self.str_key])
-
-    def _encode(self, text: str) -> torch.Tensor:
-        return torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
-
-    def _check_obs(self, obs: Any, index: int) -> Any:
-        if self.from_text and not isinstance(obs, str):
-            raise TypeError(f"slot {index}: text-mode LLMEnv expects strings, got {type(obs).__name__}")
-        if not self.from_text:
-            obs = obs if isinstance(obs, torch.Tensor) else torch.as_tensor(list(obs), dtype=torch.long)
-            if obs.ndim != 1:
-                raise ValueError(f"slot {index}: token observation must be 1-D, got shape {tuple(obs.shape)}")
-        return obs
-
-    def step(
-        self, actions: Sequence[str] | Sequence[torch.Tensor], action_tokens: Sequence[torch.Tensor] | None = None
-    ) -> LLMEnvOutput:
-        """Append each action; ``action_tokens`` (text mode) gives the ids for the EOS check."""
-        if not self._obs:
-            raise RuntimeError("step() called before reset()")
-        if len(actions) != len(self._obs):
-            raise ValueError(f"step() got {len(actions)} actions for {len(self._obs)} slots")
-        truncated = [False] * len(self._obs)
-        for i, action in enumerate(actions):
-            if self._done[i]:
-                continue
-            action = self._check_obs(action, i)
-            tokens = action if not self.from_text else (action_tokens[i] if action_tokens is not None else None)
-            if self.eos_token_id is not None:
-                if tokens is None and self.tokenizer is not None:
-                    tokens = self._encode(action)
-                if tokens is None:
-                    raise ValueError("eos_token_id is set but text actions come without tokens or a tokenizer")
-                self._done[i] = bool((torch.as_tensor(tokens) == self.eos_token_id).any())
-            self._obs[i] = self._obs[i] + action if self.from_text else torch.cat([self._obs[i], action])
-            if self.max_length is not None and len(self._obs[i]) >= self.max_length and not self._done[i]:
-                self._obs[i] = self._obs[i][: self.max_length]
-                truncated[i] = True
-                self._done[i] = True
-        return self._output([0.0] * len(self._obs), truncated)
-
-    def _output(self, rewards: list[float], truncated: list[bool]) -> LLMEnvOutput:
-        done = torch.tensor(self._done, dtype=torch.bool)
-        trunc = torch.tensor(truncated, dtype=torch.bool)
-        return LLMEnvOutput(
-            observation=list(self._obs),
-            reward=torch.tensor(rewards, dtype=torch.float32),
-            done=done,
-            terminated=done & ~trunc,
-            truncated=trunc,
-            data=self._data,
+        self.max_prompt_tokens = max_length
+        self.vocab_size = vocab_size
+        self.token_key, self.attention_key, self.action_key, self.reward_key = (
+            token_key,
+            attention_key,
+            action_key,
+            reward_key,
         )
+        self.has_attention, self.assign_reward, self.assign_done = has_attention, assign_reward, assign_done
+        self.primer = primer
+        if primer is not None:
+            self.append_transform(primer)
+
+    @classmethod
+    def from_dataloader(  # type: ignore[override] - TorchRL's LLMEnv.from_dataloader signature
+        cls,
+        dataloader: Any,
+        *,
+        tokenizer: Any = None,
+        token_key: Any = None,
+        str_key: str | None = None,
+        attention_key: Any = None,
+        action_key: Any = None,
+        reward_key: Any = "reward",
+        from_text: bool = True,
+        device: torch.device | str | None = None,
+        vocab_size: int | None = None,
+        batch_size: int | Sequence[int] | torch.Size | None = None,
+        has_attention: bool = True,
+        assign_reward: bool = False,
+        assign_done: bool = False,
+        primers: Any = None,
+        example_data: Any = None,
+        stack_method: Any = None,
+        repeats: int | None = None,
+        group_repeats: bool = True,
+        eos_token_id: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        max_length: int | None = None,
+    ) -> LLMEnv:
+        """An ``LLMEnv`` whose prompts come from ``dataloader`` (anything a ``DataLoadingPrimer`` reads, including
+        endless iterators of strings or batches). ``batch_size`` prompts per reset, each in ``repeats`` copies (with
+        ``group_repeats=True``, TorchRL's default here, the env holds ``batch_size * repeats`` slots)."""
+        refuse_torchrl_only(f"{cls.__name__}.from_dataloader", primers=primers)
+        del example_data  # TorchRL builds specs from it; rows carry their own fields here
+        prompts = _flat_batch_size(batch_size, f"{cls.__name__}.from_dataloader") or 1
+        primer = (
+            dataloader
+            if isinstance(dataloader, DataLoadingPrimer)
+            else DataLoadingPrimer(
+                dataloader,
+                batch_size=prompts,
+                repeats=repeats,
+                group_repeats=group_repeats,
+                shuffle=shuffle,
+                seed=seed,
+                str_key=str_key or "text",
+                stack_method=stack_method,
+            )
+        )
+        slots = primer.batch_size * (primer.repeats if primer.group_repeats else 1)
+        return cls(
+            token_key=token_key,
+            str_key=str_key,
+            attention_key=attention_key,
+            action_key=action_key,
+            reward_key=reward_key,
+            from_text=from_text,
+            device=device,
+            vocab_size=vocab_size,
+            has_attention=has_attention,
+            assign_reward=assign_reward,
+            assign_done=assign_done,
+            batch_size=slots,
+            eos_token_id=eos_token_id,
+            tokenizer=tokenizer,
+            max_length=max_length,
+            primer=primer,
+        )
+
+    # --- prompts and answers as ids ----------------------------------------------------------------
+    def _as_row(self, item: Any, index: int) -> PromptRow:
+        if isinstance(item, torch.Tensor) or (isinstance(item, list | tuple) and item and isinstance(item[0], int)):
+            return super()._as_row(self._decode(item), index)
+        return super()._as_row(item, index)
+
+    def _decode(self, ids: Any) -> str:
+        if self.tokenizer is None:
+            raise ValueError("LLMEnv got token ids but has no tokenizer to read them")
+        return self.tokenizer.decode(torch.as_tensor(ids).tolist(), skip_special_tokens=False)
+
+    def step(self, actions: Any) -> Any:
+        """Append each answer (a string, a :class:`Response`, token ids, or a TorchRL TensorDict)."""
+        if isinstance(actions, list | tuple):
+            actions = [self._as_response(a) for a in actions]
+        return super().step(actions)
+
+    def _as_response(self, action: Any) -> Any:
+        if isinstance(action, torch.Tensor) or (isinstance(action, list | tuple) and action):
+            ids = torch.as_tensor(action, dtype=torch.long).reshape(-1)
+            return Response(self._decode(ids), token_ids=ids)
+        return action
+
+    def _apply_response(self, slot: SlotState, response: Response) -> None:
+        ended = self._ends_with_eos(response)
+        super()._apply_response(slot, response)
+        if ended:
+            slot.terminate()
+
+    def _strip_end(self, text: str) -> tuple[str, bool]:
+        return text, False  # the observation keeps every character the policy wrote, EOS included
+
+    def _ends_with_eos(self, response: Response) -> bool:
+        if self.eos_token_id is None:
+            return False
+        if response.token_ids is not None:
+            return bool((torch.as_tensor(response.token_ids) == self.eos_token_id).any())
+        marker = getattr(self.tokenizer, "eos_token", None)
+        if marker is None:
+            raise ValueError("eos_token_id is set but text actions come without tokens or a tokenizer")
+        return marker in response.text

@@ -8,6 +8,10 @@
   Batches cross epoch boundaries without dropping rows; no row repeats within an epoch.
 * Cursor: :meth:`state_dict` is small JSON-able data (epoch, position, pending copies, group counter). A
   primer restored with :meth:`load_state_dict` over the same source continues with the next unseen prompts.
+* Streams: an iterator without a length (TorchRL's endless ``DummyStrDataLoader``, a generator) is never
+  materialised: rows are pulled in its own order as batches are drawn (``shuffle`` does not apply; a string item
+  becomes the row ``{str_key: item}``; see :class:`~llmrl_core.envs.data_sources.RowStream`). Its cursor is the
+  number of rows drawn: a restored primer over an iterator re-created in the same order skips that many.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DataLoader
 
-from llmrl_core.envs.data_sources import RowSource, open_source
+from llmrl_core.envs.data_sources import RowSource, RowStream, is_stream, open_source
 from llmrl_core.envs.transforms.base import Transform
 from llmrl_core.envs.types import PromptRow
 
@@ -60,13 +64,14 @@ class DataLoadingPrimer(Transform):
         dataloader: Any = None,
         *,
         dataloader_factory: Any = None,
-        batch_size: int | Any = 1,
-        repeats: int | None = 1,
+        batch_size: int | Any = None,
+        repeats: int | None = None,
         group_repeats: bool = False,
         shuffle: bool = True,
         seed: int = 0,
         rename: dict[str, str] | None = None,
         id_key: str | None = "id",
+        str_key: str = "query",
         primers: Any = None,
         stack_method: Any = None,
         device: Any = None,
@@ -86,9 +91,14 @@ class DataLoadingPrimer(Transform):
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {repeats}")
-        self.source: RowSource = open_source(source)
-        if len(self.source) == 0:
-            raise ValueError(f"prompt source {self.source.name} is empty")
+        self.stream: RowStream | None = None
+        if is_stream(source):
+            self.stream = RowStream(source, type(source).__name__, str_key=str_key)
+            self._stream_rows: dict[int, dict[str, Any]] = {}  # drawn rows whose copies are still owed
+        else:
+            self.source: RowSource = open_source(source)
+            if len(self.source) == 0:
+                raise ValueError(f"prompt source {self.source.name} is empty")
         self.batch_size = batch_size
         self.repeats = repeats
         self.group_repeats = group_repeats
@@ -100,7 +110,12 @@ class DataLoadingPrimer(Transform):
         self._position = 0
         self._groups_served = 0
         self._pending: list[tuple[int, int, int]] = []  # (row index, group id, sample index)
-        self._order = self._epoch_order(0)
+        self._order = self._epoch_order(0) if self.stream is None else np.arange(0)
+
+    @property
+    def source_name(self) -> str:
+        """The source's name, for messages."""
+        return self.stream.name if self.stream is not None else self.source.name
 
     # --- ordering --------------------------------------------------------------------------------
     def _epoch_order(self, epoch: int) -> np.ndarray:
@@ -110,6 +125,10 @@ class DataLoadingPrimer(Transform):
         return np.random.default_rng([self.seed, epoch]).permutation(n)
 
     def _next_row_index(self) -> int:
+        if self.stream is not None:
+            index = self.stream.drawn
+            self._stream_rows[index] = self.stream.next_row()
+            return index
         if self._position >= len(self._order):
             self._epoch += 1
             self._position = 0
@@ -136,10 +155,14 @@ class DataLoadingPrimer(Transform):
         return [self._make_row(*pick) for pick in picks]
 
     def _make_row(self, row_index: int, group_id: int, sample_index: int) -> PromptRow:
-        data = self.source[row_index]
+        if self.stream is not None:
+            last_copy = sample_index == self.repeats - 1
+            data = dict(self._stream_rows.pop(row_index) if last_copy else self._stream_rows[row_index])
+        else:
+            data = self.source[row_index]
         for old, new in self.rename.items():
             if old not in data:
-                raise ValueError(f"{self.source.name}: row {row_index} has no field {old!r} (fields: {sorted(data)})")
+                raise ValueError(f"{self.source_name}: row {row_index} has no field {old!r} (fields: {sorted(data)})")
             data[new] = data.pop(old)
         prompt_id = data.get(self.id_key, row_index) if self.id_key else row_index
         return PromptRow(data=data, prompt_id=prompt_id, group_id=group_id, sample_index=sample_index)
@@ -158,20 +181,34 @@ class DataLoadingPrimer(Transform):
         """Restart from the first prompt of epoch 0 (optionally with a new seed); group ids keep counting."""
         if seed is not None:
             self.seed = int(seed)
+        if self.stream is not None:
+            self.stream.restart()  # a one-shot iterator cannot start again: it goes on where it is
+            self._stream_rows = {}
         self._epoch = 0
         self._position = 0
         self._pending = []
-        self._order = self._epoch_order(0)
+        self._order = self._epoch_order(0) if self.stream is None else np.arange(0)
         return self
 
     @property
     def epoch(self) -> int:
-        """Index of the epoch the next prompt comes from (0-based)."""
+        """Index of the epoch the next prompt comes from (0-based; a stream counts its restarts)."""
+        if self.stream is not None:
+            return self.stream.passes
         return self._epoch + (1 if self._position >= len(self._order) else 0)
 
     # --- cursor ----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """JSON-able cursor: where the next prompt comes from, and the copies still owed."""
+        if self.stream is not None:
+            return {
+                "version": _STATE_VERSION,
+                "stream": True,
+                "drawn": self.stream.drawn,
+                "groups_served": self._groups_served,
+                "pending": [list(p) for p in self._pending],
+                "pending_rows": {str(k): v for k, v in self._stream_rows.items()},
+            }
         return {
             "version": _STATE_VERSION,
             "num_rows": len(self.source),
@@ -187,6 +224,15 @@ class DataLoadingPrimer(Transform):
         """Restore a cursor saved by :meth:`state_dict` (same source, same seed and shuffle setting)."""
         if state.get("version") != _STATE_VERSION:
             raise ValueError(f"primer state version {state.get('version')!r} is not {_STATE_VERSION}")
+        if bool(state.get("stream")) != (self.stream is not None):
+            kind = "a stream" if state.get("stream") else "a sized source"
+            raise ValueError(f"primer state was saved for {kind}, this primer reads {self.source_name}")
+        if self.stream is not None:
+            self.stream.skip(int(state["drawn"]) - self.stream.drawn)
+            self._groups_served = int(state["groups_served"])
+            self._pending = [tuple(p) for p in state["pending"]]  # type: ignore[misc]
+            self._stream_rows = {int(k): dict(v) for k, v in state["pending_rows"].items()}
+            return
         if state["num_rows"] != len(self.source):
             raise ValueError(
                 f"primer state was saved for {state['num_rows']} rows but {self.source.name} has {len(self.source)}"
@@ -202,6 +248,7 @@ class DataLoadingPrimer(Transform):
 
     def __repr__(self) -> str:
         return (
-            f"DataLoadingPrimer(source={self.source.name!r}, rows={len(self.source)}, batch_size={self.batch_size}, "
+            f"DataLoadingPrimer(source={self.source_name!r}, "
+            f"rows={'stream' if self.stream is not None else len(self.source)}, batch_size={self.batch_size}, "
             f"repeats={self.repeats}, group_repeats={self.group_repeats}, shuffle={self.shuffle}, seed={self.seed})"
         )

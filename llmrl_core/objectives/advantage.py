@@ -162,42 +162,66 @@ class MCAdvantage:
     ``method`` selects the advantage estimator (``"grpo"``, ``"dr_grpo"``, ``"rloo"``; see the module docstring).
     Call it on tensors (``mc_advantage`` arguments) or use :meth:`transform_table` on a pyarrow table of
     trajectory rows: it writes ``advantage_key`` and drops the rows of groups outside ``keep_return_bounds``.
+    TorchRL's arguments are accepted (``prompt_key``, ``done_key``, ``verbose`` are kept for its signature: rows
+    carry their ``group_key`` here); TorchRL's candidate over-sampling is refused by name.
     """
 
     def __init__(
         self,
         grpo_size: int | None = None,
+        prompt_key: Any = "query",
+        rewards_key: Any = ("next", "reward"),
+        advantage_key: Any = "advantage",
+        done_key: Any = ("next", "done"),
+        verbose: bool = False,
         *,
         trajectory_return: TrajectoryReturn | None = None,
         keep_return_bounds: tuple[float, float] | None = None,
+        candidate_group_size: int | None = None,
+        candidate_selection_min_size: int | None = None,
+        candidate_selector: Any = None,
         eps: float = 1e-6,
         method: AdvantageMethod = "grpo",
         group_key: str = "group_id",
-        rewards_key: str = "reward",
-        advantage_key: str = "advantage",
         episode_key: str | None = None,
     ):
         if trajectory_return is not None and grpo_size is not None and grpo_size < 2:
             raise ValueError(f"trajectory_return needs grpo_size >= 2, got {grpo_size}")
+        if candidate_group_size is not None or candidate_selection_min_size is not None or candidate_selector:
+            raise ValueError(
+                "MCAdvantage: candidate_group_size / candidate_selection_min_size / candidate_selector (TorchRL's "
+                "over-sampling of groups) are not supported; select groups with keep_return_bounds or "
+                "llmrl_core.objectives.TopKRewardSelector"
+            )
         _check_method(method)
         self.grpo_size = grpo_size
+        self.prompt_key, self.done_key, self.verbose = prompt_key, done_key, verbose
         self.trajectory_return = trajectory_return
         self.keep_return_bounds = keep_return_bounds
         self.eps = eps
         self.method = method
         self.group_key = group_key
-        self.rewards_key = rewards_key
-        self.advantage_key = advantage_key
+        self._rewards_td_key = rewards_key
+        # A table of trajectory rows names a column by the key's last part: ("next", "reward") -> "reward".
+        self.rewards_key = rewards_key if isinstance(rewards_key, str) else rewards_key[-1]
+        self.advantage_key = advantage_key if isinstance(advantage_key, str) else advantage_key[-1]
         self.episode_key = episode_key
         self.last_stats: dict[str, int] = {}
 
     def __call__(
         self,
-        rewards: Sequence[float] | torch.Tensor,
-        group_ids: Sequence[Hashable] | torch.Tensor,
+        rewards: Sequence[float] | torch.Tensor | Any,
+        group_ids: Sequence[Hashable] | torch.Tensor | None = None,
         episode_ids: Sequence[Hashable] | torch.Tensor | None = None,
-    ) -> AdvantageResult:
-        """Advantages for one batch of rows (see :func:`mc_advantage`)."""
+    ) -> Any:
+        """Advantages for one batch of rows (see :func:`mc_advantage`); given a TensorDict of finished episodes
+        (TorchRL's call), that batch with the advantages written in (:meth:`transform_tensordict`)."""
+        from tensordict import TensorDictBase
+
+        if isinstance(rewards, TensorDictBase):
+            return self.transform_tensordict(rewards)
+        if group_ids is None:
+            raise TypeError("MCAdvantage(rewards, group_ids): group_ids is needed with a tensor of rewards")
         result = mc_advantage(
             rewards,
             group_ids,
@@ -230,3 +254,50 @@ class MCAdvantage:
         else:
             table = table.append_column(self.advantage_key, column)
         return table.filter(pa.array(result.keep.tolist()))
+
+    def transform_tensordict(self, td: Any) -> Any:
+        """A collector batch of finished episodes (one row each) with ``advantage_key`` ``(B, 1)`` set.
+
+        The return of a row is ``rewards_key`` (TorchRL's ``("next", "reward")``; a batch that keeps the reward at
+        its root, as llmrl's collector does, is read at ``"reward"``); groups are the rows' ``group_key`` (else
+        their ``prompt_key``). With ``grpo_size`` every group must be complete in the batch; groups outside
+        ``keep_return_bounds`` are dropped from the returned batch.
+        """
+        size = td.batch_size[0]
+        rewards = td.get(self._td_rewards_key(td), None)
+        if rewards is None:
+            raise KeyError(f"MCAdvantage: the batch has no reward at {self._rewards_td_key!r} (nor 'reward')")
+        rewards = torch.as_tensor(rewards, dtype=torch.float32).reshape(size, -1).sum(-1)
+        groups = _column(td, self.group_key) or _column(td, self.prompt_key)
+        if groups is None:
+            raise KeyError(f"MCAdvantage: the batch has neither {self.group_key!r} nor {self.prompt_key!r} to group by")
+        groups = [g if isinstance(g, Hashable) else repr(g) for g in groups]
+        if self.grpo_size is not None:
+            counts: dict[Hashable, int] = {}
+            for g in groups:
+                counts[g] = counts.get(g, 0) + 1
+            short = {g: n for g, n in counts.items() if n != self.grpo_size}
+            if short:
+                raise ValueError(
+                    f"MCAdvantage(grpo_size={self.grpo_size}): groups {dict(list(short.items())[:5])} are not complete "
+                    "in this batch (collect whole groups: DataLoadingPrimer(repeats=..., group_repeats=True))"
+                )
+        result = self(rewards, groups)
+        td.set(self.advantage_key, result.advantages.reshape(size, 1).to(torch.float32))
+        if bool(result.keep.all()):
+            return td
+        return td[torch.nonzero(result.keep).reshape(-1)]
+
+    def _td_rewards_key(self, td: Any) -> Any:
+        key = self._rewards_td_key
+        return key if td.get(key, None) is not None else "reward"
+
+
+def _column(td: Any, key: Any) -> list[Any] | None:
+    """A per-row field of a batch as a list (non-tensor stacks and tensors alike), or None."""
+    value = td.get(key, None)
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        return value.reshape(td.batch_size[0], -1)[:, 0].tolist()
+    return list(value.tolist() if hasattr(value, "tolist") else value)

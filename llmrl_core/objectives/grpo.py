@@ -312,33 +312,81 @@ _GRPO_OPTIONS = frozenset(
 
 
 class GRPOLoss(nn.Module):
-    """GRPO loss for a causal LM: scores a packed batch with ``actor_network`` and applies :func:`grpo_loss`.
+    """GRPO loss for a causal LM; TorchRL's signature, called on a TensorDict or on a packed batch.
 
-    Keyword options are those of :func:`grpo_loss` (TorchRL's names: ``clip_epsilon``, ``aggregation``,
-    ``entropy_bonus``/``entropy_coeff``, ``kl_to_ref_coeff``, ``kl_to_inference_coeff``,
-    ``kl_mask_threshold``) plus ``objective="cispo"`` for CISPO, ``importance_level="sequence"`` for GSPO and
-    ``tis_cap``/``tis_mode``/``tis_level`` for the truncated importance-sampling correction (enumerated options
-    are validated here, before any model work). ``entropy_bonus=True`` (TorchRL's default) computes the
-    per-token entropy from the full logits.
+    ``loss(td)`` (TorchRL's call) reads the collector's batch: ``("tokens", "full")``, the sampler's
+    ``("log_probs", "full")``, ``advantage`` (``(B, 1)`` or per token), the masks of ``masking_strategy`` and, with
+    ``kl_to_ref_coeff``, ``("next", "ref_log_probs", "full")`` (:mod:`llmrl_core.objectives.tensordict_input`);
+    ``loss(packed_batch)`` is the trainer's path. Both score the tokens with ``actor_network`` and apply
+    :func:`grpo_loss`, so the terms are those of the module docstring (TorchRL's names on
+    :class:`GRPOLossOutput`). TorchRL's ``samples_mc_entropy``, ``gamma``, ``reduction`` and ``clip_value`` are
+    accepted for its signature and have no effect (the entropy is exact; GRPO has no value head).
+    Keyword extras: ``objective="cispo"`` for CISPO, ``importance_level="sequence"`` for GSPO,
+    ``tis_cap``/``tis_mode``/``tis_level`` for truncated importance sampling, ``kl_estimator``, ``norm_constant``
+    (validated here, before any model work).
     """
 
-    def __init__(self, actor_network: nn.Module | None = None, *, entropy_bonus: bool = True, **options: Any):
+    def __init__(
+        self,
+        actor_network: nn.Module | None = None,
+        *,
+        clip_epsilon: float | tuple[float, float] = 0.2,
+        kl_mask_threshold: float | None = None,
+        aggregation: str | None = "token_mean",
+        entropy_bonus: bool = True,
+        samples_mc_entropy: int = 1,
+        entropy_coeff: float = 0.01,
+        gamma: float | None = None,
+        reduction: str | None = None,
+        clip_value: bool | float | None = None,
+        kl_to_ref_coeff: float | None = None,
+        kl_to_inference_coeff: float | None = None,
+        device: torch.device | None = None,
+        masking_strategy: Literal["sft", "rlhf", "generic"] = "sft",
+        ref_log_prob_padding_side: Literal["left", "right"] = "left",
+        ref_log_prob_padding_value: float = 0.0,
+        **options: Any,
+    ):
         super().__init__()
+        from llmrl_core.objectives.tensordict_input import MASKING_STRATEGIES
+
         self.actor_network = actor_network
         self.entropy_bonus = entropy_bonus
-        self.options = dict(options)
-        unknown = sorted(set(self.options) - _GRPO_OPTIONS)
+        self.samples_mc_entropy, self.gamma, self.reduction, self.clip_value = (
+            samples_mc_entropy,
+            gamma,
+            reduction,
+            clip_value,
+        )
+        self.device = device
+        if masking_strategy not in MASKING_STRATEGIES:
+            raise ValueError(f"masking_strategy must be one of {MASKING_STRATEGIES}, got {masking_strategy!r}")
+        if ref_log_prob_padding_side not in ("left", "right"):
+            raise ValueError(f"ref_log_prob_padding_side must be 'left' or 'right', got {ref_log_prob_padding_side!r}")
+        self.masking_strategy = masking_strategy
+        self.ref_log_prob_padding_side = ref_log_prob_padding_side
+        self.ref_log_prob_padding_value = ref_log_prob_padding_value
+        unknown = sorted(set(options) - _GRPO_OPTIONS)
         if unknown:
             raise TypeError(f"GRPOLoss got unknown options {unknown}; valid: {sorted(_GRPO_OPTIONS)}")
+        self.options = dict(
+            options,
+            clip_epsilon=clip_epsilon,
+            kl_mask_threshold=kl_mask_threshold,
+            aggregation=aggregation or "token_mean",
+            entropy_coeff=entropy_coeff,
+            kl_to_ref_coeff=kl_to_ref_coeff,
+            kl_to_inference_coeff=kl_to_inference_coeff,
+        )
         _check_choices(self.options)
-        _clip_bounds(self.options.get("clip_epsilon", 0.2))
-        if self.options.get("aggregation", "token_mean") == "sequence_sum" and not self.options.get("norm_constant"):
+        _clip_bounds(clip_epsilon)
+        if self.options["aggregation"] == "sequence_sum" and not self.options.get("norm_constant"):
             raise ValueError("aggregation='sequence_sum' needs norm_constant (e.g. the max new tokens)")
 
     @property
     def aggregation(self) -> str:
         """The aggregation mode of every ``loss_*`` term."""
-        return self.options.get("aggregation", "token_mean")
+        return self.options["aggregation"]
 
     def accumulation_units(self, batch: Any) -> float | None:
         """How much ``batch`` weighs in a batch-level mean (``None``: plain sum), for gradient accumulation.
@@ -356,7 +404,12 @@ class GRPOLoss(nn.Module):
         return None
 
     def forward(self, batch: Any) -> GRPOLossOutput:
-        """Score ``batch`` (a :class:`~llmrl_core.trainer.batch.PackedBatch`) and return the loss terms."""
+        """Score ``batch`` (a TorchRL TensorDict, or a :class:`~llmrl_core.trainer.batch.PackedBatch`) and return
+        the loss terms."""
+        from tensordict import TensorDictBase
+
+        if isinstance(batch, TensorDictBase):
+            return self._forward_tensordict(batch)
         from llmrl_core.trainer.scoring import score_packed
 
         if self.actor_network is None:
@@ -372,5 +425,47 @@ class GRPOLoss(nn.Module):
             entropy=scores.entropy,
             ref_log_probs=batch.ref_log_probs,
             old_log_probs=batch.old_log_probs if self.options.get("tis_cap") is not None else None,
+            **self.options,
+        )
+
+    def _forward_tensordict(self, td: Any) -> GRPOLossOutput:
+        """TorchRL's call: the keys of :mod:`llmrl_core.objectives.tensordict_input`, TorchRL's errors."""
+        from llmrl_core.objectives import tensordict_input as tdi
+
+        action_key = ("tokens", "full")
+        if not tdi.has_key(td, action_key):
+            raise ValueError(f"Action key {action_key} not in tensordict.")
+        advantage = tdi.left_padded(td, "advantage", 0.0)
+        if advantage is None:
+            raise ValueError("Advantage key advantage not in tensordict.")
+        tokens, attention = tdi.tokens_and_attention(td, action_key)
+        sampler = tdi.left_padded(td, ("log_probs", "full"), 0.0)
+        if sampler is None:
+            raise KeyError("Couldn't find the log-prob ('log_probs', 'full') in the input data.")
+        if sampler.requires_grad:
+            raise RuntimeError("tensordict stored ('log_probs', 'full') requires grad.")
+        if sampler.shape != tokens.shape:
+            raise ValueError(
+                f"Shape mismatch detected in GRPOLoss: current log-prob shape {tuple(tokens.shape)} != previous "
+                f"log-prob shape {tuple(sampler.shape)} (('tokens', 'full') and ('log_probs', 'full') must align)"
+            )
+        mask = tdi.loss_mask(td, self.masking_strategy, attention, "GRPOLoss")
+        log_probs, entropy = tdi.score(
+            self.actor_network, tokens, attention, with_entropy=self.entropy_bonus, owner="GRPOLoss"
+        )
+        ref = None
+        if self.options.get("kl_to_ref_coeff"):
+            ref = tdi.left_padded(td, ("next", "ref_log_probs", "full"), self.ref_log_prob_padding_value)
+            if ref is None:
+                raise KeyError("GRPOLoss: kl_to_ref_coeff is set but ('next', 'ref_log_probs', 'full') is missing")
+        advantage = advantage.float().squeeze(-1) if advantage.shape[-1] == 1 else advantage.float()  # (B,) | (B, T)
+        sampler = sampler.to(log_probs.device)
+        return grpo_loss(
+            log_probs,
+            torch.where(attention.to(sampler.device), sampler, torch.full_like(sampler, float("nan"))),
+            advantage.to(log_probs.device),
+            mask.to(log_probs.device),
+            entropy=entropy,
+            ref_log_probs=None if ref is None else ref.to(log_probs.device),
             **self.options,
         )

@@ -120,28 +120,37 @@ def sft_loss(
 
 
 class SFTLoss(nn.Module):
-    """SFT loss for a causal LM: scores a packed batch with ``actor_network`` and applies :func:`sft_loss`.
+    """SFT loss for a causal LM (TorchRL's signature): scores the trained tokens with ``actor_network`` and applies
+    :func:`sft_loss`.
 
-    Trains on the tokens of each sample's ``response_mask`` (assistant tokens only, when the mask marks
-    tool/user tokens False). Options: ``loss_function`` (``"sft"`` | ``"minor_sft"``), ``reduction``,
+    ``loss(td)`` (TorchRL's call) reads ``("history", "full")``: the assistant tokens come from
+    ``("masks", "all_assistant_mask")`` with ``("tokens", "full")`` when the batch has them, else from the chat
+    template (``tokenizer``, default the actor's, with ``tokenizer_kwargs``); with ``kl_to_ref_coeff`` or
+    ``minor_sft``, ``("next", "ref_log_probs", "full")``. ``loss(packed_batch)`` is the trainer's path (each
+    sample's ``response_mask``). Options: ``loss_function`` (``"sft"`` | ``"minor_sft"``), ``reduction``,
     ``normalize_by_seq_length``, ``kl_to_ref_coeff``, ``beta`` -- TorchRL's names and defaults.
     """
 
     def __init__(
         self,
-        actor_network: nn.Module | None = None,
-        *,
-        loss_function: Literal["sft", "minor_sft"] = "sft",
+        actor_network: nn.Module | None,
+        tokenizer: Any = None,
+        tokenizer_kwargs: dict | None = None,
         reduction: Literal["mean", "sum", "none"] = "mean",
         normalize_by_seq_length: bool = True,
         kl_to_ref_coeff: float | None = None,
+        loss_function: Literal["sft", "minor_sft"] = "sft",
         beta: float = 0.1,
+        device: torch.device | None = None,
     ):
         super().__init__()
         if loss_function == "minor_sft" and kl_to_ref_coeff:
             warnings.warn("kl_to_ref_coeff is ignored with minor_sft (its KL regularisation is implicit)", stacklevel=2)
             kl_to_ref_coeff = None
         self.actor_network = actor_network
+        self.tokenizer = tokenizer if tokenizer is not None else getattr(actor_network, "tokenizer", None)
+        self.tokenizer_kwargs = dict(tokenizer_kwargs or {})
+        self.device = device
         self.options: dict[str, Any] = dict(
             loss_function=loss_function,
             reduction=reduction,
@@ -160,10 +169,52 @@ class SFTLoss(nn.Module):
         return float(batch.mask.any(-1).sum()) if self.reduction == "mean" else None
 
     def forward(self, batch: Any) -> SFTLossOutput:
-        """Score ``batch`` (a :class:`~llmrl_core.trainer.batch.PackedBatch`) and return the loss terms."""
+        """Score ``batch`` (a TorchRL TensorDict, or a :class:`~llmrl_core.trainer.batch.PackedBatch`) and return
+        the loss terms."""
+        from tensordict import TensorDictBase
+
+        if isinstance(batch, TensorDictBase):
+            return self._forward_tensordict(batch)
         from llmrl_core.trainer.scoring import score_packed
 
         if self.actor_network is None:
             raise ValueError("SFTLoss has no actor_network: pass the model, or call sft_loss() directly")
         scores = score_packed(self.actor_network, batch)
         return sft_loss(scores.log_probs, batch.mask, ref_log_probs=batch.ref_log_probs, **self.options)
+
+    def _forward_tensordict(self, td: Any) -> SFTLossOutput:
+        """TorchRL's call on a batch of chats (see the class docstring for the keys read)."""
+        from llmrl_core.objectives import tensordict_input as tdi
+
+        if tdi.has_key(td, ("tokens", "full")) and tdi.has_key(td, ("masks", "all_assistant_mask")):
+            tokens, attention = tdi.tokens_and_attention(td, ("tokens", "full"))
+            assistant = tdi.loss_mask(td, "rlhf", attention, "SFTLoss")
+        else:
+            history = td.get(("history", "full"), None)
+            if history is None:
+                raise KeyError(f"SFTLoss: no ('history', 'full') in the batch (keys: {sorted(map(str, td.keys()))})")
+            if self.tokenizer is None:
+                raise ValueError("SFTLoss needs a tokenizer (or an actor_network with one) to read the chats")
+            kwargs = {"return_assistant_tokens_mask": True, **self.tokenizer_kwargs}
+            encoded = history.apply_chat_template(
+                tokenizer=self.tokenizer, tokenize=True, return_dict=True, padding=False, **kwargs
+            )
+            if "assistant_masks" not in encoded.keys():
+                raise ValueError(f"Assistant masks are not present in the token structure: {encoded=}.")
+            ids = [t.long() for t in encoded.get("input_ids", as_list=True)]
+            masks = [m.bool() for m in encoded.get("assistant_masks", as_list=True)]
+            tokens, attention = tdi.as_padded_tensor(ids, 0, "left", return_mask=True)
+            assistant = tdi.as_padded_tensor(masks, False, "left").bool() & attention
+        if not assistant.any(-1).all():
+            raise ValueError("Some inputs have no valid assistant masks.")
+        log_probs, _ = tdi.score(self.actor_network, tokens, attention, with_entropy=False, owner="SFTLoss")
+        ref = None
+        if self.options["kl_to_ref_coeff"] is not None or self.options["loss_function"] == "minor_sft":
+            ref = tdi.left_padded(td, ("next", "ref_log_probs", "full"), 0.0)
+            if ref is None:
+                why = "kl_to_ref_coeff was set" if self.options["kl_to_ref_coeff"] is not None else "loss is minor_sft"
+                raise ValueError(
+                    f"Reference log probs not found in tensordict at key ('next', 'ref_log_probs', 'full') but {why}"
+                )
+            ref = ref.to(log_probs.device)
+        return sft_loss(log_probs, assistant.to(log_probs.device), ref_log_probs=ref, **self.options)

@@ -78,9 +78,13 @@ class PythonInterpreter(Transform):
     fail correct code.
 
     Args:
+        tokenizer: accepted for TorchRL's signature (the env renders the messages; none is needed here).
+        tool_name: role of the result messages (TorchRL's name), ``"tool"`` by default.
         persistent: keep one interpreter per slot across turns (reset with the env), else one per block.
         timeout: wall-clock seconds per block (also the per-block CPU budget unless ``sandbox_config`` sets it).
-        tool_role: role of the result messages (TorchRL's ``tool_name``), ``"tool"`` by default.
+        services, service_name, namespace: TorchRL's Ray-hosted interpreter pool; refused (``services``/``namespace``
+            set): llmrl runs each interpreter in its own sandboxed process.
+        tool_role: llmrl's name for ``tool_name`` (either may be given).
         sandbox_config: limits and confinement options (:class:`~llmrl_core.tools.sandbox.SandboxConfig`).
         max_blocks: run at most this many blocks per message (the rest get a "skipped" message).
         max_workers: slots executed concurrently.
@@ -88,14 +92,27 @@ class PythonInterpreter(Transform):
 
     def __init__(
         self,
+        tokenizer: Any = None,
+        tool_name: str = "tool",
         persistent: bool = False,
         timeout: float = 10.0,
-        tool_role: str = "tool",
+        services: str | None = None,
+        service_name: str = "python_executor",
+        namespace: str | None = None,
+        *,
+        tool_role: str | None = None,
         sandbox_config: SandboxConfig | None = None,
         max_blocks: int = 8,
         max_workers: int = 4,
     ) -> None:
         super().__init__()
+        if services is not None or namespace is not None:
+            raise ValueError(
+                "PythonInterpreter: services=/namespace= select TorchRL's Ray-hosted interpreter pool; llmrl runs "
+                "each interpreter in its own sandboxed process (drop these arguments)"
+            )
+        self.tokenizer, self.service_name = tokenizer, service_name
+        tool_role = tool_role if tool_role is not None else tool_name
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0, got {timeout}")
         if max_blocks < 1 or max_workers < 1:

@@ -388,7 +388,7 @@ class LLMWrapperBase(TensorDictModuleBase):
         ``"empty"`` an empty copy of the input receives them. ``tensordict_out`` receives them when given.
         """
         if logits_only:
-            raise NotImplementedError("logits_only=True is not supported by llmrl's wrappers")
+            return self._forward_logits(tensordict)
         if tensordict.ndim == 0:
             if tensordict_out is not None:
                 raise ValueError(
@@ -420,6 +420,45 @@ class LLMWrapperBase(TensorDictModuleBase):
                 if value is not None:
                     tensordict_out.set(key, value)
             return tensordict_out
+
+    def _forward_logits(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """``logits_only=True``: the scored sequences with ``"logits"`` per row, aligned with their tokens
+        (:mod:`llmrl_core.modules.policies.distributions`)."""
+        if self.generate:
+            raise ValueError("logits_only=True is only effective with generate=False (a scoring wrapper)")
+        with set_list_to_stack(True):
+            out = self._compute(tensordict)
+            sequences = out.get((self.tokens_key, "full"), as_list=True)
+            for i, logits in enumerate(self._logits_rows([torch.as_tensor(s) for s in sequences])):
+                out[i].set("logits", logits)
+        return out
+
+    def _logits_rows(self, sequences: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Per-sequence ``(T, V)`` logits aligned with the tokens (the engine's own forward pass)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} returns no logits (vLLM reports log-probs only): use a TransformersWrapper "
+            "over the same weights for logits_only / get_dist"
+        )
+
+    def get_dist(
+        self,
+        tensordict: TensorDictBase,
+        tensordict_out: TensorDictBase | None = None,
+        logits_key: NestedKey = "logits",
+        mask_key: NestedKey | None = None,
+        as_padded_tensor: bool | None = None,
+        as_nested_tensor: bool | None = None,
+        padding_value: float | None = None,
+        padding_side: str = "left",
+        layout: torch.layout | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """TorchRL's ``get_dist``: the token distribution over each whole sequence as an ``LLMMaskedCategorical``
+        (``log_prob(tokens)``, ``entropy()``; masked by ``mask_key`` or the real tokens). Padding is on the
+        left; the nested-tensor and layout options are accepted for TorchRL's signature."""
+        from llmrl_core.modules.policies.distributions import get_dist
+
+        return get_dist(self, tensordict, logits_key=logits_key, mask_key=mask_key, padding_side=padding_side)
 
     # --- input ----------------------------------------------------------------------------------------
     def _require_tokenizer(self) -> Any:

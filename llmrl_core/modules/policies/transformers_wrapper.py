@@ -241,6 +241,16 @@ class TransformersWrapper(LLMWrapperBase):
                 out.append(log_probs[row, ids.shape[1] - seq.numel() :])
         return out
 
+    def _logits_rows(self, sequences: list[torch.Tensor]) -> list[torch.Tensor]:
+        from llmrl_core.modules.policies.distributions import logits_rows
+
+        pad = self.padding_value if self.padding_value is not None else 0
+        device = self._device or self._model_device
+        out: list[torch.Tensor] = []
+        for start in range(0, len(sequences), self.score_batch_size):
+            out.extend(logits_rows(self.model, sequences[start : start + self.score_batch_size], pad, device))
+        return out
+
 
 def _response_length(row: torch.Tensor, stop_ids: set[int], pad: int) -> int:
     """Length of a generated row: through its first stop token, else without the trailing padding."""

@@ -1,0 +1,201 @@
+"""GRPOLoss and SFTLoss called as TorchRL users call them (``loss(td)`` on the collector's TensorDict), against
+TorchRL 0.14.1's own losses on the same inputs (tests/goldens/torchrl/losses_td.json, written by
+scripts/torchrl_loss_goldens.py in the side venv)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict, lazy_stack
+
+from llmrl_core.data import History
+from llmrl_core.modules import TransformersWrapper
+from llmrl_core.modules.policies import ChatHistory
+from llmrl_core.objectives import GRPOLoss, SFTLoss
+
+GOLDEN = json.loads((Path(__file__).parent / "goldens" / "torchrl" / "losses_td.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def actor(hf_model_fp32):
+    model, tokenizer = hf_model_fp32
+    return TransformersWrapper(
+        model, tokenizer=tokenizer, input_mode="history", generate=False, return_log_probs=True, pad_output=False
+    )
+
+
+@pytest.fixture(scope="module")
+def scored(actor):
+    history = History.from_chats(GOLDEN["chats"])
+    return actor(TensorDict(history=ChatHistory(full=history, batch_size=(2,)), batch_size=(2,)))
+
+
+def collector_batch(scored, per_token_advantage: bool = True):
+    """The scored chats as a collector batch: TorchRL's sampler log-probs and advantages from the golden file."""
+    rows = []
+    for i, advantage in enumerate(GOLDEN["inputs"]["advantage"]):
+        row = scored[i].clone()
+        sampler = torch.tensor(GOLDEN["inputs"]["sampler_log_probs"][i])
+        row.set(("log_probs", "full"), sampler)
+        row.set(
+            "advantage",
+            torch.full((sampler.numel(), 1), advantage) if per_token_advantage else torch.tensor([advantage]),
+        )
+        rows.append(row)
+    return lazy_stack(rows)
+
+
+def test_the_scored_batch_is_torchrls(scored):
+    """Same tokens, assistant masks and (to float tolerance) log-probs as TorchRL's wrapper wrote."""
+    inputs = GOLDEN["inputs"]
+    assert [t.tolist() for t in scored.get(("tokens", "full"), as_list=True)] == inputs["tokens"]
+    assert [m.tolist() for m in scored.get(("masks", "all_assistant_mask"), as_list=True)] == inputs["assistant_mask"]
+    for ours, theirs in zip(scored.get(("log_probs", "full"), as_list=True), inputs["log_probs"], strict=True):
+        torch.testing.assert_close(ours.detach(), torch.tensor(theirs), atol=2e-4, rtol=0)
+
+
+def by_hand(advantage_side: str) -> float:
+    """GRPO's token-mean PPO objective from the golden file's inputs, in float64 (rows left-padded as TorchRL does;
+    the per-token advantages padded on ``advantage_side``)."""
+    inputs = GOLDEN["inputs"]
+    width = max(len(t) for t in inputs["tokens"])
+
+    def pad(row, side="left"):
+        fill = torch.zeros(width - len(row), dtype=torch.float64)
+        row = torch.tensor(row, dtype=torch.float64)
+        return torch.cat([fill, row]) if side == "left" else torch.cat([row, fill])
+
+    cur = torch.stack([pad(r) for r in inputs["log_probs"]])
+    prev = torch.stack([pad(r) for r in inputs["sampler_log_probs"]])
+    mask = torch.stack([pad([float(m) for m in r]) for r in inputs["assistant_mask"]]).bool()
+    adv = torch.stack(
+        [pad([a] * len(t), advantage_side) for a, t in zip(inputs["advantage"], inputs["tokens"], strict=True)]
+    )
+    log_w = torch.where(mask, cur - prev, torch.zeros_like(cur))
+    clipped = log_w.clamp(torch.log(torch.tensor(0.8)), torch.log(torch.tensor(1.2))).exp()
+    per_token = -torch.min(log_w.exp() * adv, clipped * adv)
+    return float((per_token * mask).sum() / mask.sum())
+
+
+def test_grpo_loss_on_a_tensordict_matches_torchrl(actor, scored):
+    """``GRPOLoss(actor, masking_strategy="rlhf")(td)`` on the collector's layout. TorchRL 0.14.1 reads the
+    per-token advantage padded on the right while it pads the log-probs on the left, so on a batch of unequal
+    lengths its objective pairs a token with its neighbour's advantage: its recorded value is reproduced by hand
+    with that padding, ours by hand with the advantages aligned. The terms that do not involve the advantage are
+    TorchRL's exactly."""
+    theirs = GOLDEN["grpo_rlhf"]
+    out = GRPOLoss(actor, masking_strategy="rlhf")(collector_batch(scored))
+    assert theirs["loss_objective"] == pytest.approx(by_hand("right"), abs=1e-5)  # TorchRL's padding, reproduced
+    assert float(out.loss_objective) == pytest.approx(by_hand("left"), abs=2e-4)
+    assert by_hand("left") != pytest.approx(by_hand("right"), abs=1e-3)  # the two paddings do differ here
+    for name in ("ESS", "loss_entropy"):
+        assert float(getattr(out, name)) == pytest.approx(theirs[name], abs=2e-4), name
+    # TorchRL averages the clip indicator over all B x T positions, llmrl over the trained tokens (module docstring)
+    positions = 2 * max(len(t) for t in GOLDEN["inputs"]["tokens"])
+    assert float(out.clip_fraction) * float(out.num_tokens) == pytest.approx(
+        theirs["clip_fraction"] * positions, abs=1e-3
+    )
+    out.loss.backward()  # the loss is differentiable through the actor's model
+    grads = [p.grad for p in actor.model.parameters() if p.grad is not None]
+    assert grads and any(g.abs().sum() > 0 for g in grads)
+    actor.model.zero_grad(set_to_none=True)
+
+
+def test_grpo_loss_takes_a_sequence_advantage_and_says_what_is_missing(actor, scored):
+    per_token = GRPOLoss(actor, masking_strategy="rlhf", entropy_bonus=False)(collector_batch(scored))
+    per_row = GRPOLoss(actor, masking_strategy="rlhf", entropy_bonus=False)(collector_batch(scored, False))
+    assert float(per_row.loss_objective) == pytest.approx(float(per_token.loss_objective), abs=1e-6)
+    batch = collector_batch(scored)
+    with pytest.raises(ValueError, match=r"Advantage key advantage not in tensordict"):
+        GRPOLoss(actor)(batch.exclude("advantage"))
+    with pytest.raises(ValueError, match=r"Action key \('tokens', 'full'\) not in tensordict"):
+        GRPOLoss(actor)(TensorDict(advantage=torch.zeros(2, 1), batch_size=(2,)))
+    with pytest.raises(ValueError, match="masking_strategy must be one of"):
+        GRPOLoss(actor, masking_strategy="everything")
+
+
+def test_sft_loss_on_chats_matches_torchrl(actor, hf_model_fp32):
+    _, tokenizer = hf_model_fp32
+    history = History.from_chats(GOLDEN["chats"])
+    out = SFTLoss(actor, tokenizer=tokenizer)(
+        TensorDict(history=ChatHistory(full=history, batch_size=(2,)), batch_size=(2,))
+    )
+    assert float(out.loss_sft) == pytest.approx(GOLDEN["sft"]["loss_sft"], abs=2e-4)
+    with pytest.raises(ValueError, match="Reference log probs not found"):
+        SFTLoss(actor, loss_function="minor_sft")(
+            TensorDict(history=ChatHistory(full=history, batch_size=(2,)), batch_size=(2,))
+        )
+
+
+def test_a_torchrl_style_grpo_iteration_runs_end_to_end(hf_model_fp32):
+    """A TorchRL user's GRPO step, with llmrl's imports: a tokens-mode env of whole groups, a TransformersWrapper
+    sampling with log-probs, the collector, MCAdvantage, GRPOLoss on the batch, an optimizer step. The trainer's
+    scores of the sampled tokens agree with the sampler's (same weights), and the step changes the weights."""
+    from llmrl_core.collectors import LLMCollector
+    from llmrl_core.envs import ChatEnv
+    from llmrl_core.envs.transforms import Transform
+    from llmrl_core.objectives import MCAdvantage
+
+    model, tokenizer = hf_model_fp32
+
+    class LengthReward(Transform):  # a reward that differs within a group: the answer's length, mod 5
+        def step_slot(self, slot):
+            slot.add_reward(float(len(slot.last_response.text) % 5))
+            slot.terminate()
+
+    prompts = [{"query": "What is 2 + 2?"}, {"query": "Name a colour."}]
+    env = ChatEnv.from_dataloader(
+        prompts, tokenizer=tokenizer, input_mode="tokens", batch_size=2, repeats=3, group_repeats=True
+    )
+    env.append_transform(LengthReward())
+    policy = TransformersWrapper(
+        model, tokenizer=tokenizer, input_mode="tokens", generate=True, return_log_probs=True,
+        generate_kwargs={"max_new_tokens": 12, "do_sample": True, "temperature": 1.0},
+    )  # fmt: skip
+    collector = LLMCollector(env, policy=policy, dialog_turns_per_batch=6, total_dialog_turns=6)
+    batch = next(iter(collector))
+    assert batch.batch_size == (6,)
+    batch = MCAdvantage(grpo_size=3)(batch)
+    rewards = batch.get("reward").reshape(2, 3)
+    expected = (rewards - rewards.mean(-1, keepdim=True)) / (rewards.std(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(batch.get("advantage").reshape(2, 3), expected, atol=1e-5, rtol=0)
+
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    out = GRPOLoss(policy, masking_strategy="rlhf")(batch)
+    assert float(out.sampler_abs_diff_max) < 1e-3  # sampler and trainer score the same tokens alike
+    assert float(out.ESS) == pytest.approx(1.0, abs=1e-3)
+    out.loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    changed = any(not torch.equal(a, p.detach()) for a, p in zip(before, model.parameters(), strict=True))
+    with torch.no_grad():  # put the shared fixture's weights back
+        for p, a in zip(model.parameters(), before, strict=True):
+            p.copy_(a)
+    assert changed
+
+
+def test_logits_only_and_get_dist_agree_with_the_wrappers_log_probs(actor, scored):
+    """``logits_only=True`` gives per-token logits aligned with the tokens; ``get_dist`` is the masked categorical
+    over them: its log-probs of the sequences are the wrapper's scores, masked by ``mask_key``."""
+    td = TensorDict(history=ChatHistory(full=History.from_chats(GOLDEN["chats"])), batch_size=(2,))
+    out = actor(td.copy(), logits_only=True)
+    tokens = scored.get(("tokens", "full"), as_list=True)
+    scores = scored.get(("log_probs", "full"), as_list=True)
+    for logits, ids, expected in zip(out.get("logits", as_list=True), tokens, scores, strict=True):
+        assert logits.shape == (len(ids), actor.model.config.vocab_size)
+        got = torch.log_softmax(logits.float(), -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+        torch.testing.assert_close(got.detach(), expected.detach(), atol=1e-4, rtol=0)
+    dist = actor.get_dist(scored, mask_key=("masks", "all_assistant_mask"))
+    padded_ids = torch.stack([torch.nn.functional.pad(t, (dist.mask.shape[1] - len(t), 0)) for t in tokens])
+    log_probs = dist.log_prob(padded_ids)
+    padded_scores = torch.stack([torch.nn.functional.pad(s, (dist.mask.shape[1] - len(s), 0)) for s in scores])
+    torch.testing.assert_close(log_probs.detach(), torch.where(dist.mask, padded_scores, 0).detach(), atol=1e-4, rtol=0)
+    assert int(dist.mask.sum()) == sum(sum(m) for m in GOLDEN["inputs"]["assistant_mask"])
+    assert (dist.entropy()[dist.mask] > 0).all() and (dist.entropy()[~dist.mask] == 0).all()
+    generating = TransformersWrapper(actor.model, tokenizer=actor.tokenizer, generate=True)
+    with pytest.raises(NotImplementedError, match="get_dist is not implemented for generate=True"):
+        generating.get_dist(td)
