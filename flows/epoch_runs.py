@@ -29,6 +29,7 @@ from tasks.cluster import dask_cluster
 from tasks.epoch_stages import lineage_config, train_epoch
 from tasks.grpo_stages import fetch_markers, latest_published
 from tasks.publishing import publish_version
+from tasks.run_identity import identify_run
 from tasks.sft_actor import TrainerSetup, start_trainer
 
 EPOCH_METRICS = ("loss_first", "loss_last", "loss_mean", "steps", "grad_norm", "epoch_s")
@@ -64,7 +65,9 @@ class EpochRun:
         fetch_markers(layout.run_dir, layout.markers_uri)  # a remote runs_dir: versions another flow host committed
         published = latest_published(layout.run_dir)
         checkpoints = CheckpointStore(layout.checkpoints_uri)
-        return cls(cfg, layout, resolve_model(cfg.model), published, config, lineage, checkpoints)
+        run = cls(cfg, layout, resolve_model(cfg.model), published, config, lineage, checkpoints)
+        identify_run(cfg.run_id, run.start, run.final, lineage)  # the Prefect run named after it, both UIs linked
+        return run
 
     @property
     def run_dir(self) -> Path:

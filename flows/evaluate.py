@@ -30,6 +30,8 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from llmrl_core.pipeline.preflight import PreflightError, check_run_id
+from storage.layout import RunLayout
+from tasks.console import library_logs
 from tasks.evaluate import (
     env_scoring,
     evaluate_version,
@@ -107,7 +109,8 @@ def evaluate(
     chosen = resolve_versions(run_id, runs_dir, versions)
     logger.info("evaluating run %s versions %s on %s questions of %s", run_id, chosen, n_questions, source)
     try:
-        outcomes = [evaluate_version(run_id, runs_dir, v, settings) for v in chosen]
+        with library_logs(RunLayout.for_runs_dir(run_id, runs_dir).run_dir):  # vLLM's log to <run>/logs/ (-v: here)
+            outcomes = [evaluate_version(run_id, runs_dir, v, settings) for v in chosen]
     finally:
         if not keep_engine:
             release_engines()

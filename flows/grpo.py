@@ -16,6 +16,7 @@ same seeds), nothing published is repeated. Run it with
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -30,9 +31,11 @@ from storage.trajectories import TrajectoryStore
 from tasks import grpo_stages as stages
 from tasks.actors import RolloutWorker, TrainerWorker
 from tasks.cluster import dask_cluster
+from tasks.console import library_logs
 from tasks.publishing import PendingPublish, publish_version, start_publish
 from tasks.reporting import BackgroundReports
 from tasks.rollout_ahead import RolloutAhead
+from tasks.run_identity import identify_run
 from tasks.weight_sync import weight_sync_for
 
 
@@ -110,17 +113,25 @@ def grpo(
     )
     if fetched:
         log.info("versions %s were committed from another flow host (markers fetched from runs_dir)", fetched)
-    lineage = LineageRecorder(
-        run_dir,
-        pipeline="grpo",
-        run_id=cfg.run_id,
-        config=stages.lineage_config(cfg),
-        lineage_config=LineageConfig(tracking_uri=cfg.tracking_uri),
-    )
-    checkpoints = CheckpointStore(layout.checkpoints_uri)
-    stages.save_run_config(run_dir, stages.lineage_config(cfg))
+    # the libraries' logs go to <run>/logs/ while the flow runs (llmrl run ... -v: on the console)
+    quiet = ExitStack()
+    quiet.enter_context(library_logs(run_dir))
+    try:
+        lineage = LineageRecorder(
+            run_dir,
+            pipeline="grpo",
+            run_id=cfg.run_id,
+            config=stages.lineage_config(cfg),
+            lineage_config=LineageConfig(tracking_uri=cfg.tracking_uri),
+        )
+        identify_run(cfg.run_id, start, cfg.iterations, lineage)  # the Prefect run named after it, both UIs linked
+        checkpoints = CheckpointStore(layout.checkpoints_uri)
+        stages.save_run_config(run_dir, stages.lineage_config(cfg))
+    except BaseException:
+        quiet.close()
+        raise
     # each version's report is written while the next iteration runs (the last one is waited for on leaving)
-    with lineage, dask_cluster(cfg, run_dir / "dask") as place, BackgroundReports() as reports:
+    with quiet, lineage, dask_cluster(cfg, run_dir / "dask") as place, BackgroundReports() as reports:
         client = place.client
         t0 = time.perf_counter()
         engines = [
@@ -298,7 +309,8 @@ def grpo(
     }
     final = summary["published_version"]
     if cfg.final_eval.questions > 0 and final > 0:
-        summary["final_eval"] = final_evaluation(cfg, final)
+        with library_logs(run_dir):
+            summary["final_eval"] = final_evaluation(cfg, final)
         log.info("%s", summary["final_eval"]["line"])
     log.info("done: %s", summary)
     return summary

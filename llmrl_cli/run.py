@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from llmrl_cli.run_more import VERBOSE_OPTION, run_flow, set_verbose
+
 MAIN_JOB = Path(__file__).with_name("main_job.yaml")  # what `llmrl run grpo` runs without --config
 
 run_app = typer.Typer(
@@ -68,6 +70,7 @@ def run_grpo(
     config: Path = typer.Option(None, "--config", "-c", help="YAML config (sections: data, rollout, train, dask)."),
     overrides: list[str] = typer.Option(None, "--set", help="Override one setting, e.g. --set train.lr=1e-6."),
     show_config: bool = typer.Option(False, "--show-config", help="Print the resolved config and exit."),
+    verbose: bool = VERBOSE_OPTION,
 ) -> None:
     """GRPO: without --config, the main job (two-digit addition with the packaged SmolLM2-135M, 10 iterations,
     then base vs last version on 100 held-out problems); --config recipes/gsm8k-demo.yaml for GSM8K.
@@ -77,13 +80,14 @@ def run_grpo(
     from llmrl_cli.run_more import load_checked
     from llmrl_core.pipeline.grpo_config import GRPOConfig
 
+    set_verbose(verbose)
     if config is None:
         config = main_job_for(list(overrides or []))
     if load_checked(GRPOConfig, config, overrides, show_config) is None:
         return
     from flows.grpo import grpo
 
-    summary = grpo(config=str(config), overrides=list(overrides or []))
+    summary = run_flow(grpo, config=str(config), overrides=list(overrides or []))
     typer.echo(f"run {summary['run_id']}: published version {summary['published_version']}")
     if "final_eval" in summary:
         typer.echo(f"  {summary['final_eval']['line']}")
@@ -102,11 +106,13 @@ def run_collect(
     version: int = typer.Option(0, "--version", help="Policy version of the run to sample (0 = base model)."),
     batches: int = typer.Option(1, "--batches", min=1, help="How many batches of prompts."),
     out_run_id: str = typer.Option(None, "--out-run-id", help="Run id to store the rollouts under."),
+    verbose: bool = VERBOSE_OPTION,
 ) -> None:
     """Rollouts only: sample a stored policy version and keep every response (no training)."""
     from llmrl_cli.run_more import load_checked
     from llmrl_core.pipeline.grpo_config import GRPOConfig
 
+    set_verbose(verbose)
     load_checked(GRPOConfig, config, overrides, False)
     if out_run_id is not None:
         _check_id(out_run_id, "--out-run-id")
@@ -134,8 +140,10 @@ def run_evaluate(
     temperature: float = typer.Option(0.7, help="Sampling temperature of the sampled mode."),
     max_new_tokens: int = typer.Option(256, min=1, help="Token limit of each answer (each turn, in a tool env)."),
     runs_dir: str = typer.Option(None, help="Runs root (default $LLMRL_HOME/runs)."),
+    verbose: bool = VERBOSE_OPTION,
 ) -> None:
     """Held-out accuracy, tag rate, mean reward and pass@k of a run's versions, greedy and sampled."""
+    set_verbose(verbose)
     _check_id(run_id, "RUN_ID")
     chosen: list[int] | str = "all"
     if versions != "all":

@@ -11,6 +11,32 @@ from typing import Any
 
 import typer
 
+VERBOSE_OPTION = typer.Option(
+    False, "--verbose", "-v", help="Show the libraries' logs (Dask, vLLM, MLflow, Prefect tasks) here, live."
+)
+
+
+def run_flow(flow: Any, **parameters: Any) -> Any:
+    """Call a flow; a run stopped by Ctrl-C or SIGTERM is marked Cancelled in Prefect (MLflow: KILLED) on its way
+    out, instead of Crashed."""
+    try:
+        return flow(**parameters)
+    except (KeyboardInterrupt, SystemExit) as stop:
+        from tasks.run_identity import mark_stopped
+
+        mark_stopped("stopped by SIGTERM" if isinstance(stop, SystemExit) else "stopped by Ctrl-C")
+        raise
+
+
+def set_verbose(verbose: bool) -> None:
+    """``-v``: the libraries log to the console (tasks/console.py); otherwise to files under the run folder."""
+    import os
+
+    from tasks.console import VERBOSE
+
+    if verbose:
+        os.environ[VERBOSE] = "1"
+
 
 def load_checked(config_cls: type, config: Path | None, overrides: list[str] | None, show_config: bool) -> Any:
     """The run config, loaded and pre-flight checked (a bad setting exits 2 with its message before any flow,
@@ -49,6 +75,7 @@ def run_sft(
         None, "--set", help="Override one setting, e.g. --set epochs=2 or --set source=trajectories."
     ),
     show_config: bool = typer.Option(False, "--show-config", help="Print the resolved config and exit."),
+    verbose: bool = VERBOSE_OPTION,
 ) -> None:
     """SFT on GSM8K chats (default) or a chat dataset; with --set source=trajectories --set trajectories.run_id=R,
     on the best stored responses of run R (top-k per prompt group).
@@ -57,12 +84,13 @@ def run_sft(
     """
     from llmrl_core.pipeline.sft_config import SFTConfig
 
+    set_verbose(verbose)
     cfg = load_checked(SFTConfig, config, overrides, show_config)
     if cfg is None:
         return
     from flows.sft import sft
 
-    summary = sft(config=str(config) if config else None, overrides=list(overrides or []))
+    summary = run_flow(sft, config=str(config) if config else None, overrides=list(overrides or []))
     _print_summary(summary)
     losses = ", ".join(f"v{v} {loss:.4f}" for v, loss in summary["data_loss"].items() if loss is not None)
     typer.echo(f"  loss on the training set: {losses}")
@@ -74,6 +102,7 @@ def run_offline(
         None, "--set", help="Override one setting, e.g. --set source.run_id=grpo-demo --set rescore.reward=gsm8k."
     ),
     show_config: bool = typer.Option(False, "--show-config", help="Print the resolved config and exit."),
+    verbose: bool = VERBOSE_OPTION,
 ) -> None:
     """GRPO from the stored trajectories of another run (no new rollouts), optionally re-scored, into a new run.
 
@@ -86,7 +115,7 @@ def run_offline(
         return
     from flows.offline import offline
 
-    summary = offline(config=str(config) if config else None, overrides=list(overrides or []))
+    summary = run_flow(offline, config=str(config) if config else None, overrides=list(overrides or []))
     _print_summary(summary)
     typer.echo(
         f"  from {summary['source_run_id']} versions {summary['versions']}: {summary['trained_rows']} of "

@@ -135,6 +135,7 @@ def show(
     )
     if top:
         typer.echo(f"top {len(ranked)} by {by}:")
+
     def clip(value: str) -> str:
         value = " ".join(value.split())
         return value if width == 0 or len(value) <= width else value[: width - 3] + "..."

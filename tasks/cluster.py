@@ -345,6 +345,8 @@ def dask_cluster(cfg: RunConfig, scratch: Path, rollout_workers: int | None = No
     """
     from dask.distributed import Client, Scheduler, SpecCluster
 
+    from tasks.console import library_logs, logs_dir, verbose, worker_log_options
+
     n_rollout = rollout_count(cfg, rollout_workers)
     if cfg.dask.address:
         with Client(cfg.dask.address) as client:
@@ -367,13 +369,18 @@ def dask_cluster(cfg: RunConfig, scratch: Path, rollout_workers: int | None = No
         log.info(note)
     if gpus.visible or any(envs.values()):
         log.info("local Dask workers: " + "; ".join(f"{name} {_describe(env)}" for name, env in envs.items()))
-    workers = {
-        name: {"cls": _nanny_class(), "options": {**common, "resources": res, "env": envs[name]}}
-        for name, res in resources.items()
-    }
+    logs = logs_dir(scratch.parent)
+    workers = {}
+    for name, res in resources.items():
+        log_options, log_env = worker_log_options(logs, name)
+        options = {**common, **log_options, "resources": res, "env": {**envs[name], **log_env}}
+        workers[name] = {"cls": _nanny_class(), "options": options}
+    if not verbose():
+        log.info(f"library logs: {logs} (llmrl run ... -v shows them here)")
     scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": None}}
     tensor_parallel = _rollout_placement(cfg)[0] > 1 and n_rollout > 0
     with ExitStack() as stack:
+        stack.enter_context(library_logs(scratch.parent))
         # last on the way out, once the workers are gone: the shared-memory weights their trainer left behind
         # (storage/handoff.py; a trainer process ends with its worker, without a chance to remove them itself)
         stack.callback(sweep_orphans)

@@ -30,6 +30,9 @@ for key, value in {
     "VLLM_NO_USAGE_STATS": "1",
     # The ephemeral Prefect API can take longer than its 20 s default to start on a loaded 2-core machine.
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+    # Flows run in this process keep the libraries' loggers as they are (tests read them with caplog); the quiet
+    # console (tasks/console.py) is tested through the CLI in a process of its own (tests/test_main_job.py).
+    "LLMRL_VERBOSE": "1",
 }.items():
     os.environ.setdefault(key, value)
 

@@ -120,6 +120,22 @@ def test_two_iterations_crash_and_resume(tmp_path, default_model_path):
         assert info["checkpoint_uri"].startswith("file://") and path.name == f"policy_v{version:06d}.safetensors"
         assert hashlib.sha256(path.read_bytes()).hexdigest() == info["checkpoint"]["sha256"]
 
+    # one run, one identity in both UIs: each flow run is named after the run and the versions it makes, tagged
+    # with it; the MLflow run carries the (latest) Prefect flow run's id and address; a link artifact points back
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterTags
+
+    with get_client(sync_client=True) as prefect:
+        flow_runs = prefect.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=["run:t1"])))
+        links = prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["mlflow-t1"])))
+    assert sorted(r.name for r in flow_runs) == ["t1 v0-2", "t1 v1-2"] and all("llmrl" in r.tags for r in flow_runs)
+    (run,) = client.search_runs([client.get_experiment_by_name("grpo").experiment_id])
+    resumed = next(r for r in flow_runs if r.name == "t1 v1-2")
+    assert run.data.tags["prefect.flow_run_id"] == str(resumed.id)
+    assert run.data.tags["prefect.flow_run_url"].endswith(f"/runs/flow-run/{resumed.id}")
+    assert {a.flow_run_id for a in links} == {r.id for r in flow_runs}
+    assert all(a.data.endswith(f"/runs/{run.info.run_id}") for a in links)
+
 
 @pytest.mark.slow
 def test_sigkill_mid_iteration_then_resume_repeats_nothing(tmp_path, default_model_path):
@@ -317,7 +333,8 @@ def test_train_config_selects_the_loss_options():
 @pytest.mark.slow
 def test_sigterm_stops_the_run_cleanly(tmp_path):
     """SIGTERM to `llmrl run grpo` mid-run: it exits (143) within a minute, with its Dask workers, engines and the
-    ephemeral Prefect API all gone, and the MLflow run marked KILLED; what was published stays published."""
+    ephemeral Prefect API all gone, the MLflow run marked KILLED and the Prefect flow run Cancelled; what was
+    published stays published."""
     import os
     import signal
     import subprocess
@@ -360,3 +377,11 @@ def test_sigterm_stops_the_run_cleanly(tmp_path):
     (run,) = client.search_runs([client.get_experiment_by_name("grpo").experiment_id])
     assert run.info.status == "KILLED"
     assert published.exists()
+    # Prefect shows the run as what it was: cancelled by the user, not crashed
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+
+    with get_client(sync_client=True) as prefect:
+        (flow_run,) = prefect.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=["run:t-term"])))
+    assert flow_run.state.type.value == "CANCELLED" and flow_run.state.message == "stopped by SIGTERM"
+

@@ -3,6 +3,7 @@ held-out evaluation line (run in a subprocess: its evaluation engine must not sh
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -35,6 +36,7 @@ def test_a_short_main_job_prints_the_held_out_accuracy(tmp_path):
         "rollout.dtype=float32",
         "final_eval.questions=6",
     ]
+    env = {k: v for k, v in os.environ.items() if k != "LLMRL_VERBOSE"}  # the user's default: a quiet console
     proc = subprocess.run(
         [sys.executable, "-c", "from llmrl_cli.main import app; app()", "run", "grpo"]
         + [a for o in overrides for a in ("--set", o)],
@@ -42,8 +44,20 @@ def test_a_short_main_job_prints_the_held_out_accuracy(tmp_path):
         capture_output=True,
         text=True,
         timeout=1200,
+        env=env,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # the console: llmrl's lines, not the libraries' (those are in the run folder's logs/)
+    console = (proc.stderr + proc.stdout).splitlines()
+    first_version = next(i for i, line in enumerate(console) if "version 0 (base model) published" in line)
+    assert first_version < 40, "\n".join(console[:first_version])
+    assert not [line for line in console if "Failed to load weights" in line or "were not loaded" in line]
+    assert not [line for line in console if re.search(r"INFO\W+distributed\.|distributed\.\w+ - INFO", line)]
+    assert not [line for line in console if "Dask Worker process" in line or "Task run" in line]
+    logs = tmp_path / "runs" / "arithmetic-quickstart" / "logs"
+    assert "distributed.scheduler" in (logs / "libraries.log").read_text()
+    assert "Reloading weights" in (logs / "rollout-0.log").read_text()  # vLLM's engine log, in the worker's file
+    assert (logs / "trainer.log").is_file()
     line = re.search(r"held-out accuracy (\d\.\d\d) -> (\d\.\d\d) \(([+-]\d\.\d\d) ± (\d\.\d\d)", proc.stdout)
     assert line, proc.stdout
     base, last, delta = (float(line.group(i)) for i in (1, 2, 3))
