@@ -36,7 +36,7 @@ from tasks.publishing import PendingPublish, publish_version, start_publish
 from tasks.reporting import BackgroundReports
 from tasks.rollout_ahead import RolloutAhead
 from tasks.run_identity import identify_run
-from tasks.weight_sync import weight_sync_for
+from tasks.weight_sync import choose_weight_route, endpoint_of, weight_sync_for
 
 
 class InjectedFailure(RuntimeError):
@@ -145,7 +145,8 @@ def grpo(
         engines = [e.result() for e in engines]
         log.info("%d rollout engine(s) and the trainer are resident (%.1f s)", len(engines), time.perf_counter() - t0)
         described = [e.describe().result() for e in engines]
-        hardware = {**described[0], **trainer.describe().result()}
+        trainer_described = trainer.describe().result()
+        hardware = {**described[0], **trainer_described}
         if len({d["rollout_device"] for d in described}) > 1:  # a joined cluster may mix CPU and GPU engines
             hardware["rollout_device"] = "mixed"
         log.info(
@@ -157,9 +158,15 @@ def grpo(
             hardware["trainer_device"],
             hardware["trainer_precision_reason"],
         )
-        lineage.set_tags({f"llmrl.{k}": v for k, v in hardware.items()})
+        route = choose_weight_route(
+            cfg.rollout.weight_sync,
+            endpoint_of(trainer_described, "trainer"),
+            [endpoint_of(d, "rollout") for d in described],
+        )
+        hardware["weight_route"] = f"{route.name} ({route.reason})"
+        lineage.set_tags({f"llmrl.{k}": v for k, v in hardware.items() if k not in ("host", "gpus")})
         config_dict = stages.lineage_config(cfg)
-        weight_sync = weight_sync_for(cfg, hardware, trainer, engines, place.trainer)
+        weight_sync = weight_sync_for(route, trainer, engines, place.trainer)
         shared = (
             weight_sync is None
             and place.engines_beside_trainer
@@ -167,12 +174,13 @@ def grpo(
             and trainer.share_weights(hardware["rollout_dtype"]).result()
         )
         log.info(
-            "new versions reach the engines by %s",
+            "new versions reach the engines by %s (%s)",
             f"NCCL broadcast ({weight_sync.world_size} ranks)"
             if weight_sync
             else "shared memory (a file in /dev/shm, rewritten in place)"
             if shared
             else "checkpoint load",
+            route.reason,
         )
         published_to = dict(
             run_id=cfg.run_id,

@@ -8,6 +8,7 @@ from llmrl_cli.demo import demo
 from llmrl_cli.doctor import doctor
 from llmrl_cli.lineage import lineage
 from llmrl_cli.models import models_app
+from llmrl_cli.plan import plan
 from llmrl_cli.run import run_app
 from llmrl_cli.run_more import run_offline, run_sft
 from llmrl_cli.trajectories import trajectories_app
@@ -28,6 +29,7 @@ app.command("lineage")(lineage)
 app.command("doctor")(doctor)
 app.command("demo")(demo)
 app.command("ui")(ui)
+app.command("plan")(plan)
 
 
 @app.command("version")

@@ -69,3 +69,22 @@ def mixed_precision_for(requested: str, device: str) -> tuple[str, str]:
         return requested, "set explicitly"
     choice = choose_dtype("auto", device)
     return ("bf16" if choice.bf16 else "no"), choice.reason
+
+
+def gpu_ids(indices: list[int] | None = None) -> list[str]:
+    """Stable ids of this process's CUDA devices (all visible ones, or ``indices``): their UUIDs, which name one
+    physical GPU whatever ``CUDA_VISIBLE_DEVICES`` renumbered; ``[]`` without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    chosen = range(torch.cuda.device_count()) if indices is None else indices
+    return [str(torch.cuda.get_device_properties(i).uuid) for i in chosen]
+
+
+def where_am_i(device: str, indices: list[int] | None = None) -> dict[str, str]:
+    """``host`` and ``gpus`` (comma-separated :func:`gpu_ids`) of a process using ``device``, for its ``describe()``
+    (the weight route between trainer and engines depends on them)."""
+    import socket
+
+    return {"host": socket.gethostname(), "gpus": ",".join(gpu_ids(indices) if device.startswith("cuda") else [])}

@@ -23,7 +23,7 @@ import torch
 from llmrl_core.collectors.dask_collector import RolloutActor
 from llmrl_core.collectors.tensordict_batches import rows as episode_rows
 from llmrl_core.evaluation.rollout_health import rollout_health
-from llmrl_core.hardware import mixed_precision_for
+from llmrl_core.hardware import mixed_precision_for, where_am_i
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.pipeline.task_config import make_task_env
 from llmrl_core.policies.base import SamplingConfig
@@ -108,6 +108,7 @@ class RolloutWorker(RolloutActor):
             "rollout_device": config.resolved_device(),
             "rollout_dtype": choice.dtype,
             "rollout_dtype_reason": choice.reason,
+            **where_am_i(config.resolved_device()),  # every GPU this worker sees is the engine's
         }
 
     def load(self, checkpoint_path: str, version: int) -> int:
@@ -274,10 +275,12 @@ class TrainerWorker:
 
     def describe(self) -> dict[str, str]:
         """The trainer's device and compute precision, and why (for the run's log and lineage)."""
+        device = self.trainer.device
         return {
-            "trainer_device": str(self.trainer.device),
+            "trainer_device": str(device),
             "trainer_precision": self.mixed_precision,
             "trainer_precision_reason": self.precision_reason,
+            **where_am_i(str(device), [device.index or 0] if device.type == "cuda" else None),
         }
 
     # --- state -----------------------------------------------------------------------------------

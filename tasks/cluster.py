@@ -346,6 +346,8 @@ def dask_cluster(cfg: RunConfig, scratch: Path, rollout_workers: int | None = No
     from dask.distributed import Client, Scheduler, SpecCluster
 
     from tasks.console import library_logs, logs_dir, verbose, worker_log_options
+    from tasks.memory_check import check_run_memory
+    from tasks.weight_sync import check_local_route
 
     n_rollout = rollout_count(cfg, rollout_workers)
     if cfg.dask.address:
@@ -364,6 +366,9 @@ def dask_cluster(cfg: RunConfig, scratch: Path, rollout_workers: int | None = No
     )
     resources = local_worker_resources(cfg, n_rollout)
     envs, gpus = worker_environments(cfg, visible_gpus(), available_cores(), n_rollout)
+    if isinstance(cfg, GRPOConfig):  # a weight route or a memory plan that cannot work: refused before any worker
+        check_local_route(cfg.rollout.weight_sync, gpus.visible, [n for n in envs if n != "trainer"])
+        check_run_memory(cfg)
     log = _logger()
     for note in gpus.notes:
         log.info(note)

@@ -7,7 +7,11 @@
   one process). The checkpoint is still written, so a resume and the lineage are unchanged; only the engines'
   read is replaced. Engines that must sample an *older* version (asynchronous runs, a resume) still load its
   checkpoint (:class:`tasks.rollout_ahead.RolloutAhead`).
-* ``auto``: ``nccl`` when the trainer and every engine run on CUDA, else ``checkpoint``.
+* ``auto``: by topology (:func:`choose_weight_route`, logged with its reason): ``nccl`` when the trainer and
+  every engine run on CUDA on distinct GPUs (one host or several); ``checkpoint`` (the shared-memory file beside
+  the trainer, or the checkpoint) on CPU, for mixed CPU/GPU engines, and when an engine shares a GPU with the
+  trainer (the one-GPU machine): NCCL refuses two ranks on one device ("Duplicate GPU detected"), so asking for
+  ``nccl`` there is refused before any engine starts.
 
 The group is opened once per flow run, after the actors are resident: the trainer picks a free port on its own
 host (the Dask worker's address, so engines on other machines reach it), each engine joins with rank offset
@@ -19,10 +23,9 @@ in), so the flow sends the engines' calls first and then the trainer's.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
-
-from llmrl_core.pipeline.grpo_config import GRPOConfig
 
 
 class NcclWeightSync:
@@ -61,21 +64,85 @@ class NcclWeightSync:
         return loaded
 
 
-def weight_sync_for(
-    cfg: GRPOConfig, hardware: dict[str, str], trainer: Any, engines: Sequence[Any], trainer_address: str
-) -> NcclWeightSync | None:
-    """The NCCL group the run's settings and devices call for (opened), or None for checkpoint loads.
+@dataclass(frozen=True)
+class Endpoint:
+    """Where one side of the weight route runs: its host, device kind and the GPUs it holds (ids as the host names
+    them: CUDA UUIDs, or ``CUDA_VISIBLE_DEVICES`` entries)."""
 
-    ``hardware``: the engines' and the trainer's ``describe()`` (``rollout_device``, ``trainer_device``).
-    ``rollout.weight_sync: nccl`` where the trainer or the engines are not on CUDA is a ``ValueError`` naming it.
-    """
-    mode = cfg.rollout.weight_sync
-    on_cuda = hardware.get("rollout_device") == "cuda" and str(hardware.get("trainer_device", "")).startswith("cuda")
-    if mode == "nccl" and not on_cuda:
-        raise ValueError(
-            "rollout.weight_sync=nccl needs the trainer and every engine on CUDA (engines on "
-            f"{hardware.get('rollout_device')}, trainer on {hardware.get('trainer_device')}); use auto or checkpoint"
+    host: str
+    device: str  # "cuda" | "cpu"
+    gpus: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class WeightRoute:
+    """The chosen route (``nccl`` or ``checkpoint``) and why."""
+
+    name: str
+    reason: str
+
+
+def choose_weight_route(mode: str, trainer: Endpoint, engines: Sequence[Endpoint]) -> WeightRoute:
+    """The route ``rollout.weight_sync`` = ``mode`` takes between ``trainer`` and ``engines`` (see the module
+    docstring). ``nccl`` where it cannot work is a ``ValueError`` naming the reason and the setting."""
+    if mode not in ("auto", "nccl", "checkpoint"):
+        raise ValueError(f"rollout.weight_sync must be auto, nccl or checkpoint, got {mode!r}")
+    if mode == "checkpoint":
+        return WeightRoute("checkpoint", "rollout.weight_sync=checkpoint")
+    if not engines:
+        return WeightRoute("checkpoint", "no rollout engine")
+    devices = {e.device for e in engines}
+    if trainer.device != "cuda" or devices != {"cuda"}:
+        where = f"engines on {'/'.join(sorted(devices))}, trainer on {trainer.device}"
+        if mode == "nccl":
+            raise ValueError(
+                f"rollout.weight_sync=nccl needs the trainer and every engine on CUDA ({where}); use auto or checkpoint"
+            )
+        return WeightRoute("checkpoint", f"not all on CUDA ({where})")
+    shared = sorted({g for e in engines if e.host == trainer.host for g in set(e.gpus) & set(trainer.gpus)})
+    if shared:
+        reason = (
+            f"an engine shares GPU {', '.join(shared)} with the trainer on {trainer.host}: NCCL refuses two "
+            "ranks on one device"
         )
-    if mode == "checkpoint" or not engines or not on_cuda:
+        if mode == "nccl":
+            raise ValueError(
+                f"rollout.weight_sync=nccl: {reason}; use auto or checkpoint (or give the engines other GPUs)"
+            )
+        return WeightRoute("checkpoint", reason)
+    hosts = {trainer.host, *(e.host for e in engines)}
+    span = "one host" if len(hosts) == 1 else f"{len(hosts)} hosts"
+    return WeightRoute("nccl", f"trainer and engines on distinct GPUs ({span})")
+
+
+def endpoint_of(described: dict[str, Any], prefix: str) -> Endpoint:
+    """An :class:`Endpoint` from an actor's ``describe()`` (``<prefix>_device``, ``host``, ``gpus``)."""
+    device = str(described.get(f"{prefix}_device", "cpu"))
+    gpus = tuple(g for g in str(described.get("gpus", "")).split(",") if g)
+    return Endpoint(str(described.get("host", "")), "cuda" if device.startswith("cuda") else "cpu", gpus)
+
+
+def weight_sync_for(
+    route: WeightRoute,
+    trainer: Any,
+    engines: Sequence[Any],
+    trainer_address: str,
+) -> NcclWeightSync | None:
+    """The NCCL group of ``route`` (opened), or None for checkpoint loads."""
+    if route.name != "nccl" or not engines:
         return None
     return NcclWeightSync(trainer, engines, trainer_address).open()
+
+
+def check_local_route(mode: str, visible: dict[str, str], engines: Sequence[str], trainer: str = "trainer") -> None:
+    """Before a local cluster starts: refuse ``rollout.weight_sync=nccl`` where the planned GPUs (``visible``:
+    ``CUDA_VISIBLE_DEVICES`` per worker name, as :func:`tasks.cluster.gpu_assignment` gives them) cannot carry it."""
+    if mode != "nccl" or not engines:
+        return
+
+    def endpoint(name: str) -> Endpoint:
+        gpus = tuple(g for g in visible.get(name, "").split(",") if g)
+        return Endpoint("localhost", "cuda" if gpus else "cpu", gpus)
+
+    choose_weight_route(mode, endpoint(trainer), [endpoint(e) for e in engines])
+

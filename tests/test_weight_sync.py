@@ -85,11 +85,14 @@ def test_safetensors_bytes_round_trip_keeps_tied_weights():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="NCCL weight sync needs a CUDA GPU (none on this machine)")
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2,
+    reason="an NCCL push needs two GPUs: the engine's (GPU 0) and the trainer's (GPU 1); NCCL refuses two ranks on one",
+)
 def test_nccl_push_matches_trainer(default_model_path):
     from llmrl_core.policies.vllm_engine import EngineConfig, make_llm
 
-    model, tokenizer = load_causal_lm(default_model_path, dtype="float32", device="cuda")
+    model, tokenizer = load_causal_lm(default_model_path, dtype="float32", device="cuda:1")
     llm = make_llm(
         EngineConfig(
             model=default_model_path,
@@ -100,7 +103,7 @@ def test_nccl_push_matches_trainer(default_model_path):
         )
     )
     prompt, response = _fixed_tokens(tokenizer)
-    updater = vLLMUpdater(mode="nccl", device="cuda:0").register_engine(llm)
+    updater = vLLMUpdater(mode="nccl", device="cuda:1").register_engine(llm)
     with torch.no_grad():
         for param in model.parameters():
             param.add_(torch.randn_like(param) * 0.02)

@@ -12,10 +12,16 @@ import pytest
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from tasks import grpo_stages as stages
-from tasks.weight_sync import NcclWeightSync, weight_sync_for
+from tasks.weight_sync import (
+    Endpoint,
+    NcclWeightSync,
+    WeightRoute,
+    check_local_route,
+    choose_weight_route,
+    endpoint_of,
+    weight_sync_for,
+)
 
-CUDA = {"rollout_device": "cuda", "trainer_device": "cuda:0"}
-CPU = {"rollout_device": "cpu", "trainer_device": "cpu"}
 METADATA = [("model.embed_tokens.weight", "float32", (8, 4)), ("lm_head.weight", "float32", (8, 4))]
 
 
@@ -93,18 +99,58 @@ def test_the_setting_is_checked_and_is_not_part_of_what_a_version_is():
     assert stages.lineage_config(_cfg("rollout.weight_sync=checkpoint")) == stages.lineage_config(_cfg())
 
 
-def test_auto_uses_nccl_only_when_trainer_and_engines_are_on_cuda():
+def _at(host: str, *gpus: str) -> Endpoint:
+    return Endpoint(host, "cuda" if gpus else "cpu", gpus)
+
+
+@pytest.mark.parametrize(
+    ("topology", "trainer", "engines", "auto", "nccl"),
+    [
+        ("1 GPU: engine and trainer share it", _at("h", "G0"), [_at("h", "G0")], "checkpoint", "refused"),
+        ("2 GPUs, one host", _at("h", "G0"), [_at("h", "G1")], "nccl", "nccl"),
+        ("2 hosts", _at("a", "G0"), [_at("b", "G7")], "nccl", "nccl"),
+        ("2 hosts, same local GPU index", _at("a", "0"), [_at("b", "0")], "nccl", "nccl"),
+        ("CPU", _at("h"), [_at("h")], "checkpoint", "refused"),
+        ("mixed: a CPU engine", _at("h", "G0"), [_at("h", "G1"), _at("h")], "checkpoint", "refused"),
+        ("tensor-parallel engine overlapping the trainer", _at("h", "G1"), [_at("h", "G0", "G1")], "checkpoint",
+         "refused"),
+    ],
+)  # fmt: skip
+def test_the_weight_route_follows_the_topology(topology, trainer, engines, auto, nccl):
+    route = choose_weight_route("auto", trainer, engines)
+    assert route.name == auto and route.reason, topology
+    assert choose_weight_route("checkpoint", trainer, engines).name == "checkpoint"
+    if nccl == "refused":
+        with pytest.raises(ValueError, match=r"rollout.weight_sync=nccl"):
+            choose_weight_route("nccl", trainer, engines)
+    else:
+        assert choose_weight_route("nccl", trainer, engines).name == "nccl"
+
+
+def test_nccl_on_one_gpu_is_refused_before_any_worker_starts():
+    """The local cluster's GPU plan (tasks.cluster.gpu_assignment) puts the trainer and the engine on the one GPU:
+    weight_sync=nccl is refused with the reason; auto is fine (it will take the shared file)."""
+    from tasks.cluster import gpu_assignment
+
+    cfg = _cfg("rollout.weight_sync=nccl", "train.device=cuda")
+    visible = gpu_assignment(cfg, ["0"]).visible
+    with pytest.raises(ValueError, match=r"shares GPU 0 with the trainer.*NCCL refuses two ranks on one device"):
+        check_local_route("nccl", visible, ["rollout-0"])
+    check_local_route("auto", visible, ["rollout-0"])
+    two = gpu_assignment(cfg, ["0", "1"]).visible
+    assert two["trainer"] != two["rollout-0"]
+    check_local_route("nccl", two, ["rollout-0"])
+
+
+def test_the_route_opens_a_group_only_for_nccl():
     log: list = []
     engines, trainer = [FakeEngine("e0", 1, log)], FakeTrainer(log)
-    assert weight_sync_for(_cfg(), CPU, trainer, engines, "tcp://127.0.0.1:1") is None
-    mixed = {"rollout_device": "cuda", "trainer_device": "cpu"}
-    assert weight_sync_for(_cfg(), mixed, trainer, engines, "tcp://127.0.0.1:1") is None
-    assert weight_sync_for(_cfg("rollout.weight_sync=checkpoint"), CUDA, trainer, engines, "tcp://h:1") is None
+    assert weight_sync_for(WeightRoute("checkpoint", "x"), trainer, engines, "tcp://127.0.0.1:1") is None
     assert log == []  # no group was formed
-    with pytest.raises(ValueError, match=r"rollout.weight_sync=nccl needs the trainer and every engine on CUDA"):
-        weight_sync_for(_cfg("rollout.weight_sync=nccl"), CPU, trainer, engines, "tcp://127.0.0.1:1")
-    sync = weight_sync_for(_cfg(), CUDA, trainer, engines, "tcp://127.0.0.1:1")
+    sync = weight_sync_for(WeightRoute("nccl", "x"), trainer, engines, "tcp://127.0.0.1:1")
     assert isinstance(sync, NcclWeightSync) and sync.world_size == 2
+    described = {"trainer_device": "cuda:0", "host": "h", "gpus": "G0"}
+    assert endpoint_of(described, "trainer") == Endpoint("h", "cuda", ("G0",))
 
 
 def test_the_group_gives_each_engine_its_ranks_and_the_trainer_rank_0():

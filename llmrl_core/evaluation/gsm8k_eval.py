@@ -284,4 +284,3 @@ def evaluate_ifeval(
         greedy=greedy,
         settings={"task": task},
     )
-

@@ -1,0 +1,80 @@
+"""The memory plan of a GRPO run's configuration (:mod:`llmrl_core.memory_plan`) on this host's devices, as the
+local cluster will place it (:func:`tasks.cluster.gpu_assignment`): ``llmrl plan`` prints it, and the flow refuses
+a plan that does not fit a GPU before any worker starts (on CPU it warns: the host's memory is shared and the
+operating system may page)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from llmrl_core.hardware import choose_dtype
+from llmrl_core.memory_plan import DTYPE_BYTES, GIB, ModelShape, PlanInputs, PlanLine, memory_plan, over_budget
+from llmrl_core.model_store import resolve_model
+from llmrl_core.pipeline.grpo_config import GRPOConfig
+from tasks.cluster import gpu_assignment, local_worker_names, visible_gpus
+
+
+@dataclass
+class RunPlan:
+    """A run's plan: the model's shape, the inputs, the lines, each device's capacity and what does not fit."""
+
+    shape: ModelShape
+    inputs: PlanInputs
+    lines: list[PlanLine]
+    capacity: dict[str, int]
+    problems: list[str]
+
+
+def device_capacity(gpus: list[str]) -> dict[str, int]:
+    """Bytes of the host's memory (``cpu``) and of each visible GPU (``cuda:<id>``)."""
+    import psutil
+    import torch
+
+    capacity = {"cpu": int(psutil.virtual_memory().total)}
+    for index, gpu in enumerate(gpus):
+        capacity[f"cuda:{gpu}"] = int(torch.cuda.get_device_properties(index).total_memory)
+    return capacity
+
+
+def plan_run(cfg: GRPOConfig, gpus: list[str] | None = None, capacity: dict[str, int] | None = None) -> RunPlan:
+    """The plan of ``cfg`` with ``gpus`` (default: the GPUs this host sees) and their ``capacity`` (bytes per
+    device; default: measured)."""
+    gpus = visible_gpus() if gpus is None else gpus
+    capacity = device_capacity(gpus) if capacity is None else capacity
+    shape = ModelShape.from_model_dir(resolve_model(cfg.model))
+    visible = gpu_assignment(cfg, gpus).visible
+
+    def device(name: str) -> str:
+        ids = visible.get(name, "")
+        return f"cuda:{ids.split(',')[0]}" if ids else "cpu"
+
+    engines = tuple(device(n) for n in local_worker_names(cfg) if n != "trainer")
+    engine_dtype = choose_dtype(cfg.rollout.dtype, "cuda" if any(e.startswith("cuda") for e in engines) else "cpu")
+    lora = cfg.train.lora
+    inputs = PlanInputs(
+        trainer_device=device("trainer"),
+        engine_devices=engines,
+        token_budget=cfg.train.token_budget,
+        gradient_checkpointing=cfg.train.gradient_checkpointing,
+        trainable_parameters=shape.lora_parameters(lora.r, list(lora.target_modules)) if lora.enabled else None,
+        reference_model=cfg.train.kl_coef > 0,
+        engine_dtype_bytes=DTYPE_BYTES.get(engine_dtype.dtype, 4),
+        max_model_len=cfg.rollout.max_model_len,
+        gpu_memory_utilization=cfg.rollout.gpu_memory_utilization or 0.4,
+        cpu_kv_cache_bytes=int(cfg.rollout.kv_cache_gb * GIB),
+        device_memory=capacity,
+    )
+    lines = memory_plan(shape, inputs)
+    return RunPlan(shape, inputs, lines, capacity, over_budget(lines, capacity, shape, inputs))
+
+
+def check_run_memory(cfg: GRPOConfig) -> RunPlan:
+    """Refuse (``ValueError``) a plan that does not fit a GPU; warn about one over the host's memory."""
+    plan = plan_run(cfg)
+    gpu_problems = [p for p in plan.problems if p.startswith("cuda") or "engine" in p.split(":")[0]]
+    if gpu_problems and any(d.startswith("cuda") for d in plan.capacity):
+        raise ValueError("memory plan (llmrl plan): " + "; ".join(gpu_problems))
+    for problem in plan.problems:
+        logging.getLogger("llmrl.memory").warning("memory plan (llmrl plan): %s", problem)
+    return plan
