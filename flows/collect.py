@@ -37,7 +37,7 @@ def collect(
     """Collect ``batches`` batches of rollouts with ``policy_version`` of the configured run."""
     log = get_run_logger()
     cfg = load_config(GRPOConfig, config, overrides or [])
-    preflight(cfg)  # before any task, cluster, engine or write
+    preflight(cfg, training=False)  # before any task, cluster, engine or write (a collect only samples)
     out_run = out_run_id or f"{cfg.run_id}-collect"
     layout = RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir)
     out_layout = RunLayout.for_runs_dir(out_run, cfg.runs_dir)

@@ -25,6 +25,7 @@ from llmrl_core.pipeline.sft_config import SFTConfig
 from storage.checkpoints import CheckpointStore
 from storage.layout import RunLayout
 from storage.lineage import DataRef, LineageConfig, LineageRecorder
+from storage.run_lock import RunLock
 from tasks.cluster import dask_cluster
 from tasks.epoch_stages import lineage_config, train_epoch
 from tasks.grpo_stages import fetch_markers, latest_published
@@ -48,26 +49,44 @@ class EpochRun:
     config: dict  # the settings that define a version (recorded with each one)
     lineage: LineageRecorder
     checkpoints: CheckpointStore
+    lock: RunLock
 
     @classmethod
     def open(cls, cfg: EpochConfig, pipeline: str) -> EpochRun:
         """Lay out ``cfg``'s run, find its last published version and prepare its lineage (``pipeline`` names
-        the flow in MLflow). Writes nothing yet: enter ``lineage`` to start recording."""
+        the flow in MLflow), holding the run's lock (a flow already running it is refused). Enter the run to start
+        recording; leaving it releases the lock."""
         layout = RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir)
         config = lineage_config(cfg)
-        lineage = LineageRecorder(
-            layout.run_dir,
-            pipeline=pipeline,
-            run_id=cfg.run_id,
-            config=config,
-            lineage_config=LineageConfig(tracking_uri=cfg.tracking_uri),
-        )
-        fetch_markers(layout.run_dir, layout.markers_uri)  # a remote runs_dir: versions another flow host committed
-        published = latest_published(layout.run_dir)
-        checkpoints = CheckpointStore(layout.checkpoints_uri)
-        run = cls(cfg, layout, resolve_model(cfg.model), published, config, lineage, checkpoints)
-        identify_run(cfg.run_id, run.start, run.final, lineage)  # the Prefect run named after it, both UIs linked
+        lock = RunLock(layout.run_dir, cfg.run_id).__enter__()  # one flow per run at a time: refused if running
+        try:
+            lineage = LineageRecorder(
+                layout.run_dir,
+                pipeline=pipeline,
+                run_id=cfg.run_id,
+                config=config,
+                lineage_config=LineageConfig(tracking_uri=cfg.tracking_uri),
+            )
+            fetch_markers(layout.run_dir, layout.markers_uri)  # a remote runs_dir: versions another host committed
+            published = latest_published(layout.run_dir)
+            checkpoints = CheckpointStore(layout.checkpoints_uri)
+            run = cls(cfg, layout, resolve_model(cfg.model), published, config, lineage, checkpoints, lock)
+            identify_run(cfg.run_id, run.start, run.final, lineage)  # the Prefect run named after it, UIs linked
+        except BaseException:
+            lock.__exit__()
+            raise
         return run
+
+    def __enter__(self) -> EpochRun:
+        """Start recording (the MLflow run); the run's lock is held until the block ends."""
+        self.lineage.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self.lineage.__exit__(*exc)
+        finally:
+            self.lock.__exit__()
 
     @property
     def run_dir(self) -> Path:

@@ -27,6 +27,7 @@ from llmrl_core.pipeline.preflight import preflight
 from storage.checkpoints import CheckpointStore
 from storage.layout import RunLayout
 from storage.lineage import LineageConfig, LineageRecorder
+from storage.run_lock import RunLock
 from storage.trajectories import TrajectoryStore
 from tasks import grpo_stages as stages
 from tasks.actors import RolloutWorker, TrainerWorker
@@ -117,6 +118,7 @@ def grpo(
     quiet = ExitStack()
     quiet.enter_context(library_logs(run_dir))
     try:
+        quiet.enter_context(RunLock(run_dir, cfg.run_id))  # one flow per run at a time: a second one is refused
         lineage = LineageRecorder(
             run_dir,
             pipeline="grpo",
@@ -252,6 +254,7 @@ def grpo(
                 config_dict,
                 metrics=metrics,
                 primer_state=next_primer_state,
+                traces=written["trace_sample"],
                 **published_to,
             )
             # the trained-on partition's lineage input, once the engines hold the new version (off the critical path)

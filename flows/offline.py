@@ -79,7 +79,7 @@ def offline(
     run = EpochRun.open(cfg, "offline")
     store_uri = cfg.source.store or run.layout.trajectories_uri
     src = cfg.source.run_id
-    with run.lineage:
+    with run:
         data = stages.rescore(cfg, store_uri, run.layout)
         refs = log_data(cfg, data, run.lineage, store_uri)
         log.info(

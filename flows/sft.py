@@ -92,7 +92,7 @@ def sft(
     preflight(cfg)  # before any task, cluster, engine or write
     run = EpochRun.open(cfg, "sft")
     store_uri = cfg.trajectories.store or run.layout.trajectories_uri
-    with run.lineage:
+    with run:
         if cfg.source == "dataset":
             data = stages.prepare_dataset(cfg, run.model_path, run.layout)
         else:

@@ -113,7 +113,7 @@ def run_collect(
     from llmrl_core.pipeline.grpo_config import GRPOConfig
 
     set_verbose(verbose)
-    load_checked(GRPOConfig, config, overrides, False)
+    load_checked(GRPOConfig, config, overrides, False, training=False)
     if out_run_id is not None:
         _check_id(out_run_id, "--out-run-id")
     from flows.collect import collect

@@ -38,7 +38,9 @@ def set_verbose(verbose: bool) -> None:
         os.environ[VERBOSE] = "1"
 
 
-def load_checked(config_cls: type, config: Path | None, overrides: list[str] | None, show_config: bool) -> Any:
+def load_checked(
+    config_cls: type, config: Path | None, overrides: list[str] | None, show_config: bool, training: bool = True
+) -> Any:
     """The run config, loaded and pre-flight checked (a bad setting exits 2 with its message before any flow,
     server, cluster or engine starts); None when ``--show-config`` printed it."""
     from llmrl_core.pipeline.config_io import ConfigError, load_config, to_dict
@@ -47,7 +49,7 @@ def load_checked(config_cls: type, config: Path | None, overrides: list[str] | N
     try:
         cfg = load_config(config_cls, config, overrides or [])
         if not show_config:
-            preflight(cfg)
+            preflight(cfg, training=training)
     except (ConfigError, PreflightError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from err

@@ -27,6 +27,7 @@ from llmrl_core.pipeline.grpo_config import GRPOConfig
 from storage.filesystems import join_uri, read_bytes, resolve_filesystem, write_bytes_atomic
 from storage.trajectories import TrajectoryStore
 from tasks.records import read_shards
+from tasks.rollout_traces import trace_sample
 
 STAGE = dict(cache_policy=NO_CACHE, persist_result=False)
 
@@ -179,7 +180,8 @@ def write_trajectories(
 ) -> dict:
     """Give the staged rows their group advantages (:func:`assign_advantages`) and publish the partition into the
     run's trajectory store (replacing any partial earlier attempt), in one read of the staging shards; returns
-    ``{"partition", "shards", "rows", "advantages"}`` (the advantage counts).
+    ``{"partition", "shards", "rows", "advantages", "trace_sample"}`` (the advantage counts; the rows to show as
+    MLflow traces, :func:`tasks.rollout_traces.trace_sample`).
 
     With ``shard_prefix`` (one batch of an asynchronous run) the shards are stored as ``<prefix><shard>`` beside
     the other batches of the same policy version, and only that batch's shards are replaced."""
@@ -200,6 +202,7 @@ def write_trajectories(
         "shards": len(infos),
         "rows": sum(i.num_rows or 0 for i in infos),
         "advantages": counts,
+        "trace_sample": trace_sample(records),  # logged as MLflow traces with the version's report
     }
 
 

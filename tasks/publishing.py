@@ -52,6 +52,7 @@ class PendingPublish:
     primer_state: dict | None
     reports: BackgroundReports | None
     markers_uri: str | None = None
+    traces: list[dict[str, Any]] | None = None  # the trained-on rollouts to show as MLflow traces (its report)
 
     def complete(self) -> dict[str, Any]:
         """Commit the version (see the class); returns the checkpoint info (path, sha256)."""
@@ -70,7 +71,8 @@ class PendingPublish:
         commit_version(self.run_dir, version, self.primer_state, metrics, self.markers_uri)
         if version > 0:  # in the background beside the next iteration, or now
             report = self.reports.submit if self.reports is not None else report_iteration
-            report(self.run_id, version_history(self.run_dir, version), self.run_dir / "reports", self.lineage)
+            history = version_history(self.run_dir, version)
+            report(self.run_id, history, self.run_dir / "reports", self.lineage, self.traces)
         return info
 
 
@@ -90,15 +92,27 @@ def start_publish(
     weight_sync: Any = None,
     reports: BackgroundReports | None = None,
     markers_uri: str | None = None,
+    traces: list[dict[str, Any]] | None = None,
 ) -> PendingPublish:
     """Load ``version`` into the engines (the trainer seals its checkpoint meanwhile) and return what is left to
     do to publish it. ``weight_sync``: an open NCCL weight group (tasks/weight_sync.py) that carries the weights to
     the engines instead of a checkpoint load. ``reports``: the version's report is written in the background
     (beside the next iteration) instead of before :meth:`PendingPublish.complete` returns. ``markers_uri``: where
-    the commit marker is copied for other flow hosts (:func:`tasks.grpo_stages.commit_version`)."""
+    the commit marker is copied for other flow hosts (:func:`tasks.grpo_stages.commit_version`). ``traces``: a
+    sample of the rollouts the version was trained on, logged as MLflow traces with its report."""
     staged = publish_weights(trainer, list(engines), version, config, weight_sync)
     return PendingPublish(
-        staged, run_id, run_dir, checkpoints, lineage, list(data), metrics or {}, primer_state, reports, markers_uri
+        staged,
+        run_id,
+        run_dir,
+        checkpoints,
+        lineage,
+        list(data),
+        metrics or {},
+        primer_state,
+        reports,
+        markers_uri,
+        traces,
     )
 
 

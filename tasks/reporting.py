@@ -118,10 +118,18 @@ class BackgroundReports:
         except Exception as report_error:
             logging.getLogger(__name__).warning("the report in flight failed too: %s", report_error)
 
-    def submit(self, run_id: str, history: list[dict[str, Any]], report_dir: Path, recorder: Any = None) -> None:
-        """Start the report of the latest version (after the previous one is done)."""
+    def submit(
+        self,
+        run_id: str,
+        history: list[dict[str, Any]],
+        report_dir: Path,
+        recorder: Any = None,
+        traces: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """Start the report of the latest version (after the previous one is done); ``traces``: the version's
+        rollouts to log as MLflow traces (:mod:`tasks.rollout_traces`)."""
         self.wait()
-        self._pending = report_iteration.submit(run_id, history, report_dir, recorder)
+        self._pending = report_iteration.submit(run_id, history, report_dir, recorder, traces)
 
     def wait(self) -> str | None:
         """Wait for the report in flight, if any; returns its PNG path."""
@@ -130,8 +138,15 @@ class BackgroundReports:
 
 
 @task(name="report-iteration", cache_policy=NO_CACHE, persist_result=False)
-def report_iteration(run_id: str, history: list[dict[str, Any]], report_dir: Path, recorder: Any = None) -> str:
-    """The metrics table and the curves PNG as live Prefect artifacts of this flow run (and the PNG to MLflow)."""
+def report_iteration(
+    run_id: str,
+    history: list[dict[str, Any]],
+    report_dir: Path,
+    recorder: Any = None,
+    traces: list[dict[str, Any]] | None = None,
+) -> str:
+    """The metrics table and the curves PNG as live Prefect artifacts of this flow run (and the PNG to MLflow, with
+    ``traces``: a sample of the version's rollouts as MLflow traces of the run)."""
     png = plot_curves(history, report_dir / "curves.png")
     live_table(artifact_key(run_id, "metrics"), history, f"metrics per policy version for run {run_id}")
     encoded = base64.b64encode(png.read_bytes()).decode()
@@ -142,4 +157,8 @@ def report_iteration(run_id: str, history: list[dict[str, Any]], report_dir: Pat
     )
     if recorder is not None:
         recorder.client.log_artifact(recorder.mlflow_run_id, str(png), "reports")
+        if traces:
+            from tasks.rollout_traces import log_traces
+
+            log_traces(recorder, run_id, traces)
     return str(png)

@@ -145,4 +145,3 @@ def check_local_route(mode: str, visible: dict[str, str], engines: Sequence[str]
         return Endpoint("localhost", "cuda" if gpus else "cpu", gpus)
 
     choose_weight_route(mode, endpoint(trainer), [endpoint(e) for e in engines])
-

@@ -136,6 +136,19 @@ def test_two_iterations_crash_and_resume(tmp_path, default_model_path):
     assert {a.flow_run_id for a in links} == {r.id for r in flow_runs}
     assert all(f"/runs/{run.info.run_id})" in a.data for a in links)  # a markdown link: [text](url)
 
+    # what the model wrote, in MLflow: each trained-on batch's first group and its best and worst response, as
+    # traces of the run, with the stored reward and advantage as assessments
+    traces = client.search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id)
+    by_version = {v: [t for t in traces if t.info.tags.get("llmrl.policy_version") == str(v)] for v in (0, 1)}
+    for version, found in by_version.items():
+        stored = {(r.group_id, r.sample_index): r for r in store.read_records("t1", version=version)}
+        assert 2 <= len(found) <= 4 and "group" in {t.info.tags["llmrl.sample"] for t in found}
+        for t in found:
+            record = stored[(t.data.spans[0].attributes["group_id"], int(t.data.spans[0].attributes["sample_index"]))]
+            feedback = {a.name: a.value for a in t.info.assessments}
+            assert feedback["reward"] == pytest.approx(record.reward)
+            assert feedback["advantage"] == pytest.approx(record.advantage)
+
 
 @pytest.mark.slow
 def test_sigkill_mid_iteration_then_resume_repeats_nothing(tmp_path, default_model_path):

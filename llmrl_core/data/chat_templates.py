@@ -12,6 +12,8 @@ transformers' own jinja renderer, so both paths produce the same text.
 
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,7 +90,20 @@ def resolve_template(
     if isinstance(own, str) and own:
         return ResolvedTemplate(own, detect_end_of_turn(own, tokenizer), "tokenizer")
     fallback = NAMED_TEMPLATES[DEFAULT_FALLBACK]
+    if tokenizer is not None:
+        _warn_fallback(str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__), fallback.name)
     return ResolvedTemplate(fallback.template, fallback.end_of_turn, f"fallback:{fallback.name}")
+
+
+@functools.lru_cache(maxsize=64)
+def _warn_fallback(tokenizer_name: str, fallback: str) -> None:
+    """Say once per tokenizer that it has no chat template and which one renders its chats instead."""
+    logging.getLogger("llmrl.templates").warning(
+        "the tokenizer of %s has no chat template: chats are rendered with the %s template (set the env's "
+        "chat_template_name, or add a chat_template to the model's tokenizer_config.json)",
+        tokenizer_name,
+        fallback,
+    )
 
 
 def render(

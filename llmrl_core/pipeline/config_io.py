@@ -4,12 +4,19 @@ Every field of a config dataclass can be set in YAML (nested mappings for nested
 command line as ``--set trainer.lr=1e-6``; values are parsed as YAML scalars (``1e-6``, ``true``,
 ``[1, 2]``) and checked against the field's type. An unknown key names the full dotted path and the
 valid keys, so a typo never passes silently.
+
+The YAML reading is strict where YAML 1.1 would change what was written: a key given twice is an error naming
+both lines (not "the last one wins"); only ``true``/``false`` are booleans (``no``, ``off``, ``yes``, ``on`` stay
+words, so ``kl_in: no`` or ``run_id: no`` mean what they say; a boolean setting still accepts them); a number
+given to a text setting keeps its digits as written (``run_id: 007`` is ``"007"``, not ``"7"``); an empty file
+is an error, not the defaults.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -20,6 +27,7 @@ import yaml
 
 T = TypeVar("T")
 _YAML_BOOL_WORDS = {False: ("no", "off", "false"), True: ("yes", "on", "true")}
+_BOOL_WORDS = {word: flag for flag, words in _YAML_BOOL_WORDS.items() for word in words}
 
 
 class ConfigError(ValueError):
@@ -33,6 +41,73 @@ def _field_types(cls: type) -> dict[str, Any]:
 
 def _is_dataclass_type(tp: Any) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+class _SourcedInt(int):
+    """An int read from YAML, with the text it was written as (a text setting keeps that)."""
+
+    source: str
+
+
+class _SourcedFloat(float):
+    """A float read from YAML, with the text it was written as."""
+
+    source: str
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """YAML for configs: duplicate keys refused, booleans only ``true``/``false``, numbers keep their text."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise ConfigError(f"line {line}: key {key!r} is given twice (first on line {seen[key]})")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _construct_sourced_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    value = _SourcedInt(loader.construct_yaml_int(node))
+    value.source = str(node.value)
+    return value
+
+
+def _construct_sourced_float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> float:
+    value = _SourcedFloat(loader.construct_yaml_float(node))
+    value.source = str(node.value)
+    return value
+
+
+_ConfigLoader.add_constructor("tag:yaml.org,2002:int", _construct_sourced_int)
+_ConfigLoader.add_constructor("tag:yaml.org,2002:float", _construct_sourced_float)
+_ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+
+
+def read_yaml(text: str) -> Any:
+    """``text`` parsed by the config rules (see the module docstring)."""
+    return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def _plain(value: Any) -> Any:
+    """Free-form values (``env.args``, lists of Any) without the YAML source wrappers."""
+    if isinstance(value, _SourcedInt):
+        return int(value)
+    if isinstance(value, _SourcedFloat):
+        return float(value)
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_plain(v) for v in value)
+    return value
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:
@@ -53,7 +128,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected a mapping of {tp.__name__} fields, got {value!r}")
         return build(tp, value, where)
     if tp is Any:
-        return value
+        return _plain(value)
     if origin in (list, tuple):
         if not isinstance(value, list | tuple):
             raise ConfigError(f"{where}: expected a list, got {value!r}")
@@ -64,13 +139,15 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if origin is dict:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
-        return dict(value)
+        return _plain(dict(value))
     if origin is typing.Literal:
         if isinstance(value, bool):  # YAML 1.1 reads a bare no/off/yes/on as a bool: map it back to the choice
             value = next((c for c in typing.get_args(tp) if c in _YAML_BOOL_WORDS[value]), value)
         if value not in typing.get_args(tp):
             raise ConfigError(f"{where}: must be one of {list(typing.get_args(tp))}, got {value!r}")
         return value
+    if tp is bool and isinstance(value, str) and value.lower() in _BOOL_WORDS:  # yes/no/on/off are words in YAML
+        return _BOOL_WORDS[value.lower()]
     if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     if tp is float and isinstance(value, str):  # YAML 1.1 reads "1e-6" (no dot) as a string
@@ -79,9 +156,11 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         except ValueError:
             pass
     if tp is int and isinstance(value, int) and not isinstance(value, bool):
-        return value
+        return int(value)
     if tp is bool and isinstance(value, bool):
         return value
+    if tp is str and isinstance(value, _SourcedInt | _SourcedFloat):
+        return value.source  # as written: run_id: 007 stays "007"
     if tp is str and isinstance(value, str | int | float) and not isinstance(value, bool):
         return str(value)
     if isinstance(tp, type) and isinstance(value, tp):
@@ -117,7 +196,7 @@ def _apply_override(data: dict[str, Any], cls: type, override: str) -> None:
     for i, key in enumerate(keys):
         if node_cls is None:  # inside a free-form mapping setting (env.args, env.options): any key
             if i == len(keys) - 1:
-                node[key] = yaml.safe_load(raw) if raw.strip() else ""
+                node[key] = read_yaml(raw) if raw.strip() else ""
             else:
                 node = node.setdefault(key, {})
                 if not isinstance(node, dict):
@@ -128,7 +207,7 @@ def _apply_override(data: dict[str, Any], cls: type, override: str) -> None:
             path = ".".join(keys[: i + 1])
             raise ConfigError(f"unknown config key {path!r} in override {override!r}; valid: {sorted(types_)}")
         if i == len(keys) - 1:
-            node[key] = yaml.safe_load(raw) if raw.strip() else ""
+            node[key] = read_yaml(raw) if raw.strip() else ""
         else:
             field_type = types_[key]
             if typing.get_origin(field_type) is dict or field_type is dict:
@@ -162,11 +241,18 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Iterabl
     if path is not None:
         path = Path(path)
         try:
-            loaded = yaml.safe_load(path.read_text()) or {}
+            loaded = read_yaml(path.read_text())
         except FileNotFoundError as err:
             raise ConfigError(f"{path}: config file not found") from err
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML ({err})") from err
+        except ConfigError as err:
+            raise ConfigError(f"{path}: {err}") from err
+        if loaded is None:
+            raise ConfigError(
+                f"{path}: the config file is empty (no settings); give its settings, or leave out --config for the "
+                "flow's defaults"
+            )
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping, got {type(loaded).__name__}")
         data = loaded

@@ -156,8 +156,26 @@ def check_runs_dir(runs_dir: Any, setting: str = "runs_dir") -> None:
             ) from err
 
 
-def preflight(cfg: Any) -> None:
-    """Check a run config of any flow (GRPO/collect, SFT, offline) before the flow starts anything."""
+def check_grpo_training(cfg: Any) -> None:
+    """Settings under which GRPO would run and learn nothing: one sample per group (every advantage is 0), a
+    micro-batch budget smaller than one answer."""
+    if cfg.data.group_size < 2:
+        raise PreflightError(
+            f"data.group_size={cfg.data.group_size}: GRPO compares the answers of a group, so it needs at least 2 "
+            "(with 1 every advantage is 0 and nothing is learned); use `llmrl run collect` to only sample"
+        )
+    if cfg.train.token_budget <= cfg.rollout.max_new_tokens:
+        raise PreflightError(
+            f"train.token_budget={cfg.train.token_budget} cannot hold one sequence (its prompt plus up to "
+            f"rollout.max_new_tokens={cfg.rollout.max_new_tokens} answer tokens): raise train.token_budget"
+        )
+
+
+def preflight(cfg: Any, *, training: bool = True) -> None:
+    """Check a run config of any flow (GRPO/collect, SFT, offline) before the flow starts anything.
+
+    ``training=False`` (the collect flow): a GRPO config that only samples, so its group size and token budget
+    need not allow a training step."""
     from llmrl_core.pipeline.grpo_config import GRPOConfig
     from llmrl_core.pipeline.offline_config import OfflineConfig
     from llmrl_core.pipeline.sft_config import SFTConfig
@@ -166,6 +184,8 @@ def preflight(cfg: Any) -> None:
     check_model(cfg.model)
     check_runs_dir(cfg.runs_dir)
     if isinstance(cfg, GRPOConfig):
+        if training:
+            check_grpo_training(cfg)
         check_source(cfg.data.source, env_fields(cfg.env), "data.source", cfg.env.options)
     elif isinstance(cfg, SFTConfig):
         if cfg.source == "dataset":

@@ -1,0 +1,66 @@
+"""One flow at a time per run: an exclusive lock on the run folder while a flow writes it.
+
+Two ``llmrl run grpo`` with the same run id would otherwise both run over one folder (and one MLflow run), the
+last writer winning. The lock is ``fcntl.flock`` on ``<run>/state/run.lock``: the kernel releases it when its
+process ends, however it ends (no stale lock after a crash or ``kill -9``), and the file names its holder (pid,
+host, start time), so a second flow is refused at once with who holds it. It guards the flow host's run folder:
+flows on different hosts writing one remote ``runs_dir`` are not serialised by it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+
+class RunBusyError(RuntimeError):
+    """Another flow holds the run's lock."""
+
+
+class RunLock:
+    """``with RunLock(run_dir, run_id):`` holds the run's lock for the block (see the module docstring)."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], run_id: str) -> None:
+        self.path = Path(run_dir) / "state" / "run.lock"
+        self.run_id = run_id
+        self._file: Any = None
+
+    def __enter__(self) -> RunLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 - held until __exit__
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = _holder(handle.read())
+            handle.close()
+            raise RunBusyError(
+                f"run {self.run_id!r} is already running ({holder}); wait for it to finish, stop it, or give another "
+                "run_id"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+        handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": started}))
+        handle.flush()
+        self._file = handle
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._file is not None:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None
+
+
+def _holder(text: str) -> str:
+    try:
+        info = json.loads(text)
+        return f"pid {info['pid']} on {info['host']}, since {info['started']}"
+    except (ValueError, KeyError, TypeError):
+        return "held by another process"

@@ -1,0 +1,67 @@
+"""Config input that YAML 1.1 or a loose loader would silently change is refused or kept as written, early
+(llmrl_core/pipeline/config_io.py, preflight.py): empty files, duplicate keys, numbers given to text settings,
+yes/no words, GRPO settings that would train on nothing; and the chat template fallback is said out loud."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from llmrl_core.pipeline.config_io import ConfigError, load_config
+from llmrl_core.pipeline.grpo_config import GRPOConfig
+from llmrl_core.pipeline.preflight import PreflightError, check_grpo_training, preflight
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "\n\n"])
+def test_an_empty_config_file_is_an_error_not_the_defaults(tmp_path, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"{path}: the config file is empty"):
+        load_config(GRPOConfig, path)
+
+
+def test_a_key_given_twice_names_both_lines(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("run_id: a\ntrain:\n  lr: 1e-6\n  lr: 2e-6\n")
+    with pytest.raises(ConfigError, match=rf"{path}: line 4: key 'lr' is given twice \(first on line 3\)"):
+        load_config(GRPOConfig, path)
+
+
+def test_text_settings_keep_what_was_written(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("run_id: 007\nprogress: no\ntrain:\n  kl_in: reward\n")
+    cfg = load_config(GRPOConfig, path)
+    assert cfg.run_id == "007" and cfg.progress is False and cfg.train.kl_in == "reward"
+    assert load_config(GRPOConfig, None, ["run_id=007"]).run_id == "007"
+    assert load_config(GRPOConfig, None, ["run_id=no"]).run_id == "no"  # a word, not False
+    assert load_config(GRPOConfig, None, ["progress=off"]).progress is False  # a boolean setting takes the words
+    assert load_config(GRPOConfig, None, ["data.group_size=8"]).data.group_size == 8
+    assert type(load_config(GRPOConfig, None, ["data.group_size=8"]).data.group_size) is int
+    with pytest.raises(ConfigError, match=r"progress: expected bool, got 'maybe'"):
+        load_config(GRPOConfig, None, ["progress=maybe"])
+
+
+def test_grpo_settings_that_would_learn_nothing_are_refused():
+    one = load_config(GRPOConfig, None, ["data.group_size=1"])
+    with pytest.raises(PreflightError, match=r"data.group_size=1: GRPO compares the answers of a group"):
+        check_grpo_training(one)
+    preflight(one, training=False)  # sampling once per prompt is fine for a collect
+    tight = load_config(GRPOConfig, None, ["train.token_budget=100", "rollout.max_new_tokens=128"])
+    with pytest.raises(PreflightError, match=r"train.token_budget=100 cannot hold one sequence"):
+        check_grpo_training(tight)
+
+
+def test_a_tokenizer_without_a_chat_template_is_named_once(caplog):
+    from llmrl_core.data.chat_templates import resolve_template
+
+    class Bare:
+        name_or_path = "my-bare-model"
+        chat_template = None
+
+    with caplog.at_level(logging.WARNING, logger="llmrl.templates"):
+        resolved = resolve_template(Bare())
+        resolve_template(Bare())
+    assert resolved.source.startswith("fallback:")
+    warned = [r for r in caplog.records if "my-bare-model has no chat template" in r.getMessage()]
+    assert len(warned) == 1
