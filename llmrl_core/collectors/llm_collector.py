@@ -157,6 +157,10 @@ class LLMCollector:
             raise RuntimeError("Handling both a buffer and a queue is not possible at the moment.")
         if yield_only_last_steps and yield_completed_trajectories is False:
             raise TypeError("yield_only_last_steps=True requires yield_completed_trajectories=True (or None)")
+        if yield_only_last_steps and flatten_data is not None:
+            raise TypeError("`yield_only_last_steps` cannot be `True` when `flatten_data` is passed.")
+        if yield_only_last_steps and reset_at_each_iter:
+            raise TypeError("`yield_only_last_steps` cannot be `True` when `reset_at_each_iter=True`.")
         if (policy is None) == (policy_factory is None):
             raise TypeError("LLMCollector needs exactly one of policy and policy_factory")
         if sink is not None and (queue is not None or replay_buffer is not None):
@@ -264,6 +268,12 @@ class LLMCollector:
                 register(self.version_tracker)
             self._updater_increments = True
         return True
+
+    def set_postproc(self, postproc: Callable[[Any], Any]) -> None:
+        """Set the function every batch goes through before it is handed out (once: TorchRL's rule)."""
+        if self.postproc is not None:
+            raise RuntimeError("Postproc already set")
+        self.postproc = postproc
 
     def get_policy_model(self) -> Policy:
         """The policy this collector samples with (TorchRL's accessor)."""

@@ -27,6 +27,10 @@ from llmrl_core.data.conversation import Conversation, Message
 GENERATION_MARKER = "{% generation %}"
 
 
+class MissingTokenizerError(TypeError, RuntimeError):
+    """``apply_chat_template`` with neither a tokenizer nor a template (TorchRL: a ``TypeError``)."""
+
+
 def _template_for(tokenizer: Any, chat_template: str | None, chat_template_name: str | None) -> str:
     """The template TorchRL's ``History`` renders with: explicit, named, the tokenizer's own when it marks
     assistant turns with ``{% generation %}``, else ChatML."""
@@ -36,8 +40,10 @@ def _template_for(tokenizer: Any, chat_template: str | None, chat_template_name:
         if chat_template_name not in NAMED_TEMPLATES:
             raise KeyError(f"unknown chat_template_name {chat_template_name!r}; known: {sorted(NAMED_TEMPLATES)}")
         return NAMED_TEMPLATES[chat_template_name].template
-    if tokenizer is None:
-        raise RuntimeError("You must specify a tokenizer to use when chat_template is not specified.")
+    if tokenizer is None:  # TorchRL's signature makes tokenizer required: a TypeError there
+        raise MissingTokenizerError(
+            "History.apply_chat_template: give a tokenizer (or chat_template / chat_template_name) to render with"
+        )
     own = getattr(tokenizer, "chat_template", None)
     if isinstance(own, str) and GENERATION_MARKER in own:
         return own

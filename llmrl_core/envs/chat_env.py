@@ -49,6 +49,11 @@ InputMode = Literal["history", "text", "tokens"]
 Action = str | Response | None
 
 
+class ChatEnvInputError(ValueError, RuntimeError):
+    """A reset or a batch size the env cannot take (TorchRL raises these as ``RuntimeError``; llmrl's own code
+    has caught them as ``ValueError``: both work)."""
+
+
 class ChatEnv:
     """A batched multi-turn chat env with composable transforms (TorchRL's ``ChatEnv`` semantics)."""
 
@@ -336,7 +341,7 @@ class ChatEnv:
             provided = transform.provide_prompts(self.num_slots)
             if provided is not None:
                 return list(provided)
-        raise ValueError(f"{caller} got no prompts and no transform provides them (add a DataLoadingPrimer)")
+        raise ChatEnvInputError(f"{caller} got no prompts and no transform provides them (add a DataLoadingPrimer)")
 
     def _draw_rows(self, n: int, caller: str) -> list[PromptRow]:
         """``n`` rows from the pending ones first, then from the primer, batch by batch."""
@@ -366,7 +371,9 @@ class ChatEnv:
                     prompts = provided
                     break
             else:
-                raise ValueError("reset() got no prompts and no transform provides them (add a DataLoadingPrimer)")
+                raise ChatEnvInputError(
+                    "reset() got no prompts and no transform provides them (add a DataLoadingPrimer)"
+                )
         if isinstance(prompts, str | Conversation | dict | PromptRow):
             prompts = [prompts]
         rows = [self._as_row(item, i) for i, item in enumerate(prompts)]
@@ -607,5 +614,5 @@ def _flat_batch_size(batch_size: int | Sequence[int] | torch.Size | None, owner:
     if not dims:
         raise ValueError(f"{owner} must have at least one dimension")
     if len(dims) != 1:
-        raise ValueError(f"{owner} takes a one-dimensional batch size, got {tuple(dims)}")
+        raise ChatEnvInputError(f"{owner} takes a one-dimensional batch size, got {tuple(dims)}")
     return int(dims[0])
