@@ -29,7 +29,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from llmrl_core.pipeline.preflight import PreflightError, check_run_id
+from llmrl_core.pipeline.preflight import PreflightError, check_run_id, source_rows
 from storage.layout import RunLayout
 from tasks.console import library_logs
 from tasks.evaluate import (
@@ -107,6 +107,7 @@ def evaluate(
         **(run_agent_settings(run_id, runs_dir) if scoring == "agent" else {}),
     }
     chosen = resolve_versions(run_id, runs_dir, versions)
+    source_rows(source, "source", env_options=env.get("options"))  # opens, has rows: before the engine starts
     logger.info("evaluating run %s versions %s on %s questions of %s", run_id, chosen, n_questions, source)
     try:
         with library_logs(RunLayout.for_runs_dir(run_id, runs_dir).run_dir):  # vLLM's log to <run>/logs/ (-v: here)

@@ -152,11 +152,19 @@ def run_evaluate(
         except ValueError:
             typer.echo(f"error: --versions must be 'all' or a comma list of integers (e.g. 0,2,3), got {versions!r}")
             raise typer.Exit(2) from None
-    from tasks.evaluate import run_exists
+    from llmrl_core.pipeline.preflight import source_rows
+    from tasks.evaluate import resolve_versions, run_env, run_exists
 
     if not run_exists(run_id, runs_dir):
         typer.echo(f"error: no run {run_id!r} under {runs_dir or 'the runs root ($LLMRL_HOME/runs)'}", err=True)
         raise typer.Exit(2)
+    try:  # before the Prefect API and the engine start
+        resolve_versions.fn(run_id, runs_dir, chosen)  # the task's function: no Prefect API for a check
+        if source is not None:
+            source_rows(source, "--source", env_options=run_env(run_id, runs_dir).get("options"))
+    except (ValueError, OSError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from err
     from flows.evaluate import evaluate
 
     summary = evaluate(

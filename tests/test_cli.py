@@ -103,3 +103,21 @@ def test_run_grpo_rejects_unknown_settings():
     result = runner.invoke(app, ["run", "grpo", "--set", "train.nope=1"])
     assert result.exit_code == 2
     assert "unknown config key 'train.nope'" in result.output
+
+
+def test_run_evaluate_refuses_missing_versions_and_sources_before_starting(tmp_path):
+    """A version the run does not have and a source that does not open: one line, exit 2, no Prefect API, no
+    engine (the CLI checks them before the flow)."""
+    (tmp_path / "r1").mkdir()
+    (tmp_path / "r1" / "config.json").write_text("{}")
+    base = ["run", "evaluate", "r1", "--runs-dir", str(tmp_path), "-n", "2"]
+    missing = runner.invoke(app, [*base, "--versions", "0,99"])
+    assert missing.exit_code == 2 and "has no checkpoint for version(s) [99]" in missing.output
+    garbage = runner.invoke(app, [*base, "--versions", "0", "--source", str(tmp_path / "garbage.jsonl")])
+    assert garbage.exit_code == 2 and "--source: source" in garbage.output and "no such file" in garbage.output
+    assert "temporary server" not in missing.output + garbage.output
+
+
+def test_llmrl_plan_is_a_command():
+    result = runner.invoke(app, ["plan", "--help"])
+    assert result.exit_code == 0 and "optimizer state" in result.output and "KV cache" in result.output

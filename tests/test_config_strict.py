@@ -65,3 +65,24 @@ def test_a_tokenizer_without_a_chat_template_is_named_once(caplog):
     assert resolved.source.startswith("fallback:")
     warned = [r for r in caplog.records if "my-bare-model has no chat template" in r.getMessage()]
     assert len(warned) == 1
+
+
+def test_settings_checked_against_the_machine_and_the_model(tmp_path, default_model_path):
+    from llmrl_core.pipeline.preflight import check_context_length, check_runs_dir, check_tracking_uri
+    from llmrl_core.pipeline.sft_config import SFTConfig
+
+    with pytest.raises(PreflightError, match=r"rollout.max_model_len=100000 exceeds the model's max_position_emb"):
+        check_context_length(default_model_path, 100000)
+    check_context_length(default_model_path, 8192)
+    with pytest.raises(PreflightError, match=r"tracking_uri='foo://bar': MLflow has no tracking store for the sch"):
+        check_tracking_uri("foo://bar")
+    for fine in (None, "sqlite:////tmp/x.db", "http://127.0.0.1:5000", str(tmp_path / "mlruns")):
+        check_tracking_uri(fine)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(PreflightError, match=rf"runs_dir='{blocker}/runs': {blocker} is a file, not a folder"):
+        check_runs_dir(str(blocker / "runs"))
+    check_runs_dir(str(tmp_path / "new" / "runs"))  # created on first use
+    for bad in ("train.lr=nan", "train.lr=-1", "train.max_grad_norm=0"):
+        with pytest.raises(ConfigError, match=r"train\.(lr|max_grad_norm) must be a finite number > 0"):
+            load_config(SFTConfig, None, [bad])

@@ -9,7 +9,10 @@ in a second with a message naming the setting, the file and the row, and leaves 
   Hugging Face cache (an uncached id fails when the machine is offline: ``HF_HUB_OFFLINE`` /
   ``TRANSFORMERS_OFFLINE``);
 - data sources open, are not empty, and their first rows have the fields the env reads, as non-empty strings;
-- ``runs_dir``: a local folder, or (GRPO and collect runs) a URI of a filesystem pyarrow or fsspec knows.
+- ``runs_dir``: a local folder this user can write (or create), or (GRPO and collect runs) a URI of a filesystem
+  pyarrow or fsspec knows;
+- ``tracking_uri``: a path or a URI with a scheme MLflow stores (sqlite, file, http(s), databricks, a database);
+- ``rollout.max_model_len`` within the model's ``max_position_embeddings`` (a local or cached model's config).
 """
 
 from __future__ import annotations
@@ -41,6 +44,42 @@ def check_run_id(run_id: Any, setting: str = "run_id") -> str:
 def _offline() -> bool:
     flags = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
     return any(os.environ.get(k, "").lower() in ("1", "true", "yes") for k in flags)
+
+
+def model_config_file(model: Any) -> Path | None:
+    """The ``config.json`` of a local model folder or a cached hub model, without preparing or downloading
+    anything (None for the packaged default, which is prepared on first use, and for what is not at hand)."""
+    from llmrl_core.model_store import DEFAULT_MODEL_ALIASES
+
+    if model is None or (isinstance(model, str) and model.lower() in DEFAULT_MODEL_ALIASES):
+        return None
+    path = Path(str(model)).expanduser()
+    if (path / "config.json").is_file():
+        return path / "config.json"
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover
+        return None
+    cached = try_to_load_from_cache(str(model), "config.json")
+    return Path(cached) if isinstance(cached, str) else None
+
+
+def check_context_length(model: Any, max_model_len: int, setting: str = "rollout.max_model_len") -> None:
+    """``max_model_len`` tokens fit the model's ``max_position_embeddings`` (vLLM refuses it after loading)."""
+    import json
+
+    file = model_config_file(model)
+    if file is None:
+        return
+    try:
+        limit = json.loads(file.read_text()).get("max_position_embeddings")
+    except (OSError, ValueError):
+        return
+    if isinstance(limit, int) and max_model_len > limit:
+        raise PreflightError(
+            f"{setting}={max_model_len} exceeds the model's max_position_embeddings ({limit}, {file}); "
+            f"set {setting} <= {limit}"
+        )
 
 
 def check_model(model: Any, setting: str = "model") -> None:
@@ -132,11 +171,44 @@ def check_source(
     check_rows(source_rows(source, setting, env_options=env_options), tuple(fields), f"{setting} {source!r}")
 
 
+TRACKING_SCHEMES = ("sqlite", "file", "http", "https", "databricks", "databricks-uc", "uc", "postgresql", "mysql",
+                    "mssql", "postgresql+psycopg2", "mysql+pymysql")  # fmt: skip
+
+
+def check_tracking_uri(uri: Any, setting: str = "tracking_uri") -> None:
+    """A tracking URI MLflow can open: a path, or one of :data:`TRACKING_SCHEMES`."""
+    if uri is None:
+        return
+    text = str(uri)
+    scheme = text.split("://", 1)[0] if "://" in text else ""
+    if scheme and scheme.lower() not in TRACKING_SCHEMES:
+        raise PreflightError(
+            f"{setting}={text!r}: MLflow has no tracking store for the scheme {scheme!r} "
+            f"(use a path, or one of {', '.join(TRACKING_SCHEMES[:6])}, ...)"
+        )
+
+
+def _writable_folder(path: Path, setting: str) -> None:
+    """``path`` exists as a folder this user can write, or could be created (its nearest existing parent is)."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise PreflightError(f"{setting}={str(path)!r}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        where = "it" if existing == path else f"its parent {existing}"
+        raise PreflightError(f"{setting}={str(path)!r}: {where} is not writable by this user; choose another folder")
+
+
 def check_runs_dir(runs_dir: Any, setting: str = "runs_dir") -> None:
-    """A remote ``runs_dir`` (``s3://...``) names a filesystem that can be opened (every flow keeps its workers'
-    data there: trajectories, staging, prepared training sets, checkpoints, trainer state)."""
+    """A local ``runs_dir`` is a folder this user can write (or create); a remote one (``s3://...``) names a
+    filesystem that can be opened (every flow keeps its workers' data there: trajectories, staging, prepared
+    training sets, checkpoints, trainer state)."""
     text = str(runs_dir or "")
+    if not text:
+        return
     if "://" not in text or text.startswith("file://"):
+        _writable_folder(Path(text.removeprefix("file://")).expanduser(), setting)
         return
     import pyarrow as pa
     import pyarrow.fs as pafs
@@ -183,7 +255,9 @@ def preflight(cfg: Any, *, training: bool = True) -> None:
     check_run_id(cfg.run_id)
     check_model(cfg.model)
     check_runs_dir(cfg.runs_dir)
+    check_tracking_uri(getattr(cfg, "tracking_uri", None))
     if isinstance(cfg, GRPOConfig):
+        check_context_length(cfg.model, cfg.rollout.max_model_len)
         if training:
             check_grpo_training(cfg)
         check_source(cfg.data.source, env_fields(cfg.env), "data.source", cfg.env.options)

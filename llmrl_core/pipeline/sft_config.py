@@ -13,6 +13,7 @@ One policy version is published per epoch (version 0 is the starting model).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -71,7 +72,17 @@ class SFTTrainConfig:
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
-            raise ValueError("batch_size must be >= 1")
+            raise ValueError(f"train.batch_size must be >= 1, got {self.batch_size!r}")
+        for name in ("lr", "max_grad_norm"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"train.{name} must be a finite number > 0, got {value!r}")
+        for name in ("beta", "kl_to_ref_coeff"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"train.{name} must be a finite number >= 0, got {value!r}")
+        if self.token_budget < 16:
+            raise ValueError(f"train.token_budget must be >= 16, got {self.token_budget!r}")
 
 
 @dataclass
