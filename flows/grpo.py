@@ -243,6 +243,7 @@ def grpo(
                 "train_s": train_wall_s,
                 "sampled_by_version": float(sampled),
                 "groups_with_signal": adv["groups"] - adv["zero_signal_groups"] - adv["dropped_groups"],
+                **written["reward_spread"],
                 **{k: float(v) for k, v in ref_info.items() if k != "rows"},
                 **{k: float(v) for k, v in train_metrics.items() if isinstance(v, int | float)},
             }

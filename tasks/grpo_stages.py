@@ -180,8 +180,8 @@ def write_trajectories(
 ) -> dict:
     """Give the staged rows their group advantages (:func:`assign_advantages`) and publish the partition into the
     run's trajectory store (replacing any partial earlier attempt), in one read of the staging shards; returns
-    ``{"partition", "shards", "rows", "advantages", "trace_sample"}`` (the advantage counts; the rows to show as
-    MLflow traces, :func:`tasks.rollout_traces.trace_sample`).
+    ``{"partition", "shards", "rows", "advantages", "trace_sample", "reward_spread"}`` (the advantage counts; the
+    rows to show as MLflow traces, :func:`tasks.rollout_traces.trace_sample`; :func:`reward_spread`).
 
     With ``shard_prefix`` (one batch of an asynchronous run) the shards are stored as ``<prefix><shard>`` beside
     the other batches of the same policy version, and only that batch's shards are replaced."""
@@ -203,6 +203,24 @@ def write_trajectories(
         "rows": sum(i.num_rows or 0 for i in infos),
         "advantages": counts,
         "trace_sample": trace_sample(records),  # logged as MLflow traces with the version's report
+        "reward_spread": reward_spread([r.reward for r in records]),
+    }
+
+
+def reward_spread(rewards: list[float]) -> dict[str, float]:
+    """How the batch's rewards are spread (the version metrics show means; this shows the distribution):
+    standard deviation, min, max and the 10th / 50th / 90th percentiles."""
+    import numpy as np
+
+    values = np.asarray(rewards, dtype=float)
+    p10, p50, p90 = np.percentile(values, [10, 50, 90])
+    return {
+        "reward_std": float(values.std()),
+        "reward_min": float(values.min()),
+        "reward_max": float(values.max()),
+        "reward_p10": float(p10),
+        "reward_p50": float(p50),
+        "reward_p90": float(p90),
     }
 
 

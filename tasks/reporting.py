@@ -36,6 +36,29 @@ ASYNC_CURVES = (  # asynchronous runs (rollout.max_staleness > 0): how far off-p
 )
 
 
+# The columns a user reads first (the live "metrics" table); every metric is in the "metrics-all" table.
+LEAD_COLUMNS = (
+    "version",
+    "reward_mean",
+    "reward_p10",
+    "reward_p90",
+    "accuracy",
+    "distinct_responses",
+    "agreement_abs_diff_mean",
+    "kl_to_ref",
+    "response_tokens_mean",
+    "loss",
+    "iteration_s",
+    "tokens_per_s",
+)
+
+
+def lead_table(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The history with only :data:`LEAD_COLUMNS` (those a run has), in that order."""
+    present = [c for c in LEAD_COLUMNS if any(c in row for row in history)]
+    return [{c: row.get(c) for c in present} for row in history]
+
+
 def artifact_key(*parts: str) -> str:
     """Prefect artifact keys allow lowercase letters, digits and dashes only (at most 100 characters)."""
     key = re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower())).strip("-")
@@ -91,6 +114,14 @@ def plot_curves(history: list[dict[str, Any]], path: Path) -> Path:
         points = [(v, y) for v, y in zip(versions, values, strict=True) if y is not None]
         if points:
             ax.plot(*zip(*points, strict=True), marker="o")
+        if key == "reward_mean":  # the spread of the batch's rewards: 10th-90th percentile band and the median
+            spread = [(v, r) for v, r in zip(versions, history, strict=True) if "reward_p10" in r]
+            band = [(v, r["reward_p10"], r["reward_p50"], r["reward_p90"]) for v, r in spread]
+            if band:
+                xs, low, mid, high = zip(*band, strict=True)
+                ax.fill_between(xs, low, high, alpha=0.2, label="p10-p90")
+                ax.plot(xs, mid, linestyle="--", label="median")
+                ax.legend(fontsize="x-small")
         ax.set_title(title)
         ax.set_xlabel("policy version")
     fig.tight_layout()
@@ -148,7 +179,8 @@ def report_iteration(
     """The metrics table and the curves PNG as live Prefect artifacts of this flow run (and the PNG to MLflow, with
     ``traces``: a sample of the version's rollouts as MLflow traces of the run)."""
     png = plot_curves(history, report_dir / "curves.png")
-    live_table(artifact_key(run_id, "metrics"), history, f"metrics per policy version for run {run_id}")
+    live_table(artifact_key(run_id, "metrics"), lead_table(history), f"main metrics per policy version of {run_id}")
+    live_table(artifact_key(run_id, "metrics-all"), history, f"every metric per policy version of {run_id}")
     encoded = base64.b64encode(png.read_bytes()).decode()
     live_markdown(
         artifact_key(run_id, "curves"),

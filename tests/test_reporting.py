@@ -17,9 +17,10 @@ from tasks.reporting import BackgroundReports, artifact_key, report_iteration
 
 @flow(name="report-twice")
 def report_twice(report_dir: str) -> str:
-    history = [{"version": 1, "reward_mean": 0.25, "accuracy": 0.5}]
+    spread = {"reward_p10": 0.0, "reward_p50": 0.5, "reward_p90": 1.0, "engine_reload_s": 0.5}
+    history = [{"version": 1, "reward_mean": 0.25, "accuracy": 0.5, **spread}]
     report_iteration("Run_A", history, Path(report_dir))
-    history.append({"version": 2, "reward_mean": 0.75, "accuracy": float("nan")})
+    history.append({"version": 2, "reward_mean": 0.75, "accuracy": float("nan"), **spread})
     report_iteration("Run_A", history, Path(report_dir))
     return str(flow_run.get_id())
 
@@ -35,12 +36,15 @@ def _artifacts_of(run_id: str) -> list:
 def test_one_live_table_and_curve_per_flow_run(tmp_path):
     first = report_twice(str(tmp_path))
     artifacts = _artifacts_of(first)
-    assert [a.key for a in artifacts] == ["run-a-curves", "run-a-metrics"]  # one of each, not one per iteration
+    # one of each, not one per iteration: the main columns, every metric, the curves
+    assert [a.key for a in artifacts] == ["run-a-curves", "run-a-metrics", "run-a-metrics-all"]
     table = json.loads(artifacts[1].data)
     assert [row["version"] for row in table] == [1, 2] and table[1]["accuracy"] is None  # latest data, NaN sanitised
+    assert list(table[0]) == ["version", "reward_mean", "reward_p10", "reward_p90", "accuracy"]  # the lead columns
+    assert "engine_reload_s" in json.loads(artifacts[2].data)[0]  # the rest: in metrics-all
     assert "data:image/png;base64," in artifacts[0].data
     second = report_twice(str(tmp_path))  # a resumed run is a new flow run: its own artifacts
-    assert second != first and len(_artifacts_of(second)) == 2 and len(_artifacts_of(first)) == 2
+    assert second != first and len(_artifacts_of(second)) == 3 and len(_artifacts_of(first)) == 3
 
 
 def test_artifact_keys_are_valid_prefect_keys():

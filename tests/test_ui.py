@@ -145,7 +145,8 @@ def test_llmrl_ui_runs_a_custom_grpo_run_and_shows_it_in_both_uis(tmp_path):
         page.click_text("Artifacts", "*")
         page.wait_text(f"{RUN_ID}-metrics", 60)
         page.wait_text(f"{RUN_ID}-curves", 60)
-        assert page.text().count(f"{RUN_ID}-metrics") == 1  # one live table per run, not one per iteration
+        text = page.text()  # one live table of each per run, not one per iteration
+        assert text.count(f"{RUN_ID}-metrics-all") == 1 and text.count(f"{RUN_ID}-metrics") == 2
         _shot(page, shots, "prefect-run-artifacts")
         assert (home / "runs" / RUN_ID / "checkpoints" / "policy_v000001.safetensors").is_file()
         assert not (home / "runs" / RUN_ID / "checkpoints" / "policy_v000002.safetensors").exists()  # 1, not 10
