@@ -72,7 +72,7 @@ def test_background_reports_give_the_same_artifacts_in_order(tmp_path):
     run, pngs = report_in_background(str(tmp_path))
     assert pngs == [str(tmp_path / "curves.png")] * 3
     artifacts = _artifacts_of(run)
-    assert [a.key for a in artifacts] == ["run-b-curves", "run-b-metrics"]
+    assert [a.key for a in artifacts] == ["run-b-curves", "run-b-metrics", "run-b-metrics-all"]
     assert [row["version"] for row in json.loads(artifacts[1].data)] == [1, 2, 3]  # the last report landed last
 
 
