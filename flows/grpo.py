@@ -176,7 +176,7 @@ def grpo(
             and trainer.share_weights(hardware["rollout_dtype"]).result()
         )
         log.info(
-            "new versions reach the engines by %s (%s)",
+            "new versions reach the engines by %s; why: %s",
             f"NCCL broadcast ({weight_sync.world_size} ranks)"
             if weight_sync
             else "shared memory (a file in /dev/shm, rewritten in place)"

@@ -98,7 +98,7 @@ def choose_weight_route(mode: str, trainer: Endpoint, engines: Sequence[Endpoint
             raise ValueError(
                 f"rollout.weight_sync=nccl needs the trainer and every engine on CUDA ({where}); use auto or checkpoint"
             )
-        return WeightRoute("checkpoint", f"not all on CUDA ({where})")
+        return WeightRoute("checkpoint", f"no NCCL without CUDA on every side ({where})")
     shared = sorted({g for e in engines if e.host == trainer.host for g in set(e.gpus) & set(trainer.gpus)})
     if shared:
         reason = (
