@@ -98,3 +98,18 @@ def test_llmrl_plan_prints_the_main_jobs_plan():
         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert bad.returncode == 1 and "does not fit: engine 0 KV cache holds" in bad.stderr
+
+
+def test_a_model_the_plan_cannot_read_runs_without_a_plan(tmp_path, caplog):
+    """Another architecture family (GPT-2's config names its sizes n_embd, n_layer): a warning, not a refusal."""
+    import json
+    import logging
+
+    from llmrl_core.pipeline.config_io import load_config
+    from llmrl_core.pipeline.grpo_config import GRPOConfig
+    from tasks.memory_check import check_run_memory
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 768, "n_layer": 12}))
+    with caplog.at_level(logging.WARNING, logger="llmrl.memory"):
+        assert check_run_memory(load_config(GRPOConfig, None, [f"model={tmp_path}"])) is None
+    assert "no memory plan for this model" in caplog.text and "hidden_size" in caplog.text
