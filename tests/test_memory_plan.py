@@ -112,4 +112,4 @@ def test_a_model_the_plan_cannot_read_runs_without_a_plan(tmp_path, caplog):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 768, "n_layer": 12}))
     with caplog.at_level(logging.WARNING, logger="llmrl.memory"):
         assert check_run_memory(load_config(GRPOConfig, None, [f"model={tmp_path}"])) is None
-    assert "no memory plan for this model" in caplog.text and "hidden_size" in caplog.text
+    assert "no memory plan for this model" in caplog.text and "must be a positive integer" in caplog.text
