@@ -102,9 +102,10 @@ def ui(
     runs_dir: Path = typer.Option(None, "--runs-dir", help="Runs root (default: $LLMRL_RUNS_DIR or $LLMRL_HOME/runs)."),
 ) -> None:
     """Serve the Prefect UI (with llmrl's deployments and a worker) and the MLflow UI of every run."""
-    from llmrl_cli.prefect_home import QUIET_PREFECT, prefect_home, running_ui, ui_state_file
+    from llmrl_cli.prefect_home import QUIET_PREFECT, prefect_home
     from llmrl_core.paths import llmrl_home
     from storage.layout import default_runs_root
+    from tasks.ui_state import running_ui, ui_state_file
 
     already = running_ui()
     if already is not None:

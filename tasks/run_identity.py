@@ -14,14 +14,14 @@ from typing import Any
 
 from prefect.artifacts import create_link_artifact
 
+from tasks.ui_state import running_ui
+
 DEFAULT_PREFECT_UI = "http://127.0.0.1:4200"
 DEFAULT_MLFLOW_UI = "http://127.0.0.1:5000"
 
 
 def ui_addresses() -> tuple[str, str]:
     """The Prefect and MLflow UI addresses of ``llmrl ui`` (running, else its defaults)."""
-    from llmrl_cli.prefect_home import running_ui
-
     ui = running_ui() or {}
     return ui.get("prefect_ui_url", DEFAULT_PREFECT_UI), ui.get("mlflow_url", DEFAULT_MLFLOW_UI)
 

@@ -57,37 +57,33 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
         raise ValueError(f"{path}: cannot read as parquet ({err})") from err
 
 
+def transpose_columns(batch: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """A collated batch (a dict of equal-length lists or tuples) as rows; None when ``batch`` is not one."""
+    columns = list(batch.values())
+    if not columns or not all(isinstance(c, list | tuple) for c in columns) or len({len(c) for c in columns}) != 1:
+        return None
+    return [{k: v[i] for k, v in batch.items()} for i in range(len(columns[0]))]
+
+
 class RowStream:
     """Rows pulled from an iterator as they are needed (its own order; it may be endless).
 
     An item is a row (a dict), a prompt (a string or anything else: the row ``{str_key: item}``), a batch of them (a
     list or tuple) or a collated batch (a dict of equal-length lists, as a ``DataLoader`` yields): batches are
-    split into rows. When the iterator ends, a re-iterable source (``iter(source) is not source``) starts again,
-    otherwise drawing raises ``ValueError``.
+    split into rows. An iterator cannot start again: when it ends, drawing raises ``ValueError``.
     """
 
-    def __init__(self, source: Any, name: str, str_key: str = "query") -> None:
-        self._source = source
-        self._iterator: Iterator[Any] = iter(source)
+    def __init__(self, source: Iterator[Any], name: str, str_key: str = "query") -> None:
+        self._iterator = source
         self._buffer: list[dict[str, Any]] = []
         self.name = name
         self.str_key = str_key
         self.drawn = 0  # rows handed out since the start (the cursor a resume skips to)
-        self.passes = 0  # how many times a re-iterable source was started again
-
-    def restart(self) -> bool:
-        """Start again from the source's first item if it can be iterated anew; False for a one-shot iterator."""
-        if iter(self._source) is self._source:
-            return False
-        self._iterator, self._buffer, self.drawn = iter(self._source), [], 0
-        return True
 
     def _split(self, item: Any) -> list[dict[str, Any]]:
         if isinstance(item, dict):
-            columns = [v for v in item.values() if isinstance(v, list | tuple)]
-            if columns and len(columns) == len(item) and len({len(c) for c in columns}) == 1:
-                return [{k: v[i] for k, v in item.items()} for i in range(len(columns[0]))]
-            return [dict(item)]
+            rows = transpose_columns(item)
+            return rows if rows is not None else [dict(item)]
         if isinstance(item, list | tuple):
             return [row for part in item for row in self._split(part)]
         return [{self.str_key: item}]
@@ -98,12 +94,7 @@ class RowStream:
             try:
                 item = next(self._iterator)
             except StopIteration:
-                if not self.restart():
-                    raise ValueError(f"prompt stream {self.name} ended after {self.drawn} rows") from None
-                self.passes += 1
-                if self.passes > 1 and self.drawn == 0:
-                    raise ValueError(f"prompt stream {self.name} yields no rows") from None
-                continue
+                raise ValueError(f"prompt stream {self.name} ended after {self.drawn} rows") from None
             self._buffer = self._split(item)
         self.drawn += 1
         return self._buffer.pop(0)

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from llmrl_core.envs.chat_env import ChatEnv, InputMode
+from llmrl_core.envs.data_sources import transpose_columns
 from llmrl_core.envs.primer import DataLoadingPrimer, refuse_torchrl_only
 
 
@@ -40,13 +41,12 @@ def load_named_dataset(dataset: Any, name: str | None, split: str | None) -> Any
 def rows_of(batch: Any) -> list[dict[str, Any]]:
     """A collated batch as rows: a list of dicts as is, TorchRL's dict of equal-length lists transposed."""
     if isinstance(batch, dict):
-        columns = {k: list(v) for k, v in batch.items()}
-        sizes = {len(v) for v in columns.values()}
-        if len(sizes) != 1:
+        rows = transpose_columns({k: list(v) for k, v in batch.items()})
+        if rows is None:
             raise ValueError(
-                f"collate_fn returned columns of different lengths: { {k: len(v) for k, v in columns.items()} }"
+                f"collate_fn returned columns of different lengths: { {k: len(v) for k, v in batch.items()} }"
             )
-        return [{k: v[i] for k, v in columns.items()} for i in range(sizes.pop())]
+        return rows
     return [dict(row) for row in batch]
 
 

@@ -182,8 +182,7 @@ class DataLoadingPrimer(Transform):
         if seed is not None:
             self.seed = int(seed)
         if self.stream is not None:
-            self.stream.restart()  # a one-shot iterator cannot start again: it goes on where it is
-            self._stream_rows = {}
+            self._stream_rows = {}  # an iterator cannot start again: it goes on where it is
         self._epoch = 0
         self._position = 0
         self._pending = []
@@ -192,9 +191,9 @@ class DataLoadingPrimer(Transform):
 
     @property
     def epoch(self) -> int:
-        """Index of the epoch the next prompt comes from (0-based; a stream counts its restarts)."""
+        """Index of the epoch the next prompt comes from (0-based; a stream is one endless epoch)."""
         if self.stream is not None:
-            return self.stream.passes
+            return 0
         return self._epoch + (1 if self._position >= len(self._order) else 0)
 
     # --- cursor ----------------------------------------------------------------------------------

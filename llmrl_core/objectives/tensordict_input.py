@@ -27,16 +27,18 @@ MASKING_STRATEGIES = ("sft", "rlhf", "generic")
 
 
 def has_key(td: TensorDictBase, key: NestedKey) -> bool:
-    """Whether ``td`` holds a (non-None) value at the nested ``key`` (ragged rows included)."""
-    return rows(td, key) is not None
+    """Whether ``td`` holds a (non-None) value at the nested ``key`` (ragged rows included); nothing is copied."""
+    return _present(td.get(key, None, as_list=True))
+
+
+def _present(value: Any) -> bool:
+    return value is not None and not (isinstance(value, list) and any(v is None for v in value))
 
 
 def rows(td: TensorDictBase, key: NestedKey) -> list[torch.Tensor] | None:
     """The per-row tensors at ``key`` (ragged rows of a lazy stack, or the rows of a padded tensor), or None."""
     value = td.get(key, None, as_list=True)
-    if value is None or (isinstance(value, list) and any(v is None for v in value)):
-        return None
-    return [torch.as_tensor(v) for v in value]
+    return [torch.as_tensor(v) for v in value] if _present(value) else None
 
 
 def left_padded(td: TensorDictBase, key: NestedKey, padding_value: float | int | bool = 0) -> torch.Tensor | None:

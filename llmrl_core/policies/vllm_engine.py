@@ -157,6 +157,8 @@ def make_llm(config: EngineConfig | None = None) -> Any:
         seed=config.seed,
         enforce_eager=config.enforce_eager,
         logprobs_mode=config.logprobs_mode,
+        # the checkpoint-shard bar is a library's line: shown with the libraries' logs (``llmrl run -v``)
+        use_tqdm_on_load=os.environ.get("LLMRL_VERBOSE", "") == "1",
     )
     if config.resolved_device() == "cuda":
         kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
