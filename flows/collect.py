@@ -26,6 +26,21 @@ from tasks.cluster import dask_cluster
 from tasks.reporting import artifact_key, live_markdown
 
 
+def checkpoint_to_sample(run_id: str, layout: RunLayout, policy_version: int) -> str | None:
+    """The weights of ``policy_version`` of ``run_id`` (None for version 0, the base model); a clear ``ValueError``
+    for a version the run does not have. Cheap: the CLI calls it before the Prefect API or any engine starts."""
+    if policy_version < 0:
+        raise ValueError(f"--version must be 0 (the base model) or a saved version of {run_id!r}, got {policy_version}")
+    if policy_version == 0:
+        return None
+    store = CheckpointStore(layout.checkpoints_uri)
+    have = store.versions()
+    if policy_version not in have:
+        saved = f"its saved versions are {have}" if have else "it has no saved version (only 0, the base model)"
+        raise ValueError(f"run {run_id!r} has no checkpoint {policy_version}: {saved}")
+    return str(store.weights_path(policy_version))
+
+
 @flow(name="collect")
 def collect(
     config: str | None = None,
@@ -43,12 +58,7 @@ def collect(
     out_layout = RunLayout.for_runs_dir(out_run, cfg.runs_dir)
     staging_uri = out_layout.staging_uri
     collect_cfg = load_config(GRPOConfig, config, [*(overrides or []), f"run_id={out_run}"])
-    checkpoint = None
-    if policy_version > 0:
-        store = CheckpointStore(layout.checkpoints_uri)
-        if policy_version not in store.versions():
-            raise ValueError(f"run {cfg.run_id!r} has no checkpoint {policy_version} (have {store.versions()})")
-        checkpoint = str(store.weights_path(policy_version))
+    checkpoint = checkpoint_to_sample(cfg.run_id, layout, policy_version)
     # Only rollout workers are needed: the placement's trainer slot stays idle.
     with dask_cluster(collect_cfg, out_layout.run_dir / "dask") as place:
         engines = [

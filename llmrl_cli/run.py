@@ -113,10 +113,17 @@ def run_collect(
     from llmrl_core.pipeline.grpo_config import GRPOConfig
 
     set_verbose(verbose)
-    load_checked(GRPOConfig, config, overrides, False, training=False)
+    cfg = load_checked(GRPOConfig, config, overrides, False, training=False)
     if out_run_id is not None:
         _check_id(out_run_id, "--out-run-id")
-    from flows.collect import collect
+    from flows.collect import checkpoint_to_sample, collect
+    from storage.layout import RunLayout
+
+    try:  # before the Prefect API and the engines start
+        checkpoint_to_sample(cfg.run_id, RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir), version)
+    except (ValueError, OSError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from err
 
     summary = collect(
         config=str(config) if config else None,

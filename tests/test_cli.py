@@ -118,6 +118,19 @@ def test_run_evaluate_refuses_missing_versions_and_sources_before_starting(tmp_p
     assert "temporary server" not in missing.output + garbage.output
 
 
+def test_run_collect_refuses_a_missing_version_before_starting(tmp_path):
+    """``collect --version 99`` of a run without that checkpoint: one line naming the run and what it has, exit 2,
+    before the Prefect API or any engine starts; a negative version likewise."""
+    base = ["run", "collect", "--set", f"runs_dir={tmp_path}", "--set", "run_id=r1"]
+    missing = runner.invoke(app, [*base, "--version", "99"])
+    assert missing.exit_code == 2, missing.output
+    assert "run 'r1' has no checkpoint 99: it has no saved version (only 0, the base model)" in missing.output
+    negative = runner.invoke(app, [*base, "--version", "-1"])
+    assert negative.exit_code == 2 and "--version must be 0 (the base model)" in negative.output
+    assert "temporary server" not in missing.output + negative.output
+    assert not (tmp_path / "r1-collect").exists()
+
+
 def test_llmrl_plan_is_a_command():
     result = runner.invoke(app, ["plan", "--help"])
     assert result.exit_code == 0 and "optimizer state" in result.output and "KV cache" in result.output
