@@ -266,8 +266,11 @@ def _probe(name: str, seed: str | None, call: str, fn) -> dict[str, Any]:
             record["message"] = str(err)
             frames = traceback.extract_tb(err.__traceback__)
             if frames:
-                record["origin"] = {"file": _scrub(frames[-1].filename), "function": frames[-1].name,
-                                    "line": frames[-1].lineno}
+                record["origin"] = {
+                    "file": _scrub(frames[-1].filename),
+                    "function": frames[-1].name,
+                    "line": frames[-1].lineno,
+                }
         else:
             record["raised"] = False
             record["result_type"] = type(result).__name__ if result is not None else None

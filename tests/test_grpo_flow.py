@@ -397,4 +397,3 @@ def test_sigterm_stops_the_run_cleanly(tmp_path):
     with get_client(sync_client=True) as prefect:
         (flow_run,) = prefect.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=["run:t-term"])))
     assert flow_run.state.type.value == "CANCELLED" and flow_run.state.message == "stopped by SIGTERM"
-
