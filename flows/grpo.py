@@ -232,6 +232,8 @@ def grpo(
                     train_metrics.get("agreement_kl_to_sampler", float("nan")),
                     cfg.train.agreement_warn,
                 )
+            if skipped := stages.failed_episodes_line(version, shards):
+                log.warning(skipped)
             metrics = {
                 **stages.merge_shard_metrics(shards),
                 "rollout_s": max(s["seconds"] for s in shards),

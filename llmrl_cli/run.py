@@ -125,7 +125,8 @@ def run_collect(
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from err
 
-    summary = collect(
+    summary = run_flow(
+        collect,
         config=str(config) if config else None,
         overrides=list(overrides or []),
         policy_version=version,

@@ -22,6 +22,7 @@ import torch
 
 from llmrl_core.collectors.dask_collector import RolloutActor
 from llmrl_core.collectors.tensordict_batches import rows as episode_rows
+from llmrl_core.envs.reward_calls import RewardFunctionError
 from llmrl_core.evaluation.rollout_health import rollout_health
 from llmrl_core.hardware import mixed_precision_for, where_am_i
 from llmrl_core.pipeline.grpo_config import GRPOConfig
@@ -136,11 +137,12 @@ class RolloutWorker(RolloutActor):
         idle = self.idle_s()
         start = time.perf_counter()
         sampling = sampling_config(self.cfg, version if batch is None else batch, shard)
-        agent_metrics: dict[str, float] = {}
+        episode_metrics: dict[str, float] = {}
         if self.cfg.env.agent:
-            trajectories, agent_metrics = self._agent_episodes(rows, sampling)
+            trajectories, episode_metrics = self._agent_episodes(rows, sampling)
         else:
             trajectories = episode_rows(self.collect(rows, sampling=sampling, progress=self.cfg.progress))
+            trajectories, episode_metrics = drop_failed_rewards(trajectories, len(rows))
         params = {
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
@@ -156,7 +158,7 @@ class RolloutWorker(RolloutActor):
         ]
         info = TrajectoryStore(staging_uri).write_shard(self.cfg.run_id, version, shard, records)
         if not records:  # every agent episode of the shard failed: nothing to measure, the failures say why
-            return {"shard": info.path, "rows": 0, "seconds": time.perf_counter() - start, **agent_metrics}
+            return {"shard": info.path, "rows": 0, "seconds": time.perf_counter() - start, **episode_metrics}
         rewards = [r.reward for r in records]
         health = rollout_health(
             texts=[t.response_text for t in trajectories],
@@ -180,7 +182,7 @@ class RolloutWorker(RolloutActor):
             "reward_mean": float(np.mean(rewards)),
             **health,
             **tools,
-            **agent_metrics,
+            **episode_metrics,
         }
 
     def _agent_episodes(self, rows: list[Any], sampling: SamplingConfig) -> tuple[list[Any], dict[str, Any]]:
@@ -218,6 +220,19 @@ class RolloutWorker(RolloutActor):
     def score(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
         """Engine log-probs of fixed tokens (lets tests compare engine and checkpoint weights)."""
         return [t.tolist() for t in self.worker.score(prompts, responses)]
+
+
+def drop_failed_rewards(trajectories: list[Any], episodes: int) -> tuple[list[Any], dict[str, Any]]:
+    """Take out the episodes whose reward function failed (``env.reward_errors: skip``): they are counted
+    (``reward_errors``, with up to three of their messages), not stored; their groups train on the rows that remain.
+    Raises when every episode of the shard failed (the first messages)."""
+    failed = [t.info["reward_error"] for t in trajectories if t.info.get("reward_error")]
+    if not failed:
+        return trajectories, {}
+    if len(failed) == len(trajectories):
+        raise RewardFunctionError(f"all {episodes} episodes' reward functions failed, e.g. {failed[0]}")
+    kept = [t for t in trajectories if not t.info.get("reward_error")]
+    return kept, {"reward_errors": float(len(failed)), "reward_error_examples": failed[:3]}
 
 
 class TrainerWorker:

@@ -20,6 +20,7 @@ from prefect.cache_policies import NO_CACHE
 from llmrl_core.builtin_data.sources import resolve_source
 from llmrl_core.collectors.dask_collector import shard_by_group
 from llmrl_core.envs.primer import DataLoadingPrimer
+from llmrl_core.envs.reward_calls import RewardFunctionError
 from llmrl_core.envs.transforms.kl import kl_reward_penalty
 from llmrl_core.envs.types import PromptRow
 from llmrl_core.objectives import mc_advantage
@@ -101,6 +102,8 @@ def merge_shard_metrics(shards: list[dict]) -> dict[str, float]:
     if calls:  # a tool env: the share of rollouts that called a tool, and the share of calls that worked
         merged["tool_call_rate"] = sum(s.get("tool_call_rate", 0.0) * s["rows"] for s in shards) / rows
         merged["tool_success_rate"] = 1.0 - sum(s.get("tool_errors", 0.0) for s in shards) / calls
+    if any("reward_errors" in s for s in shards):  # env.reward_errors=skip: episodes whose reward function failed
+        merged["reward_errors"] = sum(s.get("reward_errors", 0.0) for s in shards)
     for key in {k for s in shards for k in s if k.startswith("agent_") and isinstance(s[k], int | float)}:
         merged[key] = sum(s.get(key, 0.0) for s in shards)  # env.agent: episodes, failures (by kind), ...
     if any("agent_calls_mean" in s for s in shards):  # ... except the per-row mean, weighted by the stored rows
@@ -109,6 +112,15 @@ def merge_shard_metrics(shards: list[dict]) -> dict[str, float]:
         merged["response_tokens_min"] = min(s["response_tokens_min"] for s in shards)
         merged["response_tokens_max"] = max(s["response_tokens_max"] for s in shards)
     return merged
+
+
+def failed_episodes_line(version: int, shards: list[dict]) -> str | None:
+    """The warning for a batch in which some episodes' reward functions failed (skipped), with an example."""
+    failed = sum(s.get("reward_errors", 0.0) for s in shards)
+    if not failed:
+        return None
+    example = next(e for s in shards for e in s.get("reward_error_examples", []))
+    return f"version {version}: {failed:.0f} episode(s) skipped (env.reward_errors=skip), e.g. {example}"
 
 
 def dispatch_rollout(
@@ -129,7 +141,18 @@ def dispatch_rollout(
     ]
 
 
-@task(name="rollout", retries=1, **STAGE)
+def retry_unless_user_error(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect's retry condition: a failing reward function fails the same way again, so it is not retried."""
+    try:
+        state.result()
+    except RewardFunctionError:
+        return False
+    except Exception:  # any other failure: the task's retry policy applies
+        return True
+    return True
+
+
+@task(name="rollout", retries=1, retry_condition_fn=retry_unless_user_error, **STAGE)
 def rollout(
     actors: list[Any],
     rows: list[PromptRow],

@@ -3,6 +3,7 @@ IFEval and a Gymnasium-style game through the GRPO flow; and the env config's ea
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import textwrap
@@ -95,6 +96,12 @@ def test_grpo_with_a_users_env_factory_and_reward_function(tmp_path, monkeypatch
 
             def short_answer(prompt, completion, row):
                 return 1.0 if len(completion) < 40 else 0.0
+
+            def first_fails(prompt, completion, row):  # the worker's first episode fails, the others pay 0.5
+                CALLS.append(row)
+                if len(CALLS) == 1:
+                    raise RuntimeError("the first call fails")
+                return 0.5
             """
         )
     )
@@ -105,15 +112,18 @@ def test_grpo_with_a_users_env_factory_and_reward_function(tmp_path, monkeypatch
         "iterations=1",
         "env.factory=my_env_pkg:make_env",
         "env.options={greeting: Answer in one word.}",
-        "env.rewards=[{function: 'my_env_pkg:short_answer', weight: 2.0}]",
+        "env.rewards=[{function: 'my_env_pkg:short_answer', weight: 2.0}, {function: 'my_env_pkg:first_fails'}]",
+        "env.reward_errors=skip",
     )
     rows = store.read_records("custom", version=0)
-    assert len(rows) == 4
+    assert len(rows) == 3  # of 4 episodes: the one whose reward function raised is counted, not stored
+    published = json.loads((tmp_path / "runs" / "custom" / "state" / "published-v1.json").read_text())
+    assert published.get("metrics", published)["reward_errors"] == 1.0
     assert rows[0].messages[0] == {"role": "system", "content": "Answer in one word."}
     for r in rows:
         completion = r.messages[-1]["content"]
-        assert r.reward_components == {"short_answer": 2.0 * (len(completion) < 40)}
-        assert r.reward == pytest.approx(2.0 * (len(completion) < 40))
+        assert r.reward_components == {"short_answer": 2.0 * (len(completion) < 40), "first_fails": 0.5}
+        assert r.reward == pytest.approx(2.0 * (len(completion) < 40) + 0.5)
     sys.modules.pop("my_env_pkg", None)
 
 

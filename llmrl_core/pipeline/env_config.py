@@ -19,7 +19,9 @@ Three ways to name an environment, all checked by :func:`validate_env_config` be
   example's), the episode's last assistant message and the prompt row's fields — and returns a float; TRL
   users know the convention. It is called once per episode, when the episode ends; its weighted value is
   added to the reward and kept under its ``name`` in ``reward_components``. ``env_reward: false`` drops the
-  environment's own reward (the episode still ends where the env says).
+  environment's own reward (the episode still ends where the env says). A function that raises or returns
+  anything but a finite number stops the run with one line naming it and the row (``reward_errors: raise``, the
+  default); ``reward_errors: skip`` fails that episode alone (counted as ``reward_errors``, not trained on).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmrl_core.data.conversation import episode_prompt
+from llmrl_core.envs.reward_calls import REWARD_ERRORS, RewardFunctionError, describe_row, reward_value
 from llmrl_core.envs.transforms.base import Transform
 
 SINGLE_TURN = ("gsm8k", "arithmetic")
@@ -85,6 +88,8 @@ class EnvConfig:
     agent: str | None = None  # "module:function": an OpenAI-API agent (docs/agents.md); the env name is then unused
     # {id: <installed verifiers env id>, args: {...}}: the env's own rollout through the agent route (docs/verifiers.md)
     verifiers: dict[str, Any] = field(default_factory=dict)  # empty: not this route
+    # a reward function that raises or returns a non-number: stop the run (raise), or fail that episode alone (skip)
+    reward_errors: str = "raise"
 
     def __post_init__(self) -> None:
         if self.verifiers:
@@ -103,6 +108,8 @@ class EnvConfig:
             raise ValueError(f"env.max_turns must be >= 1, got {self.max_turns}")
         if not self.env_reward and not self.rewards:
             raise ValueError("env.env_reward is false but env.rewards is empty: nothing would pay")
+        if self.reward_errors not in REWARD_ERRORS:
+            raise ValueError(f"env.reward_errors must be one of {list(REWARD_ERRORS)}, got {self.reward_errors!r}")
 
     def _verifiers_route(self) -> None:
         """``env.verifiers`` is an agent (the env's own rollout against the endpoint) whose rows come from the env's
@@ -244,15 +251,28 @@ def validate_env_config(cfg: EnvConfig) -> None:
 
 
 # --- building ----------------------------------------------------------------------------------------------
+def load_reward_functions(specs: list[RewardFunctionConfig]) -> list[tuple[Any, float, str, str]]:
+    """``(function, weight, component name, label)`` per spec; the label names its setting in errors."""
+    loaded = []
+    for i, spec in enumerate(specs):
+        fn = import_object(spec.function, f"env.rewards[{i}].function")
+        name = spec.name or getattr(fn, "__name__", "reward_fn")
+        loaded.append((fn, spec.weight, name, f"env.rewards[{i}].function {spec.function!r}"))
+    return loaded
+
+
 class RewardFunctions(Transform):
     """Pays the configured reward functions once per episode, when it ends (see the module docstring)."""
 
-    def __init__(self, specs: list[RewardFunctionConfig], keep_env_reward: bool = True) -> None:
+    def __init__(
+        self, specs: list[RewardFunctionConfig], keep_env_reward: bool = True, on_error: str = "raise"
+    ) -> None:
         super().__init__()
-        self.functions = [
-            (import_object(s.function, f"env.rewards[{i}].function"), s.weight, s.name) for i, s in enumerate(specs)
-        ]
+        if on_error not in REWARD_ERRORS:
+            raise ValueError(f"on_error must be one of {list(REWARD_ERRORS)}, got {on_error!r}")
+        self.functions = load_reward_functions(specs)
         self.keep_env_reward = keep_env_reward
+        self.on_error = on_error
 
     def step_slot(self, slot: Any) -> None:
         """Add each function's weighted reward to a slot whose episode ended in this step."""
@@ -267,9 +287,16 @@ class RewardFunctions(Transform):
         completion = assistant.text if assistant is not None else ""
         user_role = getattr(self.parent, "user_role", "user")
         prompt = episode_prompt(slot.history.messages, role, slot.turn, user_role)  # not a few-shot example's
-        for fn, weight, name in self.functions:
-            value = float(fn(prompt, completion, dict(slot.data)))
-            slot.add_reward(weight * value, name=name or getattr(fn, "__name__", "reward_fn"))
+        row_name = describe_row(slot.prompt_id, slot.group_id, slot.sample_index)
+        for fn, weight, name, label in self.functions:
+            try:
+                value = reward_value(fn, label, prompt, completion, slot.data, row_name)
+            except RewardFunctionError as err:
+                if self.on_error == "raise":
+                    raise
+                slot.info["reward_error"] = str(err)  # a failed episode: counted by the rollout, not trained on
+                return
+            slot.add_reward(weight * value, name=name)
 
 
 def _builtin_env(cfg: EnvConfig, task: Any, tokenizer: Any, input_mode: str, max_turns: int) -> Any:
@@ -361,5 +388,5 @@ def build_env(cfg: EnvConfig, task: Any, tokenizer: Any, *, input_mode: str = "t
     for name, options in _transform_items(cfg):
         env.append_transform(make_transform(name, **options))
     if cfg.rewards:
-        env.append_transform(RewardFunctions(cfg.rewards, keep_env_reward=cfg.env_reward))
+        env.append_transform(RewardFunctions(cfg.rewards, keep_env_reward=cfg.env_reward, on_error=cfg.reward_errors))
     return env

@@ -132,14 +132,13 @@ def _brevity(answers: str = "", max_tokens: int = 256) -> Rescorer:
 
 @register_reward("env")
 def _env_rewards(answers: str = "", rewards: Sequence[Any] = ()) -> Rescorer:
-    from llmrl_core.pipeline.env_config import RewardFunctionConfig, import_object
+    from llmrl_core.envs.reward_calls import describe_row, reward_value
+    from llmrl_core.pipeline.env_config import RewardFunctionConfig, load_reward_functions
 
     specs = [r if isinstance(r, RewardFunctionConfig) else RewardFunctionConfig(**r) for r in rewards]
     if not specs:
         raise ValueError("reward 'env' needs the env's reward functions (env.rewards is empty)")
-    functions = [
-        (import_object(s.function, f"env.rewards[{i}].function"), s.weight, s.name) for i, s in enumerate(specs)
-    ]
+    functions = load_reward_functions(specs)
     table = AnswerTable(answers) if answers else None
 
     def score(row: Mapping[str, Any]) -> dict[str, float]:
@@ -152,9 +151,10 @@ def _env_rewards(answers: str = "", rewards: Sequence[Any] = ()) -> Rescorer:
         else:
             data = {"prompt_id": row.get("prompt_id")}
         out = {"reward": 0.0}
-        for fn, weight, name in functions:
-            value = weight * float(fn(prompt, last_message(row, "assistant"), data))
-            out[name or getattr(fn, "__name__", "reward_fn")] = value
+        row_name = describe_row(row.get("prompt_id"), row.get("group_id"), row.get("sample_index"))
+        for fn, weight, name, label in functions:
+            value = weight * reward_value(fn, label, prompt, last_message(row, "assistant"), data, row_name)
+            out[name] = value
             out["reward"] += value
         return out
 
