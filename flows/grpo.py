@@ -213,6 +213,8 @@ def grpo(
             written = stages.write_trajectories(cfg, batch.staging_uri, store_uri, sampled, batch.shard_prefix)
             _maybe_fail(cfg, "write_trajectories", version)
             adv = written["advantages"]
+            if pending is not None:  # the engines that sampled this batch hold the trainer's weights (fingerprints)
+                pending.verify()
             t_train = time.perf_counter()
             training = stages.train.submit(trainer, store_uri, batch)
             if pending is not None:  # committed while the trainer trains (it sealed beside this batch's rollouts)

@@ -320,11 +320,14 @@ class LineageRecorder:
         params: Mapping[str, Any] | None = None,
         iteration_config: Any = None,
         metrics: Mapping[str, float] | None = None,
+        weights_fingerprints: Mapping[str, str] | None = None,
     ) -> str:
         """Record what produced ``policy_version``: a LoggedModel + the lineage JSON; returns the model id.
 
         ``parent_version`` defaults to the checkpoint manifest's; ``iteration_config`` (if it differs
-        from the run config) gets its own hash; ``params`` are this iteration's settings.
+        from the run config) gets its own hash; ``params`` are this iteration's settings;
+        ``weights_fingerprints``: the weights' fingerprint in each engine dtype (which the engines were checked to
+        hold; independent of the checkpoint file's bytes, unlike its sha256).
         """
         if checkpoint is not None and checkpoint.policy_version != policy_version:
             raise LineageError(f"checkpoint is version {checkpoint.policy_version}, not {policy_version}")
@@ -349,6 +352,7 @@ class LineageRecorder:
             "data": [dataclasses.asdict(ref) for ref in data],
             "checkpoint": dataclasses.asdict(checkpoint) if checkpoint is not None else None,
             "checkpoint_uri": checkpoint_uri,
+            "weights_fingerprints": dict(weights_fingerprints or {}),
             "recorded_at": dt.datetime.now(dt.UTC).isoformat(),
         }
         tags = {
@@ -359,6 +363,7 @@ class LineageRecorder:
             "git_commit": self.git_commit or "",
             "checkpoint_uri": checkpoint_uri or "",
             "checkpoint_sha256": checkpoint.sha256 if checkpoint else "",
+            "weights_fingerprint": ",".join(f"{d}:{f}" for d, f in sorted((weights_fingerprints or {}).items())),
             "parent_model_id": parent_model or "",
             "trained_on": json.dumps([ref.name for ref in data])[:7000],
         }

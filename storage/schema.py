@@ -26,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-SCHEMA_VERSION = 2  # 2: sampling_params.logprobs_mode
+SCHEMA_VERSION = 3  # 2: sampling_params.logprobs_mode; 3: weights_fingerprint
 SCHEMA_VERSION_KEY = b"llmrl.schema_version"
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -82,6 +82,9 @@ TRAJECTORY_SCHEMA = pa.schema(
         _f("model_id", pa.string()),
         _f("sampling_params", SAMPLING_PARAMS_TYPE),
         _f("created_at", pa.timestamp("us", tz="UTC")),
+        # the fingerprint of the weights the sampling engine held (llmrl_core.weight_sync.fingerprint); null in
+        # rows of schema 2 and earlier, and in rows not sampled by an engine (SFT data, imports)
+        _f("weights_fingerprint", pa.string(), nullable=True),
     ],
     metadata={SCHEMA_VERSION_KEY: str(SCHEMA_VERSION).encode()},
 )
@@ -105,6 +108,7 @@ class TrajectoryRecord:
     the environment (tool outputs, templates); ``sampler_logprobs`` and ``ref_logprobs`` have one entry
     per response token. ``turn`` is the index of the last assistant turn (0 for single-turn).
     ``sampling_params`` holds temperature, top_p, top_k, max_tokens, seed and logprobs_mode (missing keys are null).
+    ``weights_fingerprint`` is the fingerprint of the weights the engine that sampled it held (None: unknown).
     """
 
     run_id: str
@@ -129,6 +133,7 @@ class TrajectoryRecord:
     tool_calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     sampling_params: dict[str, Any] = dataclasses.field(default_factory=dict)
     created_at: dt.datetime = dataclasses.field(default_factory=_utc_now)
+    weights_fingerprint: str | None = None
 
 
 def schema_version_of(schema: pa.Schema) -> int | None:

@@ -14,6 +14,7 @@ import io
 import os
 import random
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -112,6 +113,10 @@ class RolloutWorker(RolloutActor):
             **where_am_i(config.resolved_device()),  # every GPU this worker sees is the engine's
         }
 
+    def weights_fingerprint(self) -> dict[str, str]:
+        """``{"fingerprint", "dtype"}`` of the weights the engine holds (computed when it loaded them)."""
+        return self.worker.weights_fingerprint()
+
     def load(self, checkpoint_path: str, version: int) -> int:
         """Load published weights (a safetensors checkpoint) as ``version``.
 
@@ -150,9 +155,15 @@ class RolloutWorker(RolloutActor):
             "seed": sampling.seed,
             "logprobs_mode": self.worker.config.logprobs_mode,
         }
+        held = self.weights_fingerprint()["fingerprint"]
         records = [
             trajectory_to_record(
-                t, run_id=self.cfg.run_id, policy_version=version, model_id=self.cfg.model, sampling=params
+                t,
+                run_id=self.cfg.run_id,
+                policy_version=version,
+                model_id=self.cfg.model,
+                sampling=params,
+                weights_fingerprint=held,
             )
             for t in trajectories
         ]
@@ -343,11 +354,20 @@ class TrainerWorker:
             "seconds": time.perf_counter() - start,
         }
 
-    def seal(self, version: int, config: dict[str, Any]) -> dict[str, Any]:
+    def weights_fingerprint(self, dtype: str) -> str:
+        """The fingerprint of the weights this trainer publishes, in an engine's ``dtype``
+        (:mod:`llmrl_core.weight_sync.fingerprint`)."""
+        from llmrl_core.weight_sync.fingerprint import weights_fingerprint
+
+        tied = bool(getattr(getattr(self.trainer.model, "config", None), "tie_word_embeddings", False))
+        return weights_fingerprint(self.trainer.state_dict_for_inference(copy=False), dtype, tied=tied)
+
+    def seal(self, version: int, config: dict[str, Any], fingerprint_dtypes: Sequence[str] = ()) -> dict[str, Any]:
         """Commit the checkpoint of ``version`` (the one :meth:`stage` wrote, or the trainer's weights now when
         they went through shared memory: nothing changes them between the two calls) with fsync, sha256, manifest
         and retention, and save the optimizer and RNG state reached at ``version``; returns ``{"version",
-        "checkpoint", "sha256", "seconds"}``."""
+        "checkpoint", "sha256", "fingerprints", "seconds"}`` (``fingerprints``: dtype -> the weights' fingerprint in
+        each of ``fingerprint_dtypes``, the engines' dtypes)."""
         start = time.perf_counter()
         staged = self._staged
         if staged is None or staged[0] != version:
@@ -363,6 +383,8 @@ class TrainerWorker:
             "version": version,
             "checkpoint": str(self.checkpoints.weights_path(version)),  # a path, or a URI for a remote store
             "sha256": manifest.sha256,
+            # in each engine dtype: what the engines must hold (the flow compares before it trains on their rows)
+            "fingerprints": {dtype: self.weights_fingerprint(dtype) for dtype in fingerprint_dtypes},
             "seconds": time.perf_counter() - start,
         }
 

@@ -25,6 +25,7 @@ from llmrl_core.envs.transforms.kl import kl_reward_penalty
 from llmrl_core.envs.types import PromptRow
 from llmrl_core.objectives import mc_advantage
 from llmrl_core.pipeline.grpo_config import GRPOConfig
+from llmrl_core.weight_sync.fingerprint import check_engines_hold
 from storage.filesystems import join_uri, read_bytes, resolve_filesystem, write_bytes_atomic
 from storage.trajectories import TrajectoryStore
 from tasks.records import read_shards
@@ -262,6 +263,7 @@ class StagedVersion:
     checkpoint: str
     sealing: Any
     seconds: dict[str, float] = field(default_factory=dict)  # publish_write_s, publish_load_s (the critical path)
+    held: list[dict[str, str]] = field(default_factory=list)  # each engine's {"fingerprint", "dtype"} after its load
 
 
 @task(name="publish-weights", retries=1, **STAGE)
@@ -275,7 +277,9 @@ def publish_weights(
     share its host); each engine loads it, or, with an open NCCL group (``weight_sync``, tasks/weight_sync.py),
     the trainer broadcasts instead. The seal (hash, manifest, optimizer state: :meth:`TrainerWorker.seal`) is
     asked for once the engines hold the version, so it runs beside their next rollout and not beside the loads
-    (on shared cores it would slow the loads down: 0.6-0.75 s per reload instead of ~0.3 s on 2 cores)."""
+    (on shared cores it would slow the loads down: 0.6-0.75 s per reload instead of ~0.3 s on 2 cores). Each
+    engine's fingerprint of what it loaded is kept; the seal computes the trainer's in the engines' dtypes
+    (:func:`verify_engines_hold` compares them)."""
     staged = trainer.stage(version, config).result()
     start = time.perf_counter()
     if weight_sync is not None and rollout_actors:
@@ -285,16 +289,25 @@ def publish_weights(
         if any(v != version for v in loaded):
             raise RuntimeError(f"engines report versions {loaded} after publishing {version}")
     seconds = {"publish_write_s": staged["seconds"], "publish_load_s": time.perf_counter() - start}
-    return StagedVersion(version, staged["checkpoint"], trainer.seal(version, config), seconds)
+    held = [f.result() for f in [a.weights_fingerprint() for a in rollout_actors]]
+    sealing = trainer.seal(version, config, sorted({h["dtype"] for h in held}))
+    return StagedVersion(version, staged["checkpoint"], sealing, seconds, held)
 
 
 @task(name="seal-checkpoint", **STAGE)
 def seal_checkpoint(staged: StagedVersion) -> dict:
-    """Wait for the trainer to seal ``staged``'s checkpoint; returns ``{"version", "checkpoint", "sha256",
-    "seconds"}``."""
+    """Wait for the trainer to seal ``staged``'s checkpoint and check that the engines hold its weights
+    (:func:`verify_engines_hold`); returns ``{"version", "checkpoint", "sha256", "fingerprints", "seconds"}``."""
+    return verify_engines_hold(staged)
+
+
+def verify_engines_hold(staged: StagedVersion) -> dict:
+    """The trainer's seal of ``staged`` (waited for), once every engine's fingerprint equals the trainer's
+    (:class:`~llmrl_core.weight_sync.fingerprint.WeightsMismatchError` otherwise). Cheap to call again."""
     info = staged.sealing.result()
     if info["version"] != staged.version:
         raise RuntimeError(f"the trainer sealed version {info['version']} while publishing {staged.version}")
+    check_engines_hold(staged.version, info["fingerprints"], staged.held)
     return info
 
 

@@ -18,7 +18,14 @@ from typing import Any
 
 from storage.checkpoints import CheckpointStore
 from storage.lineage import DataRef, LineageRecorder
-from tasks.grpo_stages import StagedVersion, commit_version, marker_path, publish_weights, seal_checkpoint
+from tasks.grpo_stages import (
+    StagedVersion,
+    commit_version,
+    marker_path,
+    publish_weights,
+    seal_checkpoint,
+    verify_engines_hold,
+)
 from tasks.reporting import BackgroundReports, report_iteration
 
 
@@ -54,6 +61,11 @@ class PendingPublish:
     markers_uri: str | None = None
     traces: list[dict[str, Any]] | None = None  # the trained-on rollouts to show as MLflow traces (its report)
 
+    def verify(self) -> None:
+        """Stop here unless the engines hold the weights the trainer published for this version (their
+        fingerprints; :func:`tasks.grpo_stages.verify_engines_hold`): called before training on their rows."""
+        verify_engines_hold(self.staged)
+
     def complete(self) -> dict[str, Any]:
         """Commit the version (see the class); returns the checkpoint info (path, sha256)."""
         version = self.staged.version
@@ -63,6 +75,7 @@ class PendingPublish:
             metrics = {**metrics, **self.staged.seconds, "seal_s": info["seconds"]}
         self.lineage.log_version(
             version,
+            weights_fingerprints=info["fingerprints"],
             checkpoint=self.checkpoints.manifest(version),
             checkpoint_uri=self.checkpoints.weights_uri(version),
             data=list(self.data),

@@ -14,9 +14,16 @@ from storage.trajectories import TrajectoryStore
 
 
 def trajectory_to_record(
-    t: EpisodeRow, *, run_id: str, policy_version: int, model_id: str, sampling: dict[str, Any]
+    t: EpisodeRow,
+    *,
+    run_id: str,
+    policy_version: int,
+    model_id: str,
+    sampling: dict[str, Any],
+    weights_fingerprint: str | None = None,
 ) -> TrajectoryRecord:
-    """One stored row for a finished (tokens-mode) episode: prompt = tokens before the first sampled one."""
+    """One stored row for a finished (tokens-mode) episode: prompt = tokens before the first sampled one;
+    ``weights_fingerprint``: of the weights the sampling engine held."""
     if t.tokens is None or t.policy_mask is None or t.sampler_log_probs is None:
         raise ValueError("trajectory_to_record needs tokens-mode episodes with log-probs (env input_mode='tokens')")
     mask = t.policy_mask.tolist()
@@ -46,6 +53,7 @@ def trajectory_to_record(
         tool_calls=[dict(call) for call in t.info.get("tool_calls", [])],
         model_id=model_id,
         sampling_params=dict(sampling),
+        weights_fingerprint=weights_fingerprint,
     )
 
 

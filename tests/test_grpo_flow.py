@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -119,6 +120,14 @@ def test_two_iterations_crash_and_resume(tmp_path, default_model_path):
         path = Path(urlparse(info["checkpoint_uri"]).path)
         assert info["checkpoint_uri"].startswith("file://") and path.name == f"policy_v{version:06d}.safetensors"
         assert hashlib.sha256(path.read_bytes()).hexdigest() == info["checkpoint"]["sha256"]
+        # the weights' fingerprint (N6): the checkpoint file's, computed here, is what the lineage records, and
+        # every row the version sampled carries it (the engine's own fingerprint of what it loaded)
+        from llmrl_core.weight_sync.fingerprint import weights_fingerprint
+
+        fingerprint = weights_fingerprint(load_file(path), "float32", tied=True)
+        assert info["weights_fingerprints"] == {"float32": fingerprint}
+        if version < 2:
+            assert {r.weights_fingerprint for r in store.read_records("t1", version=version)} == {fingerprint}
 
     # one run, one identity in both UIs: each flow run is named after the run and the versions it makes, tagged
     # with it; the MLflow run carries the (latest) Prefect flow run's id and address; a link artifact points back
@@ -148,6 +157,34 @@ def test_two_iterations_crash_and_resume(tmp_path, default_model_path):
             feedback = {a.name: a.value for a in t.info.assessments}
             assert feedback["reward"] == pytest.approx(record.reward)
             assert feedback["advantage"] == pytest.approx(record.advantage)
+
+
+@pytest.mark.slow
+def test_an_engine_that_misses_a_version_stops_the_run_before_training_on_its_rows(tmp_path):
+    """The bug class of a weight update that never reaches the engine (a LoRA adapter not applied, a failed
+    reload): a Dask worker preload makes every engine skip loading version 1 while it reports version 1. The
+    engines' fingerprints then differ from the trainer's and the run stops before it trains on their rows:
+    version 1 is not committed, and the rows those engines sampled carry version 0's fingerprint."""
+    import dask
+
+    from flows.grpo import grpo
+    from llmrl_core.weight_sync.fingerprint import WeightsMismatchError
+    from storage.lineage_query import version_lineage
+    from storage.trajectories import TrajectoryStore
+
+    preload = str(Path(__file__).parent / "fault_preloads" / "engines_miss_version_1.py")
+    with dask.config.set({"distributed.worker.preload": [preload]}), pytest.raises(WeightsMismatchError) as caught:
+        grpo(overrides=_tiny(tmp_path, "run_id=t6"))
+    message = str(caught.value)
+    assert message.startswith("version 1: the trainer published weights ") and "but engine 0 holds" in message
+    runs = tmp_path / "runs"
+    assert sorted(p.name for p in (runs / "t6" / "state").glob("published-v*.json")) == ["published-v0.json"]
+    held_v0 = version_lineage("t6", 0, run_dir=runs / "t6")["weights_fingerprints"]["float32"]
+    store = TrajectoryStore(runs / "trajectories")
+    assert {r.weights_fingerprint for r in store.read_records("t6", version=0)} == {held_v0}
+    stale = store.read_records("t6", version=1)  # sampled by engines that claimed version 1
+    assert stale and {r.weights_fingerprint for r in stale} == {held_v0}
+    assert f"engine 0 holds {held_v0} (float32)" in message
 
 
 @pytest.mark.slow

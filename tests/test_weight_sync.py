@@ -9,7 +9,9 @@ from llmrl_core.envs import PolicyVersion
 from llmrl_core.policies.hf_scoring import load_causal_lm
 from llmrl_core.policies.vllm_wrapper import score_with_vllm
 from llmrl_core.weight_sync import vLLMUpdater
+from llmrl_core.weight_sync.fingerprint import weights_fingerprint
 from llmrl_core.weight_sync.serialization import state_dict_from_bytes, state_dict_to_bytes
+from llmrl_core.weight_sync.worker_extension import held_fingerprint
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +57,13 @@ def test_push_changes_engine_matches_trainer_and_restores_exactly(mode, engine, 
             param.add_(torch.randn(param.shape, generator=generator) * 0.02)
     try:
         assert updater.push_weights(model) == 1 and version.version == 1
+        # the engine's fingerprint of what it loaded is the trainer's of what it pushed (and not the old one)
+        held = engine.collective_rpc(held_fingerprint)[0]
+        assert held == {
+            "fingerprint": weights_fingerprint(model.state_dict(), "float32", tied=True),
+            "dtype": "float32",
+        }
+        assert held["fingerprint"] != weights_fingerprint(original, "float32", tied=True)
         after = score_with_vllm(engine, [prompt], [response])[0]
         assert (after - before).abs().max().item() > 0.1  # the update really changed the engine
         expected = _trainer_logprobs(model, prompt, response)
@@ -66,6 +75,9 @@ def test_push_changes_engine_matches_trainer_and_restores_exactly(mode, engine, 
         model.load_state_dict(original)
     assert updater.push_weights(original) == 2 and version.version == 2
     assert torch.equal(score_with_vllm(engine, [prompt], [response])[0], before)
+    assert engine.collective_rpc(held_fingerprint)[0]["fingerprint"] == weights_fingerprint(
+        original, "float32", tied=True
+    )
 
 
 def test_updater_rejects_bad_configuration():

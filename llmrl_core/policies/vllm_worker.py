@@ -76,6 +76,16 @@ class vLLMWorker:  # noqa: N801 - TorchRL's naming
         self.policy_version = version
         return version
 
+    def weights_fingerprint(self) -> dict[str, str]:
+        """``{"fingerprint", "dtype"}`` of the weights the engine holds (:mod:`llmrl_core.weight_sync.fingerprint`):
+        of its last load, or of the model it started from; every worker of a parallel engine must agree."""
+        from llmrl_core.weight_sync.worker_extension import held_fingerprint
+
+        found = self.llm.collective_rpc(held_fingerprint)
+        if any(f != found[0] for f in found):
+            raise RuntimeError(f"the engine's workers hold different weights: {found}")
+        return found[0]
+
     # --- NCCL weight groups (CUDA; the engine started with ``weight_sync_extension=True``) ------------------
     def weight_group_size(self) -> int:
         """Ranks this engine brings to a trainer's NCCL weight group: one per GPU worker (its parallel size)."""

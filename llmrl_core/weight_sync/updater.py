@@ -2,8 +2,9 @@
 
 Paths (``mode``), chosen by config:
 
-* ``"in_process"``: the engine lives in this process; tensors go straight to the model runner through
-  ``collective_rpc("reload_weights", ...)``.
+* ``"in_process"``: the engine lives in this process; tensors go straight to the model runner's
+  ``reload_weights`` through ``collective_rpc`` (:func:`~llmrl_core.weight_sync.worker_extension.
+  reload_and_fingerprint`, which also records the fingerprint of what was loaded).
 * ``"bytes"``: safetensors bytes through ``collective_rpc`` to :class:`WeightSyncExtension` (engines in
   another process; 2-5 s for 135M parameters on CPU).
 * ``"file"``: a safetensors file written atomically under ``shared_dir`` (shared storage, any number of
@@ -29,6 +30,7 @@ import torch
 
 from llmrl_core.weight_sync.process_group import stateless_init_process_group
 from llmrl_core.weight_sync.serialization import state_dict_to_bytes, write_state_dict_atomic
+from llmrl_core.weight_sync.worker_extension import reload_and_fingerprint
 
 WEIGHT_SYNC_MODES = ("in_process", "bytes", "file", "nccl")
 
@@ -150,8 +152,8 @@ class vLLMUpdater:  # noqa: N801 - TorchRL's name
             state = cast_floats(state, dtypes.pop())
         if self.mode == "in_process":
             items = [(name, t.detach()) for name, t in state.items()]
-            for llm in self.engines:
-                llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
+            for llm in self.engines:  # vLLM's reload_weights, and the fingerprint of what it loaded
+                llm.collective_rpc(reload_and_fingerprint, args=(items,))
         elif self.mode == "bytes":
             payload = state_dict_to_bytes(state)
             for llm in self.engines:

@@ -9,8 +9,12 @@ worker understands three more names:
 * ``llmrl_init_nccl_group(...)`` / ``llmrl_receive_nccl(...)``: join a trainer's NCCL group and receive
   broadcast tensors (CUDA only).
 
-All paths end in the model runner's ``reload_weights``, which re-packs weights for the device (a plain
-``load_weights`` fails on CPU, where weights are repacked at load).
+All paths end in :func:`reload_and_fingerprint`: the model runner's ``reload_weights``, which re-packs weights
+for the device (a plain ``load_weights`` fails on CPU, where weights are repacked at load), then the fingerprint
+of what was loaded (:mod:`llmrl_core.weight_sync.fingerprint`), in the dtype the engine holds it.
+:func:`held_fingerprint` answers it (``collective_rpc(held_fingerprint)``). Why over the tensors the loader took
+in and not over the model's parameters: on CPU vLLM packs every linear layer's weight into a oneDNN handle and
+leaves a zero-size parameter behind, so the parameters no longer show the values.
 """
 
 from __future__ import annotations
@@ -18,6 +22,52 @@ from __future__ import annotations
 from typing import Any
 
 WEIGHT_SYNC_EXTENSION = "llmrl_core.weight_sync.worker_extension.WeightSyncExtension"
+_FINGERPRINT = "_llmrl_weights_fingerprint"
+
+
+def _worker(target: Any) -> Any:
+    """The vLLM worker itself: a callable sent through ``collective_rpc`` gets its wrapper (which forwards reads, not
+    writes), a method of this extension gets the worker."""
+    return getattr(target, "worker", None) or target
+
+
+def _held_as(worker: Any) -> tuple[Any, bool]:
+    """The dtype the engine holds its weights in, and whether its model ties the output head to the embeddings."""
+    config = worker.model_runner.model_config
+    return config.dtype, bool(getattr(config.hf_config, "tie_word_embeddings", False))
+
+
+def reload_and_fingerprint(worker: Any, weights: list[tuple[str, Any]]) -> int:
+    """Reload ``weights`` into ``worker``'s model (vLLM's ``reload_weights``) and record their fingerprint in the
+    engine's dtype; returns the number of tensors. Runs in the vLLM worker (``collective_rpc``)."""
+    from llmrl_core.weight_sync.fingerprint import weights_fingerprint
+
+    worker = _worker(worker)
+    worker.model_runner.reload_weights(weights_iterator=weights)
+    dtype, tied = _held_as(worker)
+    setattr(worker, _FINGERPRINT, weights_fingerprint(weights, dtype, tied=tied))
+    return len(weights)
+
+
+def held_fingerprint(worker: Any) -> dict[str, str]:
+    """``{"fingerprint", "dtype"}`` of the weights ``worker`` holds: of its last reload, or, before any, of the model
+    folder's safetensors files it started from. Runs in the vLLM worker (``collective_rpc``)."""
+    worker = _worker(worker)
+    dtype, tied = _held_as(worker)
+    found = getattr(worker, _FINGERPRINT, None)
+    if found is None:
+        from pathlib import Path
+
+        from safetensors.torch import load_file
+
+        from llmrl_core.weight_sync.fingerprint import weights_fingerprint
+
+        state: dict[str, Any] = {}
+        for path in sorted(Path(worker.model_runner.model_config.model).glob("*.safetensors")):
+            state.update(load_file(str(path)))
+        found = weights_fingerprint(state, dtype, tied=tied)
+        setattr(worker, _FINGERPRINT, found)
+    return {"fingerprint": found, "dtype": str(dtype).removeprefix("torch.")}
 
 
 class WeightSyncExtension:
@@ -27,8 +77,7 @@ class WeightSyncExtension:
     device: Any
 
     def _llmrl_reload(self, weights: list[tuple[str, Any]]) -> int:
-        self.model_runner.reload_weights(weights_iterator=weights)
-        return len(weights)
+        return reload_and_fingerprint(self, weights)
 
     def llmrl_reload_from_bytes(self, data: bytes) -> int:
         """Load a safetensors payload; returns the number of tensors loaded."""
