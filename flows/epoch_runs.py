@@ -28,6 +28,7 @@ from storage.lineage import DataRef, LineageConfig, LineageRecorder
 from storage.run_lock import RunLock
 from tasks.cluster import dask_cluster
 from tasks.epoch_stages import lineage_config, train_epoch
+from tasks.fork import Fork, resolve_fork, start_from_fork
 from tasks.grpo_stages import fetch_markers, latest_published
 from tasks.publishing import publish_version
 from tasks.run_identity import identify_run
@@ -50,6 +51,7 @@ class EpochRun:
     lineage: LineageRecorder
     checkpoints: CheckpointStore
     lock: RunLock
+    fork: Fork | None = None  # a new run's start in another run (init.from); epochs have no data cursor to carry
 
     @classmethod
     def open(cls, cfg: EpochConfig, pipeline: str) -> EpochRun:
@@ -70,7 +72,8 @@ class EpochRun:
             fetch_markers(layout.run_dir, layout.markers_uri)  # a remote runs_dir: versions another host committed
             published = latest_published(layout.run_dir)
             checkpoints = CheckpointStore(layout.checkpoints_uri)
-            run = cls(cfg, layout, resolve_model(cfg.model), published, config, lineage, checkpoints, lock)
+            fork = resolve_fork(cfg.run_id, cfg.runs_dir, cfg.init) if published is None else None
+            run = cls(cfg, layout, resolve_model(cfg.model), published, config, lineage, checkpoints, lock, fork)
             identify_run(cfg.run_id, run.start, run.final, lineage)  # the Prefect run named after it, UIs linked
         except BaseException:
             lock.__exit__()
@@ -164,6 +167,9 @@ def train_epochs(run: EpochRun, plan: EpochPlan) -> None:
     label, key = plan.reported_loss
     with dask_cluster(cfg, run.run_dir / "dask", rollout_workers=0) as place:
         trainer = start_trainer(place, plan.setup, run.layout)
+        if run.fork is not None:
+            start_from_fork(trainer, run.fork, run.lineage)
+            log.info("new run %s, forked from %s", cfg.run_id, run.fork.label)
         if run.published is None and plan.measure is not None:
             metrics = plan.measure(trainer)
             run.publish(trainer, 0, data=plan.data, metrics=metrics)

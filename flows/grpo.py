@@ -33,6 +33,7 @@ from tasks import grpo_stages as stages
 from tasks.actors import RolloutWorker, TrainerWorker
 from tasks.cluster import dask_cluster
 from tasks.console import library_logs
+from tasks.fork import resolve_fork, start_from_fork
 from tasks.publishing import PendingPublish, publish_version, start_publish
 from tasks.reporting import BackgroundReports
 from tasks.rollout_ahead import RolloutAhead
@@ -105,10 +106,13 @@ def grpo(
     published = stages.latest_published(run_dir)
     start = published[0] if published else 0
     primer_state = published[1]["primer_state"] if published else None
+    fork = resolve_fork(cfg.run_id, cfg.runs_dir, cfg.init) if published is None else None  # a resume goes on
+    if fork is not None and cfg.init.data_cursor:
+        primer_state = fork.primer_state
     log.info(
         "run %s: %s (versions %d..%d)",
         cfg.run_id,
-        f"resuming at version {start}" if published else "new run",
+        f"resuming at version {start}" if published else f"new run, forked from {fork.label}" if fork else "new run",
         start,
         cfg.iterations,
     )
@@ -194,6 +198,8 @@ def grpo(
             markers_uri=layout.markers_uri,
         )
         if published is None:
+            if fork is not None:
+                start_from_fork(trainer, fork, lineage)
             info = publish_version(trainer, engines, 0, config_dict, **published_to)
             log.info("version 0 (base model) published: %s", info["checkpoint"])
         elif start > 0:

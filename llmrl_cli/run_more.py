@@ -55,7 +55,11 @@ def load_checked(
         cfg = load_config(config_cls, config, overrides or [])
         if not show_config:
             preflight(cfg, training=training)
-    except (ConfigError, PreflightError) as err:
+            if training:
+                from tasks.fork import check_fork
+
+                check_fork(cfg)  # init.from: the source run, version and checkpoint exist
+    except (ConfigError, PreflightError, ValueError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from err
     if show_config:

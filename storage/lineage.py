@@ -174,6 +174,7 @@ class LineageRecorder:
         self.git_commit, self.git_dirty = git_state(code_dir)
         self.config_hash = config_hash(config) if config is not None else None
         self.mlflow_run_id = self._open_run(config)
+        self.forked_from: dict[str, Any] | None = None  # set by mark_fork: the run and version this run started from
 
     # ----------------------------------------------------------------- run set-up
     def _experiment(self, name: str) -> str:
@@ -233,6 +234,20 @@ class LineageRecorder:
     def end(self, status: str = "FINISHED") -> None:
         """Mark the MLflow run finished (or FAILED / KILLED)."""
         self.client.set_terminated(self.mlflow_run_id, status=status)
+
+    def mark_fork(self, source_run: str, version: int) -> None:
+        """Record that this run starts from version ``version`` of ``source_run``: every lineage record names the
+        fork point, the run is tagged with it and becomes a child of the source's MLflow run (when that run is in
+        this tracking store)."""
+        from storage.lineage_query import find_run
+
+        self.forked_from = {"run_id": source_run, "policy_version": version}
+        tags = {"llmrl.forked_from": f"{source_run}@{version}"}
+        try:
+            tags["mlflow.parentRunId"] = find_run(self.client, source_run).info.run_id
+        except LineageError:
+            pass  # the source's lineage lives in another tracking store: the tag alone names it
+        self.set_tags(tags)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         """Tag the run (e.g. the dtype and device each stage resolved to on this hardware)."""
@@ -353,6 +368,7 @@ class LineageRecorder:
             "checkpoint": dataclasses.asdict(checkpoint) if checkpoint is not None else None,
             "checkpoint_uri": checkpoint_uri,
             "weights_fingerprints": dict(weights_fingerprints or {}),
+            "forked_from": self.forked_from,
             "recorded_at": dt.datetime.now(dt.UTC).isoformat(),
         }
         tags = {

@@ -310,9 +310,10 @@ class TrainerWorker:
         }
 
     # --- state -----------------------------------------------------------------------------------
-    def _state_file(self, version: int) -> tuple[Any, str]:
-        """``(filesystem, path)`` of the optimizer/RNG state of ``version`` (a local folder or a remote store)."""
-        fs, folder = resolve_filesystem(self.layout.trainer_state_uri)
+    def _state_file(self, version: int, layout: RunLayout | None = None) -> tuple[Any, str]:
+        """``(filesystem, path)`` of the optimizer/RNG state of ``version`` (a local folder or a remote store) of
+        this run, or of the run laid out at ``layout``."""
+        fs, folder = resolve_filesystem((layout or self.layout).trainer_state_uri)
         return fs, f"{folder}/trainer-v{version}.pt"
 
     def publish(self, version: int, config: dict[str, Any]) -> dict[str, Any]:
@@ -491,13 +492,16 @@ class TrainerWorker:
 
         return {k: v.detach().cpu().clone() for k, v in get_peft_model_state_dict(self.trainer.model).items()}
 
-    def restore(self, version: int) -> None:
-        """Continue from a published version: weights (or LoRA adapters), optimizer state and RNG."""
-        fs, state_path = self._state_file(version)
+    def restore(self, version: int, source: RunLayout | None = None) -> bool:
+        """Continue from a published version: weights (or LoRA adapters), optimizer state and RNG; ``source``: the
+        layout of another run to start from (a fork, :mod:`tasks.fork`). Returns whether the optimizer and RNG
+        state was there too (a run keeps only its last ones: an older version gives its weights alone)."""
+        fs, state_path = self._state_file(version, source)
         found = fs.get_file_info(state_path).type == pafs.FileType.File
         state = torch.load(io.BytesIO(read_bytes(fs, state_path)), weights_only=False) if found else None
         if self.trainer.config.lora is None:
-            loaded = self.checkpoints.load(version)
+            checkpoints = self.checkpoints if source is None else CheckpointStore(source.checkpoints_uri)
+            loaded = checkpoints.load(version)
             self.model.load_state_dict(loaded.state_dict, strict=False)
             self.model.tie_weights()
         elif state is None or state.get("lora") is None:
@@ -512,6 +516,7 @@ class TrainerWorker:
             torch.set_rng_state(state["torch_rng"])
             random.setstate(state["python_rng"])
             np.random.set_state(state["numpy_rng"])
+        return state is not None
 
     # --- stages ----------------------------------------------------------------------------------
     @torch.no_grad()

@@ -13,7 +13,7 @@ from prefect import task
 
 from llmrl_core.pipeline.offline_config import OfflineConfig
 from llmrl_core.pipeline.sft_config import SFTConfig
-from tasks.grpo_stages import STAGE
+from tasks.grpo_stages import STAGE, drop_added_later
 
 
 @task(name="evaluate-loss", **STAGE)
@@ -32,4 +32,4 @@ def lineage_config(cfg: SFTConfig | OfflineConfig) -> dict:
     """The settings that define what a version is (the run length ``epochs`` excluded, so a run can be extended)."""
     data = asdict(cfg)
     data.pop("epochs")
-    return data
+    return drop_added_later(data)

@@ -375,7 +375,25 @@ def save_run_config(run_dir: Path, config: dict) -> Path:
 PLACEMENT_ONLY = {"rollout": ("threads", "gpu_memory_utilization", "tensor_parallel_size", "weight_sync")}
 # Settings added after runs existed, left out while at their default: an older run's config hash stays the same,
 # so it still resumes.
-ADDED_LATER = {"rollout": {"max_staleness": 0}}
+ADDED_LATER = {
+    "rollout": {"max_staleness": 0},
+    "env": {"reward_errors": "raise"},
+    "init": {"from_": None, "data_cursor": False},  # a section left out whole while at its defaults
+}
+
+
+def drop_added_later(data: dict) -> dict:
+    """``data`` (a run's settings as nested dicts) without the :data:`ADDED_LATER` settings that are at their
+    defaults, and without a section they leave empty."""
+    for section, defaults in ADDED_LATER.items():
+        if section not in data:
+            continue
+        for key, default in defaults.items():
+            if key in data[section] and data[section][key] == default:
+                data[section].pop(key)
+        if not data[section]:
+            data.pop(section)
+    return data
 
 
 def lineage_config(cfg: GRPOConfig) -> dict:
@@ -387,8 +405,4 @@ def lineage_config(cfg: GRPOConfig) -> dict:
     for section, keys in PLACEMENT_ONLY.items():
         for key in keys:
             data[section].pop(key, None)
-    for section, defaults in ADDED_LATER.items():
-        for key, default in defaults.items():
-            if data[section].get(key) == default:
-                data[section].pop(key)
-    return data
+    return drop_added_later(data)

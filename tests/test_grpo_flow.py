@@ -158,6 +158,25 @@ def test_two_iterations_crash_and_resume(tmp_path, default_model_path):
             assert feedback["reward"] == pytest.approx(record.reward)
             assert feedback["advantage"] == pytest.approx(record.advantage)
 
+    # N7: fork version 1 into a new run (weights, optimizer state and data cursor): its version 0 holds exactly
+    # t1's version 1, its first batch draws the prompts t1's version 1 drew, its MLflow run is t1's child
+    fork = grpo(overrides=_tiny(tmp_path, "run_id=t1-fork", "iterations=1", "init.from=t1@1", "init.data_cursor=true"))
+    assert fork["published_version"] == 1
+    fork_v0 = version_lineage("t1-fork", 0, run_dir=runs / "t1-fork")
+    assert fork_v0["forked_from"] == {"run_id": "t1", "policy_version": 1}
+    assert fork_v0["weights_fingerprints"] == version_lineage("t1", 1, run_dir=runs / "t1")["weights_fingerprints"]
+    first = {r.prompt_id for r in store.read_records("t1-fork", version=0)}
+    assert first == {r.prompt_id for r in store.read_records("t1", version=1)}
+    (child,) = [r for r in client.search_runs([run.info.experiment_id]) if r.data.tags.get("llmrl_run_id") == "t1-fork"]
+    assert child.data.tags["mlflow.parentRunId"] == run.info.run_id
+    assert child.data.tags["llmrl.forked_from"] == "t1@1"
+    from typer.testing import CliRunner
+
+    from llmrl_cli.main import app
+
+    shown = CliRunner().invoke(app, ["lineage", "t1", "--tree", "--runs-dir", str(runs)])
+    assert shown.exit_code == 0 and shown.output.splitlines() == ["t1", "└── t1-fork  (from t1@1)"]
+
 
 @pytest.mark.slow
 def test_an_engine_that_misses_a_version_stops_the_run_before_training_on_its_rows(tmp_path):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import keyword
 import re
 import types
 import typing
@@ -34,9 +35,15 @@ class ConfigError(ValueError):
     """A config file or override is malformed; the message names the file and the dotted key."""
 
 
+def _config_key(name: str) -> str:
+    """The key a field is written as: a Python keyword's field (``from_``) without its trailing underscore."""
+    return name[:-1] if name.endswith("_") and keyword.iskeyword(name[:-1]) else name
+
+
 def _field_types(cls: type) -> dict[str, Any]:
+    """Each field's type, by the key it is written as."""
     hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+    return {_config_key(f.name): hints[f.name] for f in dataclasses.fields(cls)}
 
 
 def _is_dataclass_type(tp: Any) -> bool:
@@ -175,7 +182,10 @@ def build(cls: type[T], data: Mapping[str, Any], where: str = "") -> T:
     if unknown:
         key = f"{where}.{unknown[0]}" if where else unknown[0]
         raise ConfigError(f"unknown config key {key!r}; valid keys here: {sorted(types_)}")
-    kwargs = {name: _coerce(value, types_[name], f"{where}.{name}" if where else name) for name, value in data.items()}
+    names = {_config_key(f.name): f.name for f in dataclasses.fields(cls)}
+    kwargs = {
+        names[key]: _coerce(value, types_[key], f"{where}.{key}" if where else key) for key, value in data.items()
+    }
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as err:
@@ -183,8 +193,25 @@ def build(cls: type[T], data: Mapping[str, Any], where: str = "") -> T:
 
 
 def to_dict(config: Any) -> dict[str, Any]:
-    """The config as plain nested dicts (for YAML, hashing and MLflow params)."""
-    return dataclasses.asdict(config)
+    """The config as plain nested dicts (for YAML, hashing and MLflow params), keys as they are written."""
+
+    def keys_as_written(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {_config_key(k): keys_as_written(v) for k, v in value.items()}
+        return value
+
+    return keys_as_written(dataclasses.asdict(config))
+
+
+def _override_value(raw: str, override: str) -> Any:
+    """The value of ``--set key=value`` read as YAML (empty: the empty string); bad YAML names the override."""
+    if not raw.strip():
+        return ""
+    try:
+        return read_yaml(raw)
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"override {override!r}: the value is not valid YAML ({problem}); quote it") from err
 
 
 def _apply_override(data: dict[str, Any], cls: type, override: str) -> None:
@@ -196,7 +223,7 @@ def _apply_override(data: dict[str, Any], cls: type, override: str) -> None:
     for i, key in enumerate(keys):
         if node_cls is None:  # inside a free-form mapping setting (env.args, env.options): any key
             if i == len(keys) - 1:
-                node[key] = read_yaml(raw) if raw.strip() else ""
+                node[key] = _override_value(raw, override)
             else:
                 node = node.setdefault(key, {})
                 if not isinstance(node, dict):
@@ -207,7 +234,7 @@ def _apply_override(data: dict[str, Any], cls: type, override: str) -> None:
             path = ".".join(keys[: i + 1])
             raise ConfigError(f"unknown config key {path!r} in override {override!r}; valid: {sorted(types_)}")
         if i == len(keys) - 1:
-            node[key] = read_yaml(raw) if raw.strip() else ""
+            node[key] = _override_value(raw, override)
         else:
             field_type = types_[key]
             if typing.get_origin(field_type) is dict or field_type is dict:

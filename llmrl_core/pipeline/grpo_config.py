@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from llmrl_core.pipeline.env_config import EnvConfig, validate_env_config
+from llmrl_core.pipeline.init_config import InitConfig
 from llmrl_core.pipeline.task_config import TaskConfig
 
 
@@ -274,6 +275,7 @@ class GRPOConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    init: InitConfig = field(default_factory=InitConfig)  # a new run's start: the model, or RUN@V (a fork)
     dask: DaskConfig = field(default_factory=DaskConfig)
     final_eval: FinalEvalConfig = field(default_factory=FinalEvalConfig)
     progress: bool = True  # progress bars: iterations (flow), rollout prompts (vLLM), train micro-batches

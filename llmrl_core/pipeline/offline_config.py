@@ -14,6 +14,7 @@ from typing import Any
 
 from llmrl_core.pipeline.env_config import EnvConfig, validate_env_config
 from llmrl_core.pipeline.grpo_config import DaskConfig, TrainConfig
+from llmrl_core.pipeline.init_config import InitConfig
 from llmrl_core.pipeline.task_config import TaskConfig
 
 
@@ -51,6 +52,7 @@ class OfflineConfig:
     source: OfflineSourceConfig = field(default_factory=OfflineSourceConfig)
     rescore: RescoreConfig = field(default_factory=RescoreConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    init: InitConfig = field(default_factory=InitConfig)  # a new run's start: the model, or RUN@V (a fork)
     dask: DaskConfig = field(default_factory=DaskConfig)
     # The env the trained versions are used in (`llmrl run evaluate` plays it); with rescore.reward "env" its
     # reward functions re-score the stored responses.

@@ -19,6 +19,7 @@ from typing import Literal
 
 from llmrl_core.pipeline.env_config import EnvConfig, validate_env_config
 from llmrl_core.pipeline.grpo_config import DaskConfig
+from llmrl_core.pipeline.init_config import InitConfig
 from llmrl_core.pipeline.task_config import TaskConfig
 
 
@@ -100,6 +101,7 @@ class SFTConfig:
     data: SFTDataConfig = field(default_factory=SFTDataConfig)
     trajectories: SFTTrajectoriesConfig = field(default_factory=SFTTrajectoriesConfig)
     train: SFTTrainConfig = field(default_factory=SFTTrainConfig)
+    init: InitConfig = field(default_factory=InitConfig)  # a new run's start: the model, or RUN@V (a fork)
     dask: DaskConfig = field(default_factory=DaskConfig)
     # The env the run's versions are used in: question/answer rows (gsm8k_format "tags") get the prompt this env
     # gives them (system prompt, few-shot turns, tool instructions), and `llmrl run evaluate` plays it.
