@@ -29,7 +29,7 @@ from storage.run_lock import RunLock
 from tasks.cluster import dask_cluster
 from tasks.epoch_stages import lineage_config, train_epoch
 from tasks.fork import Fork, resolve_fork, start_from_fork
-from tasks.grpo_stages import fetch_markers, latest_published
+from tasks.grpo_stages import check_resume_state, fetch_markers, latest_published
 from tasks.publishing import publish_version
 from tasks.run_identity import identify_run
 from tasks.sft_actor import TrainerSetup, start_trainer
@@ -73,6 +73,8 @@ class EpochRun:
             published = latest_published(layout.run_dir)
             checkpoints = CheckpointStore(layout.checkpoints_uri)
             fork = resolve_fork(cfg.run_id, cfg.runs_dir, cfg.init) if published is None else None
+            if published is not None and published[0] > 0:  # before any worker: a resume needs its optimizer state
+                check_resume_state(layout, published[0], cfg.train.resume_without_state)
             run = cls(cfg, layout, resolve_model(cfg.model), published, config, lineage, checkpoints, lock, fork)
             identify_run(cfg.run_id, run.start, run.final, lineage)  # the Prefect run named after it, UIs linked
         except BaseException:
@@ -177,7 +179,8 @@ def train_epochs(run: EpochRun, plan: EpochPlan) -> None:
         elif run.published is None:
             run.publish(trainer, 0)
         elif run.start > 0:
-            trainer.restore(run.start).result()
+            if not trainer.restore(run.start).result():
+                log.warning("version %d resumed from its weights alone: a fresh optimizer", run.start)
         for epoch in range(run.start, cfg.epochs):
             trained = train_epoch(trainer, plan.samples, epoch, plan.groups_per_batch, plan.steps_per_batch)
             measured = plan.measure(trainer) if plan.measure is not None else {}

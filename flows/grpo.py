@@ -107,6 +107,7 @@ def grpo(
     start = published[0] if published else 0
     primer_state = published[1]["primer_state"] if published else None
     fork = resolve_fork(cfg.run_id, cfg.runs_dir, cfg.init) if published is None else None  # a resume goes on
+    with_state = start == 0 or stages.check_resume_state(layout, start, cfg.train.resume_without_state)
     if fork is not None and cfg.init.data_cursor:
         primer_state = fork.primer_state
     log.info(
@@ -204,6 +205,10 @@ def grpo(
             log.info("version 0 (base model) published: %s", info["checkpoint"])
         elif start > 0:
             trainer.restore(start).result()  # the engines get the weights each batch needs when it is sent
+            if not with_state:
+                log.warning(
+                    "version %d resumed from its weights alone: a fresh optimizer (train.resume_without_state)", start
+                )
         ahead = RolloutAhead(cfg, layout.staging_uri, engines, checkpoints, 0, primer_state)
         ahead.fill(start)  # asynchronous runs: rollout.max_staleness batches in flight before training starts
         bar = iteration_bar(cfg, start)

@@ -311,6 +311,22 @@ def verify_engines_hold(staged: StagedVersion) -> dict:
     return info
 
 
+def check_resume_state(layout: Any, version: int, without_state: bool) -> bool:
+    """Whether the optimizer/RNG state a resume at ``version`` restores is there (``layout``: the run's
+    :class:`~storage.layout.RunLayout`). Missing, it is an error naming the file, unless ``without_state``
+    (``train.resume_without_state``): then the resume takes the weights alone and the caller says so."""
+    fs, folder = resolve_filesystem(layout.trainer_state_uri)
+    path = f"{folder}/trainer-v{version}.pt"
+    if fs.get_file_info(path).type == pafs.FileType.File:
+        return True
+    if not without_state:
+        raise RuntimeError(
+            f"resuming at version {version}: its optimizer/RNG state {path} is missing, so the optimizer would start "
+            "afresh; set train.resume_without_state=true to resume from the weights alone"
+        )
+    return False
+
+
 def marker_path(run_dir: Path, version: int) -> Path:
     """The file whose presence means ``version`` is fully published (written last, atomically)."""
     return run_dir / "state" / f"published-v{version}.json"
@@ -382,9 +398,16 @@ ADDED_LATER = {
 }
 
 
+# Settings that only say how a flow run resumes: never part of what a version is.
+RESUME_ONLY = {"train": ("resume_without_state",)}
+
+
 def drop_added_later(data: dict) -> dict:
-    """``data`` (a run's settings as nested dicts) without the :data:`ADDED_LATER` settings that are at their
-    defaults, and without a section they leave empty."""
+    """``data`` (a run's settings as nested dicts) without the :data:`RESUME_ONLY` settings, the :data:`ADDED_LATER`
+    settings that are at their defaults, and a section they leave empty."""
+    for section, keys in RESUME_ONLY.items():
+        for key in keys:
+            data.get(section, {}).pop(key, None)
     for section, defaults in ADDED_LATER.items():
         if section not in data:
             continue

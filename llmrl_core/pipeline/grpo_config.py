@@ -175,6 +175,8 @@ class TrainConfig:
     """
 
     lr: float = 5e-6
+    # a resume whose optimizer/RNG state is missing is an error; true: resume from the weights with a fresh optimizer
+    resume_without_state: bool = False
     steps_per_iteration: int = 1
     objective: Literal["ppo", "cispo"] = "ppo"
     clip_epsilon: float = 0.2

@@ -60,6 +60,8 @@ class SFTTrainConfig:
     """The trainer: SFT loss options (TorchRL's SFTLoss names), optimizer, batch size and placement."""
 
     lr: float = 1e-5
+    # a resume whose optimizer/RNG state is missing is an error; true: resume from the weights with a fresh optimizer
+    resume_without_state: bool = False
     batch_size: int = 8  # samples per optimizer step
     loss_function: Literal["sft", "minor_sft"] = "sft"
     normalize_by_seq_length: bool = True
