@@ -210,7 +210,8 @@ def test_an_engine_that_misses_a_version_stops_the_run_before_training_on_its_ro
 def test_sigkill_mid_iteration_then_resume_repeats_nothing(tmp_path, default_model_path):
     """A real kill (SIGKILL to the flow process and its Dask workers) as soon as version 1 is committed, i.e.
     beside iteration 1's train step (version 2 is far from committed), then a resume: iteration 1 runs once,
-    version 0's partition is untouched."""
+    version 0's partition is untouched; and (N8) the killed-and-resumed run equals the same run uninterrupted,
+    row for row and in its final weights' fingerprint."""
     import os
     import signal
     import subprocess
@@ -257,6 +258,23 @@ def test_sigkill_mid_iteration_then_resume_repeats_nothing(tmp_path, default_mod
     records = store.read_records("t1", version=1)
     assert len(records) == 4 and len({(r.group_id, r.sample_index) for r in records}) == 4
     assert not any(staged.glob("*.parquet"))  # the staging partition was published and cleared
+
+    # N8, exactly once: the same run uninterrupted gives the same rows, row for row (prompts, tokens, log-probs,
+    # rewards, advantages, versions, the weights that sampled them), and the same final weights (fp32 on CPU)
+    from storage.lineage_query import version_lineage
+
+    grpo(overrides=_tiny(tmp_path, "progress=false", "run_id=ref"))
+    same = ("prompt_id", "prompt_tokens", "response_tokens", "response_mask", "sampler_logprobs", "reward")
+    same += ("reward_components", "advantage", "finish_reason", "weights_fingerprint", "messages")
+    for version in (0, 1):
+        killed, whole = (
+            {(r.group_id, r.sample_index): r for r in store.read_records(run, version=version)} for run in ("t1", "ref")
+        )
+        assert killed.keys() == whole.keys() and len(killed) == 4
+        for key, row in killed.items():
+            assert {f: getattr(row, f) for f in same} == {f: getattr(whole[key], f) for f in same}, (version, key)
+    final = [version_lineage(run, 2, run_dir=runs / run)["weights_fingerprints"] for run in ("t1", "ref")]
+    assert final[0] == final[1] and final[0]["float32"]
 
 
 def test_placement_is_by_declared_resources():
