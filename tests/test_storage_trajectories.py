@@ -84,6 +84,17 @@ def test_schema_version_is_in_the_file_metadata(tmp_path, records):
         store.read_table("run-a")
 
 
+def test_a_shard_of_schema_2_reads_with_no_weights_fingerprint(tmp_path, records):
+    """Rows written before schema 3 (no ``weights_fingerprint`` column) still read: the column is null."""
+    store = TrajectoryStore(tmp_path)
+    info = store.write_shard("run-a", 3, 0, records)
+    table = pq.read_table(info.path).drop(["weights_fingerprint"]).replace_schema_metadata({SCHEMA_VERSION_KEY: b"2"})
+    pq.write_table(table, info.path)
+    read = store.read_records("run-a", version=3)
+    assert len(read) == len(records) and {r.weights_fingerprint for r in read} == {None}
+    assert [r.response_tokens for r in read] == [r.response_tokens for r in records]
+
+
 CRASHING_WRITER = textwrap.dedent(
     """
     import os, sys

@@ -57,6 +57,11 @@ class FakeEngine:
         self.log.append((self.name, "load", path, version))
         return Done(version, lambda: self.log.append((self.name, "loaded", version)))
 
+    def weights_fingerprint(self) -> Done:
+        return Done({"fingerprint": self.held, "dtype": "float32"})
+
+    held = "00000000000000f1"  # the fingerprint of what the engine loaded (the trainer's unless a test says not)
+
 
 class FakeTrainer:
     def __init__(self, log: list) -> None:
@@ -80,10 +85,17 @@ class FakeTrainer:
         self.log.append(("trainer", "stage", version))
         return Done({"version": version, "checkpoint": f"/ckpt/policy_v{version:06d}.safetensors", "seconds": 0.5})
 
-    def seal(self, version: int, config: dict) -> Done:
+    def seal(self, version: int, config: dict, fingerprint_dtypes: list | tuple = ()) -> Done:
         self.log.append(("trainer", "seal", version))
+        self.sealed_dtypes = list(fingerprint_dtypes)
         return Done(
-            {"version": version, "checkpoint": f"/ckpt/policy_v{version:06d}.safetensors", "sha256": "x", "seconds": 2}
+            {
+                "version": version,
+                "checkpoint": f"/ckpt/policy_v{version:06d}.safetensors",
+                "sha256": "x",
+                "fingerprints": {dtype: "00000000000000f1" for dtype in fingerprint_dtypes},
+                "seconds": 2,
+            }
         )
 
 
@@ -207,6 +219,16 @@ def test_publishing_broadcasts_instead_of_loading_the_checkpoint():
     ]
     assert staged.version == 2 and staged.checkpoint == "/ckpt/policy_v000002.safetensors"
     assert staged.seconds["publish_write_s"] == 0.5 and 0 <= staged.seconds["publish_load_s"] < 1
+    # the engines' fingerprints are kept, the seal computes the trainer's in their dtype, the commit compares them
+    assert staged.held == [{"fingerprint": "00000000000000f1", "dtype": "float32"}]
+    assert trainer.sealed_dtypes == ["float32"]
+    assert stages.seal_checkpoint.fn(staged)["fingerprints"] == {"float32": "00000000000000f1"}
+    engines[0].held = "00000000000000aa"  # an engine that holds other weights: the commit stops
+    stale = stages.publish_weights.fn(trainer, engines, 2, {})
+    from llmrl_core.weight_sync.fingerprint import WeightsMismatchError
+
+    with pytest.raises(WeightsMismatchError, match="version 2: .* but engine 0 holds 00000000000000aa"):
+        stages.seal_checkpoint.fn(stale)
     staged.version = 3
     with pytest.raises(RuntimeError, match="the trainer sealed version 2 while publishing 3"):
         stages.seal_checkpoint.fn(staged)
