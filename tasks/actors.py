@@ -31,10 +31,11 @@ from llmrl_core.pipeline.task_config import make_task_env
 from llmrl_core.policies.base import SamplingConfig
 from llmrl_core.policies.vllm_engine import EngineConfig
 from storage.checkpoints import CheckpointManifest, CheckpointStore, WrittenWeights
-from storage.filesystems import read_bytes, resolve_filesystem, write_bytes_atomic
+from storage.filesystems import read_bytes, write_bytes_atomic
 from storage.handoff import SharedWeights
 from storage.layout import RunLayout
 from storage.trajectories import TrajectoryStore
+from tasks.grpo_stages import trainer_state_file
 from tasks.records import read_shards, record_to_sample, trajectory_to_record
 
 
@@ -313,8 +314,7 @@ class TrainerWorker:
     def _state_file(self, version: int, layout: RunLayout | None = None) -> tuple[Any, str]:
         """``(filesystem, path)`` of the optimizer/RNG state of ``version`` (a local folder or a remote store) of
         this run, or of the run laid out at ``layout``."""
-        fs, folder = resolve_filesystem((layout or self.layout).trainer_state_uri)
-        return fs, f"{folder}/trainer-v{version}.pt"
+        return trainer_state_file(layout or self.layout, version)
 
     def publish(self, version: int, config: dict[str, Any]) -> dict[str, Any]:
         """Checkpoint the weights as ``version`` and save optimizer + RNG state beside it (atomically):

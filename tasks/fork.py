@@ -17,9 +17,7 @@ from typing import Any
 
 from storage.checkpoints import CheckpointStore
 from storage.layout import RunLayout
-from tasks.grpo_stages import marker_path, marker_version
-
-FORK_TAG = "llmrl.forked_from"
+from tasks.grpo_stages import marker_path, published_versions
 
 
 @dataclass(frozen=True)
@@ -47,7 +45,7 @@ def resolve_fork(run_id: str, runs_dir: str | None, init: Any) -> Fork | None:
     if source_run == run_id:
         raise ValueError(f"init.from: a run cannot fork itself ({run_id!r}); give the new run another run_id")
     layout = RunLayout.for_runs_dir(source_run, runs_dir)
-    published = _published_versions(layout.run_dir)
+    published = published_versions(layout.run_dir)
     if not published:
         raise ValueError(f"init.from: run {source_run!r} has no published version under {layout.run_dir.parent}")
     if version is None:
@@ -68,13 +66,9 @@ def check_fork(cfg: Any) -> Fork | None:
     """The fork a run config asks for, checked as the flow will (``ValueError`` when it cannot start); None for
     a run without ``init.from``, or one that already has versions (it resumes from them)."""
     layout = RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir)
-    if getattr(cfg, "init", None) is None or _published_versions(layout.run_dir):
+    if getattr(cfg, "init", None) is None or published_versions(layout.run_dir):
         return None
     return resolve_fork(cfg.run_id, cfg.runs_dir, cfg.init)
-
-
-def _published_versions(run_dir: Path) -> list[int]:
-    return sorted(v for p in (run_dir / "state").glob("published-v*.json") if (v := marker_version(p.name)) is not None)
 
 
 def fork_tree(runs_root: Path, run_id: str) -> list[tuple[int, str, str]]:

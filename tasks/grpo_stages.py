@@ -311,12 +311,18 @@ def verify_engines_hold(staged: StagedVersion) -> dict:
     return info
 
 
+def trainer_state_file(layout: Any, version: int) -> tuple[Any, str]:
+    """``(filesystem, path)`` of the optimizer/RNG state saved at ``version`` in the run laid out at ``layout`` (a
+    local folder or a remote store)."""
+    fs, folder = resolve_filesystem(layout.trainer_state_uri)
+    return fs, f"{folder}/trainer-v{version}.pt"
+
+
 def check_resume_state(layout: Any, version: int, without_state: bool) -> bool:
     """Whether the optimizer/RNG state a resume at ``version`` restores is there (``layout``: the run's
     :class:`~storage.layout.RunLayout`). Missing, it is an error naming the file, unless ``without_state``
     (``train.resume_without_state``): then the resume takes the weights alone and the caller says so."""
-    fs, folder = resolve_filesystem(layout.trainer_state_uri)
-    path = f"{folder}/trainer-v{version}.pt"
+    fs, path = trainer_state_file(layout, version)
     if fs.get_file_info(path).type == pafs.FileType.File:
         return True
     if not without_state:
@@ -338,13 +344,17 @@ def marker_version(name: str) -> int | None:
     return int(stem) if name.startswith("published-v") and name.endswith(".json") and stem.isdigit() else None
 
 
+def published_versions(run_dir: Path) -> list[int]:
+    """The fully published versions of the run in ``run_dir`` (those with a commit marker), ascending."""
+    return sorted(v for p in (run_dir / "state").glob("published-v*.json") if (v := marker_version(p.name)) is not None)
+
+
 def latest_published(run_dir: Path) -> tuple[int, dict] | None:
     """The highest fully published version and its marker contents, or None for a new run."""
-    found = [(v, p) for p in (run_dir / "state").glob("published-v*.json") if (v := marker_version(p.name)) is not None]
+    found = published_versions(run_dir)
     if not found:
         return None
-    version, path = max(found)
-    return version, json.loads(path.read_text())
+    return found[-1], json.loads(marker_path(run_dir, found[-1]).read_text())
 
 
 @task(name="commit-version", **STAGE)
