@@ -63,7 +63,7 @@ def collect(
     with dask_cluster(collect_cfg, out_layout.run_dir / "dask") as place:
         engines = [
             # each worker resolves the model itself (see the grpo flow)
-            place.client.submit(RolloutWorker, collect_cfg, cfg.model, actor=True, workers=[a], pure=False)
+            place.start_actor(RolloutWorker, collect_cfg, cfg.model, worker=a)
             for a in place.rollout
         ]
         engines = [e.result() for e in engines]

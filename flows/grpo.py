@@ -139,16 +139,13 @@ def grpo(
         raise
     # each version's report is written while the next iteration runs (the last one is waited for on leaving)
     with quiet, lineage, dask_cluster(cfg, run_dir / "dask") as place, BackgroundReports() as reports:
-        client = place.client
         t0 = time.perf_counter()
         engines = [
             # each worker resolves cfg.model itself (the packaged default: under its own $LLMRL_HOME)
-            client.submit(RolloutWorker, cfg, actor=True, workers=[a], pure=False)
+            place.start_actor(RolloutWorker, cfg, worker=a)
             for a in place.rollout
         ]
-        trainer = client.submit(
-            TrainerWorker, cfg, layout=layout, actor=True, workers=[place.trainer], pure=False
-        ).result()
+        trainer = place.start_actor(TrainerWorker, cfg, layout=layout, worker=place.trainer).result()
         engines = [e.result() for e in engines]
         log.info("%d rollout engine(s) and the trainer are resident (%.1f s)", len(engines), time.perf_counter() - t0)
         described = [e.describe().result() for e in engines]

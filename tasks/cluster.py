@@ -69,11 +69,42 @@ RunConfig = GRPOConfig | SFTConfig | OfflineConfig  # the configs with ``dask`` 
 
 @dataclass
 class Placement:
-    """The client and which worker addresses host the rollout engines and the trainer."""
+    """The client, which worker addresses host the rollout engines and the trainer, and the actors the run
+    started on them (:meth:`start_actor`); on a joined cluster, whose workers outlive the run, they are closed
+    when the run's cluster context ends (:meth:`close_actors`)."""
 
     client: Any
     rollout: list[str]
     trainer: str
+    actors: list[Any] = field(default_factory=list)
+
+    def start_actor(self, cls: type, *args: Any, worker: str, **kwargs: Any) -> Any:
+        """Start ``cls(*args, **kwargs)`` as a Dask actor on ``worker``; returns its future (``.result()``: the
+        actor). Remembered, so that :meth:`close_actors` can free what it holds when the run ends."""
+        future = self.client.submit(cls, *args, actor=True, workers=[worker], pure=False, **kwargs)
+        self.actors.append(future)
+        return future
+
+    def close_actors(self, timeout_s: float = 20.0) -> None:
+        """Call ``close()`` on every started actor that has one, before the run's client lets Dask drop them.
+
+        Dask drops an actor without telling it; an in-process vLLM engine dropped that way is never freed
+        (:func:`~llmrl_core.policies.vllm_engine.shutdown_llm`), so a joined cluster's rollout worker grew by
+        an engine per run. A failing or hung close is logged, not raised: the run's result stands.
+        """
+        pending = []
+        for future in self.actors:
+            if future.status != "finished":  # never started, or failed: nothing resident to close
+                continue
+            actor = future.result()
+            if callable(getattr(actor._cls, "close", None)):
+                pending.append((actor, actor.close()))
+        self.actors.clear()
+        for actor, call in pending:
+            try:
+                call.result(timeout=timeout_s)
+            except Exception as exc:  # noqa: BLE001 - teardown: report and go on
+                _logger().warning("could not close %s on %s: %s", actor._cls.__name__, actor._address, exc)
 
     @property
     def engines_beside_trainer(self) -> bool:
@@ -353,7 +384,11 @@ def dask_cluster(cfg: RunConfig, scratch: Path, rollout_workers: int | None = No
     if cfg.dask.address:
         with Client(cfg.dask.address) as client:
             rollout, trainer = place_workers(client.scheduler_info()["workers"], n_rollout)
-            yield Placement(client, rollout, trainer)
+            place = Placement(client, rollout, trainer)
+            try:
+                yield place
+            finally:
+                place.close_actors()  # the workers outlive the run: free what its actors held
         return
     scratch.mkdir(parents=True, exist_ok=True)
     common = dict(

@@ -155,5 +155,4 @@ class EpochTrainerWorker(TrainerWorker):
 
 def start_trainer(place: Placement, setup: TrainerSetup, layout: RunLayout) -> Any:
     """Create the resident trainer actor on the trainer worker; returns the actor handle."""
-    future = place.client.submit(EpochTrainerWorker, setup, layout, actor=True, workers=[place.trainer], pure=False)
-    return future.result()
+    return place.start_actor(EpochTrainerWorker, setup, layout, worker=place.trainer).result()

@@ -110,6 +110,14 @@ class RolloutActor:
         """The version of the weights this engine holds."""
         return int(self.worker.policy_version)
 
+    def close(self) -> None:
+        """Stop the engine and free its memory before Dask drops this actor (a dropped engine is not freed:
+        :meth:`vLLMWorker.close`); the env's tools are closed too. Idempotent."""
+        close_env = getattr(self.env, "close", None)
+        if callable(close_env):
+            close_env()
+        self.worker.close()
+
 
 def shard_by_group(rows: Sequence[PromptRow], n_shards: int) -> list[list[PromptRow]]:
     """Split rows into at most ``n_shards`` balanced shards, never splitting a group."""
@@ -180,3 +188,10 @@ class DaskLLMCollector:
     def engine_versions(self) -> list[int]:
         """The version each engine reports."""
         return [future.result() for future in [actor.version() for actor in self.actors]]
+
+    def shutdown(self) -> None:
+        """Stop every engine and free its memory on its worker (:meth:`RolloutActor.close`); Dask alone would
+        drop the actors without freeing their engines. The collector cannot collect afterwards."""
+        actors, self.actors = self.actors, []
+        for future in [actor.close() for actor in actors]:
+            future.result()

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from llmrl_core.policies.base import SamplingConfig
-from llmrl_core.policies.vllm_engine import Completion, EngineConfig, generate, make_llm
+from llmrl_core.policies.vllm_engine import Completion, EngineConfig, generate, make_llm, shutdown_llm
 from llmrl_core.policies.vllm_wrapper import score_with_vllm
 from llmrl_core.weight_sync.serialization import state_dict_from_bytes
 from llmrl_core.weight_sync.updater import vLLMUpdater
@@ -102,6 +102,16 @@ class vLLMWorker:  # noqa: N801 - TorchRL's naming
         self.llm.reset_prefix_cache()  # its KV entries were computed with the old weights
         self.policy_version = version
         return version
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory (:func:`~llmrl_core.policies.vllm_engine.shutdown_llm`);
+        the worker cannot be used afterwards. Idempotent. A process that hosts engines one after another (a
+        joined Dask cluster's rollout worker, a notebook) must call it: a dropped engine is not freed."""
+        llm, self.llm = self.llm, None
+        if llm is None:
+            return
+        self._updater.engines.clear()
+        shutdown_llm(llm)
 
 
 def make_vllm_worker(config: EngineConfig | None = None, **overrides: Any) -> vLLMWorker:
