@@ -28,6 +28,7 @@ from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.weight_sync.fingerprint import check_engines_hold
 from storage.filesystems import join_uri, read_bytes, resolve_filesystem, write_bytes_atomic
 from storage.trajectories import TrajectoryStore
+from tasks.actor_calls import WorkerLost, wait_calls
 from tasks.records import read_shards
 from tasks.rollout_traces import trace_sample
 
@@ -131,22 +132,24 @@ def dispatch_rollout(
     staging_uri: str,
     shard_offset: int = 0,
     batch: int | None = None,
-) -> list[Any]:
-    """Send the rows to the rollout engines (groups kept whole), one staging shard each; returns the engines'
-    futures at once. Calls on one engine run in the order they are sent, so weights loaded afterwards wait for
-    this rollout. ``batch``: the training batch (seeds the sampling; default ``version``)."""
+) -> list[tuple[Any, Any]]:
+    """Send the rows to the rollout engines (groups kept whole), one staging shard each; returns ``(engine, its
+    call)`` pairs at once (wait with :func:`tasks.actor_calls.wait_calls`). Calls on one engine run in the order
+    they are sent, so weights loaded afterwards wait for this rollout. ``batch``: the training batch (seeds the
+    sampling; default ``version``)."""
     shards = shard_by_group(rows, len(actors))
     return [
-        actor.rollout(shard, version, staging_uri, shard_offset + i, batch)
+        (actor, actor.rollout(shard, version, staging_uri, shard_offset + i, batch))
         for i, (actor, shard) in enumerate(zip(actors, shards, strict=False))
     ]
 
 
 def retry_unless_user_error(task: Any, task_run: Any, state: Any) -> bool:
-    """Prefect's retry condition: a failing reward function fails the same way again, so it is not retried."""
+    """Prefect's retry condition: a failing reward function fails the same way again, and a lost worker is not
+    back a moment later, so neither is retried."""
     try:
         state.result()
-    except RewardFunctionError:
+    except (RewardFunctionError, WorkerLost):
         return False
     except Exception:  # any other failure: the task's retry policy applies
         return True
@@ -163,19 +166,19 @@ def rollout(
     batch: int | None = None,
 ) -> list[dict]:
     """Shard the rows over the rollout engines and wait for their staging shards (see :func:`dispatch_rollout`)."""
-    return [f.result() for f in dispatch_rollout(actors, rows, version, staging_uri, shard_offset, batch)]
+    return wait_calls(dispatch_rollout(actors, rows, version, staging_uri, shard_offset, batch), "rollout", version)
 
 
 @task(name="await-rollout", **STAGE)
-def await_rollout(futures: list[Any]) -> list[dict]:
+def await_rollout(calls: list[tuple[Any, Any]], version: int | None = None) -> list[dict]:
     """Wait for rollouts sent earlier with :func:`dispatch_rollout` (the trainer's wait for data)."""
-    return [f.result() for f in futures]
+    return wait_calls(calls, "rollout", version)
 
 
-@task(name="score-reference", retries=1, **STAGE)
+@task(name="score-reference", retries=1, retry_condition_fn=retry_unless_user_error, **STAGE)
 def score_reference(trainer: Any, staging_uri: str, version: int) -> dict:
     """Reference-model log-probs for every staged row (on the trainer worker)."""
-    return trainer.score_reference(staging_uri, version).result()
+    return wait_calls([(trainer, trainer.score_reference(staging_uri, version))], "reference scoring", version)[0]
 
 
 def assign_advantages(cfg: GRPOConfig, records: list[Any]) -> dict[str, int]:
@@ -251,13 +254,14 @@ def reward_spread(rewards: list[float]) -> dict[str, float]:
 @task(name="train", **STAGE)
 def train(trainer: Any, store_uri: str, batch: Batch) -> dict:
     """Optimizer steps on a published batch (on the trainer worker): version ``batch.index`` -> ``+ 1``."""
-    return trainer.train(store_uri, batch.policy_version, batch.shard_prefix, batch.index).result()
+    call = trainer.train(store_uri, batch.policy_version, batch.shard_prefix, batch.index)
+    return wait_calls([(trainer, call)], "training", batch.index)[0]
 
 
 @dataclass
 class StagedVersion:
     """A version every rollout engine holds, whose checkpoint the trainer is still sealing (fsync, sha256,
-    manifest, optimizer/RNG state): ``sealing`` is that trainer call; :func:`seal_checkpoint` waits for it."""
+    manifest, optimizer/RNG state): ``sealing`` is ``(trainer, that call)``; :func:`seal_checkpoint` waits for it."""
 
     version: int
     checkpoint: str
@@ -266,7 +270,7 @@ class StagedVersion:
     held: list[dict[str, str]] = field(default_factory=list)  # each engine's {"fingerprint", "dtype"} after its load
 
 
-@task(name="publish-weights", retries=1, **STAGE)
+@task(name="publish-weights", retries=1, retry_condition_fn=retry_unless_user_error, **STAGE)
 def publish_weights(
     trainer: Any, rollout_actors: list[Any], version: int, config: dict, weight_sync: Any = None
 ) -> StagedVersion:
@@ -280,17 +284,19 @@ def publish_weights(
     (on shared cores it would slow the loads down: 0.6-0.75 s per reload instead of ~0.3 s on 2 cores). Each
     engine's fingerprint of what it loaded is kept; the seal computes the trainer's in the engines' dtypes
     (:func:`verify_engines_hold` compares them)."""
-    staged = trainer.stage(version, config).result()
+    staged = wait_calls([(trainer, trainer.stage(version, config))], "weight publishing", version)[0]
     start = time.perf_counter()
     if weight_sync is not None and rollout_actors:
         weight_sync.push(version)
     else:
-        loaded = [f.result() for f in [a.load(staged["checkpoint"], version) for a in rollout_actors]]
+        loaded = wait_calls(
+            [(a, a.load(staged["checkpoint"], version)) for a in rollout_actors], "weight publishing", version
+        )
         if any(v != version for v in loaded):
             raise RuntimeError(f"engines report versions {loaded} after publishing {version}")
     seconds = {"publish_write_s": staged["seconds"], "publish_load_s": time.perf_counter() - start}
-    held = [f.result() for f in [a.weights_fingerprint() for a in rollout_actors]]
-    sealing = trainer.seal(version, config, sorted({h["dtype"] for h in held}))
+    held = wait_calls([(a, a.weights_fingerprint()) for a in rollout_actors], "weight publishing", version)
+    sealing = (trainer, trainer.seal(version, config, sorted({h["dtype"] for h in held})))
     return StagedVersion(version, staged["checkpoint"], sealing, seconds, held)
 
 
@@ -304,7 +310,7 @@ def seal_checkpoint(staged: StagedVersion) -> dict:
 def verify_engines_hold(staged: StagedVersion) -> dict:
     """The trainer's seal of ``staged`` (waited for), once every engine's fingerprint equals the trainer's
     (:class:`~llmrl_core.weight_sync.fingerprint.WeightsMismatchError` otherwise). Cheap to call again."""
-    info = staged.sealing.result()
+    info = wait_calls([staged.sealing], "checkpoint sealing", staged.version)[0]
     if info["version"] != staged.version:
         raise RuntimeError(f"the trainer sealed version {info['version']} while publishing {staged.version}")
     check_engines_hold(staged.version, info["fingerprints"], staged.held)

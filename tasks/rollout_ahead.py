@@ -20,14 +20,15 @@ from llmrl_core.pipeline.grpo_config import GRPOConfig
 from storage.checkpoints import CheckpointStore
 from storage.trajectories import TrajectoryStore
 from tasks import grpo_stages as stages
+from tasks.actor_calls import wait_calls
 
 
 @dataclass
 class InFlight:
-    """A batch sent to the engines: its futures, the data cursor after it, when it was sent."""
+    """A batch sent to the engines: ``(engine, call)`` pairs, the data cursor after it, when it was sent."""
 
     batch: stages.Batch
-    futures: list[Any]
+    calls: list[tuple[Any, Any]]
     primer_state: dict
     sent_at: float
 
@@ -83,17 +84,16 @@ class RolloutAhead:
         batch = stages.batch_of(self.cfg, self.staging_uri, index)
         if self.engine_version != batch.policy_version:
             path = str(self.checkpoints.weights_path(batch.policy_version))
-            loaded = [f.result() for f in [e.load(path, batch.policy_version) for e in self.engines]]
+            calls = [(e, e.load(path, batch.policy_version)) for e in self.engines]
+            loaded = wait_calls(calls, "weight loading", batch.policy_version)
             if any(v != batch.policy_version for v in loaded):
                 raise RuntimeError(f"engines report versions {loaded} after loading {batch.policy_version}")
             self.engine_version = batch.policy_version
         TrajectoryStore(batch.staging_uri).delete_partition(self.cfg.run_id, batch.policy_version)
         rows, cursor = stages.load_prompts(self.cfg, self.cursor)
         self.cursor = cursor
-        futures = stages.dispatch_rollout(
-            self.engines, rows, batch.policy_version, batch.staging_uri, batch=batch.index
-        )
-        self.in_flight[index] = InFlight(batch, futures, cursor, time.perf_counter())
+        calls = stages.dispatch_rollout(self.engines, rows, batch.policy_version, batch.staging_uri, batch=batch.index)
+        self.in_flight[index] = InFlight(batch, calls, cursor, time.perf_counter())
 
     def take(self, index: int) -> Arrived:
         """Wait for batch ``index`` (sending it first if it is not in flight yet) and return its summaries."""
@@ -101,5 +101,5 @@ class RolloutAhead:
             self.send(index)
         flight = self.in_flight.pop(index)
         start = time.perf_counter()
-        shards = stages.await_rollout(flight.futures)
+        shards = stages.await_rollout(flight.calls, flight.batch.policy_version)
         return Arrived(flight.batch, shards, flight.primer_state, time.perf_counter() - start)

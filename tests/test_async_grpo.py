@@ -47,7 +47,7 @@ class _Future:
     def __init__(self, value):
         self.value = value
 
-    def result(self):
+    def result(self, timeout=None):
         return self.value
 
 
@@ -77,7 +77,7 @@ def _queue(tmp_path, monkeypatch, cfg, engine_version, cursor, log):
         return rows, {"next": n + 1}
 
     monkeypatch.setattr(stages, "load_prompts", load_prompts)
-    monkeypatch.setattr(stages, "await_rollout", lambda futures: [f.result() for f in futures])
+    monkeypatch.setattr(stages, "await_rollout", lambda calls, version=None: [f.result() for _, f in calls])
     checkpoints = SimpleNamespace(weights_path=lambda v: tmp_path / f"policy_v{v}.safetensors")
     return RolloutAhead(cfg, str(tmp_path / "staging"), [_Engine(log)], checkpoints, engine_version, cursor)
 

@@ -277,6 +277,80 @@ def test_sigkill_mid_iteration_then_resume_repeats_nothing(tmp_path, default_mod
     assert final[0] == final[1] and final[0]["float32"]
 
 
+@pytest.mark.slow
+def test_a_hung_rollout_worker_is_named_within_a_minute(tmp_path, default_model_path):
+    """The rollout worker's process stops (SIGSTOP, as a frozen node would) when asked for version 1's rollouts. The
+    flow notices its silence within a minute (its actor call alone would wait until Dask's worker TTL, ~8 min) and
+    ends with one line naming the worker, the stage and the version, exit 1; version 0 stays committed, nothing of
+    version 1 is, and no process of the run is left behind (the stopped worker included)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import psutil
+
+    from storage.trajectories import TrajectoryStore
+    from tasks.actor_calls import SILENT_LIMIT_S
+
+    preload = str(Path(__file__).parent / "fault_preloads" / "rollout_worker_hangs_at_version_1.py")
+    args = [a for o in _tiny(tmp_path, "progress=false", "run_id=hung") for a in ("--set", o)]
+    log = tmp_path / "flow.log"
+    start = time.monotonic()
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "from llmrl_cli.main import app; app()", "run", "grpo", *args],
+            cwd=Path(__file__).resolve().parents[1],
+            env={**os.environ, "DASK_DISTRIBUTED__WORKER__PRELOAD": repr([preload])},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        code = proc.wait(timeout=600)
+    finally:
+        left = [(p, _describe(p)) for p in psutil.process_iter() if _in_group(p, proc.pid)]
+        for p, _ in left:
+            p.send_signal(signal.SIGKILL)
+    took = time.monotonic() - start
+    text = log.read_text(errors="replace")
+    assert code == 1, text[-3000:]
+    lines = [line for line in text.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, text[-3000:]
+    assert "the rollout worker tcp://127.0.0.1:" in lines[0]
+    assert "stopped answering during rollout of version 1: no heartbeat for" in lines[0]
+    silent = float(lines[0].split("no heartbeat for ")[1].split(" s")[0])
+    assert SILENT_LIMIT_S <= silent < SILENT_LIMIT_S + 30, lines[0]
+    print(f"hung worker named after {silent:.0f} s of silence; the whole run took {took:.0f} s")
+    assert not left, f"processes left behind: {[d for _, d in left]}"
+    state = tmp_path / "runs" / "hung" / "state"
+    assert sorted(p.name for p in state.glob("published-v*.json")) == ["published-v0.json"]
+    assert TrajectoryStore(tmp_path / "runs" / "trajectories").versions("hung") == [0]
+
+
+def _describe(process) -> str:
+    """A process's state and command line, for an assertion message."""
+    try:
+        return f"{process.pid} {process.status()} {' '.join(process.cmdline())[:160]}"
+    except Exception as exc:  # noqa: BLE001 - gone meanwhile
+        return f"{process.pid} ({exc})"
+
+
+def _in_group(process, pgid: int) -> bool:
+    """Whether ``process`` still runs in process group ``pgid`` (gone, a zombie awaiting its reaper, or unreadable:
+    False)."""
+    import os
+
+    import psutil
+
+    try:
+        return os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE
+    except (ProcessLookupError, PermissionError, psutil.Error):
+        return False
+
+
 def test_placement_is_by_declared_resources():
     from tasks.cluster import local_worker_resources, place_workers
 

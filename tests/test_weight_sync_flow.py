@@ -32,7 +32,7 @@ class Done:
     value: Any = None
     awaited: Any = None  # called when the result is taken (records when a caller waited for it)
 
-    def result(self) -> Any:
+    def result(self, timeout: float | None = None) -> Any:
         if self.awaited is not None:
             self.awaited()
         return self.value

@@ -1,0 +1,23 @@
+"""A Dask worker preload for tests/test_grpo_flow.py: the rollout worker's whole process stops (SIGSTOP, as a hung
+or frozen node would) when it is asked to roll out version 1."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def dask_setup(worker: Any) -> None:
+    """Dask's preload hook: patch the rollout actor's rollout in this worker process."""
+    import os
+    import signal
+
+    from tasks.actors import RolloutWorker
+
+    rollout = RolloutWorker.rollout
+
+    def hang_at_version_1(self: RolloutWorker, rows: list, version: int, *args: Any, **kwargs: Any) -> dict:
+        if version == 1:
+            os.kill(os.getpid(), signal.SIGSTOP)  # the worker process, its event loop included, stops here
+        return rollout(self, rows, version, *args, **kwargs)
+
+    RolloutWorker.rollout = hang_at_version_1
