@@ -20,22 +20,24 @@ def run_flow(flow: Any, **parameters: Any) -> Any:
     """Call a flow; a run stopped by Ctrl-C or SIGTERM is marked Cancelled in Prefect (MLflow: KILLED) on its way
     out, instead of Crashed; a failing reward function or a lost worker ends it with one line (exit 1), not a
     traceback."""
+    from llmrl_cli.run_api import run_api
     from llmrl_core.envs.reward_calls import RewardFunctionError
     from tasks.actor_calls import WorkerLost
 
-    try:
-        return flow(**parameters)
-    except RewardFunctionError as err:  # the user's reward code failed: its line says which function and row
-        typer.echo(f"error: {err}\n(set env.reward_errors=skip to fail such episodes alone and go on)", err=True)
-        raise typer.Exit(1) from err
-    except WorkerLost as err:  # its line names the worker, the stage and the version
-        typer.echo(f"error: {err}\n(the committed versions are kept: run the same command again to resume)", err=True)
-        raise typer.Exit(1) from err
-    except (KeyboardInterrupt, SystemExit) as stop:
-        from tasks.run_identity import mark_stopped
+    with run_api():  # the run's own Prefect API (unless a UI server is up), stopped after the run records its end
+        try:
+            return flow(**parameters)
+        except RewardFunctionError as err:  # the user's reward code failed: its line says which function and row
+            typer.echo(f"error: {err}\n(set env.reward_errors=skip to fail such episodes alone and go on)", err=True)
+            raise typer.Exit(1) from err
+        except WorkerLost as err:  # its line names the worker, the stage and the version
+            typer.echo(f"error: {err}\n(committed versions are kept: the same command again resumes)", err=True)
+            raise typer.Exit(1) from err
+        except (KeyboardInterrupt, SystemExit) as stop:
+            from tasks.run_identity import mark_stopped
 
-        mark_stopped("stopped by SIGTERM" if isinstance(stop, SystemExit) else "stopped by Ctrl-C")
-        raise
+            mark_stopped("stopped by SIGTERM" if isinstance(stop, SystemExit) else "stopped by Ctrl-C")
+            raise
 
 
 def set_verbose(verbose: bool) -> None:

@@ -492,10 +492,12 @@ def test_train_config_selects_the_loss_options():
 
 
 @pytest.mark.slow
-def test_sigterm_stops_the_run_cleanly(tmp_path):
-    """SIGTERM to `llmrl run grpo` mid-run: it exits (143) within a minute, with its Dask workers, engines and the
-    ephemeral Prefect API all gone, the MLflow run marked KILLED and the Prefect flow run Cancelled; what was
-    published stays published."""
+@pytest.mark.parametrize("how", ["SIGTERM", "Ctrl-C"])
+def test_a_stop_signal_ends_the_run_cleanly(tmp_path, how):
+    """SIGTERM to `llmrl run grpo` mid-run, or a terminal's Ctrl-C (SIGINT to its whole process group, the local
+    Dask workers included): it exits (143 / 130) within a minute, with its Dask workers, engines and its Prefect API
+    all gone, the MLflow run marked KILLED and the Prefect flow run Cancelled; what was published stays
+    published."""
     import os
     import signal
     import subprocess
@@ -506,16 +508,18 @@ def test_sigterm_stops_the_run_cleanly(tmp_path):
     import psutil
     from mlflow import MlflowClient
 
-    overrides = [*_tiny(tmp_path, "progress=false"), "run_id=t-term"]
+    run_id = f"t-{how.lower()}"
+    overrides = [*_tiny(tmp_path, "progress=false"), f"run_id={run_id}"]
     runs = tmp_path / "runs"
-    published = runs / "t-term" / "state" / "published-v0.json"
+    published = runs / run_id / "state" / "published-v0.json"
     args = ["--config", "recipes/gsm8k-demo.yaml", *(a for o in overrides for a in ("--set", o))]
+    log = (tmp_path / "flow.log").open("w")
     proc = subprocess.Popen(
         [sys.executable, "-c", "from llmrl_cli.main import app; app()", "run", "grpo", *args],
         cwd=Path(__file__).resolve().parents[1],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
     )
     try:
         deadline = time.monotonic() + 600
@@ -525,11 +529,19 @@ def test_sigterm_stops_the_run_cleanly(tmp_path):
             time.sleep(0.2)
         family = psutil.Process(proc.pid).children(recursive=True)
         commands = " ".join(" ".join(p.cmdline()) for p in family)
-        assert "dask" in commands and "uvicorn" in commands, commands  # workers and the ephemeral API are up
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=90) == 128 + signal.SIGTERM
+        assert "dask" in commands and "llmrl_cli.api_child" in commands, commands  # workers and the run's API
+        signum = signal.SIGTERM if how == "SIGTERM" else signal.SIGINT
+        stopped = time.monotonic()
+        if how == "SIGTERM":
+            proc.send_signal(signum)
+        else:
+            os.killpg(proc.pid, signum)
+        assert proc.wait(timeout=90) == 128 + signum, (tmp_path / "flow.log").read_text()[-3000:]
         _, alive = psutil.wait_procs(family, timeout=30)
-        assert not alive, f"left running after SIGTERM: {[' '.join(p.cmdline())[:80] for p in alive]}"
+        assert not alive, f"left running after {how}: {[' '.join(p.cmdline())[:80] for p in alive]}"
+        took = time.monotonic() - stopped
+        print(f"{how}: the run and all its processes ended {took:.1f} s after the signal")
+        assert took < 30, (tmp_path / "flow.log").read_text()[-3000:]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -543,5 +555,45 @@ def test_sigterm_stops_the_run_cleanly(tmp_path):
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
 
     with get_client(sync_client=True) as prefect:
-        (flow_run,) = prefect.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=["run:t-term"])))
-    assert flow_run.state.type.value == "CANCELLED" and flow_run.state.message == "stopped by SIGTERM"
+        (flow_run,) = prefect.read_flow_runs(
+            flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[f"run:{run_id}"]))
+        )
+    says = "stopped by SIGTERM" if how == "SIGTERM" else "stopped by Ctrl-C"
+    assert flow_run.state.type.value == "CANCELLED" and flow_run.state.message == says
+
+
+def test_a_killed_run_leaves_no_prefect_api_behind(tmp_path):
+    """``kill -9`` of `llmrl run`: its Prefect API ends with it (the kernel's parent-death signal), instead of
+    serving on for good."""
+    import contextlib
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import psutil
+
+    args = ["--set", f"runs_dir={tmp_path / 'runs'}", "--set", "run_id=t-kill9", "--set", "progress=false"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from llmrl_cli.main import app; app()", "run", "grpo", *args],
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (api := [c for c in psutil.Process(proc.pid).children() if "llmrl_cli.api_child" in c.cmdline()]):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run's Prefect API never started"
+            time.sleep(0.1)
+        time.sleep(1.0)  # past its start-up check of the parent
+        proc.kill()
+        proc.wait(timeout=30)
+        _, alive = psutil.wait_procs(api, timeout=20)
+        assert not alive, "the run's Prefect API outlived the killed run"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever else of the run was still starting
+        proc.wait(timeout=30)
