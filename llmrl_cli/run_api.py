@@ -53,7 +53,9 @@ def run_api() -> Iterator[str | None]:
             start_new_session=True,  # a terminal's Ctrl-C stops the run, which then stops this
         )
     try:
-        _wait_healthy(server, url, log_path)
+        why = http_ready(server, f"{url}/health", STARTUP_TIMEOUT_S, poll_s=0.2)
+        if why is not None:
+            raise RunAPIError(f"the run's Prefect API {why}; see {log_path}")
         with temporary_settings(updates={PREFECT_API_URL: url}):
             yield url
     finally:
@@ -86,17 +88,17 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _wait_healthy(server: subprocess.Popen, url: str, log_path: Path) -> None:
-    """Return once ``url``'s health check answers; :class:`RunAPIError` if the server exits or never answers."""
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+def http_ready(proc: subprocess.Popen, url: str, timeout_s: float, poll_s: float = 0.5) -> str | None:
+    """Wait until ``url`` answers 200: None then; else why not (``proc``, the server, exited or never answered)."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RunAPIError(f"the run's Prefect API exited with {server.returncode}; see {log_path}")
+        if proc.poll() is not None:
+            return f"exited with {proc.returncode}"
         try:
-            with urllib.request.urlopen(f"{url}/health", timeout=5) as reply:
+            with urllib.request.urlopen(url, timeout=5) as reply:
                 if reply.status == 200:
-                    return
+                    return None
         except OSError:
             pass
-        time.sleep(0.2)
-    raise RunAPIError(f"the run's Prefect API did not answer within {STARTUP_TIMEOUT_S:.0f} s; see {log_path}")
+        time.sleep(poll_s)
+    return f"did not answer {url} within {timeout_s:.0f} s"

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from types import FrameType
 
@@ -57,19 +56,11 @@ class UIServices:
 
     def wait_http(self, name: str, url: str, timeout_s: float) -> None:
         """Wait until ``url`` answers 200, or raise naming the service and its log when it dies or times out."""
-        proc = dict(self.procs)[name]
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise UIError(f"{name} exited with {proc.returncode}; see {self.log_dir / f'{name}.log'}")
-            try:
-                with urllib.request.urlopen(url, timeout=5) as reply:
-                    if reply.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(1.0)
-        raise UIError(f"{name} did not answer {url} within {timeout_s:.0f} s; see {self.log_dir / f'{name}.log'}")
+        from llmrl_cli.run_api import http_ready
+
+        why = http_ready(dict(self.procs)[name], url, timeout_s, poll_s=1.0)
+        if why is not None:
+            raise UIError(f"{name} {why}; see {self.log_dir / f'{name}.log'}")
 
     def stop(self, grace_s: float = 20.0) -> None:
         """Stop every child and its descendants (a worker's flow runs live in sessions of their own), newest

@@ -44,6 +44,24 @@ def _tiny(tmp_path, *extra):
     ]
 
 
+def _start_cli_run(args: list[str], log=None, **env: str):
+    """``llmrl run grpo ARGS`` in a process group of its own (as a terminal's foreground job; a signal to the group
+    reaches its Dask workers too), output to ``log`` (an open file) or discarded."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    return subprocess.Popen(
+        [sys.executable, "-c", "from llmrl_cli.main import app; app()", "run", "grpo", *args],
+        cwd=Path(__file__).resolve().parents[1],
+        env={**os.environ, **env},
+        stdout=log if log is not None else subprocess.DEVNULL,
+        stderr=subprocess.STDOUT if log is not None else subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
 @pytest.mark.slow
 def test_two_iterations_crash_and_resume(tmp_path, default_model_path):
     from safetensors.torch import load_file
@@ -214,8 +232,6 @@ def test_sigkill_mid_iteration_then_resume_repeats_nothing(tmp_path, default_mod
     row for row and in its final weights' fingerprint."""
     import os
     import signal
-    import subprocess
-    import sys
     import time
     from pathlib import Path
 
@@ -227,13 +243,7 @@ def test_sigkill_mid_iteration_then_resume_repeats_nothing(tmp_path, default_mod
     staged = runs / "t1" / "staging" / "run_id=t1" / "policy_version=1"
     committed = runs / "t1" / "state" / "published-v1.json"
     args = ["--config", "recipes/gsm8k-demo.yaml", *(a for o in overrides for a in ("--set", o))]  # as grpo()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from llmrl_cli.main import app; app()", "run", "grpo", *args],
-        cwd=Path(__file__).resolve().parents[1],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # its own process group: the kill reaches the Dask workers too
-    )
+    proc = _start_cli_run(args)  # its own process group: the kill reaches the Dask workers too
     try:
         deadline = time.monotonic() + 900
         while not committed.exists():
@@ -283,10 +293,7 @@ def test_a_hung_rollout_worker_is_named_within_a_minute(tmp_path, default_model_
     flow notices its silence within a minute (its actor call alone would wait until Dask's worker TTL, ~8 min) and
     ends with one line naming the worker, the stage and the version, exit 1; version 0 stays committed, nothing of
     version 1 is, and no process of the run is left behind (the stopped worker included)."""
-    import os
     import signal
-    import subprocess
-    import sys
     import time
     from pathlib import Path
 
@@ -300,14 +307,7 @@ def test_a_hung_rollout_worker_is_named_within_a_minute(tmp_path, default_model_
     log = tmp_path / "flow.log"
     start = time.monotonic()
     with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", "from llmrl_cli.main import app; app()", "run", "grpo", *args],
-            cwd=Path(__file__).resolve().parents[1],
-            env={**os.environ, "DASK_DISTRIBUTED__WORKER__PRELOAD": repr([preload])},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        proc = _start_cli_run(args, out, DASK_DISTRIBUTED__WORKER__PRELOAD=repr([preload]))
     try:
         code = proc.wait(timeout=600)
     finally:
@@ -500,10 +500,7 @@ def test_a_stop_signal_ends_the_run_cleanly(tmp_path, how):
     published."""
     import os
     import signal
-    import subprocess
-    import sys
     import time
-    from pathlib import Path
 
     import psutil
     from mlflow import MlflowClient
@@ -513,14 +510,7 @@ def test_a_stop_signal_ends_the_run_cleanly(tmp_path, how):
     runs = tmp_path / "runs"
     published = runs / run_id / "state" / "published-v0.json"
     args = ["--config", "recipes/gsm8k-demo.yaml", *(a for o in overrides for a in ("--set", o))]
-    log = (tmp_path / "flow.log").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from llmrl_cli.main import app; app()", "run", "grpo", *args],
-        cwd=Path(__file__).resolve().parents[1],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group, as a terminal's foreground job
-    )
+    proc = _start_cli_run(args, (tmp_path / "flow.log").open("w"))
     try:
         deadline = time.monotonic() + 600
         while not published.exists():  # engines and trainer are resident once version 0 is published
@@ -568,21 +558,12 @@ def test_a_killed_run_leaves_no_prefect_api_behind(tmp_path):
     import contextlib
     import os
     import signal
-    import subprocess
-    import sys
     import time
-    from pathlib import Path
 
     import psutil
 
     args = ["--set", f"runs_dir={tmp_path / 'runs'}", "--set", "run_id=t-kill9", "--set", "progress=false"]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from llmrl_cli.main import app; app()", "run", "grpo", *args],
-        cwd=Path(__file__).resolve().parents[1],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    proc = _start_cli_run(args)
     try:
         deadline = time.monotonic() + 120
         while not (api := [c for c in psutil.Process(proc.pid).children() if "llmrl_cli.api_child" in c.cmdline()]):
