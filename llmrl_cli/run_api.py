@@ -59,7 +59,7 @@ def run_api() -> Iterator[str | None]:
         with temporary_settings(updates={PREFECT_API_URL: url}):
             yield url
     finally:
-        _drain_to(url)
+        _drain_prefect_clients()
         server.terminate()
         try:
             server.wait(timeout=10)
@@ -68,7 +68,7 @@ def run_api() -> Iterator[str | None]:
             server.wait(timeout=10)
 
 
-def _drain_to(url: str) -> None:
+def _drain_prefect_clients() -> None:
     """Send the logs and events Prefect still holds for the API before it stops (else Prefect's exit hooks try a
     dead API and print "Error logging to API")."""
     from prefect.events.worker import EventsWorker

@@ -46,7 +46,7 @@ def wait_calls(calls: Sequence[tuple[Any, Any]], stage: str, version: int | None
                 results.append(future.result(timeout=PROBE_EVERY_S))
                 break
             except TimeoutError:
-                check_workers([actor], stage, version)
+                _check_worker(actor, stage, version)
                 if time.monotonic() > deadline:
                     raise WorkerLost(
                         f"{_who(actor)} has not finished {_what(stage, version)} after "
@@ -61,17 +61,16 @@ def wait_calls(calls: Sequence[tuple[Any, Any]], stage: str, version: int | None
     return results
 
 
-def check_workers(actors: Sequence[Any], stage: str, version: int | None = None) -> None:
-    """:class:`WorkerLost` if the worker of one of ``actors`` is gone or silent past :data:`SILENT_LIMIT_S`."""
-    for actor in actors:
-        silent = _silence(actor)
-        if silent is None:
-            raise WorkerLost(f"{_who(actor)} died during {_what(stage, version)} (the scheduler no longer has it)")
-        if silent > SILENT_LIMIT_S:
-            raise WorkerLost(
-                f"{_who(actor)} stopped answering during {_what(stage, version)}: no heartbeat for {silent:.0f} s "
-                "(hung, stopped or cut off from the scheduler)"
-            )
+def _check_worker(actor: Any, stage: str, version: int | None) -> None:
+    """:class:`WorkerLost` if ``actor``'s worker is gone or silent past :data:`SILENT_LIMIT_S`."""
+    silent = _silence(actor)
+    if silent is None:
+        raise WorkerLost(f"{_who(actor)} died during {_what(stage, version)} (the scheduler no longer has it)")
+    if silent > SILENT_LIMIT_S:
+        raise WorkerLost(
+            f"{_who(actor)} stopped answering during {_what(stage, version)}: no heartbeat for {silent:.0f} s "
+            "(hung, stopped or cut off from the scheduler)"
+        )
 
 
 def _silence(actor: Any) -> float | None:
