@@ -64,6 +64,7 @@ def evaluate(
     task: dict[str, Any] | None = None,
     model: str | None = None,
     dtype: str = "auto",
+    backend: str = "vllm",
     log_mlflow: bool = True,
     tracking_uri: str | None = None,
     keep_engine: bool = False,
@@ -71,7 +72,8 @@ def evaluate(
     """Evaluate ``versions`` (a list, or ``"all"``: 0 plus every stored one) of run ``run_id``; returns paths,
     the report rows and where MLflow recorded them. ``source`` names the held-out prompts (default: the run's
     ``task.eval_source``), ``task`` overrides keys of the run's task section (prompt format, rewards).
-    ``keep_engine`` keeps the engine resident after the run."""
+    ``keep_engine`` keeps the engine resident after the run; ``backend`` is the engine's (``vllm`` or
+    ``transformers``, as ``rollout.backend``)."""
     check_run_id(run_id)
     if not run_exists(run_id, runs_dir):
         raise PreflightError(f"run_id: no run {run_id!r} under {runs_dir or 'the runs root ($LLMRL_HOME/runs)'}")
@@ -104,6 +106,7 @@ def evaluate(
         "greedy": greedy,
         "model": model,
         "dtype": dtype,
+        "backend": backend,
         **(run_agent_settings(run_id, runs_dir) if scoring == "agent" else {}),
     }
     chosen = resolve_versions(run_id, runs_dir, versions)

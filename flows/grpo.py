@@ -357,6 +357,7 @@ def final_evaluation(cfg: GRPOConfig, final: int) -> dict[str, Any]:
         max_new_tokens=cfg.rollout.max_new_tokens,
         model=cfg.model,
         dtype=cfg.rollout.dtype,
+        backend=cfg.rollout.backend,
         tracking_uri=cfg.tracking_uri,
     )
     greedy = {row["version"]: row for row in out["rows"] if row["mode"] == "greedy"}

@@ -87,10 +87,12 @@ class RolloutWorker(RolloutActor):
             seed=cfg.seed,
             max_model_len=r.max_model_len,
             logprobs_mode=r.logprobs_mode,
+            backend=r.backend,
             **placement,
         )
         engine.check_parallelism()  # tensor parallelism on a CPU-only worker fails here, naming the setting
-        if r.weight_sync != "checkpoint" and engine.resolved_device() == "cuda":  # NCCL weight sync may be used
+        nccl_possible = r.weight_sync != "checkpoint" and r.backend == "vllm"  # NCCL weight sync may be used
+        if nccl_possible and engine.resolved_device() == "cuda":
             engine = dataclasses.replace(engine, weight_sync_extension=True)
         super().__init__(
             lambda tokenizer: (
@@ -108,6 +110,7 @@ class RolloutWorker(RolloutActor):
         config = self.worker.config
         choice = choose_dtype(config.dtype, config.resolved_device())
         return {
+            "rollout_backend": config.backend,
             "rollout_device": config.resolved_device(),
             "rollout_dtype": choice.dtype,
             "rollout_dtype_reason": choice.reason,

@@ -36,7 +36,7 @@ from llmrl_core.model_store import base_state_dict, resolve_model
 from llmrl_core.pipeline.task_config import TaskConfig
 from llmrl_core.policies.base import SamplingConfig
 from llmrl_core.policies.vllm_engine import EngineConfig
-from llmrl_core.policies.vllm_worker import vLLMWorker
+from llmrl_core.policies.vllm_worker import start_engine, vLLMWorker
 from storage.checkpoints import CheckpointStore
 from storage.hashing import config_hash
 from storage.layout import RunLayout
@@ -62,6 +62,7 @@ def engine_config_for(settings: dict[str, Any]) -> EngineConfig:
         seed=settings["seed"],
         kv_cache_gb=settings.get("kv_cache_gb", 1.0),
         max_model_len=settings.get("max_model_len", 2048),
+        backend=settings.get("backend", "vllm"),
     )
 
 
@@ -69,7 +70,7 @@ def resident_worker(config: EngineConfig) -> dict[str, Any]:
     """This process's engine for ``config`` (started on first use): ``{"worker", "weights"}``."""
     key = config_hash(config)
     if key not in _RESIDENT:
-        _RESIDENT[key] = {"worker": vLLMWorker(config), "weights": base_weights_id(config.model)}
+        _RESIDENT[key] = {"worker": start_engine(config), "weights": base_weights_id(config.model)}
     return _RESIDENT[key]
 
 

@@ -72,6 +72,7 @@ class Endpoint:
     host: str
     device: str  # "cuda" | "cpu"
     gpus: tuple[str, ...] = ()
+    backend: str = "vllm"  # an engine's rollout.backend: only vLLM engines join an NCCL group
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,12 @@ def choose_weight_route(mode: str, trainer: Endpoint, engines: Sequence[Endpoint
         return WeightRoute("checkpoint", "rollout.weight_sync=checkpoint")
     if not engines:
         return WeightRoute("checkpoint", "no rollout engine")
+    others = sorted({e.backend for e in engines if e.backend != "vllm"})
+    if others:
+        reason = f"rollout.backend={others[0]} engines load each version from its checkpoint (NCCL needs vllm)"
+        if mode == "nccl":
+            raise ValueError(f"rollout.weight_sync=nccl: {reason}; use auto or checkpoint")
+        return WeightRoute("checkpoint", reason)
     devices = {e.device for e in engines}
     if trainer.device != "cuda" or devices != {"cuda"}:
         where = f"engines on {'/'.join(sorted(devices))}, trainer on {trainer.device}"
@@ -119,7 +126,8 @@ def endpoint_of(described: dict[str, Any], prefix: str) -> Endpoint:
     """An :class:`Endpoint` from an actor's ``describe()`` (``<prefix>_device``, ``host``, ``gpus``)."""
     device = str(described.get(f"{prefix}_device", "cpu"))
     gpus = tuple(g for g in str(described.get("gpus", "")).split(",") if g)
-    return Endpoint(str(described.get("host", "")), "cuda" if device.startswith("cuda") else "cpu", gpus)
+    backend = str(described.get(f"{prefix}_backend", "vllm"))
+    return Endpoint(str(described.get("host", "")), "cuda" if device.startswith("cuda") else "cpu", gpus, backend)
 
 
 def weight_sync_for(

@@ -35,15 +35,13 @@ def collect_episodes(
     worker: Any, env: ChatEnv, rows: Sequence[PromptRow], sampling: SamplingConfig, progress: bool = False
 ) -> TensorDictBase:
     """Every row of ``rows`` played to the end of its episode (all turns, tools included) by ``worker`` (a
-    :class:`~llmrl_core.policies.vllm_worker.vLLMWorker`) in ``env``, stamped with the worker's version. A slot
-    whose conversation outgrows the engine's context is truncated (``ChatEnv.max_prompt_tokens``). The
-    one episode loop of the rollout actors and the evaluation of multi-turn envs. Returns the collector's
-    TensorDict of episodes (:mod:`llmrl_core.collectors.tensordict_batches`)."""
-    from llmrl_core.policies.vllm_wrapper import vLLMWrapper
-
+    :class:`~llmrl_core.policies.vllm_worker.vLLMWorker` or a ``TransformersWorker``: its ``policy``) in ``env``,
+    stamped with the worker's version. A slot whose conversation outgrows the engine's context is truncated
+    (``ChatEnv.max_prompt_tokens``). The one episode loop of the rollout actors and the evaluation of multi-turn
+    envs. Returns the collector's TensorDict of episodes (:mod:`llmrl_core.collectors.tensordict_batches`)."""
     room = int(worker.config.max_model_len) - int(sampling.max_new_tokens)  # a prompt the engine can still answer
     env.max_prompt_tokens = room if env.max_prompt_tokens is None else min(env.max_prompt_tokens, room)
-    policy = vLLMWrapper(worker.llm, input_mode=env.input_mode, sampling=sampling, progress=progress)
+    policy = worker.policy(input_mode=env.input_mode, sampling=sampling, progress=progress)
     collector = LLMCollector(
         env,
         policy,
@@ -62,9 +60,9 @@ class RolloutActor:
     worker (``tasks.actors.RolloutWorker``) extends it with staging shards and rollout metrics."""
 
     def __init__(self, env_factory: EnvFactory, engine_config: EngineConfig, sampling: SamplingConfig) -> None:
-        from llmrl_core.policies.vllm_worker import vLLMWorker
+        from llmrl_core.policies.vllm_worker import start_engine
 
-        self.worker = vLLMWorker(engine_config)
+        self.worker = start_engine(engine_config)  # vLLM, or Transformers (engine_config.backend)
         self.env = env_factory(self.worker.get_tokenizer())
         self.sampling = sampling
         self.busy_until = time.perf_counter()  # end of the engine's last collect or weight load

@@ -12,9 +12,9 @@
   per question at ``sampling.temperature`` with ``sampling.seed``; vLLM derives a distinct seed for each of
   the ``n`` samples, so the same seed gives every policy version the same random stream).
 
-``engine`` is a :class:`~llmrl_core.policies.vllm_worker.vLLMWorker` or a ``vllm.LLM``. The scoring half is
-:func:`evaluate_prompts`, which takes any prompt ids and any ``score(text, answer_field)`` function with the
-parser's output keys, for tasks other than GSM8K.
+``engine`` is a :class:`~llmrl_core.policies.vllm_worker.vLLMWorker`, a ``TransformersWorker`` or a ``vllm.LLM``.
+The scoring half is :func:`evaluate_prompts`, which takes any prompt ids and any ``score(text, answer_field)``
+function with the parser's output keys, for tasks other than GSM8K.
 """
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ def gsm8k_prompt_ids(
 
 
 def _sample(engine: Any, prompts: list[list[int]], sampling: SamplingConfig, n: int) -> list[list[Completion]]:
-    if hasattr(engine, "load_weights") and hasattr(engine, "generate") and hasattr(engine, "llm"):
-        return engine.generate(prompts, sampling, n=n)  # a vLLMWorker
+    if hasattr(engine, "load_weights"):  # a vLLMWorker or a TransformersWorker (a vllm.LLM has no load_weights)
+        return engine.generate(prompts, sampling, n=n)
     return generate(
         engine,
         prompts,

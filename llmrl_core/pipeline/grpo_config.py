@@ -72,6 +72,9 @@ class RolloutConfig:
     # fails (its own episode only)
     agent_concurrency: int = 8
     agent_timeout_s: float = 120.0
+    # The engine: "vllm" (the default and the fast path) or "transformers" (model.generate behind the same actor
+    # interface, for machines where vLLM is not installed; weights reach it by checkpoint, no tensor parallelism)
+    backend: Literal["vllm", "transformers"] = "vllm"
 
     def __post_init__(self) -> None:
         _check(self.workers >= 1, "rollout.workers", "must be >= 1", self.workers)
@@ -103,6 +106,23 @@ class RolloutConfig:
                 "rollout.gpu_memory_utilization",
                 "must be in (0, 1] (vLLM's fraction of each GPU's memory per engine) or null (engine default)",
                 self.gpu_memory_utilization,
+            )
+        _check(
+            self.backend in ("vllm", "transformers"), "rollout.backend", "must be vllm or transformers", self.backend
+        )
+        if self.backend == "transformers":
+            _check(
+                self.weight_sync != "nccl",
+                "rollout.weight_sync",
+                "must be auto or checkpoint with rollout.backend=transformers (it loads each version from its "
+                "checkpoint; NCCL needs the vLLM engine)",
+                self.weight_sync,
+            )
+            _check(
+                self.tensor_parallel_size == 1,
+                "rollout.tensor_parallel_size",
+                "must be 1 with rollout.backend=transformers (one model per engine; tensor parallelism needs vllm)",
+                self.tensor_parallel_size,
             )
         _check(self.threads >= 0, "rollout.threads", "must be >= 0 (0: the cores / rollout.workers)", self.threads)
         _check(self.max_staleness >= 0, "rollout.max_staleness", "must be >= 0 (0: synchronous)", self.max_staleness)
@@ -290,6 +310,12 @@ class GRPOConfig:
 
         validate_env_config(self.env)  # names, import paths and options: before any engine starts
         self._env_defaults()
+        if self.rollout.backend == "transformers" and (self.env.agent or self.env.verifiers):
+            route = "env.agent" if self.env.agent else "env.verifiers"
+            raise ValueError(
+                f"rollout.backend: transformers cannot serve {route}: agents talk to the engine's OpenAI-compatible "
+                "endpoint, which the vLLM engine serves; use rollout.backend=vllm"
+            )
         _check(
             self.keep_checkpoints > self.rollout.max_staleness,
             "keep_checkpoints",

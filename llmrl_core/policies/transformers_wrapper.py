@@ -22,11 +22,15 @@ def _stop_token_ids(model: Any, tokenizer: Any) -> set[int]:
 class TransformersWrapper(LLMWrapperBase):
     """A transformers ``PreTrainedModel`` behind the policy interface of :mod:`llmrl_core.policies.base`.
 
-    Generation left-pads the batch (so every prompt ends where sampling starts) and returns the raw
-    log-prob of each sampled token; scoring right-pads prompt + response and reads the log-probs of
-    the response tokens in micro-batches of ``score_batch_size`` (the vocabulary-sized logits dominate
-    memory). ``model`` may be a loaded model or anything :func:`llmrl_core.model_store.resolve_model`
-    takes, in which case it is loaded in ``dtype`` on ``device``.
+    Generation left-pads each batch of at most ``max_batch`` prompts (so every prompt ends where sampling
+    starts) and returns the log-prob of each sampled token: under the raw model (``logprobs_mode=
+    "raw_logprobs"``, the default) or under the distribution it was drawn from (``"processed_logprobs"``:
+    temperature and top-p applied, as vLLM's mode of that name). A response ends at the first stop token
+    (included) or at the first ``sampling.stop`` string (its tokens kept up to the one that completes it, the
+    text cut before it, as vLLM does). Scoring right-pads prompt + response and reads the log-probs of the
+    response tokens in micro-batches of ``score_batch_size`` (the vocabulary-sized logits dominate memory).
+    ``model`` may be a loaded model or anything :func:`llmrl_core.model_store.resolve_model` takes, in which
+    case it is loaded in ``dtype`` on ``device``.
     """
 
     def __init__(
@@ -43,7 +47,13 @@ class TransformersWrapper(LLMWrapperBase):
         dtype: str = "float32",
         device: str = "cpu",
         score_batch_size: int = 8,
+        logprobs_mode: str = "raw_logprobs",
+        max_batch: int = 64,
     ) -> None:
+        if logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
+            raise ValueError(f"logprobs_mode must be 'raw_logprobs' or 'processed_logprobs', got {logprobs_mode!r}")
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if model is None or isinstance(model, str):
             from llmrl_core.policies.hf_scoring import load_causal_lm
 
@@ -62,6 +72,8 @@ class TransformersWrapper(LLMWrapperBase):
         )
         self.model = model
         self.score_batch_size = score_batch_size
+        self.logprobs_mode = logprobs_mode
+        self.max_batch = max_batch
         self.stop_ids = _stop_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.stop_ids, default=0)
 
@@ -73,31 +85,31 @@ class TransformersWrapper(LLMWrapperBase):
     @torch.no_grad()
     def _generate(self, prompts: list[list[int]]) -> PolicyOutput:
         cfg = self.sampling
-        ids, mask = as_padded_tensor(prompts, padding_value=self.pad_id, padding_side="left", return_mask=True)
         kwargs: dict[str, Any] = dict(
             max_new_tokens=cfg.max_new_tokens,
             do_sample=cfg.temperature > 0,
-            output_logits=True,
-            return_dict_in_generate=True,
             pad_token_id=self.pad_id,
             eos_token_id=sorted(self.stop_ids) or None,
+            processed=self.logprobs_mode == "processed_logprobs",
         )
         if cfg.temperature > 0:
             kwargs.update(temperature=cfg.temperature, top_p=cfg.top_p, top_k=0)
         if cfg.stop:
             kwargs.update(stop_strings=list(cfg.stop), tokenizer=self.tokenizer)
-        with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
-            if cfg.seed is not None:
-                torch.manual_seed(cfg.seed)
-            new, sampled = generate_with_log_probs(self.model, ids, mask, **kwargs)
         texts, tokens, log_probs, reasons = [], [], [], []
-        for row in range(new.shape[0]):
-            length, reason = self._response_length(new[row])
-            token_row = new[row, :length].clone()
-            tokens.append(token_row)
-            log_probs.append(sampled[row, :length].clone())
-            reasons.append(reason)
-            texts.append(self.tokenizer.decode(token_row.tolist(), skip_special_tokens=True))
+        for start in range(0, len(prompts), self.max_batch):
+            batch = prompts[start : start + self.max_batch]
+            ids, mask = as_padded_tensor(batch, padding_value=self.pad_id, padding_side="left", return_mask=True)
+            with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
+                if cfg.seed is not None:
+                    torch.manual_seed(cfg.seed + start)
+                new, sampled = generate_with_log_probs(self.model, ids, mask, **kwargs)
+            for row in range(new.shape[0]):
+                length, reason, text = self._response_end(new[row])
+                tokens.append(new[row, :length].clone())
+                log_probs.append(sampled[row, :length].clone())
+                reasons.append(reason)
+                texts.append(text)
         return PolicyOutput(
             tokens=[torch.tensor(p, dtype=torch.long) for p in prompts],
             text_response=texts,
@@ -106,12 +118,40 @@ class TransformersWrapper(LLMWrapperBase):
             finish_reasons=reasons,
         )
 
-    def _response_length(self, row: torch.Tensor) -> tuple[int, str]:
-        """Length up to and including the first stop token, and the finish reason."""
-        for i, token in enumerate(row.tolist()):
+    def _response_end(self, row: torch.Tensor) -> tuple[int, str, str]:
+        """``(length, finish reason, text)`` of a generated row: up to and including the first stop token, or up to
+        the token that completes the first stop string (the text cut before that string), else the whole row."""
+        ids = row.tolist()
+        length, reason = len(ids), "length"
+        for i, token in enumerate(ids):
             if token in self.stop_ids:
-                return i + 1, "stop"
-        return row.numel(), "length"
+                length, reason = i + 1, "stop"
+                break
+
+        def decode(n: int) -> str:
+            return self.tokenizer.decode(ids[:n], skip_special_tokens=True)
+
+        def first_stop(text: str) -> int:
+            found = [text.find(s) for s in self.sampling.stop if s and s in text]
+            return min(found) if found else -1
+
+        text = decode(length)
+        if self.sampling.stop and first_stop(text) >= 0:
+            low, high = 1, length  # the shortest prefix whose text holds a stop string (found at high)
+            while low < high:
+                mid = (low + high) // 2
+                if first_stop(decode(mid)) >= 0:
+                    high = mid
+                else:
+                    low = mid + 1
+            text = decode(high)
+            return high, "stop", text[: first_stop(text)]
+        return length, reason, text
+
+    def sample(self, prompts: list[list[int]]) -> PolicyOutput:
+        """Sample one response per token-id prompt with this wrapper's sampling settings (the engine entry point
+        of :class:`~llmrl_core.policies.transformers_worker.TransformersWorker`)."""
+        return self._generate([list(p) for p in prompts])
 
     @torch.no_grad()
     def _score(
@@ -133,20 +173,22 @@ class TransformersWrapper(LLMWrapperBase):
 
 
 def generate_with_log_probs(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, **generate_kwargs: Any
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, processed: bool = False, **generate_kwargs: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``model.generate`` on a left-padded batch: ``(new_tokens, log_probs)``, both ``(N, R)`` on the CPU.
 
     ``N`` is the batch times ``num_return_sequences`` (the samples of a row are consecutive), ``R`` the longest
     continuation; rows that stopped early are filled with the pad id by ``generate`` (their log-probs there are
     meaningless: trim with the stop tokens). ``log_probs`` is the log-prob of each new token under the model's
-    raw logits (before temperature / top-p processing). ``generate_kwargs`` go to ``model.generate``
-    (``output_logits`` and ``return_dict_in_generate`` are forced on).
+    raw logits (before temperature / top-p processing), or, with ``processed=True``, under the scores ``generate``
+    sampled from (its logits processors applied: temperature, top-p). ``generate_kwargs`` go to ``model.generate``
+    (``output_logits`` / ``output_scores`` and ``return_dict_in_generate`` are forced on).
     """
     device = next(model.parameters()).device
-    kwargs = dict(generate_kwargs, output_logits=True, return_dict_in_generate=True)
+    kwargs = dict(generate_kwargs, return_dict_in_generate=True)
+    kwargs["output_scores" if processed else "output_logits"] = True
     out = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device).long(), **kwargs)
     new = out.sequences[:, input_ids.shape[1] :]
-    logits = torch.stack(list(out.logits), dim=1)
+    logits = torch.stack(list(out.scores if processed else out.logits), dim=1)
     log_probs = gather_log_probs(logits, new[:, : logits.shape[1]])
     return new.cpu(), log_probs.detach().cpu()

@@ -27,6 +27,7 @@ def cuda_available() -> bool:
 
 
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
+ENGINE_BACKENDS = ("vllm", "transformers")
 
 
 @dataclass
@@ -40,6 +41,10 @@ class EngineConfig:
     worker process per GPU); CUDA only: the CPU engine runs in-process, so more than 1 on CPU is refused
     (vLLM's CPU backend only parallelises over NUMA nodes in worker processes; scale CPU rollouts with more
     engines instead).
+
+    ``backend`` picks the engine (:func:`~llmrl_core.policies.vllm_worker.start_engine`): ``vllm`` (the default,
+    the fast path) or ``transformers`` (:class:`~llmrl_core.policies.transformers_worker.TransformersWorker`, for
+    machines without vLLM; it reads ``model``, ``dtype``, ``device``, ``max_model_len`` and ``logprobs_mode``).
 
     ``logprobs_mode`` is vLLM's: ``processed_logprobs`` (the default here) returns the log-probs of the
     distribution the token was drawn from (temperature, top-k/top-p applied), which is what an importance
@@ -60,8 +65,11 @@ class EngineConfig:
     weight_sync_extension: bool = False
     logprobs_mode: str = "processed_logprobs"
     extra: dict[str, Any] = field(default_factory=dict)
+    backend: str = "vllm"
 
     def __post_init__(self) -> None:
+        if self.backend not in ENGINE_BACKENDS:
+            raise ValueError(f"EngineConfig.backend must be one of {ENGINE_BACKENDS}, got {self.backend!r}")
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"EngineConfig.logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
         if self.tensor_parallel_size < 1:

@@ -12,7 +12,6 @@ import dataclasses
 import os
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,7 +19,7 @@ import torch
 from llmrl_core.policies.base import SamplingConfig
 from llmrl_core.policies.vllm_engine import Completion, EngineConfig, generate, make_llm, shutdown_llm
 from llmrl_core.policies.vllm_wrapper import score_with_vllm
-from llmrl_core.weight_sync.serialization import state_dict_from_bytes
+from llmrl_core.weight_sync.serialization import state_dict_from
 from llmrl_core.weight_sync.updater import vLLMUpdater
 
 
@@ -37,6 +36,12 @@ class vLLMWorker:  # noqa: N801 - TorchRL's naming
     def get_tokenizer(self) -> Any:
         """The engine's tokenizer."""
         return self.llm.get_tokenizer()
+
+    def policy(self, input_mode: str = "tokens", sampling: SamplingConfig | None = None, progress: bool = False) -> Any:
+        """A :class:`~llmrl_core.policies.vllm_wrapper.vLLMWrapper` on this engine (the episode loop's policy)."""
+        from llmrl_core.policies.vllm_wrapper import vLLMWrapper
+
+        return vLLMWrapper(self.llm, input_mode=input_mode, sampling=sampling, progress=progress)  # type: ignore[arg-type]
 
     def generate(
         self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig | None = None, n: int = 1
@@ -62,14 +67,7 @@ class vLLMWorker:  # noqa: N801 - TorchRL's naming
         self, weights: Mapping[str, torch.Tensor] | bytes | str | os.PathLike, version: int | str
     ) -> int | str:
         """Load new weights (state dict, safetensors bytes or file path) and record ``version``."""
-        if isinstance(weights, bytes):
-            state = state_dict_from_bytes(weights)
-        elif isinstance(weights, str | os.PathLike):
-            from safetensors.torch import load_file
-
-            state = load_file(str(Path(weights)))
-        else:
-            state = dict(weights)
+        state = state_dict_from(weights)
         start = time.perf_counter()
         self._updater.push_weights(state)
         self.last_reload_s = time.perf_counter() - start
@@ -112,6 +110,16 @@ class vLLMWorker:  # noqa: N801 - TorchRL's naming
             return
         self._updater.engines.clear()
         shutdown_llm(llm)
+
+
+def start_engine(config: EngineConfig) -> Any:
+    """The resident engine ``config.backend`` names: a :class:`vLLMWorker` (``vllm``) or a
+    :class:`~llmrl_core.policies.transformers_worker.TransformersWorker` (``transformers``: no vLLM needed)."""
+    if config.backend == "transformers":
+        from llmrl_core.policies.transformers_worker import TransformersWorker
+
+        return TransformersWorker(config)
+    return vLLMWorker(config)
 
 
 def make_vllm_worker(config: EngineConfig | None = None, **overrides: Any) -> vLLMWorker:

@@ -37,3 +37,15 @@ def write_state_dict_atomic(state: Mapping[str, torch.Tensor], path: str | os.Pa
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def state_dict_from(weights: Mapping[str, torch.Tensor] | bytes | str | os.PathLike) -> dict[str, torch.Tensor]:
+    """A state dict from any form weights cross a process boundary in: a state dict, safetensors bytes, or the
+    path of a safetensors file."""
+    if isinstance(weights, bytes):
+        return state_dict_from_bytes(weights)
+    if isinstance(weights, str | os.PathLike):
+        from safetensors.torch import load_file
+
+        return load_file(str(Path(weights)))
+    return dict(weights)
