@@ -30,6 +30,7 @@ from storage.lineage import LineageConfig, LineageRecorder
 from storage.run_lock import RunLock
 from storage.trajectories import TrajectoryStore
 from tasks import grpo_stages as stages
+from tasks.actor_calls import WorkerLost, wait_calls
 from tasks.actors import RolloutWorker, TrainerWorker
 from tasks.cluster import dask_cluster
 from tasks.console import library_logs
@@ -100,6 +101,26 @@ def grpo(
     }
     cfg = load_config(GRPOConfig, config, [*settings_overrides(typed), *(overrides or [])])
     preflight(cfg)  # before any task, cluster, engine or write
+    for restart in range(cfg.dask.restarts + 1):
+        try:
+            return run_grpo(cfg, log)
+        except WorkerLost as lost:
+            if restart == cfg.dask.restarts:
+                raise
+            log.warning(
+                "%s. Restart %d of %d (dask.restarts): new workers, resuming from the last committed version",
+                lost,
+                restart + 1,
+                cfg.dask.restarts,
+            )
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def run_grpo(cfg: GRPOConfig, log: Any) -> dict[str, Any]:
+    """One attempt at the run ``cfg``: resume after its last committed version (or start it), on workers of its
+    own (a fresh local cluster, or the joined cluster's), and train to ``cfg.iterations``; then the final
+    evaluation. A :class:`~tasks.actor_calls.WorkerLost` leaves every committed version in place, so a new attempt
+    resumes exactly there (:func:`grpo` makes up to ``dask.restarts`` of them)."""
     layout = RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir)  # a remote runs_dir: the workers' data goes there
     run_dir, store_uri = layout.run_dir, layout.trajectories_uri
     fetched = stages.fetch_markers(run_dir, layout.markers_uri)  # a remote runs_dir: versions another host committed
@@ -148,8 +169,9 @@ def grpo(
         trainer = place.start_actor(TrainerWorker, cfg, layout=layout, worker=place.trainer).result()
         engines = [e.result() for e in engines]
         log.info("%d rollout engine(s) and the trainer are resident (%.1f s)", len(engines), time.perf_counter() - t0)
-        described = [e.describe().result() for e in engines]
-        trainer_described = trainer.describe().result()
+        *described, trainer_described = wait_calls(
+            [*((e, e.describe()) for e in engines), (trainer, trainer.describe())], "start-up"
+        )
         hardware = {**described[0], **trainer_described}
         if len({d["rollout_device"] for d in described}) > 1:  # a joined cluster may mix CPU and GPU engines
             hardware["rollout_device"] = "mixed"
@@ -175,7 +197,7 @@ def grpo(
             weight_sync is None
             and place.engines_beside_trainer
             and len({d["rollout_dtype"] for d in described}) == 1
-            and trainer.share_weights(hardware["rollout_dtype"]).result()
+            and wait_calls([(trainer, trainer.share_weights(hardware["rollout_dtype"]))], "start-up")[0]
         )
         log.info(
             "new versions reach the engines by %s; why: %s",
@@ -201,7 +223,8 @@ def grpo(
             info = publish_version(trainer, engines, 0, config_dict, **published_to)
             log.info("version 0 (base model) published: %s", info["checkpoint"])
         elif start > 0:
-            trainer.restore(start).result()  # the engines get the weights each batch needs when it is sent
+            # the engines get the weights each batch needs when it is sent
+            wait_calls([(trainer, trainer.restore(start))], "resume", start)
             if not with_state:
                 log.warning(
                     "version %d resumed from its weights alone: a fresh optimizer (train.resume_without_state)", start
@@ -286,7 +309,7 @@ def grpo(
                 )
             log.info(
                 "version %d -> %d: %d rollouts, reward %.3f, accuracy %.3f, distinct %.2f, %.0f response tokens, "
-                "loss %.4f, sampler/trainer |delta log-prob| mean %.2e max %.2e, %.1f s; trajectories %s",
+                "%s, sampler/trainer |delta log-prob| mean %.2e max %.2e, %.1f s; trajectories %s",
                 version,
                 version + 1,
                 written["rows"],
@@ -294,7 +317,9 @@ def grpo(
                 metrics.get("accuracy", float("nan")),
                 metrics.get("distinct_responses", float("nan")),
                 metrics["response_tokens_mean"],
-                metrics.get("loss", float("nan")),
+                f"loss {metrics['loss']:.4f}"
+                if "loss" in metrics
+                else f"nothing trained ({metrics.get('groups_with_signal', 0):.0f} groups with signal)",
                 metrics.get("agreement_abs_diff_mean", float("nan")),
                 metrics.get("agreement_abs_diff_max", float("nan")),
                 metrics["iteration_s"],

@@ -16,7 +16,10 @@ Rules (each line of a plan names its own):
 * each engine: its weights in its dtype and its KV cache: on a GPU, vLLM reserves ``gpu_memory_utilization`` of
   the device for weights + KV cache up front (the KV cache is the rest); on a CPU, ``kv_cache_gb``
   (``VLLM_CPU_KVCACHE_SPACE``). At ``2 * L * kv_heads * head_dim * dtype_bytes`` bytes per token the cache must
-  hold one sequence of ``rollout.max_model_len`` tokens (vLLM refuses to start otherwise).
+  hold one sequence of ``rollout.max_model_len`` tokens (vLLM refuses to start otherwise). A Transformers engine
+  (``rollout.backend: transformers``) reserves nothing up front: it holds the KV cache of one sampling batch
+  (``B`` = 64 sequences of at most ``rollout.max_model_len`` tokens) and the batch's sampled scores
+  (``B * rollout.max_new_tokens * V * 4`` bytes: fp32 next-token scores kept for the log-probs).
 
 Estimates, not measurements: activations depend on kernels and sequence lengths; the plan is meant to catch the
 configurations that cannot fit (the field's most reported failure) before minutes of start-up, with the setting
@@ -130,6 +133,9 @@ class PlanInputs:
     gpu_memory_utilization: float = 0.4  # vLLM's reservation on a GPU engine (weights + KV cache)
     cpu_kv_cache_bytes: int = GIB  # a CPU engine's KV cache (VLLM_CPU_KVCACHE_SPACE)
     device_memory: Mapping[str, int] | None = None  # bytes per device (a GPU engine's reservation is a share of it)
+    engine_backend: str = "vllm"  # rollout.backend: "transformers" engines reserve nothing, they hold one batch
+    engine_batch: int = 64  # a Transformers engine's sequences per sampling batch (TransformersWorker.max_batch)
+    max_new_tokens: int = 128
 
 
 def memory_plan(shape: ModelShape, inputs: PlanInputs) -> list[PlanLine]:
@@ -158,6 +164,15 @@ def memory_plan(shape: ModelShape, inputs: PlanInputs) -> list[PlanLine]:
     for i, device in enumerate(inputs.engine_devices):
         lines.append(PlanLine(device, f"engine {i} weights", weights, f"{inputs.engine_dtype_bytes} bytes x {n:,}"))
         total = (inputs.device_memory or {}).get(device)
+        if inputs.engine_backend == "transformers":
+            b, tokens = inputs.engine_batch, inputs.max_model_len
+            kv = b * tokens * shape.kv_bytes_per_token(inputs.engine_dtype_bytes)
+            rule = f"transformers engine: {b} sequences x rollout.max_model_len {tokens} x KV bytes per token"
+            lines.append(PlanLine(device, f"engine {i} KV cache", kv, rule))
+            scores = b * inputs.max_new_tokens * shape.vocab * 4
+            rule = f"{b} sequences x rollout.max_new_tokens {inputs.max_new_tokens} x {shape.vocab} vocab x fp32"
+            lines.append(PlanLine(device, f"engine {i} sampled scores", scores, rule))
+            continue
         if device.startswith("cuda") and total:
             u = inputs.gpu_memory_utilization
             kv, rule = (

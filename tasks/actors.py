@@ -91,8 +91,8 @@ class RolloutWorker(RolloutActor):
             **placement,
         )
         engine.check_parallelism()  # tensor parallelism on a CPU-only worker fails here, naming the setting
-        nccl_possible = r.weight_sync != "checkpoint" and r.backend == "vllm"  # NCCL weight sync may be used
-        if nccl_possible and engine.resolved_device() == "cuda":
+        on_cuda = engine.resolved_device() == "cuda"
+        if r.backend == "vllm" and (r.weight_sync == "gloo" or (on_cuda and r.weight_sync != "checkpoint")):
             engine = dataclasses.replace(engine, weight_sync_extension=True)
         super().__init__(
             lambda tokenizer: (
@@ -429,9 +429,9 @@ class TrainerWorker:
         self._prune_states(version)
         return version
 
-    # --- NCCL weight group (trainer = rank 0; tasks/weight_sync.py drives both sides) ---------------------
+    # --- weight group (trainer = rank 0; tasks/weight_sync.py drives both sides) ---------------------
     def weight_group_port(self) -> int:
-        """A TCP port free on this worker's host, for the NCCL group's rendezvous."""
+        """A TCP port free on this worker's host, for the weight group's rendezvous."""
         import socket
 
         with socket.socket() as sock:
@@ -439,12 +439,11 @@ class TrainerWorker:
             return int(sock.getsockname()[1])
 
     def open_weight_group(self, master_address: str, master_port: int, world_size: int) -> None:
-        """Host the NCCL weight group as rank 0 on the trainer's GPU (blocks until every engine rank joined)."""
-        from llmrl_core.weight_sync.process_group import stateless_init_process_group
+        """Host the weight group as rank 0 on the trainer's device, NCCL on a GPU and gloo on the CPU (blocks until
+        every engine rank joined)."""
+        from llmrl_core.weight_sync.process_group import weight_group
 
-        self._weight_group = stateless_init_process_group(
-            master_address, master_port, 0, world_size, self.trainer.device
-        )
+        self._weight_group = weight_group(master_address, master_port, 0, world_size, self.trainer.device)
 
     def _weights_to_send(self) -> dict[str, torch.Tensor]:
         """The inference weights, with the output head spelled out for a tied model (vLLM keeps its own copy)."""
@@ -468,10 +467,12 @@ class TrainerWorker:
         state = self._weights_to_send()
         if [m[0] for m in metadata] != list(state):
             raise RuntimeError("the engines expect other tensors than the trainer holds (weights_metadata is stale)")
-        stream = torch.cuda.current_stream()
+        on_cuda = torch.device(self.trainer.device).type == "cuda"
+        stream = torch.cuda.current_stream() if on_cuda else None
         for tensor in state.values():
             group.broadcast(tensor.detach().to(self.trainer.device).contiguous(), src=0, stream=stream)
-        torch.cuda.synchronize()
+        if on_cuda:
+            torch.cuda.synchronize()
         return len(state)
 
     def _prune_states(self, version: int) -> None:

@@ -241,6 +241,12 @@ def gpu_assignment(cfg: RunConfig, gpus: int | Sequence[str], rollout_workers: i
         engines_here = [u for u in users if u.startswith("rollout-")]
         if len(users) < 2:
             continue
+        if getattr(getattr(cfg, "rollout", None), "backend", "vllm") == "transformers":  # no reservation up front
+            out.notes.append(
+                f"GPU {gpu} is shared by {', '.join(users)} ({len(ids)} GPUs for {need} needed): the transformers "
+                "engines hold their weights and each batch's KV cache, nothing reserved (llmrl plan: what fits)"
+            )
+            continue
         total = fraction * len(engines_here)
         setting = "rollout.gpu_memory_utilization" + ("" if utilization is not None else " (unset: engine default)")
         out.notes.append(

@@ -64,6 +64,8 @@ def plan_run(cfg: GRPOConfig, gpus: list[str] | None = None, capacity: dict[str,
         gpu_memory_utilization=cfg.rollout.gpu_memory_utilization or 0.4,
         cpu_kv_cache_bytes=int(cfg.rollout.kv_cache_gb * GIB),
         device_memory=capacity,
+        engine_backend=cfg.rollout.backend,
+        max_new_tokens=cfg.rollout.max_new_tokens,
     )
     lines = memory_plan(shape, inputs)
     return RunPlan(shape, inputs, lines, capacity, over_budget(lines, capacity, shape, inputs))

@@ -7,6 +7,9 @@
   one process). The checkpoint is still written, so a resume and the lineage are unchanged; only the engines'
   read is replaced. Engines that must sample an *older* version (asynchronous runs, a resume) still load its
   checkpoint (:class:`tasks.rollout_ahead.RolloutAhead`).
+* ``gloo``: the same broadcast over a gloo group (:class:`~llmrl_core.weight_sync.process_group.GlooCommunicator`),
+  for a CPU trainer and CPU vLLM engines (on other Dask workers or machines): the engines take the tensors from the
+  trainer's memory instead of a file. Opt-in (``auto`` keeps the shared-memory file / checkpoint on CPU).
 * ``auto``: by topology (:func:`choose_weight_route`, logged with its reason): ``nccl`` when the trainer and
   every engine run on CUDA on distinct GPUs (one host or several); ``checkpoint`` (the shared-memory file beside
   the trainer, or the checkpoint) on CPU, for mixed CPU/GPU engines, and when an engine shares a GPU with the
@@ -27,9 +30,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from tasks.actor_calls import wait_calls
 
-class NcclWeightSync:
-    """An open NCCL weight group between the trainer actor and the engine actors; :meth:`push` sends a version."""
+
+class BroadcastWeightSync:
+    """An open weight group (NCCL on CUDA, gloo on CPU) between the trainer actor and the engine actors; :meth:`push`
+    sends a version."""
 
     def __init__(self, trainer: Any, engines: Sequence[Any], trainer_address: str) -> None:
         self.trainer = trainer
@@ -37,28 +43,30 @@ class NcclWeightSync:
         self.host = urlsplit(trainer_address).hostname or trainer_address
         self.world_size = 0
 
-    def open(self) -> NcclWeightSync:
-        """Form the group (trainer rank 0, then each engine's ranks); returns self."""
-        sizes = [int(f.result()) for f in [e.weight_group_size() for e in self.engines]]
+    def open(self) -> BroadcastWeightSync:
+        """Form the group (trainer rank 0, then each engine's ranks); returns self. Every wait names a worker that
+        dies or hangs meanwhile (:func:`~tasks.actor_calls.wait_calls`)."""
+        stage = "weight group"
+        sizes = [int(s) for s in wait_calls([(e, e.weight_group_size()) for e in self.engines], stage)]
         self.world_size = 1 + sum(sizes)
         offsets = [1 + sum(sizes[:i]) for i in range(len(sizes))]
-        port = int(self.trainer.weight_group_port().result())
+        (port,) = wait_calls([(self.trainer, self.trainer.weight_group_port())], stage)
         joining = [
-            e.join_weight_group(self.host, port, offset, self.world_size)
+            (e, e.join_weight_group(self.host, int(port), offset, self.world_size))
             for e, offset in zip(self.engines, offsets, strict=True)
         ]
-        self.trainer.open_weight_group(self.host, port, self.world_size).result()
-        for future in joining:
-            future.result()
+        hosting = (self.trainer, self.trainer.open_weight_group(self.host, int(port), self.world_size))
+        wait_calls([hosting, *joining], stage)
         return self
 
     def push(self, version: int) -> list[int]:
         """Broadcast the trainer's current weights into every engine as ``version``; returns the engines'
         versions (all ``version``, else a ``RuntimeError``)."""
-        metadata = self.trainer.weights_metadata().result()
-        receiving = [e.receive_weights(metadata, version) for e in self.engines]
-        self.trainer.broadcast_weights(metadata).result()
-        loaded = [int(f.result()) for f in receiving]
+        stage = "weight publishing"
+        (metadata,) = wait_calls([(self.trainer, self.trainer.weights_metadata())], stage, version)
+        receiving = [(e, e.receive_weights(metadata, version)) for e in self.engines]
+        sending = (self.trainer, self.trainer.broadcast_weights(metadata))
+        loaded = [int(v) for v in wait_calls([sending, *receiving], stage, version)[1:]]
         if any(v != version for v in loaded):
             raise RuntimeError(f"engines report versions {loaded} after the NCCL broadcast of version {version}")
         return loaded
@@ -86,8 +94,8 @@ class WeightRoute:
 def choose_weight_route(mode: str, trainer: Endpoint, engines: Sequence[Endpoint]) -> WeightRoute:
     """The route ``rollout.weight_sync`` = ``mode`` takes between ``trainer`` and ``engines`` (see the module
     docstring). ``nccl`` where it cannot work is a ``ValueError`` naming the reason and the setting."""
-    if mode not in ("auto", "nccl", "checkpoint"):
-        raise ValueError(f"rollout.weight_sync must be auto, nccl or checkpoint, got {mode!r}")
+    if mode not in ("auto", "nccl", "gloo", "checkpoint"):
+        raise ValueError(f"rollout.weight_sync must be auto, nccl, gloo or checkpoint, got {mode!r}")
     if mode == "checkpoint":
         return WeightRoute("checkpoint", "rollout.weight_sync=checkpoint")
     if not engines:
@@ -99,6 +107,11 @@ def choose_weight_route(mode: str, trainer: Endpoint, engines: Sequence[Endpoint
             raise ValueError(f"rollout.weight_sync=nccl: {reason}; use auto or checkpoint")
         return WeightRoute("checkpoint", reason)
     devices = {e.device for e in engines}
+    if mode == "gloo":
+        if trainer.device != "cpu" or devices != {"cpu"}:
+            where = f"engines on {'/'.join(sorted(devices))}, trainer on {trainer.device}"
+            raise ValueError(f"rollout.weight_sync=gloo carries weights between CPU workers only ({where}); use auto")
+        return WeightRoute("gloo", "rollout.weight_sync=gloo: one gloo broadcast from the trainer to every CPU engine")
     if trainer.device != "cuda" or devices != {"cuda"}:
         where = f"engines on {'/'.join(sorted(devices))}, trainer on {trainer.device}"
         if mode == "nccl":
@@ -135,17 +148,18 @@ def weight_sync_for(
     trainer: Any,
     engines: Sequence[Any],
     trainer_address: str,
-) -> NcclWeightSync | None:
-    """The NCCL group of ``route`` (opened), or None for checkpoint loads."""
-    if route.name != "nccl" or not engines:
+) -> BroadcastWeightSync | None:
+    """The NCCL or gloo group of ``route`` (opened), or None for checkpoint loads."""
+    if route.name not in ("nccl", "gloo") or not engines:
         return None
-    return NcclWeightSync(trainer, engines, trainer_address).open()
+    return BroadcastWeightSync(trainer, engines, trainer_address).open()
 
 
 def check_local_route(mode: str, visible: dict[str, str], engines: Sequence[str], trainer: str = "trainer") -> None:
-    """Before a local cluster starts: refuse ``rollout.weight_sync=nccl`` where the planned GPUs (``visible``:
-    ``CUDA_VISIBLE_DEVICES`` per worker name, as :func:`tasks.cluster.gpu_assignment` gives them) cannot carry it."""
-    if mode != "nccl" or not engines:
+    """Before a local cluster starts: refuse ``rollout.weight_sync=nccl`` / ``gloo`` where the planned GPUs
+    (``visible``: ``CUDA_VISIBLE_DEVICES`` per worker name, as :func:`tasks.cluster.gpu_assignment` gives them) cannot
+    carry it."""
+    if mode not in ("nccl", "gloo") or not engines:
         return
 
     def endpoint(name: str) -> Endpoint:

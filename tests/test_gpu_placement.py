@@ -161,6 +161,10 @@ def test_shared_engines_must_fit_in_memory() -> None:
     # 2 GPUs, 3 engines: two on one GPU, one with the trainer on the other
     got = gpu_assignment(grpo(3), 2).visible
     assert sorted(got[f"rollout-{i}"] for i in range(3)) == ["0", "0", "1"] and got["trainer"] == "1"
+    # Transformers engines reserve no share of the GPU: three fit beside the trainer (llmrl plan sizes them)
+    hf = GRPOConfig(rollout=RolloutConfig(workers=3, backend="transformers"))
+    (note,) = gpu_assignment(hf, 1).notes
+    assert "GPU 0 is shared by rollout-0, rollout-1, rollout-2, trainer" in note and "nothing reserved" in note
 
 
 def test_host_gpu_list_and_cpu_trainer() -> None:

@@ -303,7 +303,7 @@ def test_a_hung_rollout_worker_is_named_within_a_minute(tmp_path, default_model_
     from tasks.actor_calls import SILENT_LIMIT_S
 
     preload = str(Path(__file__).parent / "fault_preloads" / "rollout_worker_hangs_at_version_1.py")
-    args = [a for o in _tiny(tmp_path, "progress=false", "run_id=hung") for a in ("--set", o)]
+    args = [a for o in _tiny(tmp_path, "progress=false", "run_id=hung", "dask.restarts=0") for a in ("--set", o)]
     log = tmp_path / "flow.log"
     start = time.monotonic()
     with log.open("w") as out:
@@ -328,6 +328,39 @@ def test_a_hung_rollout_worker_is_named_within_a_minute(tmp_path, default_model_
     state = tmp_path / "runs" / "hung" / "state"
     assert sorted(p.name for p in state.glob("published-v*.json")) == ["published-v0.json"]
     assert TrajectoryStore(tmp_path / "runs" / "trajectories").versions("hung") == [0]
+
+
+@pytest.mark.slow
+def test_a_killed_rollout_worker_heals_and_the_rows_stay_exact(tmp_path, default_model_path):
+    """The rollout worker is killed (SIGKILL) when first asked for version 1's rollouts. The flow names the lost worker
+    in one line, starts new workers, resumes from version 1 (the last committed) and finishes: exit 0, every version
+    committed once, each version's rows written exactly once (0 lost, 0 duplicated)."""
+    from pathlib import Path
+
+    from storage.trajectories import TrajectoryStore
+
+    preload = str(Path(__file__).parent / "fault_preloads" / "rollout_worker_dies_once_at_version_1.py")
+    marker = tmp_path / "killed.txt"
+    args = [a for o in _tiny(tmp_path, "progress=false", "run_id=heal", "iterations=3") for a in ("--set", o)]
+    log = tmp_path / "flow.log"
+    with log.open("w") as out:
+        proc = _start_cli_run(
+            args, out, DASK_DISTRIBUTED__WORKER__PRELOAD=repr([preload]), LLMRL_TEST_FAULT_MARKER=str(marker)
+        )
+        code = proc.wait(timeout=900)
+    text = log.read_text(errors="replace")
+    assert code == 0, text[-3000:]
+    assert marker.exists(), "the fault did not happen"
+    restarts = [line for line in text.splitlines() if "Restart 1 of 2 (dask.restarts)" in line]
+    assert len(restarts) == 1 and "rollout worker tcp://127.0.0.1:" in restarts[0], text[-3000:]
+    assert "rollout of version 1" in restarts[0], restarts[0]
+    state = tmp_path / "runs" / "heal" / "state"
+    assert sorted(p.name for p in state.glob("published-v*.json")) == [f"published-v{v}.json" for v in range(4)]
+    store = TrajectoryStore(tmp_path / "runs" / "trajectories")
+    assert store.versions("heal") == [0, 1, 2]
+    for version in (0, 1, 2):
+        records = store.read_records("heal", version=version)
+        assert len(records) == 4, (version, len(records))  # 2 prompts x 2 samples, once each
 
 
 def _describe(process) -> str:

@@ -84,6 +84,20 @@ def test_one_gpu_shared_by_trainer_and_engine_and_a_kv_cache_too_small():
         ModelShape.from_config({**QWEN_05B, "hidden_size": None})
 
 
+def test_a_transformers_engine_holds_one_batch_by_hand():
+    shape = ModelShape.from_config(QWEN_05B)
+    inputs = PlanInputs(
+        trainer_device="cuda:0", engine_devices=("cuda:0",), engine_backend="transformers", engine_dtype_bytes=2,
+        max_model_len=1024, max_new_tokens=256, device_memory={"cuda:0": 80 * GIB},
+    )  # fmt: skip
+    lines = {line.item: line for line in memory_plan(shape, inputs)}
+    # KV: 2 (k, v) x 24 layers x 2 kv heads x 64 head_dim x 2 bytes = 12,288 bytes per token; 64 x 1024 tokens
+    assert lines["engine 0 KV cache"].bytes == 64 * 1024 * 12_288 == 805_306_368
+    assert lines["engine 0 sampled scores"].bytes == 64 * 256 * 151_936 * 4  # fp32 scores of each sampled step
+    assert lines["engine 0 weights"].bytes == 2 * 494_032_768
+    assert "rollout.gpu_memory_utilization" not in " ".join(line.rule for line in lines.values())  # no reservation
+
+
 def test_llmrl_plan_prints_the_main_jobs_plan():
     proc = subprocess.run(
         [sys.executable, "-c", "from llmrl_cli.main import app; app()", "plan", "--set", "train.token_budget=512"],

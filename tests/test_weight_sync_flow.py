@@ -1,6 +1,6 @@
-"""``rollout.weight_sync``: when the GRPO flow broadcasts new weights over NCCL instead of loading checkpoints, and
-the order of the actor calls that forms the group and sends a version (fake actors here: NCCL needs CUDA; the
-engine-side receive and the trainer-side broadcast are the ``vLLMUpdater(mode="nccl")`` parts, GPU-tested there)."""
+"""``rollout.weight_sync``: when the GRPO flow broadcasts new weights (NCCL, gloo) instead of loading checkpoints,
+and the order of the actor calls that forms the group and sends a version (fake actors for that order; the same
+path for real with gloo between a CPU trainer and real vLLM CPU engines on other Dask workers, end to end)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from tasks import grpo_stages as stages
 from tasks.weight_sync import (
+    BroadcastWeightSync,
     Endpoint,
-    NcclWeightSync,
     WeightRoute,
     check_local_route,
     choose_weight_route,
@@ -104,7 +104,7 @@ def _cfg(*overrides: str) -> GRPOConfig:
 
 
 def test_the_setting_is_checked_and_is_not_part_of_what_a_version_is():
-    rule = r"rollout.weight_sync: must be one of \['auto', 'checkpoint', 'nccl'\], got 'broadcast'"
+    rule = r"rollout.weight_sync: must be one of \['auto', 'checkpoint', 'nccl', 'gloo'\], got 'broadcast'"
     with pytest.raises(ValueError, match=rule):
         _cfg("rollout.weight_sync=broadcast")
     assert _cfg().rollout.weight_sync == "auto"
@@ -137,6 +137,11 @@ def test_the_weight_route_follows_the_topology(topology, trainer, engines, auto,
             choose_weight_route("nccl", trainer, engines)
     else:
         assert choose_weight_route("nccl", trainer, engines).name == "nccl"
+    if topology == "CPU":
+        assert choose_weight_route("gloo", trainer, engines).name == "gloo"
+    else:
+        with pytest.raises(ValueError, match=r"rollout.weight_sync=gloo carries weights between CPU workers only"):
+            choose_weight_route("gloo", trainer, engines)
 
 
 def test_nccl_on_one_gpu_is_refused_before_any_worker_starts():
@@ -160,7 +165,7 @@ def test_the_route_opens_a_group_only_for_nccl():
     assert weight_sync_for(WeightRoute("checkpoint", "x"), trainer, engines, "tcp://127.0.0.1:1") is None
     assert log == []  # no group was formed
     sync = weight_sync_for(WeightRoute("nccl", "x"), trainer, engines, "tcp://127.0.0.1:1")
-    assert isinstance(sync, NcclWeightSync) and sync.world_size == 2
+    assert isinstance(sync, BroadcastWeightSync) and sync.world_size == 2
     described = {"trainer_device": "cuda:0", "host": "h", "gpus": "G0"}
     assert endpoint_of(described, "trainer") == Endpoint("h", "cuda", ("G0",))
 
@@ -170,7 +175,7 @@ def test_the_group_gives_each_engine_its_ranks_and_the_trainer_rank_0():
     the trainer's blocking rendezvous, at the trainer worker's host."""
     log: list = []
     engines = [FakeEngine("e0", 1, log), FakeEngine("e1", 2, log)]
-    sync = NcclWeightSync(FakeTrainer(log), engines, "tcp://10.1.2.3:40001").open()
+    sync = BroadcastWeightSync(FakeTrainer(log), engines, "tcp://10.1.2.3:40001").open()
     assert sync.world_size == 4
     assert log == [
         ("e0", "join", "10.1.2.3", 29555, 1, 4),
@@ -182,7 +187,7 @@ def test_the_group_gives_each_engine_its_ranks_and_the_trainer_rank_0():
 def test_a_push_sends_the_trainers_tensor_list_to_every_engine_then_broadcasts():
     log: list = []
     engines = [FakeEngine("e0", 1, log), FakeEngine("e1", 1, log)]
-    sync = NcclWeightSync(FakeTrainer(log), engines, "tcp://127.0.0.1:1").open()
+    sync = BroadcastWeightSync(FakeTrainer(log), engines, "tcp://127.0.0.1:1").open()
     log.clear()
     assert sync.push(3) == [3, 3]
     assert log == [
@@ -190,7 +195,7 @@ def test_a_push_sends_the_trainers_tensor_list_to_every_engine_then_broadcasts()
         ("e1", "receive", METADATA, 3),
         ("trainer", "broadcast", METADATA),
     ]
-    wrong = NcclWeightSync(FakeTrainer(log), [FakeEngine("e0", 1, log, answer=2)], "tcp://127.0.0.1:1").open()
+    wrong = BroadcastWeightSync(FakeTrainer(log), [FakeEngine("e0", 1, log, answer=2)], "tcp://127.0.0.1:1").open()
     with pytest.raises(RuntimeError, match=r"engines report versions \[2\] after the NCCL broadcast of version 3"):
         wrong.push(3)
 
@@ -198,7 +203,7 @@ def test_a_push_sends_the_trainers_tensor_list_to_every_engine_then_broadcasts()
 def test_publishing_broadcasts_instead_of_loading_the_checkpoint():
     log: list = []
     engines, trainer = [FakeEngine("e0", 1, log)], FakeTrainer(log)
-    sync = NcclWeightSync(trainer, engines, "tcp://127.0.0.1:1").open()
+    sync = BroadcastWeightSync(trainer, engines, "tcp://127.0.0.1:1").open()
     log.clear()
     staged = stages.publish_weights.fn(trainer, engines, 2, {}, sync)
     # the weights file is written, then broadcast; the seal (hash, manifest, state) needs the trainer: it comes after
@@ -244,3 +249,46 @@ def test_a_trainer_protects_the_checkpoints_a_resume_needs_until_its_version_is_
     assert list(trainer._resume_needs(5)) == [4] and list(trainer._resume_needs(0)) == []
     trainer.cfg = _cfg("rollout.max_staleness=2")
     assert list(trainer._resume_needs(5)) == [2, 3, 4] and list(trainer._resume_needs(1)) == [0]
+
+
+@pytest.mark.slow
+def test_a_gloo_broadcast_carries_each_version_to_real_cpu_engines(tmp_path, default_model_path):
+    """rollout.weight_sync=gloo on CPU: 2 iterations with two vLLM CPU engines on their own Dask workers receiving each
+    version from the trainer actor's broadcast (no weights file read by the engines). The flow checks each engine's
+    weights fingerprint against the trainer's before it trains on its rows; here the rows of version 1, sampled by
+    the engines after the broadcast, have the trainer's log-probs (fp32 on both sides)."""
+    import json
+
+    from flows.grpo import grpo
+    from storage.trajectories import TrajectoryStore
+
+    runs = tmp_path / "runs"
+    summary = grpo(
+        overrides=[
+            "run_id=gloo",
+            f"runs_dir={runs}",
+            "iterations=2",
+            "data.prompts_per_iteration=2",
+            "data.group_size=2",
+            "rollout.workers=2",
+            "rollout.weight_sync=gloo",
+            "rollout.max_new_tokens=16",
+            "rollout.dtype=float32",
+            "rollout.kv_cache_gb=0.25",
+            "train.mixed_precision=no",
+            "rollout.temperature=1.0",
+            "train.lr=1e-4",
+            "progress=false",
+        ]
+    )
+    assert summary["published_version"] == 2
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{runs / 'mlflow.db'}")
+    tags = [r.data.tags for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert any(t.get("llmrl.weight_route", "").startswith("gloo (") for t in tags), tags
+    for version in (0, 1):
+        records = TrajectoryStore(runs / "trajectories").read_records("gloo", version=version)
+        assert len(records) == 4 and {r.policy_version for r in records} == {version}
+        metrics = json.loads((runs / "gloo" / "state" / f"published-v{version + 1}.json").read_text())["metrics"]
+        assert metrics["agreement_abs_diff_mean"] < 1e-3, metrics  # sampler (after the broadcast) == trainer

@@ -89,15 +89,16 @@ class RolloutActor:
             self.busy_until = time.perf_counter()
 
     def weight_group_size(self) -> int:
-        """Ranks this engine brings to the trainer's NCCL weight group (see :meth:`vLLMWorker.weight_group_size`)."""
+        """Ranks this engine brings to the trainer's weight group (see :meth:`vLLMWorker.weight_group_size`)."""
         return self.worker.weight_group_size()
 
     def join_weight_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int) -> None:
-        """Join the trainer's NCCL weight group (CUDA engines started with the weight-sync extension)."""
+        """Join the trainer's weight group (NCCL on CUDA, gloo on CPU; engines started with the weight-sync
+        extension)."""
         self.worker.join_weight_group(master_address, master_port, rank_offset, world_size)
 
     def receive_weights(self, metadata: list[tuple[str, str, tuple[int, ...]]], version: int) -> int:
-        """Receive the trainer's broadcast of new weights and adopt ``version`` (the NCCL counterpart of
+        """Receive the trainer's broadcast of new weights and adopt ``version`` (the broadcast counterpart of
         :meth:`load_weights`)."""
         try:
             return int(self.worker.receive_weights(metadata, version))

@@ -66,8 +66,9 @@ class RolloutConfig:
     threads: int = 0
     # How each published version reaches the engines: "checkpoint" (the engines load the version's checkpoint file
     # or object), "nccl" (one CUDA broadcast from the trainer to every engine; the checkpoint is still written, for
-    # resume), "auto" (nccl when the trainer and every engine run on CUDA, else checkpoint).
-    weight_sync: Literal["auto", "checkpoint", "nccl"] = "auto"
+    # resume), "gloo" (the same broadcast between a CPU trainer and CPU engines), "auto" (nccl when the trainer and
+    # every engine run on CUDA on distinct GPUs, else checkpoint).
+    weight_sync: Literal["auto", "checkpoint", "nccl", "gloo"] = "auto"
     # env.agent (docs/agents.md): agent episodes run at once per engine, and the seconds one may take before it
     # fails (its own episode only)
     agent_concurrency: int = 8
@@ -112,7 +113,7 @@ class RolloutConfig:
         )
         if self.backend == "transformers":
             _check(
-                self.weight_sync != "nccl",
+                self.weight_sync in ("auto", "checkpoint"),
                 "rollout.weight_sync",
                 "must be auto or checkpoint with rollout.backend=transformers (it loads each version from its "
                 "checkpoint; NCCL needs the vLLM engine)",
@@ -281,6 +282,23 @@ class DaskConfig:
 
 
 @dataclass
+class GRPODaskConfig(DaskConfig):
+    """:class:`DaskConfig` plus the GRPO flow's healing: after a lost worker (dead, or silent past its limit) the
+    run starts again on new workers (a fresh local cluster; on a joined cluster, the workers it has then) and
+    resumes from its last committed version, at most ``restarts`` times (0: stop at the first lost worker)."""
+
+    restarts: int = 2
+
+    def __post_init__(self) -> None:
+        _check(
+            isinstance(self.restarts, int) and self.restarts >= 0,
+            "dask.restarts",
+            "must be an integer >= 0 (new attempts after a lost worker)",
+            self.restarts,
+        )
+
+
+@dataclass
 class GRPOConfig:
     """A GRPO run: model, data, rollouts, training, iterations, storage and tracking."""
 
@@ -298,7 +316,7 @@ class GRPOConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     init: InitConfig = field(default_factory=InitConfig)  # a new run's start: the model, or RUN@V (a fork)
-    dask: DaskConfig = field(default_factory=DaskConfig)
+    dask: GRPODaskConfig = field(default_factory=GRPODaskConfig)
     final_eval: FinalEvalConfig = field(default_factory=FinalEvalConfig)
     progress: bool = True  # progress bars: iterations (flow), rollout prompts (vLLM), train micro-batches
     fail_after_stage: str | None = None  # fault injection for tests: "<stage>@<version>" raises after that stage

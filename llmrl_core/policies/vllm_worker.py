@@ -84,19 +84,19 @@ class vLLMWorker:  # noqa: N801 - TorchRL's naming
             raise RuntimeError(f"the engine's workers hold different weights: {found}")
         return found[0]
 
-    # --- NCCL weight groups (CUDA; the engine started with ``weight_sync_extension=True``) ------------------
+    # --- weight groups (NCCL on CUDA, gloo on CPU; the engine started with ``weight_sync_extension=True``) ----
     def weight_group_size(self) -> int:
-        """Ranks this engine brings to a trainer's NCCL weight group: one per GPU worker (its parallel size)."""
+        """Ranks this engine brings to a trainer's weight group: one per worker (its parallel size)."""
         return int(self.llm.llm_engine.vllm_config.parallel_config.world_size)
 
     def join_weight_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int) -> None:
-        """Join the trainer's NCCL group (the trainer is rank 0; this engine's workers take ranks
+        """Join the trainer's weight group (the trainer is rank 0; this engine's workers take ranks
         ``rank_offset ..``); blocks until every rank has joined."""
-        self.llm.collective_rpc("llmrl_init_nccl_group", args=(master_address, master_port, rank_offset, world_size))
+        self.llm.collective_rpc("llmrl_init_weight_group", args=(master_address, master_port, rank_offset, world_size))
 
     def receive_weights(self, metadata: Sequence[tuple[str, str, tuple[int, ...]]], version: int | str) -> int | str:
         """Receive one broadcast per ``(name, dtype, shape)`` from the trainer, load them, record ``version``."""
-        self.llm.collective_rpc("llmrl_receive_nccl", args=([tuple(m) for m in metadata],))
+        self.llm.collective_rpc("llmrl_receive_weights", args=([tuple(m) for m in metadata],))
         self.llm.reset_prefix_cache()  # its KV entries were computed with the old weights
         self.policy_version = version
         return version

@@ -82,3 +82,45 @@ def stateless_init_process_group(
     group = StatelessProcessGroup.create(host=master_address, port=int(master_port), rank=rank, world_size=world_size)
     with _nccl_env():
         return PyNcclCommunicator(group, device=cuda_device)
+
+
+class GlooCommunicator:
+    """A gloo group between a trainer and CPU engines, with ``PyNcclCommunicator``'s ``broadcast`` call.
+
+    The CPU counterpart of :func:`stateless_init_process_group`: a ``torch.distributed`` TCP store (hosted by rank 0
+    on ``master_port``) and a ``ProcessGroupGloo`` built on it directly, so like vLLM's stateless group it leaves
+    ``torch.distributed``'s global state alone (an in-process vLLM CPU engine keeps its own). Every rank constructs
+    it with the same address, port and world size and its own rank; construction blocks until all ranks joined.
+    """
+
+    def __init__(
+        self, master_address: str, master_port: int, rank: int, world_size: int, timeout_s: float = 600.0
+    ) -> None:
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        timeout = timedelta(seconds=timeout_s)
+        self.store = dist.TCPStore(
+            master_address, int(master_port), world_size, is_master=rank == 0, timeout=timeout, use_libuv=False
+        )
+        self.group = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
+        self.rank, self.world_size = rank, world_size
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0, stream: Any = None) -> None:
+        """Broadcast ``tensor`` (a CPU tensor, in place on the receivers) from rank ``src``; ``stream`` is ignored."""
+        self.group.broadcast(tensor, src).wait()
+
+
+def weight_group(
+    master_address: str, master_port: int, rank: int, world_size: int, device: torch.device | str | int
+) -> Any:
+    """Join the weight group on ``device``'s backend: NCCL (:func:`stateless_init_process_group`) for a CUDA device,
+    gloo (:class:`GlooCommunicator`) for the CPU. Either answers ``broadcast(tensor, src=0, stream=...)``."""
+    if not isinstance(device, int) and torch.device(device).type == "cpu":
+        return GlooCommunicator(master_address, master_port, rank, world_size)
+    return stateless_init_process_group(master_address, master_port, rank, world_size, device)

@@ -180,7 +180,7 @@ class vLLMUpdater:  # noqa: N801 - TorchRL's name
         threads = [
             threading.Thread(
                 target=llm.collective_rpc,
-                args=("llmrl_init_nccl_group",),
+                args=("llmrl_init_weight_group",),
                 kwargs={"args": (self.master_address, port, offset, world)},
                 daemon=True,
             )
@@ -198,7 +198,7 @@ class vLLMUpdater:  # noqa: N801 - TorchRL's name
         metadata = [(name, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for name, t in state.items()]
         threads = [
             threading.Thread(
-                target=llm.collective_rpc, args=("llmrl_receive_nccl",), kwargs={"args": (metadata,)}, daemon=True
+                target=llm.collective_rpc, args=("llmrl_receive_weights",), kwargs={"args": (metadata,)}, daemon=True
             )
             for llm in self.engines
         ]

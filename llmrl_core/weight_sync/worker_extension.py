@@ -6,8 +6,8 @@ worker understands three more names:
 * ``llmrl_reload_from_bytes(data)``: safetensors bytes (works across processes, where tensors in rpc
   arguments do not survive);
 * ``llmrl_reload_from_file(path)``: a safetensors file on storage every worker can read;
-* ``llmrl_init_nccl_group(...)`` / ``llmrl_receive_nccl(...)``: join a trainer's NCCL group and receive
-  broadcast tensors (CUDA only).
+* ``llmrl_init_weight_group(...)`` / ``llmrl_receive_weights(...)``: join a trainer's weight group (NCCL on CUDA,
+  gloo on CPU) and receive broadcast tensors.
 
 All paths end in :func:`reload_and_fingerprint`: the model runner's ``reload_weights``, which re-packs weights
 for the device (a plain ``load_weights`` fails on CPU, where weights are repacked at load), then the fingerprint
@@ -107,26 +107,30 @@ class WeightSyncExtension:
 
         return self._llmrl_reload(list(load_file(path).items()))
 
-    def llmrl_init_nccl_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int) -> None:
-        """Join the trainer's NCCL group (the trainer is rank 0) through vLLM's stateless process group."""
+    def llmrl_init_weight_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int) -> None:
+        """Join the trainer's weight group (the trainer is rank 0): NCCL through vLLM's stateless process group on a
+        CUDA worker, gloo on a CPU worker (:func:`~llmrl_core.weight_sync.process_group.weight_group`)."""
         from vllm.distributed.parallel_state import get_world_group
 
-        from llmrl_core.weight_sync.process_group import stateless_init_process_group
+        from llmrl_core.weight_sync.process_group import weight_group
 
         rank = get_world_group().rank + rank_offset
-        self._llmrl_nccl = stateless_init_process_group(master_address, master_port, rank, world_size, self.device)
+        self._llmrl_group = weight_group(master_address, master_port, rank, world_size, self.device)
 
-    def llmrl_receive_nccl(self, metadata: list[tuple[str, str, tuple[int, ...]]]) -> int:
+    def llmrl_receive_weights(self, metadata: list[tuple[str, str, tuple[int, ...]]]) -> int:
         """Receive one broadcast per (name, dtype, shape) from rank 0, then reload them all."""
         import torch
 
-        comm = getattr(self, "_llmrl_nccl", None)
+        comm = getattr(self, "_llmrl_group", None)
         if comm is None:
-            raise RuntimeError("llmrl_receive_nccl called before llmrl_init_nccl_group")
+            raise RuntimeError("llmrl_receive_weights called before llmrl_init_weight_group")
+        on_cuda = torch.device(self.device).type == "cuda"
+        stream = torch.cuda.current_stream() if on_cuda else None
         weights = []
         for name, dtype, shape in metadata:
             tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
-            comm.broadcast(tensor, src=0, stream=torch.cuda.current_stream())
+            comm.broadcast(tensor, src=0, stream=stream)
             weights.append((name, tensor))
-        torch.cuda.synchronize()
+        if on_cuda:
+            torch.cuda.synchronize()
         return self._llmrl_reload(weights)
