@@ -67,6 +67,7 @@ def library_logs(run_dir: Path) -> Iterator[Path | None]:
         consoles[level] = logging.StreamHandler()
         consoles[level].setLevel(level)
         consoles[level].setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        consoles[level].addFilter(not_a_lost_worker_echo)
     saved = {name: _state(logging.getLogger(name)) for name in (*LIBRARY_LOGGERS, "prefect.task_runs")}
     vllm_setting = os.environ.get("VLLM_CONFIGURE_LOGGING")
     # vLLM configures a console handler of its own when imported (an evaluation engine in this process): let its
@@ -101,6 +102,20 @@ def library_logs(run_dir: Path) -> Iterator[Path | None]:
         handler.close()
 
 
+_LOST_WORKER_ECHOES = ("WorkerLost", "CommClosedError", "StreamClosedError")
+
+
+def not_a_lost_worker_echo(record: logging.LogRecord) -> bool:
+    """Console filter: False for the library lines a lost worker sets off (Prefect's task-failure record of a
+    ``WorkerLost`` with its traceback, Dask's closed-connection errors), which the flow reports in one line of its
+    own (:mod:`tasks.actor_calls`); the file keeps them."""
+    if record.exc_info and record.exc_info[0] is not None:
+        if record.exc_info[0].__name__ in _LOST_WORKER_ECHOES:
+            return False
+    text = record.getMessage()
+    return not any(name in text for name in _LOST_WORKER_ECHOES)
+
+
 def _state(logger: logging.Logger) -> tuple[list[logging.Handler], int, bool]:
     return list(logger.handlers), logger.level, logger.propagate
 
@@ -133,5 +148,9 @@ def worker_log_options(logs: Path, name: str) -> tuple[dict, dict[str, str]]:
     to ``<logs>/<name>.log``. Nothing with ``-v``."""
     if verbose():
         return {}, {}
-    options = {"silence_logs": logging.WARNING, "preload": ["tasks.worker_console"]}
+    import dask
+
+    configured = dask.config.get("distributed.worker.preload", None) or []  # the user's preloads stay
+    configured = [configured] if isinstance(configured, str) else list(configured)
+    options = {"silence_logs": logging.WARNING, "preload": [*configured, "tasks.worker_console"]}
     return options, {WORKER_LOG: str(logs / f"{name}.log"), "VLLM_CONFIGURE_LOGGING": "1"}

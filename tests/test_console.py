@@ -1,0 +1,42 @@
+"""The run's quiet console (tasks/console.py): what a lost worker leaves on it, and the workers' preloads."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import dask
+
+from tasks.actor_calls import WorkerLost
+from tasks.console import not_a_lost_worker_echo, worker_log_options
+
+
+def _record(name: str, message: str, exc: BaseException | None = None) -> logging.LogRecord:
+    exc_info = (type(exc), exc, None) if exc is not None else None
+    return logging.LogRecord(name, logging.ERROR, __file__, 1, message, (), exc_info)
+
+
+def test_the_console_drops_the_library_echoes_of_a_lost_worker_and_keeps_other_errors():
+    lost = WorkerLost("the rollout worker tcp://127.0.0.1:1 died during rollout of version 1")
+    assert not not_a_lost_worker_echo(_record("prefect.task_runs", "Task run failed with exception", lost))
+    assert not not_a_lost_worker_echo(
+        _record("distributed.scheduler", "broadcast to tcp://127.0.0.1:1 failed: CommClosedError: in <TCP (closed)>")
+    )
+    try:
+        raise ValueError("a reward function returned a string")
+    except ValueError:
+        error = _record("prefect.task_runs", "Task run failed with exception")
+        error.exc_info = sys.exc_info()
+    assert not_a_lost_worker_echo(error)  # any other failure still reaches the console
+    assert not_a_lost_worker_echo(_record("distributed.worker", "Compute failed"))
+
+
+def test_local_workers_keep_the_users_preloads(monkeypatch):
+    monkeypatch.delenv("LLMRL_VERBOSE", raising=False)
+    with dask.config.set({"distributed.worker.preload": ["my_site.preload"]}):
+        options, env = worker_log_options(Path("/tmp"), "rollout-0")
+    assert options["preload"] == ["my_site.preload", "tasks.worker_console"]
+    assert env["LLMRL_WORKER_LOG"] == "/tmp/rollout-0.log"
+    monkeypatch.setenv("LLMRL_VERBOSE", "1")
+    assert worker_log_options(Path("/tmp"), "rollout-0") == ({}, {})
