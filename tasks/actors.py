@@ -447,9 +447,10 @@ class TrainerWorker:
 
     def _weights_to_send(self) -> dict[str, torch.Tensor]:
         """The inference weights, with the output head spelled out for a tied model (vLLM keeps its own copy)."""
+        from llmrl_core.weight_sync.updater import spell_out_tied_names
+
         state = self.trainer.state_dict_for_inference()
-        if getattr(self.model.config, "tie_word_embeddings", False) and "lm_head.weight" not in state:
-            state["lm_head.weight"] = state["model.embed_tokens.weight"]
+        spell_out_tied_names(state, bool(getattr(self.model.config, "tie_word_embeddings", False)))
         return state
 
     def weights_metadata(self) -> list[tuple[str, str, tuple[int, ...]]]:

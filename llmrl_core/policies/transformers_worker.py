@@ -98,16 +98,14 @@ class TransformersWorker:
     ) -> int | str:
         """Load new weights (state dict, safetensors bytes or file path) and record ``version``; a state dict that
         does not fit the model (a tensor missing or unknown) is refused and the held weights are kept."""
-        from llmrl_core.weight_sync.fingerprint import EMBEDDINGS, HEAD
         from llmrl_core.weight_sync.serialization import state_dict_from
+        from llmrl_core.weight_sync.updater import spell_out_tied_names
 
         state = state_dict_from(weights)
-        tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
-        if tied and HEAD in state and EMBEDDINGS not in state:  # a tied tensor may travel under either name
-            state[EMBEDDINGS] = state.pop(HEAD)
+        # a tied tensor may travel under either name; the model's state dict lists both
+        spell_out_tied_names(state, bool(getattr(self.model.config, "tie_word_embeddings", False)))
         expected = set(self.model.state_dict())
-        missing = expected - set(state) - ({HEAD} if tied else set())
-        unexpected = set(state) - expected
+        missing, unexpected = expected - set(state), set(state) - expected
         if missing or unexpected:
             raise ValueError(
                 f"weights for version {version} do not fit the engine's model {self.config.model or 'default'}: "
@@ -115,7 +113,7 @@ class TransformersWorker:
             )
         start = time.perf_counter()
         with torch.no_grad():
-            self.model.load_state_dict(state, strict=False)
+            self.model.load_state_dict(state)
         if self.model.device.type == "cuda":
             torch.cuda.synchronize()
         self.last_reload_s = time.perf_counter() - start

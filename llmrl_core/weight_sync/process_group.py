@@ -105,9 +105,7 @@ class GlooCommunicator:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
         timeout = timedelta(seconds=timeout_s)
-        self.store = dist.TCPStore(
-            master_address, int(master_port), world_size, is_master=rank == 0, timeout=timeout, use_libuv=False
-        )
+        self.store = dist.TCPStore(master_address, int(master_port), world_size, is_master=rank == 0, timeout=timeout)
         self.group = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
         self.rank, self.world_size = rank, world_size
 

@@ -54,7 +54,13 @@ def add_tied_head(state: dict[str, torch.Tensor], llm: Any) -> None:
     reloaded engine scores like the trainer either way). Given both names, it loads the embeddings and ties the
     head, with no warning; a CPU build that keeps the head as its own tensor gets it too."""
     config = getattr(getattr(getattr(llm, "llm_engine", None), "model_config", None), "hf_config", None)
-    if not getattr(config, "tie_word_embeddings", False):
+    spell_out_tied_names(state, bool(getattr(config, "tie_word_embeddings", False)))
+
+
+def spell_out_tied_names(state: dict[str, torch.Tensor], tied: bool) -> None:
+    """For a model that ties its output head to its input embeddings (``tied``), give ``state`` both names of the
+    shared tensor when it carries one of them (in place); any other state is left as it is."""
+    if not tied:
         return
     present = [name for name in TIED_NAMES if name in state]
     if len(present) == 1:
