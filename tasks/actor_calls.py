@@ -25,6 +25,7 @@ PROBE_EVERY_S = 5.0
 SILENT_LIMIT_S = 30.0
 STAGE_FLOOR_S = 900.0
 STAGE_FACTOR = 5.0
+UNREACHABLE = "Unable to contact Actor's worker"  # distributed.actor's OSError when the call's connection fails
 
 _longest_s: dict[str, float] = {}  # stage -> the longest wait seen for it in this process
 
@@ -54,7 +55,8 @@ def wait_calls(calls: Sequence[tuple[Any, Any]], stage: str, version: int | None
                         f"so far, at least {STAGE_FLOOR_S:.0f} s); the worker answers, its actor does not"
                     ) from None
             except OSError as exc:  # what Dask raises when it cannot reach the actor's worker (or the actor's own)
-                if _silence(actor) is None:  # the call failed because its worker is gone
+                # Dask's own words for a failed connection; the scheduler may not have noticed the death yet
+                if str(exc) == UNREACHABLE or _silence(actor) is None:
                     raise WorkerLost(f"{_who(actor)} died during {_what(stage, version)} ({exc})") from exc
                 raise
     _longest_s[stage] = max(_longest_s.get(stage, 0.0), time.monotonic() - start)

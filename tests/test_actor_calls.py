@@ -67,6 +67,14 @@ def test_a_worker_gone_from_the_scheduler_died(scheduler):
     assert isinstance(caught.value.__cause__, OSError)
 
 
+def test_an_unreachable_worker_is_lost_before_the_scheduler_notices(scheduler):
+    """A killed worker's connection fails at once; the scheduler drops it seconds later. Dask's words for the failed
+    connection name the worker lost even while the scheduler still lists it (the race a CI run hit)."""
+    scheduler["silent"] = 0.5  # still listed, heard from half a second ago
+    with pytest.raises(WorkerLost, match=r"died during rollout of version 1 \(Unable to contact Actor's worker\)"):
+        wait_calls([(Actor(), Pending(error=OSError(actor_calls.UNREACHABLE)))], "rollout", 1)
+
+
 def test_the_actors_own_errors_reach_the_caller_unchanged(scheduler):
     with pytest.raises(ValueError, match="bad batch"):
         wait_calls([(Actor(), Pending(error=ValueError("bad batch")))], "training", 1)
