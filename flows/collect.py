@@ -21,6 +21,7 @@ from storage.checkpoints import CheckpointStore
 from storage.layout import RunLayout
 from storage.trajectories import TrajectoryStore
 from tasks import grpo_stages as stages
+from tasks.actor_calls import wait_calls
 from tasks.actors import RolloutWorker
 from tasks.cluster import dask_cluster
 from tasks.reporting import artifact_key, live_markdown
@@ -68,8 +69,7 @@ def collect(
         ]
         engines = [e.result() for e in engines]
         if checkpoint is not None:
-            for engine in engines:
-                engine.load(checkpoint, policy_version).result()
+            wait_calls([(e, e.load(checkpoint, policy_version)) for e in engines], "weight load", policy_version)
         TrajectoryStore(staging_uri).delete_partition(out_run, policy_version)
         primer_state = None
         rows_total = 0

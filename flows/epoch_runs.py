@@ -26,6 +26,7 @@ from storage.checkpoints import CheckpointStore
 from storage.layout import RunLayout
 from storage.lineage import DataRef, LineageConfig, LineageRecorder
 from storage.run_lock import RunLock
+from tasks.actor_calls import wait_calls
 from tasks.cluster import dask_cluster
 from tasks.epoch_stages import lineage_config, train_epoch
 from tasks.fork import Fork, resolve_fork, start_from_fork
@@ -179,7 +180,7 @@ def train_epochs(run: EpochRun, plan: EpochPlan) -> None:
         elif run.published is None:
             run.publish(trainer, 0)
         elif run.start > 0:
-            if not trainer.restore(run.start).result():
+            if not wait_calls([(trainer, trainer.restore(run.start))], "resume", run.start)[0]:
                 log.warning("version %d resumed from its weights alone: a fresh optimizer", run.start)
         for epoch in range(run.start, cfg.epochs):
             trained = train_epoch(trainer, plan.samples, epoch, plan.groups_per_batch, plan.steps_per_batch)

@@ -35,11 +35,16 @@ class WorkerLost(RuntimeError):
     its role, the stage and the version)."""
 
 
-def wait_calls(calls: Sequence[tuple[Any, Any]], stage: str, version: int | None = None) -> list[Any]:
+def wait_calls(
+    calls: Sequence[tuple[Any, Any]], stage: str, version: int | None = None, *, deadline: bool = True
+) -> list[Any]:
     """The results of ``(actor, actor future)`` pairs, in order; :class:`WorkerLost` when a worker they run on
-    dies or hangs, or when the stage outlives its deadline (see the module docstring)."""
+    dies or hangs, or when the stage outlives its deadline (see the module docstring). ``deadline=False`` for a
+    stage whose length is the user's data size (an SFT epoch over the whole training set): only a dead or silent
+    worker ends the wait then."""
     start = time.monotonic()
-    deadline = start + max(STAGE_FLOOR_S, STAGE_FACTOR * _longest_s.get(stage, 0.0))
+    limit = max(STAGE_FLOOR_S, STAGE_FACTOR * _longest_s.get(stage, 0.0)) if deadline else float("inf")
+    deadline_at = start + limit
     results = []
     for actor, future in calls:
         while True:
@@ -48,7 +53,7 @@ def wait_calls(calls: Sequence[tuple[Any, Any]], stage: str, version: int | None
                 break
             except TimeoutError:
                 _check_worker(actor, stage, version)
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline_at:
                     raise WorkerLost(
                         f"{_who(actor)} has not finished {_what(stage, version)} after "
                         f"{time.monotonic() - start:.0f} s (its deadline: {STAGE_FACTOR:g}x the longest {stage} "

@@ -13,19 +13,21 @@ from prefect import task
 
 from llmrl_core.pipeline.offline_config import OfflineConfig
 from llmrl_core.pipeline.sft_config import SFTConfig
+from tasks.actor_calls import wait_calls
 from tasks.grpo_stages import STAGE, drop_added_later
 
 
 @task(name="evaluate-loss", **STAGE)
 def evaluate_loss(trainer: Any, samples_path: str) -> dict[str, float]:
     """The objective on the whole training set without gradients (on the trainer worker)."""
-    return trainer.evaluate(samples_path).result()
+    return wait_calls([(trainer, trainer.evaluate(samples_path))], "evaluation", deadline=False)[0]
 
 
 @task(name="train-epoch", **STAGE)
 def train_epoch(trainer: Any, samples_path: str, epoch: int, groups_per_batch: int, steps_per_batch: int = 1) -> dict:
     """One epoch of optimizer steps over the training set (on the trainer worker)."""
-    return trainer.train_epoch(samples_path, epoch, groups_per_batch, steps_per_batch).result()
+    call = trainer.train_epoch(samples_path, epoch, groups_per_batch, steps_per_batch)
+    return wait_calls([(trainer, call)], "training", epoch + 1, deadline=False)[0]  # the version it makes
 
 
 def lineage_config(cfg: SFTConfig | OfflineConfig) -> dict:

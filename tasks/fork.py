@@ -17,6 +17,7 @@ from typing import Any
 
 from storage.checkpoints import CheckpointStore
 from storage.layout import RunLayout
+from tasks.actor_calls import wait_calls
 from tasks.grpo_stages import marker_path, published_versions
 
 
@@ -98,7 +99,7 @@ def start_from_fork(trainer: Any, fork: Fork, lineage: Any) -> None:
     kept them: a warning says when it did not) and record the fork in ``lineage``."""
     import logging
 
-    if not trainer.restore(fork.version, fork.source).result():
+    if not wait_calls([(trainer, trainer.restore(fork.version, fork.source))], "fork restore", fork.version)[0]:
         logging.getLogger("llmrl.fork").warning(
             "%s: the source kept no optimizer state for that version (a run keeps its last two): the fork starts "
             "from its weights with a fresh optimizer",

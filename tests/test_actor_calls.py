@@ -100,3 +100,21 @@ def test_the_deadline_follows_the_longest_time_seen(scheduler, monkeypatch):
     with pytest.raises(WorkerLost, match="has not finished"):
         wait_calls([(Actor(), Pending(never=True))], "rollout", 1)
     assert time.monotonic() - start >= actor_calls.STAGE_FACTOR * 0.2 - 0.01
+
+
+def test_a_stage_without_deadline_waits_while_the_worker_answers(scheduler, monkeypatch):
+    """An SFT epoch lasts as long as its data: past the stage floor it still waits while the worker heartbeats, and
+    is named lost once the worker falls silent."""
+    monkeypatch.setattr(actor_calls, "STAGE_FLOOR_S", 0.0)
+
+    class SlowThenSilent(Pending):
+        def result(self, timeout=None):
+            self.waits += 1
+            if self.waits == 20:
+                scheduler["silent"] = actor_calls.SILENT_LIMIT_S + 1
+            raise TimeoutError
+
+    call = SlowThenSilent()
+    with pytest.raises(WorkerLost, match="stopped answering during training epoch of version 3"):
+        wait_calls([(Actor(), call)], "training epoch", 3, deadline=False)
+    assert call.waits == 20  # 19 probes past the (zero) floor with the worker answering
