@@ -254,17 +254,10 @@ def run_grpo(cfg: GRPOConfig, log: Any) -> dict[str, Any]:
             train_metrics = training.result()
             train_wall_s = time.perf_counter() - t_train
             _maybe_fail(cfg, "train", version)
-            if train_metrics.get("agreement_off"):
-                log.warning(
-                    "version %d: sampler and trainer disagree before training: mean |delta log-prob| %.4f "
-                    "(max %.3f, KL %.5f) > train.agreement_warn %.3f. The engines may hold other weights than "
-                    "the trainer (a failed weight publish), or sample in another dtype/temperature than it scores.",
-                    version,
-                    train_metrics["agreement_abs_diff_mean"],
-                    train_metrics.get("agreement_abs_diff_max", float("nan")),
-                    train_metrics.get("agreement_kl_to_sampler", float("nan")),
-                    cfg.train.agreement_warn,
-                )
+            if disagree := stages.agreement_off_line(version, train_metrics, cfg):
+                if cfg.train.agreement_stop:  # version + 1 is not published: a resume samples version `version` again
+                    raise stages.AgreementOff(f"{disagree} Stopped (train.agreement_stop); version {version} is kept")
+                log.warning(disagree)
             if skipped := stages.failed_episodes_line(version, shards):
                 log.warning(skipped)
             metrics = {

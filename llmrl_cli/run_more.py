@@ -23,15 +23,21 @@ def run_flow(flow: Any, **parameters: Any) -> Any:
     from llmrl_cli.run_api import run_api
     from llmrl_core.envs.reward_calls import RewardFunctionError
     from tasks.actor_calls import WorkerLost
+    from tasks.console import flow_echoes_dropped
+    from tasks.grpo_stages import AgreementOff
 
     with run_api():  # the run's own Prefect API (unless a UI server is up), stopped after the run records its end
         try:
-            return flow(**parameters)
+            with flow_echoes_dropped():
+                return flow(**parameters)
         except RewardFunctionError as err:  # the user's reward code failed: its line says which function and row
             typer.echo(f"error: {err}\n(set env.reward_errors=skip to fail such episodes alone and go on)", err=True)
             raise typer.Exit(1) from err
         except WorkerLost as err:  # its line names the worker, the stage and the version
             typer.echo(f"error: {err}\n(committed versions are kept: the same command again resumes)", err=True)
+            raise typer.Exit(1) from err
+        except AgreementOff as err:  # its line gives the gap, the bound and the version kept
+            typer.echo(f"error: {err}\n(set train.agreement_stop=false to only warn and go on)", err=True)
             raise typer.Exit(1) from err
         except (KeyboardInterrupt, SystemExit) as stop:
             from tasks.run_identity import mark_stopped

@@ -67,7 +67,7 @@ def library_logs(run_dir: Path) -> Iterator[Path | None]:
         consoles[level] = logging.StreamHandler()
         consoles[level].setLevel(level)
         consoles[level].setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-        consoles[level].addFilter(not_a_lost_worker_echo)
+        consoles[level].addFilter(not_an_echo)
     saved = {name: _state(logging.getLogger(name)) for name in (*LIBRARY_LOGGERS, "prefect.task_runs")}
     vllm_setting = os.environ.get("VLLM_CONFIGURE_LOGGING")
     # vLLM configures a console handler of its own when imported (an evaluation engine in this process): let its
@@ -102,18 +102,36 @@ def library_logs(run_dir: Path) -> Iterator[Path | None]:
         handler.close()
 
 
-_LOST_WORKER_ECHOES = ("WorkerLost", "CommClosedError", "StreamClosedError")
+# The errors the command line reports in one line of its own (llmrl_cli/run_more.py: a lost worker, a stop by
+# train.agreement_stop, a failing reward function), and the closed connections a lost worker leaves in Dask's logs.
+_ONE_LINE_ERRORS = ("WorkerLost", "AgreementOff", "RewardFunctionError", "CommClosedError", "StreamClosedError")
 
 
-def not_a_lost_worker_echo(record: logging.LogRecord) -> bool:
-    """Console filter: False for the library lines a lost worker sets off (Prefect's task-failure record of a
-    ``WorkerLost`` with its traceback, Dask's closed-connection errors), which the flow reports in one line of its
-    own (:mod:`tasks.actor_calls`); the file keeps them."""
+def not_an_echo(record: logging.LogRecord) -> bool:
+    """Console filter: False for the library lines that echo an error the command line reports in one line
+    (Prefect's task- and flow-failure records with their tracebacks, Dask's closed-connection errors after a lost
+    worker); the run's log file keeps them."""
     if record.exc_info and record.exc_info[0] is not None:
-        if record.exc_info[0].__name__ in _LOST_WORKER_ECHOES:
+        if record.exc_info[0].__name__ in _ONE_LINE_ERRORS:
             return False
     text = record.getMessage()
-    return not any(name in text for name in _LOST_WORKER_ECHOES)
+    return not any(name in text for name in _ONE_LINE_ERRORS)
+
+
+@contextmanager
+def flow_echoes_dropped() -> Iterator[None]:
+    """While open (a command-line flow run), the console handlers of the root logger, where Prefect's flow-run
+    records land, drop the echoes of an error the command line reports in one line (:func:`not_an_echo`): Prefect's
+    "Encountered exception" traceback and its "Finished in state Failed(...)" line. Prefect's API handler (the UI)
+    keeps them. Nothing changes with ``-v``."""
+    handlers = [] if verbose() else [h for h in logging.getLogger().handlers if isinstance(h, logging.StreamHandler)]
+    for handler in handlers:
+        handler.addFilter(not_an_echo)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(not_an_echo)
 
 
 def _state(logger: logging.Logger) -> tuple[list[logging.Handler], int, bool]:

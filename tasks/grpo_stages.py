@@ -116,6 +116,25 @@ def merge_shard_metrics(shards: list[dict]) -> dict[str, float]:
     return merged
 
 
+class AgreementOff(RuntimeError):
+    """``train.agreement_stop``: the sampler's and the trainer's log-probs of a batch differ by more than
+    ``train.agreement_warn``; the run stops before the version trained on it is published."""
+
+
+def agreement_off_line(version: int, metrics: dict[str, Any], cfg: GRPOConfig) -> str | None:
+    """The warning (or, with ``train.agreement_stop``, the error) for an iteration whose sampler and trainer
+    disagree before training; None when they agree."""
+    if not metrics.get("agreement_off"):
+        return None
+    return (
+        f"version {version}: sampler and trainer disagree before training: mean |delta log-prob| "
+        f"{metrics['agreement_abs_diff_mean']:.4f} (max {metrics.get('agreement_abs_diff_max', float('nan')):.3f}, "
+        f"KL {metrics.get('agreement_kl_to_sampler', float('nan')):.5f}) > train.agreement_warn "
+        f"{cfg.train.agreement_warn:.3f}. The engines may hold other weights than the trainer (a failed weight "
+        "publish), or sample in another dtype/temperature than it scores."
+    )
+
+
 def failed_episodes_line(version: int, shards: list[dict]) -> str | None:
     """The warning for a batch in which some episodes' reward functions failed (skipped), with an example."""
     failed = sum(s.get("reward_errors", 0.0) for s in shards)
@@ -408,20 +427,20 @@ PLACEMENT_ONLY = {"rollout": ("threads", "gpu_memory_utilization", "tensor_paral
 # Settings added after runs existed, left out while at their default: an older run's config hash stays the same,
 # so it still resumes.
 ADDED_LATER = {
-    "rollout": {"max_staleness": 0},
+    "rollout": {"max_staleness": 0, "backend": "vllm"},
     "env": {"reward_errors": "raise"},
     "init": {"from_": None, "data_cursor": False},  # a section left out whole while at its defaults
 }
 
 
-# Settings that only say how a flow run resumes: never part of what a version is.
-RESUME_ONLY = {"train": ("resume_without_state",)}
+# Settings that only say how a flow run resumes, heals or stops: never part of what a version is.
+BEHAVIOUR_ONLY = {"train": ("resume_without_state", "agreement_stop"), "dask": ("restarts",)}
 
 
 def drop_added_later(data: dict) -> dict:
-    """``data`` (a run's settings as nested dicts) without the :data:`RESUME_ONLY` settings, the :data:`ADDED_LATER`
+    """``data`` (a run's settings as nested dicts) without the :data:`BEHAVIOUR_ONLY` settings, the :data:`ADDED_LATER`
     settings that are at their defaults, and a section they leave empty."""
-    for section, keys in RESUME_ONLY.items():
+    for section, keys in BEHAVIOUR_ONLY.items():
         for key in keys:
             data.get(section, {}).pop(key, None)
     for section, defaults in ADDED_LATER.items():

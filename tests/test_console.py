@@ -9,7 +9,7 @@ from pathlib import Path
 import dask
 
 from tasks.actor_calls import WorkerLost
-from tasks.console import not_a_lost_worker_echo, worker_log_options
+from tasks.console import not_an_echo, worker_log_options
 
 
 def _record(name: str, message: str, exc: BaseException | None = None) -> logging.LogRecord:
@@ -19,8 +19,8 @@ def _record(name: str, message: str, exc: BaseException | None = None) -> loggin
 
 def test_the_console_drops_the_library_echoes_of_a_lost_worker_and_keeps_other_errors():
     lost = WorkerLost("the rollout worker tcp://127.0.0.1:1 died during rollout of version 1")
-    assert not not_a_lost_worker_echo(_record("prefect.task_runs", "Task run failed with exception", lost))
-    assert not not_a_lost_worker_echo(
+    assert not not_an_echo(_record("prefect.task_runs", "Task run failed with exception", lost))
+    assert not not_an_echo(
         _record("distributed.scheduler", "broadcast to tcp://127.0.0.1:1 failed: CommClosedError: in <TCP (closed)>")
     )
     try:
@@ -28,8 +28,16 @@ def test_the_console_drops_the_library_echoes_of_a_lost_worker_and_keeps_other_e
     except ValueError:
         error = _record("prefect.task_runs", "Task run failed with exception")
         error.exc_info = sys.exc_info()
-    assert not_a_lost_worker_echo(error)  # any other failure still reaches the console
-    assert not_a_lost_worker_echo(_record("distributed.worker", "Compute failed"))
+    assert not_an_echo(error)  # any other failure still reaches the console
+    assert not_an_echo(_record("distributed.worker", "Compute failed"))
+
+
+def test_the_console_drops_prefects_echo_of_an_agreement_stop():
+    from tasks.grpo_stages import AgreementOff
+
+    stop = AgreementOff("version 0: sampler and trainer disagree before training")
+    assert not not_an_echo(_record("prefect.flow_runs", "Encountered exception during execution", stop))
+    assert not not_an_echo(_record("prefect.flow_runs", "Finished in state Failed('... AgreementOff: version 0')"))
 
 
 def test_local_workers_keep_the_users_preloads(monkeypatch):

@@ -331,6 +331,40 @@ def test_a_hung_rollout_worker_is_named_within_a_minute(tmp_path, default_model_
 
 
 @pytest.mark.slow
+def test_agreement_stop_ends_the_run_before_the_version_trained_on_disagreeing_rows(tmp_path, default_model_path):
+    """A bf16 engine samples, the fp32 trainer scores: their log-probs really differ (by ~1e-2 here), over a bound of
+    1e-3. With train.agreement_stop the run ends at version 0's training with one line giving the gap and the bound
+    (exit 1); version 1 (trained on those rows) is not published, version 0 stays committed."""
+    from storage.trajectories import TrajectoryStore
+
+    overrides = _tiny(
+        tmp_path,
+        "progress=false",
+        "run_id=disagree",
+        "rollout.dtype=bfloat16",
+        "train.agreement_warn=0.001",
+        "train.agreement_stop=true",
+        "final_eval.questions=0",
+    )
+    log = tmp_path / "flow.log"
+    with log.open("w") as out:
+        proc = _start_cli_run([a for o in overrides for a in ("--set", o)], out, LLMRL_VERBOSE="0")
+        code = proc.wait(timeout=600)
+    text = log.read_text(errors="replace")
+    assert code == 1, text[-3000:]
+    errors = [line for line in text.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, text[-3000:]
+    assert "version 0: sampler and trainer disagree before training: mean |delta log-prob| " in errors[0]
+    gap = float(errors[0].split("mean |delta log-prob| ")[1].split(" ")[0])
+    assert gap > 0.001 and "> train.agreement_warn 0.001" in errors[0]
+    assert "Stopped (train.agreement_stop); version 0 is kept" in errors[0]
+    assert "Traceback" not in text, text[-3000:]
+    state = tmp_path / "runs" / "disagree" / "state"
+    assert sorted(p.name for p in state.glob("published-v*.json")) == ["published-v0.json"]
+    assert TrajectoryStore(tmp_path / "runs" / "trajectories").versions("disagree") == [0]
+
+
+@pytest.mark.slow
 def test_a_killed_rollout_worker_heals_and_the_rows_stay_exact(tmp_path, default_model_path):
     """The rollout worker is killed (SIGKILL) when first asked for version 1's rollouts. The flow names the lost worker
     in one line (the libraries' tracebacks stay in the run's log files), starts new workers, resumes from the last

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from llmrl_core.pipeline.config_io import load_config
@@ -35,6 +38,12 @@ def test_the_resume_setting_and_defaults_added_later_leave_the_config_hash_alone
     assert "init" not in recorded and "reward_errors" not in recorded["env"]  # as runs recorded before they existed
     forked = lineage_config(load_config(GRPOConfig, None, ["init.from=a@1"]))
     assert forked["init"] == {"from_": "a@1"}  # the fork point is part of what the run is; defaults stay out
+    # a run recorded before rollout.backend, dask.restarts and train.agreement_stop existed still resumes
+    golden = Path(__file__).parent / "goldens" / "grpo_default_config_as_recorded_by_741be58.json"
+    assert json.loads(json.dumps(recorded, default=str)) == json.loads(golden.read_text())
+    behaviour = ["dask.restarts=0", "train.agreement_stop=true"]
+    assert config_hash(lineage_config(load_config(GRPOConfig, None, behaviour))) == base
+    assert config_hash(lineage_config(load_config(GRPOConfig, None, ["rollout.backend=transformers"]))) != base
     sft = load_config(SFTConfig)
     assert config_hash(epoch_lineage_config(sft)) == config_hash(
         epoch_lineage_config(load_config(SFTConfig, None, ["train.resume_without_state=true"]))

@@ -192,7 +192,8 @@ class TrainConfig:
     sequence (GSPO); ``entropy_coeff``; ``tis`` (off-policy correction). ``advantage`` grpo | dr_grpo | rloo.
     KL to the reference model (``kl_coef > 0``): in the loss (``kl_in: loss``) or subtracted from the reward
     before advantages (``kl_in: reward``, TorchRL's ``KLRewardTransform``). ``agreement_warn``: the flow logs a
-    warning when the mean |trainer - sampler| log-prob gap before the first step of an iteration exceeds it.
+    warning when the mean |trainer - sampler| log-prob gap before the first step of an iteration exceeds it;
+    with ``agreement_stop`` it stops the run there instead (the version just trained is not published).
     """
 
     lr: float = 5e-6
@@ -220,6 +221,7 @@ class TrainConfig:
     gradient_checkpointing: bool = False
     lora: LoraConfig = field(default_factory=LoraConfig)
     agreement_warn: float = 0.1
+    agreement_stop: bool = False  # true: a gap over agreement_warn stops the run (the trained version unpublished)
     threads: int = 0  # torch threads on the trainer worker (0: all cores)
     device: str = "auto"  # "auto" | "cpu" | "cuda"; a GPU trainer is placed on a worker with resource GPU=1
 
