@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from llmrl_core.tools import landlock
-from llmrl_core.tools.sandbox import Sandbox, SandboxConfig, SandboxLimits, run_python
+from llmrl_core.tools.sandbox import Sandbox, SandboxConfig, SandboxLimits, isolation_gaps, run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMITS = SandboxLimits(wall_time_s=3, cpu_time_s=3, memory_bytes=512 << 20, max_processes=16, output_bytes=4096)
@@ -287,3 +287,39 @@ def test_legitimate_work_still_runs(box):
     result = box.run(code)
     assert result.ok, result.stderr
     assert result.stdout.split() == ["45", "7", '{"a":', "1}"]
+
+
+def test_a_full_report_has_no_gaps_and_each_missing_layer_is_named():
+    full = {
+        "uid": 0,
+        "processes": "cgroup pids.max (/sys/fs/cgroup/pids/x)",
+        "namespaces": "net,mnt,ipc,uts,pid",
+        "network": "isolated (new network namespace, no interfaces up)",
+        "filesystem": "Landlock ABI 7: write only in the working directory, read system/Python dirs",
+        "capabilities": "none",
+    }
+    assert isolation_gaps(full) == []
+    assert isolation_gaps({**full, "uid": 1000, "processes": "RLIMIT_NPROC"}) == []  # binds for a user
+    weak = {**full, "filesystem": "no Landlock: plain file permissions only", "processes": "unlimited (root ...)"}
+    assert isolation_gaps(weak) == [
+        "filesystem: no Landlock: plain file permissions only",
+        "processes: unlimited (root ...)",
+    ]
+
+
+def test_a_sandbox_weaker_than_full_says_so_once(caplog, monkeypatch):
+    """Without namespaces and Landlock (as on a machine that lacks them), the first sandbox logs what is missing;
+    the next ones (one per episode) do not repeat it."""
+    from llmrl_core.tools import sandbox as sandbox_module
+
+    monkeypatch.setattr(sandbox_module, "_WARNED_GAPS", set())
+    config = SandboxConfig(limits=LIMITS, namespaces=False, landlock=False)
+    with caplog.at_level("WARNING", logger="llmrl.sandbox"):
+        for _ in range(2):
+            with Sandbox(config) as box:
+                assert box.run("print(1)").stdout == "1\n"
+    warnings = [r.getMessage() for r in caplog.records if r.name == "llmrl.sandbox"]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith("model-written code runs with weaker isolation than full here: namespaces: not used")
+    assert "network: Python audit hook only" in warnings[0]
+    assert "filesystem: Landlock disabled by configuration" in warnings[0]

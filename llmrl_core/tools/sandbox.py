@@ -21,13 +21,15 @@ What confines the code (details and order in :mod:`llmrl_core.tools.sandbox_chil
 
 A crash, a kill or a timeout never raises here: it comes back as an :class:`ExecResult` whose
 ``status`` and ``error`` say what happened, and the next :meth:`Sandbox.run` starts a fresh interpreter.
-:attr:`Sandbox.isolation` reports which mechanisms are actually in force on this machine.
+:attr:`Sandbox.isolation` reports which mechanisms are actually in force on this machine; when one is missing
+(:func:`isolation_gaps`), the first sandbox of a process logs a warning naming it (``llmrl.sandbox``).
 """
 
 from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import secrets
 import select
@@ -46,6 +48,8 @@ from llmrl_core.tools.sandbox_support import OutputDrain, PidsCgroup, readable_p
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 _LIVE: weakref.WeakSet[Sandbox] = weakref.WeakSet()
+_WARNED_GAPS: set[tuple[str, ...]] = set()  # the isolation gaps this process has logged (once each)
+log = logging.getLogger("llmrl.sandbox")
 _BOOTSTRAP = "import sys; sys.path.insert(0, {root!r}); from llmrl_core.tools.sandbox_child import main; main()"
 
 
@@ -179,6 +183,7 @@ class Sandbox:
             self.close()
             raise SandboxError(f"sandbox failed to start: {why}\n{err}".rstrip())
         self.isolation = hello["report"]
+        _warn_once(isolation_gaps(self.isolation))
         self._had_state = False
         _LIVE.add(self)
 
@@ -329,6 +334,34 @@ class Sandbox:
             self.close()
         except Exception:  # noqa: BLE001 (interpreter shutdown)
             pass
+
+
+def isolation_gaps(report: Mapping[str, object]) -> list[str]:
+    """The confinement layers a sandbox's isolation ``report`` lacks, as ``"layer: what is in force"`` lines (empty
+    when every layer is in force: namespaces with no network, Landlock, no capabilities, a process cap that binds)."""
+    gaps = []
+    namespaces = str(report.get("namespaces", "not used (SandboxConfig.namespaces=False)"))
+    if not namespaces.startswith("net"):
+        gaps.append(f"namespaces: {namespaces}")
+    network = str(report.get("network", ""))
+    if not network.startswith("isolated"):
+        gaps.append(f"network: {network}")
+    filesystem = str(report.get("filesystem", "unknown"))
+    if not filesystem.startswith("Landlock ABI"):
+        gaps.append(f"filesystem: {filesystem}")
+    if report.get("capabilities") != "none":
+        gaps.append(f"capabilities: {report.get('capabilities', 'unknown')}")
+    processes = str(report.get("processes", "unknown"))
+    if processes.startswith("unlimited") or (report.get("uid") == 0 and not processes.startswith("cgroup")):
+        gaps.append(f"processes: {processes}")
+    return gaps
+
+
+def _warn_once(gaps: list[str]) -> None:
+    """Log the isolation gaps of this machine's sandboxes once per process (each sandbox start would repeat it)."""
+    if gaps and tuple(gaps) not in _WARNED_GAPS:
+        _WARNED_GAPS.add(tuple(gaps))
+        log.warning("model-written code runs with weaker isolation than full here: %s", "; ".join(gaps))
 
 
 @atexit.register
