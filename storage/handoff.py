@@ -98,6 +98,11 @@ class SharedWeights:
         self._views: dict[str, torch.Tensor] = {}
         self._shapes: dict[str, tuple[int, ...]] = {}
 
+    @property
+    def shared_root(self) -> Path:
+        """The shared-memory folder the handoff file goes under (``root``; default ``/dev/shm``)."""
+        return SHARED_MEMORY if self.root is None else self.root
+
     def write(self, state: Mapping[str, torch.Tensor]) -> Path | None:
         """Put ``state`` into the file; returns its path, or None when shared memory lacks room (write elsewhere).
 

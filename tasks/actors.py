@@ -257,6 +257,7 @@ class TrainerWorker:
     # (the weights went through shared memory: seal() writes the checkpoint)
     _staged: tuple[int, WrittenWeights | CheckpointManifest | None] | None = None
     _shared: SharedWeights | None = None  # set by share_weights()
+    _shared_fell_back = False  # the last stage() found no room in shared memory
 
     def __init__(self, cfg: GRPOConfig, model: str | None = None, layout: RunLayout | None = None) -> None:
         """``model``: a model reference (default ``cfg.model``), resolved on this worker (see
@@ -346,9 +347,10 @@ class TrainerWorker:
         start = time.perf_counter()
         state = self.trainer.state_dict_for_inference(copy=False)  # only written out, before the next step
         shared = self._shared.write(state) if self._shared is not None else None
+        note = self._shared_memory_note(shared is not None)
         if shared is not None:
             self._staged = (version, None)
-            return {"version": version, "checkpoint": str(shared), "seconds": time.perf_counter() - start}
+            return {"version": version, "checkpoint": str(shared), "seconds": time.perf_counter() - start, **note}
         written = self.checkpoints.write_weights(state, version)
         del state
         self._staged = (version, written if self.checkpoints.local else self._commit(written, config))
@@ -356,6 +358,21 @@ class TrainerWorker:
             "version": version,
             "checkpoint": str(self.checkpoints.weights_path(version)),
             "seconds": time.perf_counter() - start,
+            **note,
+        }
+
+    def _shared_memory_note(self, written: bool) -> dict[str, str]:
+        """``{"note": ...}`` when the shared-memory handoff stops (no room in /dev/shm: versions go through
+        checkpoint files) or starts again; ``{}`` otherwise (the flow logs the note, once per change)."""
+        if self._shared is None or written != self._shared_fell_back:
+            return {}
+        self._shared_fell_back = not written
+        if written:
+            return {"note": "shared memory has room again: new versions reach the engines through it"}
+        return {
+            "note": f"shared memory ({self._shared.shared_root}) lacks room for twice the weights: new versions "
+            "reach the engines through checkpoint files until it has (slower; free some of it or give the container "
+            "more)"
         }
 
     def weights_fingerprint(self, dtype: str) -> str:

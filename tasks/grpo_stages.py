@@ -8,6 +8,7 @@ Stages that can safely run twice (they rewrite the same shard names) retry once.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -304,6 +305,8 @@ def publish_weights(
     engine's fingerprint of what it loaded is kept; the seal computes the trainer's in the engines' dtypes
     (:func:`verify_engines_hold` compares them)."""
     staged = wait_calls([(trainer, trainer.stage(version, config))], "weight publishing", version)[0]
+    if "note" in staged:  # the shared-memory handoff stopped or started again
+        logging.getLogger("llmrl.publish").warning("version %d: %s", version, staged["note"])
     start = time.perf_counter()
     if weight_sync is not None and rollout_actors:
         weight_sync.push(version)

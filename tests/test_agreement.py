@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.policies.hf_scoring import render_chat_prompt
 from llmrl_core.policies.vllm_engine import generate
+from storage.handoff import SharedWeights
 from storage.layout import RunLayout
 from storage.schema import TrajectoryRecord
 from storage.trajectories import TrajectoryStore
@@ -192,3 +194,15 @@ def test_trainer_worker_takes_the_loss_menu_lora_and_checkpointing_from_the_conf
     stored = store.load(3)  # sha256 verified
     assert stored.manifest.parent_version == 2 and stored.manifest.dtypes == {"float32": stored.manifest.num_tensors}
     assert all(torch.equal(stored.state_dict[k], merged[k]) for k in engine_view)  # full precision in the store
+    # /dev/shm full when the handoff file must be made anew (here: a new one): the version goes through its
+    # checkpoint file, and the flow is told once (the note), and once more when shared memory has room again
+    worker._shared = SharedWeights(torch.bfloat16)
+    with monkeypatch.context() as full:
+        full.setattr("storage.handoff.shutil.disk_usage", lambda root: SimpleNamespace(free=0))
+        staged = worker.stage(4, {"test": True})
+    assert staged["checkpoint"] == str(store.weights_path(4)) and "lacks room for twice the weights" in staged["note"]
+    assert str(tmp_path / "shm") in staged["note"]
+    worker.seal(4, {"test": True})
+    staged = worker.stage(5, {"test": True})
+    assert Path(staged["checkpoint"]).parent.parent == tmp_path / "shm" and "room again" in staged["note"]
+    assert "note" not in worker.stage(5, {"test": True})  # said once per change
