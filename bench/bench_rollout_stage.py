@@ -46,8 +46,8 @@ def main() -> None:
     from llmrl_core.pipeline.grpo_config import GRPOConfig
     from llmrl_core.policies.vllm_engine import shutdown_llm
     from storage.trajectories import TrajectoryStore
-    from tasks.actors import RolloutWorker, sampling_config
     from tasks.grpo_stages import load_prompts
+    from tasks.rollout_actor import RolloutWorker, sampling_config
 
     cfg = load_config(
         GRPOConfig,

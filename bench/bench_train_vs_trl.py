@@ -8,7 +8,7 @@ the rollout actor with the packaged SmolLM2-135M-Instruct (in a child process, s
 the process that times the steps), group advantages by the ``advantages`` stage. Both sides then train on these
 exact token ids, advantages and sampling temperature; no generation is timed.
 
-- Ours: the trainer of the flows (``tasks.actors.TrainerWorker``, built from the same config: GRPO loss,
+- Ours: the trainer of the flows (``tasks.trainer_actor.TrainerWorker``, built from the same config: GRPO loss,
   token-mean, clip 0.2, no KL, no entropy term, AdamW, grad-norm clip 1.0, packed micro-batches under
   ``train.token_budget``), one ``Trainer.train_step`` on all rows.
 - TRL: ``trl.GRPOTrainer`` (transformers backend, TRL 1.x) in its own venv (``bench/.venv-trl``, created here
@@ -78,9 +78,9 @@ def generate(args: argparse.Namespace, out: Path) -> None:
     from llmrl_core.model_store import resolve_model
     from llmrl_core.policies.vllm_engine import shutdown_llm
     from storage.trajectories import TrajectoryStore
-    from tasks.actors import RolloutWorker
     from tasks.grpo_stages import assign_advantages, load_prompts
     from tasks.records import logprob_temperature
+    from tasks.rollout_actor import RolloutWorker
 
     cfg = config(args)
     worker = RolloutWorker(cfg, resolve_model(cfg.model))
@@ -221,7 +221,7 @@ def main() -> None:
     from llmrl_core.model_store import resolve_model
     from llmrl_core.trainer.batch import TrainSample
     from storage.layout import RunLayout
-    from tasks.actors import TrainerWorker
+    from tasks.trainer_actor import TrainerWorker
 
     cfg = config(args)
     model_path = resolve_model(cfg.model)

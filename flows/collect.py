@@ -22,9 +22,9 @@ from storage.layout import RunLayout
 from storage.trajectories import TrajectoryStore
 from tasks import grpo_stages as stages
 from tasks.actor_calls import wait_calls
-from tasks.actors import RolloutWorker
 from tasks.cluster import dask_cluster
 from tasks.reporting import artifact_key, live_markdown
+from tasks.rollout_actor import RolloutWorker
 
 
 def checkpoint_to_sample(run_id: str, layout: RunLayout, policy_version: int) -> str | None:

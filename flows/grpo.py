@@ -31,14 +31,15 @@ from storage.run_lock import RunLock
 from storage.trajectories import TrajectoryStore
 from tasks import grpo_stages as stages
 from tasks.actor_calls import WorkerLost, wait_calls
-from tasks.actors import RolloutWorker, TrainerWorker
 from tasks.cluster import dask_cluster
 from tasks.console import library_logs
 from tasks.fork import resolve_fork, start_from_fork
 from tasks.publishing import PendingPublish, publish_version, start_publish
 from tasks.reporting import BackgroundReports
+from tasks.rollout_actor import RolloutWorker
 from tasks.rollout_ahead import RolloutAhead
 from tasks.run_identity import identify_run
+from tasks.trainer_actor import TrainerWorker
 from tasks.weight_sync import choose_weight_route, endpoint_of, weight_sync_for
 
 

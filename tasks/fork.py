@@ -3,7 +3,7 @@
 :func:`resolve_fork` checks the starting point before anything starts — the source run exists under the same
 runs root, ``V`` is published and its checkpoint was kept — and returns what the flow needs: the source's
 layout (its checkpoint and trainer state), and its data cursor at ``V``. The trainer then restores that version
-(:meth:`tasks.actors.TrainerWorker.restore` with ``source=``) and the new run publishes it as its version 0; its
+(:meth:`tasks.trainer_actor.TrainerWorker.restore` with ``source=``) and the new run publishes it as its version 0; its
 MLflow run is a child of the source's (``mlflow.parentRunId``) and every lineage record names the fork point.
 A forked run that has versions of its own resumes from them (the fork applied at its start).
 """

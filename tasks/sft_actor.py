@@ -1,6 +1,6 @@
 """A resident trainer that runs epochs over a prepared training set (SFT and offline GRPO), and where it runs.
 
-:class:`EpochTrainerWorker` is a :class:`~tasks.actors.TrainerWorker` (same checkpoint, optimizer-state and
+:class:`EpochTrainerWorker` is a :class:`~tasks.trainer_actor.TrainerWorker` (same checkpoint, optimizer-state and
 RNG publishing and restoring, so the SFT and offline flows resume exactly as GRPO does) whose objective is
 chosen by a small :class:`TrainerSetup` -- ``SFTLoss`` or ``GRPOLoss`` -- and whose data is a training-set
 file (:mod:`tasks.train_data`) read by path or URI and cached on the worker. :func:`start_trainer` places it on the
@@ -23,9 +23,9 @@ from llmrl_core.pipeline.offline_config import OfflineConfig
 from llmrl_core.pipeline.sft_config import SFTConfig
 from storage.checkpoints import CheckpointStore
 from storage.layout import RunLayout
-from tasks.actors import TrainerWorker
 from tasks.cluster import Placement
 from tasks.train_data import epoch_batches, read_samples, samples_fingerprint
+from tasks.trainer_actor import TrainerWorker
 
 
 @dataclass

@@ -51,7 +51,7 @@ def _sampled_records(engine, tokenizer, logprobs_mode="processed_logprobs", temp
 
 @pytest.fixture(scope="module")
 def trainer_worker(tmp_path_factory, default_model_path):
-    from tasks.actors import TrainerWorker
+    from tasks.trainer_actor import TrainerWorker
 
     runs = tmp_path_factory.mktemp("runs")
     overrides = [
@@ -129,7 +129,7 @@ def test_trainer_worker_takes_the_loss_menu_lora_and_checkpointing_from_the_conf
     from safetensors.torch import load_file
 
     from storage.checkpoints import CheckpointStore
-    from tasks.actors import TrainerWorker
+    from tasks.trainer_actor import TrainerWorker
 
     overrides = [
         "run_id=agree",

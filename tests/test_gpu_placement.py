@@ -72,7 +72,7 @@ def test_engine_config_refuses_tensor_parallel_on_cpu() -> None:
 
 def test_rollout_worker_passes_the_settings_to_its_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     """RolloutWorker's constructor builds the EngineConfig from the rollout section (the engine start is stubbed)."""
-    import tasks.actors as actors
+    import tasks.rollout_actor as actors
 
     seen: list[EngineConfig] = []
 

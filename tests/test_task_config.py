@@ -154,7 +154,7 @@ def test_rollout_health_by_hand():
 def test_skip_zero_signal_groups_keeps_only_groups_whose_rewards_differ():
     from types import SimpleNamespace
 
-    from tasks.actors import signal_rows
+    from tasks.trainer_actor import signal_rows
 
     rows = [
         SimpleNamespace(group_id=g, reward=r) for g, r in [("a", 1.0), ("a", 1.0), ("b", 0.0), ("b", 1.0), ("c", 0.0)]

@@ -242,7 +242,7 @@ def test_publishing_broadcasts_instead_of_loading_the_checkpoint():
 def test_a_trainer_protects_the_checkpoints_a_resume_needs_until_its_version_is_committed():
     """Sealing v keeps v - 1 (the last commit) and, in an asynchronous run, the max_staleness versions before it
     (they re-sample the unpublished batches)."""
-    from tasks.actors import TrainerWorker
+    from tasks.trainer_actor import TrainerWorker
 
     trainer = TrainerWorker.__new__(TrainerWorker)  # only the config matters here
     trainer.cfg = _cfg()

@@ -57,7 +57,7 @@ class RolloutActor:
     """Lives on one Dask worker: a resident engine, an env factory, and the version of its weights.
 
     The one rollout actor of llmrl: :class:`DaskLLMCollector` uses it as is, and the GRPO/collect flows' rollout
-    worker (``tasks.actors.RolloutWorker``) extends it with staging shards and rollout metrics."""
+    worker (``tasks.rollout_actor.RolloutWorker``) extends it with staging shards and rollout metrics."""
 
     def __init__(self, env_factory: EnvFactory, engine_config: EngineConfig, sampling: SamplingConfig) -> None:
         from llmrl_core.policies.vllm_worker import start_engine

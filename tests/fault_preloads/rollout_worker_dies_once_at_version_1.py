@@ -13,7 +13,7 @@ def dask_setup(worker: Any) -> None:
     import signal
     from pathlib import Path
 
-    from tasks.actors import RolloutWorker
+    from tasks.rollout_actor import RolloutWorker
 
     rollout = RolloutWorker.rollout
     marker = Path(os.environ["LLMRL_TEST_FAULT_MARKER"])

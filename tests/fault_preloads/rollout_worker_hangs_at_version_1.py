@@ -11,7 +11,7 @@ def dask_setup(worker: Any) -> None:
     import os
     import signal
 
-    from tasks.actors import RolloutWorker
+    from tasks.rollout_actor import RolloutWorker
 
     rollout = RolloutWorker.rollout
 
