@@ -77,6 +77,16 @@ def evaluate(
     check_run_id(run_id)
     if not run_exists(run_id, runs_dir):
         raise PreflightError(f"run_id: no run {run_id!r} under {runs_dir or 'the runs root ($LLMRL_HOME/runs)'}")
+    env = run_env(run_id, runs_dir)
+    scoring = env_scoring(env)
+    if backend not in ("vllm", "transformers"):
+        raise PreflightError(f"backend: must be vllm or transformers, got {backend!r}")
+    if backend == "transformers" and (scoring == "agent" or env.get("verifiers")):
+        what = f"agent {env['agent']}" if scoring == "agent" else f"verifiers environment {env['verifiers']}"
+        raise PreflightError(
+            f"backend: run {run_id!r} trained the {what}, which talks to an OpenAI-compatible endpoint that only a "
+            "vLLM engine serves; evaluate it with backend=vllm"
+        )
     logger = get_run_logger()
     if k_values is None:
         k_values = [1, n_samples] if n_samples > 1 else [1]
@@ -84,8 +94,6 @@ def evaluate(
     if n_questions < 1:
         raise ValueError(f"n_questions must be >= 1, got {n_questions}")
     task_cfg = run_task(run_id, runs_dir, task)
-    env = run_env(run_id, runs_dir)
-    scoring = env_scoring(env)
     if scoring == "episode":
         logger.info("run %s trained in env %s: every episode is played in it, tools and turns included", run_id, env)
     elif scoring == "agent":

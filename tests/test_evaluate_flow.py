@@ -175,3 +175,25 @@ def test_version_selection_and_base_weights(tmp_path, default_model_path):
     state = base_state_dict(default_model_path)
     assert state["lm_head.weight"] is state["model.embed_tokens.weight"]  # the tied head is sent explicitly
     assert artifact_key("Evaluate-Run_1.x") == "evaluate-run-1-x"
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"agent": "my_agents:solve"}, "agent my_agents:solve"),
+        ({"verifiers": "wordle"}, "verifiers environment wordle"),
+    ],
+)
+def test_an_endpoint_run_is_refused_the_transformers_backend_before_any_engine(tmp_path, env, named):
+    """Agents and verifiers environments talk to the engine's OpenAI endpoint, which only vLLM serves: evaluating
+    such a run with backend=transformers is refused by name before anything starts."""
+    from flows.evaluate import evaluate
+    from llmrl_core.pipeline.preflight import PreflightError
+
+    run = tmp_path / "r1"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"env": env}))
+    with pytest.raises(PreflightError, match=rf"backend: run 'r1' trained the {named}, .* backend=vllm"):
+        evaluate.fn("r1", runs_dir=str(tmp_path), backend="transformers")
+    with pytest.raises(PreflightError, match="backend: must be vllm or transformers, got 'hf'"):
+        evaluate.fn("r1", runs_dir=str(tmp_path), backend="hf")
