@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from llmrl_cli.config_cmd import config_app
 from llmrl_cli.demo import demo
 from llmrl_cli.doctor import doctor
 from llmrl_cli.lineage import lineage
@@ -25,6 +26,7 @@ app.add_typer(trajectories_app, name="trajectories")
 run_app.command("sft")(run_sft)
 run_app.command("offline")(run_offline)
 app.add_typer(run_app, name="run")
+app.add_typer(config_app, name="config")
 app.command("lineage")(lineage)
 app.command("doctor")(doctor)
 app.command("demo")(demo)

@@ -64,7 +64,7 @@ class RewardFunctionConfig:
     """One reward function: ``function`` is ``module:function`` (called with prompt, completion, row)."""
 
     function: str
-    weight: float = 1.0
+    weight: float = 1.0  # its reward is multiplied by this before being added
     name: str | None = None  # the reward component's name (default: the function's name)
 
     def __post_init__(self) -> None:
@@ -82,7 +82,7 @@ class EnvConfig:
     args: dict[str, Any] = field(default_factory=dict)  # another name for options (reasoning_gym's spelling)
     transforms: list[dict[str, Any]] = field(default_factory=list)  # [{python_interpreter: {timeout: 5}}, ...]
     rewards: list[RewardFunctionConfig] = field(default_factory=list)
-    env_reward: bool = True
+    env_reward: bool = True  # also pay the env's own reward (the task's answer check)
     max_turns: int | None = None  # None: 1 for single-turn envs, 3 for the tool variants
     query_field: str | None = None  # the data row field holding the prompt (default: question; ifeval: prompt)
     agent: str | None = None  # "module:function": an OpenAI-API agent (docs/agents.md); the env name is then unused

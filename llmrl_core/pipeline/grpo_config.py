@@ -24,7 +24,7 @@ class DataConfig:
     source: str = "gsm8k:train"  # gsm8k:train | arithmetic:train[?ops=+&low=10&high=99] | a .jsonl/.parquet path
     prompts_per_iteration: int = 8
     group_size: int = 4
-    shuffle: bool = True
+    shuffle: bool = True  # shuffle the source once, seeded by seed (false: file order)
 
     def __post_init__(self) -> None:
         if self.prompts_per_iteration < 1 or self.group_size < 1:
@@ -45,13 +45,14 @@ class RolloutConfig:
     temperature-scaled distribution: keep ``top_p = 1`` for exact agreement (the agreement metrics show the gap).
     """
 
-    workers: int = 1
+    workers: int = 1  # rollout workers, one resident engine each
     dtype: str = "auto"  # auto: bf16 on CUDA and on CPUs with AMX/AVX512-BF16, float32 elsewhere
-    kv_cache_gb: float = 1.0
-    max_new_tokens: int = 128
-    temperature: float = 0.7
-    top_p: float = 1.0
-    max_model_len: int = 2048
+    kv_cache_gb: float = 1.0  # each CPU engine's KV cache (GiB)
+    max_new_tokens: int = 128  # longest response in tokens
+    temperature: float = 0.7  # sampling temperature (the trainer scores at the same one)
+    top_p: float = 1.0  # nucleus sampling (keep 1.0 for exact sampler/trainer agreement)
+    max_model_len: int = 2048  # prompt + response tokens an engine accepts
+    # processed: the log-probs of the distribution sampled from; raw: the model's at T = 1
     logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = "processed_logprobs"
     # 0: synchronous (sample with version v, train v -> v+1). k >= 1: asynchronous with bounded staleness: the
     # batch that trains v -> v+1 is sampled by version max(0, v - k), so the engines sample ahead while the
@@ -154,9 +155,9 @@ class TISConfig:
     TIS) or dropped when that ratio exceeds ``cap`` (``mode: mask``, masked IS). ``cap: null`` turns it off.
     """
 
-    cap: float | None = None
-    mode: Literal["truncate", "mask"] = "truncate"
-    level: Literal["token", "sequence"] = "token"
+    cap: float | None = None  # importance-weight cap (null: off)
+    mode: Literal["truncate", "mask"] = "truncate"  # truncate: weight min(ratio, cap); mask: drop above cap
+    level: Literal["token", "sequence"] = "token"  # one ratio per token, or per row (sequence)
 
     def __post_init__(self) -> None:
         if self.cap is not None:
@@ -167,10 +168,11 @@ class TISConfig:
 class LoraConfig:
     """LoRA adapters on the trainer (peft); published weights are the merged model."""
 
-    enabled: bool = False
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.0
+    enabled: bool = False  # train LoRA adapters instead of every weight
+    r: int = 16  # adapter rank
+    alpha: int = 32  # LoRA scaling numerator (scale = alpha / r)
+    dropout: float = 0.0  # dropout on the adapters
+    # the linear layers that get adapters
     target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
@@ -196,29 +198,29 @@ class TrainConfig:
     with ``agreement_stop`` it stops the run there instead (the version just trained is not published).
     """
 
-    lr: float = 5e-6
+    lr: float = 5e-6  # AdamW learning rate
     # a resume whose optimizer/RNG state is missing is an error; true: resume from the weights with a fresh optimizer
     resume_without_state: bool = False
-    steps_per_iteration: int = 1
+    steps_per_iteration: int = 1  # optimizer steps on each iteration's batch
     objective: Literal["ppo", "cispo"] = "ppo"
     clip_epsilon: float = 0.2
     clip_epsilon_high: float | None = None  # None: symmetric clip
     importance_level: Literal["token", "sequence"] = "token"
     advantage: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
-    kl_coef: float = 0.0
-    kl_in: Literal["loss", "reward"] = "loss"
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_coef: float = 0.0  # weight of the KL to the reference model (0: no reference model)
+    kl_in: Literal["loss", "reward"] = "loss"  # the KL as a loss term, or subtracted from the reward before advantages
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"  # Schulman's k1, k2 or k3 estimator of the KL
     aggregation: Literal["token_mean", "prompt_mean", "sequence_sum"] = "token_mean"
     entropy_coeff: float = 0.0
     tis: TISConfig = field(default_factory=TISConfig)
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = 1.0  # gradient clipping norm
     # Train only on groups whose rewards differ: an all-equal group has zero advantage, so it adds no policy
     # gradient, only tokens to the token-mean (diluting the rest) and compute. With kl_coef > 0 those groups
     # would still pull towards the reference; they are dropped all the same. Rows stay in the store.
     skip_zero_signal_groups: bool = False
     token_budget: int = 2048  # tokens per packed micro-batch: bounds the (tokens x vocab) logits memory
     mixed_precision: Literal["auto", "bf16", "no"] = "auto"  # auto: bf16 autocast where bf16 is native (as dtype)
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, slower)
     lora: LoraConfig = field(default_factory=LoraConfig)
     agreement_warn: float = 0.1
     agreement_stop: bool = False  # true: a gap over agreement_warn stops the run (the trained version unpublished)
@@ -280,7 +282,7 @@ class DaskConfig:
     """Where the stages run: a LocalCluster (rollout workers + 1 trainer) or an existing scheduler."""
 
     address: str | None = None  # e.g. tcp://127.0.0.1:8786; workers declare resources ROLLOUT / TRAINER or GPU
-    local_directory: str | None = None
+    local_directory: str | None = None  # the Dask workers' scratch folder (default: under the run folder)
 
 
 @dataclass
@@ -304,10 +306,10 @@ class GRPODaskConfig(DaskConfig):
 class GRPOConfig:
     """A GRPO run: model, data, rollouts, training, iterations, storage and tracking."""
 
-    run_id: str = "grpo-demo"
-    model: str = "default"
-    iterations: int = 3
-    seed: int = 0
+    run_id: str = "grpo-demo"  # the run: its folder, its MLflow run; the same run_id again resumes it
+    model: str = "default"  # "default" (packaged SmolLM2-135M-Instruct), a folder or an `llmrl models` name
+    iterations: int = 3  # policy versions to train (the run's last version number)
+    seed: int = 0  # seeds the prompt order, the sampling and the trainer's RNG
     runs_dir: str | None = None  # default $LLMRL_HOME/runs
     tracking_uri: str | None = None  # default: one sqlite store per runs root (<runs_dir>/mlflow.db)
     keep_checkpoints: int = 3  # the newest N checkpoints are kept...

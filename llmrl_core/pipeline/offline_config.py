@@ -22,7 +22,7 @@ from llmrl_core.pipeline.task_config import TaskConfig
 class OfflineSourceConfig:
     """Which stored trajectories to train on."""
 
-    run_id: str = "grpo-demo"
+    run_id: str = "grpo-demo"  # the run whose trajectories are trained on
     versions: list[int] = field(default_factory=list)  # empty: every stored version
     store: str | None = None  # trajectory store root; default RUNS_DIR/trajectories
 
@@ -40,15 +40,15 @@ class RescoreConfig:
 class OfflineConfig:
     """An offline GRPO run: source trajectories, re-scoring, epochs, trainer, storage and tracking."""
 
-    run_id: str = "offline-demo"
+    run_id: str = "offline-demo"  # this run: its folder, its MLflow run; the same run_id again resumes it
     model: str = "default"  # starting weights
-    epochs: int = 1
+    epochs: int = 1  # passes over the stored trajectories (the run's last version number)
     groups_per_step: int = 8  # prompt groups per mini-batch
     skip_zero_signal: bool = True  # leave out groups whose (re-scored) rewards are all equal: no gradient
-    seed: int = 0
+    seed: int = 0  # seeds the batch order and the trainer's RNG
     runs_dir: str | None = None  # default $LLMRL_HOME/runs
     tracking_uri: str | None = None  # default: one sqlite store per runs root (<runs_dir>/mlflow.db)
-    keep_checkpoints: int = 3
+    keep_checkpoints: int = 3  # the newest N checkpoints are kept
     source: OfflineSourceConfig = field(default_factory=OfflineSourceConfig)
     rescore: RescoreConfig = field(default_factory=RescoreConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

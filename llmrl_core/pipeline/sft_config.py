@@ -59,17 +59,17 @@ class SFTTrajectoriesConfig:
 class SFTTrainConfig:
     """The trainer: SFT loss options (TorchRL's SFTLoss names), optimizer, batch size and placement."""
 
-    lr: float = 1e-5
+    lr: float = 1e-5  # AdamW learning rate
     # a resume whose optimizer/RNG state is missing is an error; true: resume from the weights with a fresh optimizer
     resume_without_state: bool = False
     batch_size: int = 8  # samples per optimizer step
-    loss_function: Literal["sft", "minor_sft"] = "sft"
-    normalize_by_seq_length: bool = True
+    loss_function: Literal["sft", "minor_sft"] = "sft"  # minor_sft: weighted by the reference (uses beta)
+    normalize_by_seq_length: bool = True  # average each sample's loss over its tokens (false: sum)
     beta: float = 0.1  # minor_sft temperature
     kl_to_ref_coeff: float = 0.0  # > 0 adds the KL to the frozen starting model (sft only)
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = 1.0  # gradient clipping norm
     token_budget: int = 2048  # tokens per packed micro-batch
-    mixed_precision: Literal["auto", "bf16", "no"] = "auto"
+    mixed_precision: Literal["auto", "bf16", "no"] = "auto"  # auto: bf16 autocast where bf16 is native
     threads: int = 0  # torch threads on the trainer worker (0: all cores)
     device: str = "auto"  # "auto" | "cpu" | "cuda"
 
@@ -92,14 +92,14 @@ class SFTTrainConfig:
 class SFTConfig:
     """An SFT run: model, data (a dataset or selected trajectories), epochs, storage and tracking."""
 
-    run_id: str = "sft-demo"
-    model: str = "default"
-    source: Literal["dataset", "trajectories"] = "dataset"
-    epochs: int = 1
-    seed: int = 0
+    run_id: str = "sft-demo"  # the run: its folder, its MLflow run; the same run_id again resumes it
+    model: str = "default"  # "default" (packaged SmolLM2-135M-Instruct), a folder or an `llmrl models` name
+    source: Literal["dataset", "trajectories"] = "dataset"  # train on data (a chat set) or on trajectories
+    epochs: int = 1  # passes over the training set (the run's last version number)
+    seed: int = 0  # seeds the batch order and the trainer's RNG
     runs_dir: str | None = None  # default $LLMRL_HOME/runs
     tracking_uri: str | None = None  # default: one sqlite store per runs root (<runs_dir>/mlflow.db)
-    keep_checkpoints: int = 3
+    keep_checkpoints: int = 3  # the newest N checkpoints are kept
     data: SFTDataConfig = field(default_factory=SFTDataConfig)
     trajectories: SFTTrajectoriesConfig = field(default_factory=SFTTrajectoriesConfig)
     train: SFTTrainConfig = field(default_factory=SFTTrainConfig)

@@ -20,11 +20,11 @@ from llmrl_core.pipeline.env_config import EnvConfig, build_env
 class TaskConfig:
     """Prompt format (system prompt, question template, few-shot turns), reward values and held-out prompts."""
 
-    system_prompt: str | None = GSM8K_SYSTEM_PROMPT
+    system_prompt: str | None = GSM8K_SYSTEM_PROMPT  # the system turn of every prompt (None: none)
     question_template: str | None = GSM8K_QUESTION_TEMPLATE  # must contain {question}; None: the bare question
     few_shot: list[dict[str, Any]] = field(default_factory=list)  # [{question, response | turns}] before the question
     format_reward: float = 0.1  # for an answer tag with a wrong answer; 0 leaves nothing to farm
-    correct_reward: float = 1.0
+    correct_reward: float = 1.0  # for the right answer
     eval_source: str = "gsm8k:test"  # held-out prompts of the evaluate flow (gsm8k:test, arithmetic:test, a path)
 
     def __post_init__(self) -> None:
