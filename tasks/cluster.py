@@ -131,6 +131,39 @@ def place_workers(workers: dict[str, dict], n_rollout: int) -> tuple[list[str], 
     return rollout[:n_rollout], trainers[0]
 
 
+JOIN_WAIT_S = 120.0  # how long a run on a joined cluster waits for the workers it needs to be there
+
+
+def wait_for_placement(
+    client: Any, n_rollout: int, timeout_s: float = JOIN_WAIT_S, poll_s: float = 2.0
+) -> tuple[list[str], str]:
+    """:func:`place_workers` on a joined cluster, once it has ``n_rollout`` rollout workers and a trainer: workers
+    starting beside the flow, or a lost worker's replacement after a restart, get up to ``timeout_s`` to join
+    (one log line while waiting). Then the placement error says what is still missing."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    said = False
+    while True:
+        workers = client.scheduler_info()["workers"]
+        try:
+            rollout, trainer = place_workers(workers, n_rollout)
+            if len(rollout) >= n_rollout:
+                return rollout, trainer
+            missing: Exception = RuntimeError(
+                f"rollout.workers={n_rollout} but the cluster has {len(rollout)} worker(s) declaring ROLLOUT "
+                f"(besides the trainer): start more, or set rollout.workers={len(rollout)}"
+            )
+        except RuntimeError as err:
+            missing = err
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"after waiting {timeout_s:.0f} s for the cluster's workers: {missing}") from None
+        if not said:
+            _logger().info("waiting up to %.0f s for the cluster's workers (%s)", timeout_s, missing)
+            said = True
+        time.sleep(poll_s)
+
+
 def trainer_worker(workers: dict[str, dict]) -> str:
     """The trainer of a run without rollouts: the worker declaring ``TRAINER`` or ``GPU``, else the only one."""
     declared = sorted(a for a, w in workers.items() if {"GPU", "TRAINER"} & set(w.get("resources", {})))
@@ -389,7 +422,7 @@ def dask_cluster(cfg: RunConfig, scratch: Path, rollout_workers: int | None = No
     n_rollout = rollout_count(cfg, rollout_workers)
     if cfg.dask.address:
         with Client(cfg.dask.address) as client:
-            rollout, trainer = place_workers(client.scheduler_info()["workers"], n_rollout)
+            rollout, trainer = wait_for_placement(client, n_rollout)
             place = Placement(client, rollout, trainer)
             try:
                 yield place
