@@ -15,7 +15,6 @@ command left the server running for good. Here the command starts the same API (
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,8 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from llmrl_core.ports import free_port
 
 STARTUP_TIMEOUT_S = 180.0  # a busy 2-core machine can take a while to import Prefect's server
 
@@ -40,7 +41,7 @@ def run_api() -> Iterator[str | None]:
         return
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}/api"
     log_path = Path(os.environ.get("PREFECT_HOME", ".")).expanduser() / "run-api.log"
     with log_path.open("ab") as log:
@@ -79,13 +80,6 @@ def _drain_prefect_clients() -> None:
             worker.drain_all(timeout=10)
         except Exception:  # noqa: BLE001 - best effort: the run's own result is already decided
             pass
-
-
-def _free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def http_ready(proc: subprocess.Popen, url: str, timeout_s: float, poll_s: float = 0.5) -> str | None:

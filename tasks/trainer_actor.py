@@ -241,11 +241,9 @@ class TrainerWorker:
     # --- weight group (trainer = rank 0; tasks/weight_sync.py drives both sides) ---------------------
     def weight_group_port(self) -> int:
         """A TCP port free on this worker's host, for the weight group's rendezvous."""
-        import socket
+        from llmrl_core.ports import free_port
 
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            return int(sock.getsockname()[1])
+        return free_port("")
 
     def open_weight_group(self, master_address: str, master_port: int, world_size: int) -> None:
         """Host the weight group as rank 0 on the trainer's device, NCCL on a GPU and gloo on the CPU (blocks until

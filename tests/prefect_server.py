@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,14 +27,9 @@ from typing import Any
 
 import psutil
 
+from llmrl_core.ports import free_port
+
 PREFECT = str(Path(sys.executable).with_name("prefect"))
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def log_tail(path: Path, chars: int = 4000) -> str:

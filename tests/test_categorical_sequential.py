@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 from torch.distributions import Categorical
 
 from llmrl_core.policies import CategoricalSequential
+from llmrl_core.ports import free_port
 from llmrl_core.weight_sync import stateless_init_process_group
 
 B, T, V = 3, 7, 11
@@ -104,16 +103,10 @@ def test_shape_errors(case):
 
 
 # --- stateless_init_process_group ---------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on machines without CUDA")
 def test_stateless_group_without_cuda_says_nccl_needs_cuda():
     with pytest.raises(RuntimeError, match="NCCL weight sync needs CUDA"):
-        stateless_init_process_group("127.0.0.1", _free_port(), 0, 1, "cuda:0")
+        stateless_init_process_group("127.0.0.1", free_port(), 0, 1, "cuda:0")
 
 
 def test_stateless_group_argument_checks():
@@ -127,7 +120,7 @@ def test_stateless_group_argument_checks():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_stateless_group_world_size_one_broadcasts_on_gpu():
     pytest.importorskip("vllm.distributed.device_communicators.pynccl")
-    comm = stateless_init_process_group("127.0.0.1", _free_port(), 0, 1, torch.device("cuda:0"))
+    comm = stateless_init_process_group("127.0.0.1", free_port(), 0, 1, torch.device("cuda:0"))
     assert comm.rank == 0 and comm.world_size == 1
     tensor = torch.arange(8, dtype=torch.float32, device="cuda:0")
     comm.broadcast(tensor, src=0, stream=torch.cuda.current_stream())

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from llmrl_core.envs.chat_env import ChatEnv
+from llmrl_core.ports import free_port
 from llmrl_core.tools.mcp_client import MCPClientPool, MCPConnectionError
 from llmrl_core.tools.mcp_transform import MCPToolTransform
 from llmrl_core.tools.servers.calculator import convert, evaluate_expression
@@ -144,9 +145,7 @@ def test_bad_server_command_fails_at_start_naming_it():
 
 
 def test_http_round_trip():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen([CALC["command"], *CALC["args"], "--http", "--port", str(port)])
     try:
         deadline = time.monotonic() + 30

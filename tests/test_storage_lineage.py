@@ -177,14 +177,13 @@ def mlflow_server(tmp_path):
     """A real MLflow tracking server (sqlite backend, proxied artifacts) on a free local port."""
     import os
     import signal
-    import socket
     import sys
     import time
     import urllib.request
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    from llmrl_core.ports import free_port
+
+    port = free_port()
     mlflow_bin = Path(sys.executable).with_name("mlflow")
     command = [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     command += ["--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}"]

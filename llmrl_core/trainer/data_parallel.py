@@ -56,6 +56,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from llmrl_core.ports import free_port
 from llmrl_core.trainer.batch import TrainSample
 from llmrl_core.trainer.train_step import StepTotals, Trainer
 
@@ -213,13 +214,6 @@ def _buckets(grads: Sequence[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
 # ------------------------------------------------------------------------------------------------ launching
 
 
-def free_loopback_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _loopback_interface() -> str | None:
     for _, name in socket.if_nameindex():
         if name.startswith("lo"):
@@ -313,7 +307,7 @@ def run_data_parallel(
         multiprocessing.get_context("forkserver").set_forkserver_preload([fn.__module__])
     backend = backend or default_backend()
     with tempfile.TemporaryDirectory(prefix="llmrl-dp-") as results:
-        port = free_loopback_port()
+        port = free_port()
         mp.start_processes(
             _rank_main,
             args=(fn, args, world_size, backend, port, results, timeout_s),

@@ -20,7 +20,6 @@ started with ``EngineConfig(weight_sync_extension=True)``.
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,17 +27,12 @@ from typing import Any
 
 import torch
 
+from llmrl_core.ports import free_port
 from llmrl_core.weight_sync.process_group import stateless_init_process_group
 from llmrl_core.weight_sync.serialization import state_dict_to_bytes, write_state_dict_atomic
 from llmrl_core.weight_sync.worker_extension import reload_and_fingerprint
 
 WEIGHT_SYNC_MODES = ("in_process", "bytes", "file", "nccl")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 TIED_NAMES = ("model.embed_tokens.weight", "lm_head.weight")
@@ -179,7 +173,7 @@ class vLLMUpdater:  # noqa: N801 - TorchRL's name
     def _init_nccl(self) -> None:
         if not torch.cuda.is_available():
             raise RuntimeError("mode='nccl' needs CUDA; use 'in_process', 'bytes' or 'file' on CPU")
-        port = self.master_port or _free_port()
+        port = self.master_port or free_port()
         sizes = [int(llm.llm_engine.vllm_config.parallel_config.world_size) for llm in self.engines]
         world = 1 + sum(sizes)
         offsets = [1 + sum(sizes[:i]) for i in range(len(sizes))]
