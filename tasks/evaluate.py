@@ -47,11 +47,10 @@ _RESIDENT: dict[str, dict[str, Any]] = {}  # engine-config hash -> {"worker": vL
 
 def ifeval_rows(source: str, limit: int) -> list[dict[str, Any]]:
     """The first ``limit`` IFEval rows of ``source`` (``ifeval``: the shipped prompts, or a jsonl path)."""
+    from llmrl_core.builtin_data.ifeval_data import load_ifeval
     from llmrl_core.builtin_data.sources import resolve_source
 
-    path = Path(resolve_source(source) if source.startswith("ifeval") else source)
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return rows[:limit]
+    return load_ifeval(resolve_source(source) if source.startswith("ifeval") else source, limit=limit)
 
 
 def engine_config_for(settings: dict[str, Any]) -> EngineConfig:

@@ -6,8 +6,9 @@ each row ``{"question": str, "answer": str}`` with the gold number after ``####`
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from llmrl_core.jsonl import iter_jsonl
 
 _ROOT = Path(__file__).resolve().parent
 GSM8K_SPLITS = ("train", "test")
@@ -24,20 +25,13 @@ def load_gsm8k(split: str = "train", limit: int | None = None) -> list[dict[str,
     """Read the shipped GSM8K split as a list of ``{"question", "answer"}`` dicts."""
     path = gsm8k_path(split)
     rows: list[dict[str, str]] = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if limit is not None and len(rows) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
-            missing = {"question", "answer"} - set(row)
-            if missing:
-                raise ValueError(f"{path}:{lineno}: missing field(s) {sorted(missing)}")
-            rows.append({"question": row["question"], "answer": row["answer"]})
+    for where, row in iter_jsonl(path):
+        if limit is not None and len(rows) >= limit:
+            break
+        missing = {"question", "answer"} - set(row)
+        if missing:
+            raise ValueError(f"{where}: missing field(s) {sorted(missing)}")
+        rows.append({"question": row["question"], "answer": row["answer"]})
     return rows
 
 

@@ -7,9 +7,10 @@ instruction ids and their kwargs are checked by ``llmrl_core.envs.ifeval`` (whic
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from llmrl_core.jsonl import iter_jsonl
 
 _ROOT = Path(__file__).resolve().parent
 IFEVAL_NUM_ROWS = 541
@@ -47,15 +48,8 @@ def load_ifeval(path: str | Path | None = None, limit: int | None = None) -> lis
     """Read IFEval rows (default: the shipped file) as dicts, checking every row's structure."""
     path = Path(path) if path is not None else ifeval_path()
     rows: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if limit is not None and len(rows) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
-            rows.append(check_ifeval_row(row, f"{path}:{lineno}"))
+    for where, row in iter_jsonl(path):
+        if limit is not None and len(rows) >= limit:
+            break
+        rows.append(check_ifeval_row(row, where))
     return rows

@@ -9,10 +9,11 @@ end, so it is read as a :class:`RowStream` instead: in its own order, item by it
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from llmrl_core.jsonl import iter_jsonl
 
 
 class RowSource:
@@ -33,19 +34,7 @@ class RowSource:
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            rows.append(row)
-    return rows
+    return [row for _, row in iter_jsonl(path)]
 
 
 def _read_parquet(path: Path) -> list[dict[str, Any]]:
