@@ -34,6 +34,13 @@ from tasks.actor_calls import WorkerLost, wait_calls
 from tasks.cluster import dask_cluster
 from tasks.console import library_logs
 from tasks.fork import resolve_fork, start_from_fork
+from tasks.iteration_log import (
+    agreement_off_line,
+    bar_postfix,
+    failed_episodes_line,
+    iteration_lines,
+    iteration_metrics,
+)
 from tasks.publishing import PendingPublish, publish_version, start_publish
 from tasks.reporting import BackgroundReports
 from tasks.rollout_actor import RolloutWorker
@@ -244,7 +251,6 @@ def run_grpo(cfg: GRPOConfig, log: Any) -> dict[str, Any]:
             ref_info = stages.score_reference(trainer, batch.staging_uri, sampled) if cfg.train.kl_coef > 0 else {}
             written = stages.write_trajectories(cfg, batch.staging_uri, store_uri, sampled, batch.shard_prefix)
             _maybe_fail(cfg, "write_trajectories", version)
-            adv = written["advantages"]
             if pending is not None:  # the engines that sampled this batch hold the trainer's weights (fingerprints)
                 pending.verify()
             t_train = time.perf_counter()
@@ -253,29 +259,23 @@ def run_grpo(cfg: GRPOConfig, log: Any) -> dict[str, Any]:
                 pending.complete()
                 pending = None
             train_metrics = training.result()
-            train_wall_s = time.perf_counter() - t_train
+            train_s = time.perf_counter() - t_train
             _maybe_fail(cfg, "train", version)
-            if disagree := stages.agreement_off_line(version, train_metrics, cfg):
+            if disagree := agreement_off_line(version, train_metrics, cfg):
                 if cfg.train.agreement_stop:  # version + 1 is not published: a resume samples version `version` again
                     raise stages.AgreementOff(f"{disagree} Stopped (train.agreement_stop); version {version} is kept")
                 log.warning(disagree)
-            if skipped := stages.failed_episodes_line(version, shards):
+            if skipped := failed_episodes_line(version, shards):
                 log.warning(skipped)
-            metrics = {
-                **stages.merge_shard_metrics(shards),
-                "rollout_s": max(s["seconds"] for s in shards),
-                "trainer_wait_s": arrived.wait_s,  # the trainer idle, waiting for this batch's rollouts
-                # the engines idle (no rollout, no weight load) before they started this batch
-                "rollout_idle_s": max(s["engine_idle_s"] for s in shards),
-                # the engines' own reload of the weights they sampled with (vLLM reload_weights, kernel re-packing)
-                "engine_reload_s": max(s.get("engine_reload_s", 0.0) for s in shards),
-                "train_s": train_wall_s,
-                "sampled_by_version": float(sampled),
-                "groups_with_signal": adv["groups"] - adv["zero_signal_groups"] - adv["dropped_groups"],
-                **written["reward_spread"],
-                **{k: float(v) for k, v in ref_info.items() if k != "rows"},
-                **{k: float(v) for k, v in train_metrics.items() if isinstance(v, int | float)},
-            }
+            metrics = iteration_metrics(
+                shards,
+                written,
+                ref_info,
+                train_metrics,
+                sampled=sampled,
+                trainer_wait_s=arrived.wait_s,
+                train_s=train_s,
+            )
             metrics["iteration_s"] = time.perf_counter() - t_iter
             pending = start_publish(
                 trainer,
@@ -295,48 +295,9 @@ def run_grpo(cfg: GRPOConfig, log: Any) -> dict[str, Any]:
             _maybe_fail(cfg, "publish", version)
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(
-                    reward=f"{metrics['reward_mean']:.3f}",
-                    acc=f"{metrics.get('accuracy', float('nan')):.3f}",
-                    distinct=f"{metrics.get('distinct_responses', float('nan')):.2f}",
-                    s=f"{metrics['iteration_s']:.0f}",
-                )
-            log.info(
-                "version %d -> %d: %d rollouts, reward %.3f, accuracy %.3f, distinct %.2f, %.0f response tokens, "
-                "%s, sampler/trainer |delta log-prob| mean %.2e max %.2e, %.1f s; trajectories %s",
-                version,
-                version + 1,
-                written["rows"],
-                metrics["reward_mean"],
-                metrics.get("accuracy", float("nan")),
-                metrics.get("distinct_responses", float("nan")),
-                metrics["response_tokens_mean"],
-                f"loss {metrics['loss']:.4f}"
-                if "loss" in metrics
-                else f"nothing trained ({metrics.get('groups_with_signal', 0):.0f} groups with signal)",
-                metrics.get("agreement_abs_diff_mean", float("nan")),
-                metrics.get("agreement_abs_diff_max", float("nan")),
-                metrics["iteration_s"],
-                written["partition"],
-            )
-            if batch.staleness:
-                log.info(
-                    "version %d: batch sampled by version %d (%d behind); trainer waited %.1f s for it, engines idle "
-                    "%.1f s before it; off-policy |delta log-prob| %.2e",
-                    version,
-                    sampled,
-                    batch.staleness,
-                    metrics["trainer_wait_s"],
-                    metrics["rollout_idle_s"],
-                    metrics.get("offpolicy_abs_diff_mean", float("nan")),
-                )
-            if "tool_call_rate" in metrics:
-                log.info(
-                    "version %d: %.0f%% of rollouts called a tool, %.0f%% of the calls worked",
-                    version,
-                    100 * metrics["tool_call_rate"],
-                    100 * metrics["tool_success_rate"],
-                )
+                bar.set_postfix(**bar_postfix(metrics))
+            for line in iteration_lines(version, metrics, written, batch.staleness):
+                log.info("%s", line)
         if pending is not None:
             pending.complete()
         if bar is not None:

@@ -86,63 +86,9 @@ def load_prompts(cfg: GRPOConfig, primer_state: dict | None) -> tuple[list[Promp
     return rows, primer.state_dict()
 
 
-def merge_shard_metrics(shards: list[dict]) -> dict[str, float]:
-    """Row-weighted means of the shards' rollout metrics (min/max of the token extremes)."""
-    rows = sum(s["rows"] for s in shards)
-    merged: dict[str, float] = {}
-    for key in (
-        "reward_mean",
-        "accuracy",
-        "answer_rate",
-        "distinct_responses",
-        "identical_groups",
-        "response_tokens_mean",
-        "truncated_rate",
-    ):
-        if all(key in s for s in shards):
-            merged[key] = sum(s[key] * s["rows"] for s in shards) / rows
-    calls = sum(s.get("tool_calls", 0.0) for s in shards)
-    if calls:  # a tool env: the share of rollouts that called a tool, and the share of calls that worked
-        merged["tool_call_rate"] = sum(s.get("tool_call_rate", 0.0) * s["rows"] for s in shards) / rows
-        merged["tool_success_rate"] = 1.0 - sum(s.get("tool_errors", 0.0) for s in shards) / calls
-    if any("reward_errors" in s for s in shards):  # env.reward_errors=skip: episodes whose reward function failed
-        merged["reward_errors"] = sum(s.get("reward_errors", 0.0) for s in shards)
-    for key in {k for s in shards for k in s if k.startswith("agent_") and isinstance(s[k], int | float)}:
-        merged[key] = sum(s.get(key, 0.0) for s in shards)  # env.agent: episodes, failures (by kind), ...
-    if any("agent_calls_mean" in s for s in shards):  # ... except the per-row mean, weighted by the stored rows
-        merged["agent_calls_mean"] = sum(s.get("agent_calls_mean", 0.0) * s["rows"] for s in shards) / max(rows, 1)
-    if all("response_tokens_min" in s for s in shards):
-        merged["response_tokens_min"] = min(s["response_tokens_min"] for s in shards)
-        merged["response_tokens_max"] = max(s["response_tokens_max"] for s in shards)
-    return merged
-
-
 class AgreementOff(RuntimeError):
     """``train.agreement_stop``: the sampler's and the trainer's log-probs of a batch differ by more than
     ``train.agreement_warn``; the run stops before the version trained on it is published."""
-
-
-def agreement_off_line(version: int, metrics: dict[str, Any], cfg: GRPOConfig) -> str | None:
-    """The warning (or, with ``train.agreement_stop``, the error) for an iteration whose sampler and trainer
-    disagree before training; None when they agree."""
-    if not metrics.get("agreement_off"):
-        return None
-    return (
-        f"version {version}: sampler and trainer disagree before training: mean |delta log-prob| "
-        f"{metrics['agreement_abs_diff_mean']:.4f} (max {metrics.get('agreement_abs_diff_max', float('nan')):.3f}, "
-        f"KL {metrics.get('agreement_kl_to_sampler', float('nan')):.5f}) > train.agreement_warn "
-        f"{cfg.train.agreement_warn:.3f}. The engines may hold other weights than the trainer (a failed weight "
-        "publish), or sample in another dtype/temperature than it scores."
-    )
-
-
-def failed_episodes_line(version: int, shards: list[dict]) -> str | None:
-    """The warning for a batch in which some episodes' reward functions failed (skipped), with an example."""
-    failed = sum(s.get("reward_errors", 0.0) for s in shards)
-    if not failed:
-        return None
-    example = next(e for s in shards for e in s.get("reward_error_examples", []))
-    return f"version {version}: {failed:.0f} episode(s) skipped (env.reward_errors=skip), e.g. {example}"
 
 
 def dispatch_rollout(

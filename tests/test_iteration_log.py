@@ -1,0 +1,70 @@
+"""tasks/iteration_log.py: a GRPO iteration's metrics row and log lines, checked against hand-computed values."""
+
+from __future__ import annotations
+
+from llmrl_core.pipeline.grpo_config import GRPOConfig
+from tasks.iteration_log import (
+    agreement_off_line,
+    bar_postfix,
+    failed_episodes_line,
+    iteration_lines,
+    iteration_metrics,
+)
+
+SHARDS = [
+    {"rows": 6, "reward_mean": 0.5, "accuracy": 0.5, "response_tokens_mean": 10.0, "seconds": 3.0,
+     "engine_idle_s": 0.2, "response_tokens_min": 4, "response_tokens_max": 20, "tool_calls": 4.0,
+     "tool_call_rate": 0.5, "tool_errors": 1.0},
+    {"rows": 2, "reward_mean": 1.0, "accuracy": 1.0, "response_tokens_mean": 30.0, "seconds": 5.0,
+     "engine_idle_s": 0.1, "engine_reload_s": 0.4, "response_tokens_min": 2, "response_tokens_max": 40,
+     "tool_calls": 0.0, "tool_call_rate": 0.0},
+]  # fmt: skip
+WRITTEN = {
+    "rows": 8,
+    "partition": "runs/trajectories/run_id=r/policy_version=3",
+    "advantages": {"groups": 4, "zero_signal_groups": 1, "dropped_groups": 1},
+    "reward_spread": {"reward_p10": 0.0, "reward_p90": 1.0},
+}
+
+
+def test_the_metrics_row_weights_the_shards_by_rows_and_keeps_each_stage_time():
+    m = iteration_metrics(
+        SHARDS, WRITTEN, {"kl_to_ref": 0.01, "rows": 8}, {"loss": 0.25, "note": "x"},
+        sampled=3, trainer_wait_s=1.5, train_s=2.5,
+    )  # fmt: skip
+    assert m["reward_mean"] == (6 * 0.5 + 2 * 1.0) / 8 and m["response_tokens_mean"] == (60 + 60) / 8
+    assert (m["response_tokens_min"], m["response_tokens_max"]) == (2, 40)
+    assert m["tool_call_rate"] == (6 * 0.5) / 8 and m["tool_success_rate"] == 1 - 1 / 4
+    assert (m["rollout_s"], m["rollout_idle_s"], m["engine_reload_s"]) == (5.0, 0.2, 0.4)
+    assert (m["trainer_wait_s"], m["train_s"], m["sampled_by_version"]) == (1.5, 2.5, 3.0)
+    assert m["groups_with_signal"] == 2 and m["kl_to_ref"] == 0.01 and m["loss"] == 0.25
+    assert "rows" not in m and "note" not in m  # counts of the reference and text of the trainer stay out
+
+
+def test_the_lines_of_a_version():
+    m = iteration_metrics(SHARDS, WRITTEN, {}, {"loss": 0.25}, sampled=1, trainer_wait_s=1.5, train_s=2.5)
+    m["iteration_s"] = 9.04
+    lines = iteration_lines(3, m, WRITTEN, staleness=2)
+    assert lines[0] == (
+        "version 3 -> 4: 8 rollouts, reward 0.625, accuracy 0.625, distinct nan, 15 response tokens, loss 0.2500, "
+        "sampler/trainer |delta log-prob| mean nan max nan, 9.0 s; trajectories runs/trajectories/run_id=r/"
+        "policy_version=3"
+    )
+    assert lines[1].startswith("version 3: batch sampled by version 1 (2 behind); trainer waited 1.5 s")
+    assert lines[2] == "version 3: 38% of rollouts called a tool, 75% of the calls worked"
+    untrained = {k: v for k, v in m.items() if k != "loss"}
+    assert "nothing trained (2 groups with signal)" in iteration_lines(3, untrained, WRITTEN, staleness=0)[0]
+    assert bar_postfix(m) == {"reward": "0.625", "acc": "0.625", "distinct": "nan", "s": "9"}
+
+
+def test_the_warnings_say_what_is_off():
+    cfg = GRPOConfig()
+    assert agreement_off_line(2, {"agreement_off": 0.0, "agreement_abs_diff_mean": 0.01}, cfg) is None
+    line = agreement_off_line(2, {"agreement_off": 1.0, "agreement_abs_diff_mean": 0.25}, cfg)
+    assert line.startswith("version 2: sampler and trainer disagree before training: mean |delta log-prob| 0.2500")
+    assert "(max nan, KL nan) > train.agreement_warn 0.100" in line
+    assert failed_episodes_line(1, SHARDS) is None
+    failed = [{"reward_errors": 2.0, "reward_error_examples": ["row 3: ValueError"]}, {"reward_errors": 1.0}]
+    assert failed_episodes_line(1, failed) == (
+        "version 1: 3 episode(s) skipped (env.reward_errors=skip), e.g. row 3: ValueError"
+    )
