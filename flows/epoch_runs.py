@@ -28,9 +28,9 @@ from storage.lineage import DataRef, LineageConfig, LineageRecorder
 from storage.run_lock import RunLock
 from tasks.actor_calls import wait_calls
 from tasks.cluster import dask_cluster
+from tasks.commits import check_resume_state, fetch_markers, latest_published
 from tasks.epoch_stages import lineage_config, train_epoch
 from tasks.fork import Fork, resolve_fork, start_from_fork
-from tasks.grpo_stages import check_resume_state, fetch_markers, latest_published
 from tasks.publishing import publish_version
 from tasks.run_identity import identify_run
 from tasks.sft_actor import TrainerSetup, start_trainer

@@ -29,6 +29,7 @@ from storage.layout import RunLayout
 from storage.lineage import LineageConfig, LineageRecorder
 from storage.run_lock import RunLock
 from storage.trajectories import TrajectoryStore
+from tasks import commits
 from tasks import grpo_stages as stages
 from tasks.actor_calls import WorkerLost, wait_calls
 from tasks.cluster import dask_cluster
@@ -131,12 +132,12 @@ def run_grpo(cfg: GRPOConfig, log: Any) -> dict[str, Any]:
     resumes exactly there (:func:`grpo` makes up to ``dask.restarts`` of them)."""
     layout = RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir)  # a remote runs_dir: the workers' data goes there
     run_dir, store_uri = layout.run_dir, layout.trajectories_uri
-    fetched = stages.fetch_markers(run_dir, layout.markers_uri)  # a remote runs_dir: versions another host committed
-    published = stages.latest_published(run_dir)
+    fetched = commits.fetch_markers(run_dir, layout.markers_uri)  # a remote runs_dir: versions another host committed
+    published = commits.latest_published(run_dir)
     start = published[0] if published else 0
     primer_state = published[1]["primer_state"] if published else None
     fork = resolve_fork(cfg.run_id, cfg.runs_dir, cfg.init) if published is None else None  # a resume goes on
-    with_state = start == 0 or stages.check_resume_state(layout, start, cfg.train.resume_without_state)
+    with_state = start == 0 or commits.check_resume_state(layout, start, cfg.train.resume_without_state)
     if fork is not None and cfg.init.data_cursor:
         primer_state = fork.primer_state
     log.info(
@@ -162,7 +163,7 @@ def run_grpo(cfg: GRPOConfig, log: Any) -> dict[str, Any]:
         )
         identify_run(cfg.run_id, start, cfg.iterations, lineage)  # the Prefect run named after it, both UIs linked
         checkpoints = CheckpointStore(layout.checkpoints_uri)
-        stages.save_run_config(run_dir, stages.lineage_config(cfg))
+        commits.save_run_config(run_dir, stages.lineage_config(cfg))
     except BaseException:
         quiet.close()
         raise

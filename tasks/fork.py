@@ -18,7 +18,7 @@ from typing import Any
 from storage.checkpoints import CheckpointStore
 from storage.layout import RunLayout
 from tasks.actor_calls import wait_calls
-from tasks.grpo_stages import marker_path, published_versions
+from tasks.commits import marker_path, published_versions
 
 
 @dataclass(frozen=True)

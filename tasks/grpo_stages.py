@@ -7,14 +7,11 @@ Stages that can safely run twice (they rewrite the same shard names) retry once.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-import pyarrow.fs as pafs
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -27,7 +24,7 @@ from llmrl_core.envs.types import PromptRow
 from llmrl_core.objectives import mc_advantage
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.weight_sync.fingerprint import check_engines_hold
-from storage.filesystems import join_uri, read_bytes, resolve_filesystem, write_bytes_atomic
+from storage.filesystems import join_uri
 from storage.trajectories import TrajectoryStore
 from tasks.actor_calls import WorkerLost, wait_calls
 from tasks.records import read_shards
@@ -283,91 +280,6 @@ def verify_engines_hold(staged: StagedVersion) -> dict:
         raise RuntimeError(f"the trainer sealed version {info['version']} while publishing {staged.version}")
     check_engines_hold(staged.version, info["fingerprints"], staged.held)
     return info
-
-
-def trainer_state_file(layout: Any, version: int) -> tuple[Any, str]:
-    """``(filesystem, path)`` of the optimizer/RNG state saved at ``version`` in the run laid out at ``layout`` (a
-    local folder or a remote store)."""
-    fs, folder = resolve_filesystem(layout.trainer_state_uri)
-    return fs, f"{folder}/trainer-v{version}.pt"
-
-
-def check_resume_state(layout: Any, version: int, without_state: bool) -> bool:
-    """Whether the optimizer/RNG state a resume at ``version`` restores is there (``layout``: the run's
-    :class:`~storage.layout.RunLayout`). Missing, it is an error naming the file, unless ``without_state``
-    (``train.resume_without_state``): then the resume takes the weights alone and the caller says so."""
-    fs, path = trainer_state_file(layout, version)
-    if fs.get_file_info(path).type == pafs.FileType.File:
-        return True
-    if not without_state:
-        raise RuntimeError(
-            f"resuming at version {version}: its optimizer/RNG state {path} is missing, so the optimizer would start "
-            "afresh; set train.resume_without_state=true to resume from the weights alone"
-        )
-    return False
-
-
-def marker_path(run_dir: Path, version: int) -> Path:
-    """The file whose presence means ``version`` is fully published (written last, atomically)."""
-    return run_dir / "state" / f"published-v{version}.json"
-
-
-def marker_version(name: str) -> int | None:
-    """The version a commit marker's file name (``published-v<N>.json``) names; None for any other name."""
-    stem = name.removeprefix("published-v").removesuffix(".json")
-    return int(stem) if name.startswith("published-v") and name.endswith(".json") and stem.isdigit() else None
-
-
-def published_versions(run_dir: Path) -> list[int]:
-    """The fully published versions of the run in ``run_dir`` (those with a commit marker), ascending."""
-    return sorted(v for p in (run_dir / "state").glob("published-v*.json") if (v := marker_version(p.name)) is not None)
-
-
-def latest_published(run_dir: Path) -> tuple[int, dict] | None:
-    """The highest fully published version and its marker contents, or None for a new run."""
-    found = published_versions(run_dir)
-    if not found:
-        return None
-    return found[-1], json.loads(marker_path(run_dir, found[-1]).read_text())
-
-
-@task(name="commit-version", **STAGE)
-def commit_version(
-    run_dir: Path, version: int, primer_state: dict | None, metrics: dict, markers_uri: str | None = None
-) -> str:
-    """Mark ``version`` fully published: the data cursor for its rollouts and the iteration's metrics.
-
-    ``markers_uri``: a folder of the data store (:attr:`RunLayout.markers_uri`) that gets the same marker first,
-    so a flow on another host can resume the run (:func:`fetch_markers`)."""
-    data = json.dumps({"version": version, "primer_state": primer_state, "metrics": metrics}, indent=2).encode()
-    path = marker_path(run_dir, version)
-    for folder in ([markers_uri] if markers_uri is not None else []) + [str(path.parent)]:  # the local one last
-        fs, where = resolve_filesystem(folder)
-        write_bytes_atomic(fs, f"{where}/{path.name}", data)
-    return str(path)
-
-
-def fetch_markers(run_dir: Path, markers_uri: str | None) -> list[int]:
-    """Copy the commit markers this flow host lacks from ``markers_uri`` into ``run_dir/state`` (a run started or
-    continued on another host); returns the versions copied. Nothing to do without a ``markers_uri``."""
-    if markers_uri is None:
-        return []
-    fs, folder = resolve_filesystem(markers_uri)
-    local, _ = resolve_filesystem(str(run_dir))
-    copied = []
-    for entry in fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True)):
-        version = marker_version(entry.base_name)
-        if version is not None and not marker_path(run_dir, version).exists():
-            write_bytes_atomic(local, str(marker_path(run_dir, version)), read_bytes(fs, entry.path))
-            copied.append(version)
-    return sorted(copied)
-
-
-def save_run_config(run_dir: Path, config: dict) -> Path:
-    """``RUN/config.json``: the run's settings, written atomically (the evaluate flow reads its task)."""
-    path = run_dir / "config.json"
-    write_bytes_atomic(pafs.LocalFileSystem(), str(path), json.dumps(config, indent=2, default=str).encode())
-    return path
 
 
 # Settings that only say where and how fast the run computes: not part of what a version is, so a run resumes on

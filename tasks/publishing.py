@@ -18,14 +18,8 @@ from typing import Any
 
 from storage.checkpoints import CheckpointStore
 from storage.lineage import DataRef, LineageRecorder
-from tasks.grpo_stages import (
-    StagedVersion,
-    commit_version,
-    marker_path,
-    publish_weights,
-    seal_checkpoint,
-    verify_engines_hold,
-)
+from tasks.commits import commit_version, marker_path
+from tasks.grpo_stages import StagedVersion, publish_weights, seal_checkpoint, verify_engines_hold
 from tasks.reporting import BackgroundReports, report_iteration
 
 
@@ -111,7 +105,7 @@ def start_publish(
     do to publish it. ``weight_sync``: an open NCCL weight group (tasks/weight_sync.py) that carries the weights to
     the engines instead of a checkpoint load. ``reports``: the version's report is written in the background
     (beside the next iteration) instead of before :meth:`PendingPublish.complete` returns. ``markers_uri``: where
-    the commit marker is copied for other flow hosts (:func:`tasks.grpo_stages.commit_version`). ``traces``: a
+    the commit marker is copied for other flow hosts (:func:`tasks.commits.commit_version`). ``traces``: a
     sample of the rollouts the version was trained on, logged as MLflow traces with its report."""
     staged = publish_weights(trainer, list(engines), version, config, weight_sync)
     return PendingPublish(

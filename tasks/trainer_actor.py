@@ -28,7 +28,7 @@ from storage.filesystems import read_bytes, write_bytes_atomic
 from storage.handoff import SharedWeights
 from storage.layout import RunLayout
 from storage.trajectories import TrajectoryStore
-from tasks.grpo_stages import trainer_state_file
+from tasks.commits import trainer_state_file
 from tasks.records import read_shards, record_to_sample
 
 AGREEMENT_KEYS = ("sampler_abs_diff_mean", "sampler_abs_diff_max", "kl_to_sampler", "sampler_ess")

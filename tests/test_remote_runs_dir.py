@@ -61,7 +61,7 @@ def test_a_remote_runs_dir_puts_the_workers_data_there_and_the_flow_hosts_record
 def test_commit_markers_go_to_the_data_store_too_and_another_flow_host_fetches_them(tmp_path):
     """Host A commits versions 0 and 1; host B (an empty runs folder) fetches both markers and resumes after 1;
     what B commits next reaches A the same way. Without a markers URI (a local run) nothing is fetched."""
-    from tasks.grpo_stages import commit_version, fetch_markers, latest_published
+    from tasks.commits import commit_version, fetch_markers, latest_published
 
     markers = f"memory://markers-{tmp_path.name}/runs/r1/state"
     host_a, host_b = tmp_path / "a" / "r1", tmp_path / "b" / "r1"

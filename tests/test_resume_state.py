@@ -13,8 +13,9 @@ from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.pipeline.sft_config import SFTConfig
 from storage.hashing import config_hash
 from storage.layout import RunLayout
+from tasks.commits import check_resume_state
 from tasks.epoch_stages import lineage_config as epoch_lineage_config
-from tasks.grpo_stages import check_resume_state, lineage_config
+from tasks.grpo_stages import lineage_config
 
 
 def test_a_missing_trainer_state_stops_the_resume_unless_allowed(tmp_path):
