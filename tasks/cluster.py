@@ -150,12 +150,12 @@ def wait_for_placement(
             rollout, trainer = place_workers(workers, n_rollout)
             if len(rollout) >= n_rollout:
                 return rollout, trainer
-            missing: Exception = RuntimeError(
+            missing = (
                 f"rollout.workers={n_rollout} but the cluster has {len(rollout)} worker(s) declaring ROLLOUT "
                 f"(besides the trainer): start more, or set rollout.workers={len(rollout)}"
             )
         except RuntimeError as err:
-            missing = err
+            missing = str(err)
         if time.monotonic() >= deadline:
             raise RuntimeError(f"after waiting {timeout_s:.0f} s for the cluster's workers: {missing}") from None
         if not said:

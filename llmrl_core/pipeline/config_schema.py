@@ -14,7 +14,7 @@ import re
 import typing
 from typing import Any
 
-_FIELD = re.compile(r"^(?P<indent>\s+)(?P<name>[A-Za-z_]\w*)\s*:\s*[^=#]+(?:=.*)?$")
+_FIELD = re.compile(r"^\s+(?P<name>[A-Za-z_]\w*)\s*:\s*[^=#]+(?:=.*)?$")
 
 
 def field_comments(cls: type) -> dict[str, str]:
@@ -87,9 +87,8 @@ def config_schema(cls: type) -> dict[str, Any]:
         described: dict[str, str] = {}
         for base in reversed([c for c in section.__mro__ if dataclasses.is_dataclass(c)]):  # inherited fields too
             described.update({**docstring_mentions(base), **field_comments(base)})
-        for field_name, text in described.items():
-            key = field_name[:-1] if field_name.endswith("_") and field_name[:-1] in ("from", "import") else field_name
-            prop = node.get("properties", {}).get(key) or node.get("properties", {}).get(field_name)
+        for field_name, text in described.items():  # pydantic names a property after its field (``from_`` too)
+            prop = node.get("properties", {}).get(field_name)
             if prop is not None:
                 prop["description"] = text
     defs = schema.get("$defs", {})
