@@ -21,13 +21,17 @@ def main() -> None:
     parser.add_argument("--skip-hf", action="store_true", help="Skip the transformers baseline.")
     args = parser.parse_args()
 
+    from _roofline import matmul_peak, share_of_peak
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     from llmrl_core.builtin_data import load_gsm8k
+    from llmrl_core.model_store import resolve_model
     from llmrl_core.policies.hf_scoring import load_causal_lm, render_chat_prompt
     from llmrl_core.policies.vllm_engine import EngineConfig, generate, make_llm
 
+    model_dir = resolve_model(EngineConfig().model)
+    matmul_peak(str(model_dir), args.dtype)  # measured before the engine starts: the cores are the peak's alone
     llm = make_llm(EngineConfig(dtype=args.dtype))
     tok = llm.get_tokenizer()
     prompts = [
@@ -59,6 +63,7 @@ def main() -> None:
     print(f"vllm raw       {raw_tokens / raw_s:8.1f} tok/s ({raw_tokens} tokens, {raw_s:.1f} s)")
     print(f"llmrl generate {ours_tokens / ours_s:8.1f} tok/s ({ours_tokens} tokens, {ours_s:.1f} s)")
     print(f"ratio llmrl/raw = {(ours_tokens / ours_s) / (raw_tokens / raw_s):.3f}")
+    print(f"of the machine (decode): llmrl {share_of_peak(model_dir, ours_tokens / ours_s, args.dtype)}")
     if args.skip_hf:
         return
     model, hf_tok = load_causal_lm(dtype=args.dtype)

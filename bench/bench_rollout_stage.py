@@ -62,7 +62,8 @@ def main() -> None:
     )
     print(machine_line())
     t0 = time.perf_counter()
-    worker = RolloutWorker(cfg, resolve_model(cfg.model))
+    model_dir = resolve_model(cfg.model)
+    worker = RolloutWorker(cfg, model_dir)
     llm = worker.worker.llm
     print(
         f"engine: {worker.describe()['rollout_dtype']} ({worker.describe()['rollout_dtype_reason']}), "
@@ -121,7 +122,14 @@ def main() -> None:
         f"P1 tokens/s ratio ours/raw: median {rate['ours'][0] / rate['raw'][0]:.3f}, "
         f"best {rate['ours'][1] / rate['raw'][1]:.3f} (target >= 0.95)"
     )
+    dtype = worker.describe()["rollout_dtype"]
     shutdown_llm(llm)
+    from _roofline import share_of_peak  # measured with the engine gone: the cores are the peak's alone
+
+    print(
+        f"of the machine (generated tokens only, best run): ours {share_of_peak(model_dir, rate['ours'][1], dtype)}; "
+        f"raw {share_of_peak(model_dir, rate['raw'][1], dtype)}"
+    )
 
 
 if __name__ == "__main__":

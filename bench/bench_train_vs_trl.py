@@ -50,7 +50,9 @@ from _machine import load_line, machine_line  # noqa: E402
 
 TRL_VENV = REPO / "bench" / ".venv-trl"
 TRL_SIDE = REPO / "bench" / "_trl_side.py"
-PINNED = ("torch", "transformers", "accelerate", "datasets", "tokenizers", "safetensors", "huggingface-hub", "numpy")
+# The packages that decide the numbers are pinned to this venv's; datasets is not (TRL only reads its rows with
+# it, and TRL 1.x needs a newer one than this venv may hold).
+PINNED = ("torch", "transformers", "accelerate", "tokenizers", "safetensors", "huggingface-hub", "numpy")
 
 
 def config(args: argparse.Namespace, run_id: str = "bench-train-vs-trl"):
@@ -320,6 +322,12 @@ def main() -> None:
             f"median {rate['ours-skip'][0] / rate['trl'][0]:.2f}, best {rate['ours-skip'][1] / rate['trl'][1]:.2f}; "
             f"skip gain over ours {rate['ours-skip'][0] / rate['ours'][0]:.2f}x"
         )
+    from _roofline import share_of_peak
+
+    dtype = "bfloat16" if args.dtype == "bf16" else "float32"
+    for side, label in (("ours", "ours"), ("trl", "TRL")):
+        line = share_of_peak(model_path, rate[side][1], dtype, training=True)
+        print(f"of the machine ({label}'s best step, all {tokens} tokens): {line}")
     print(load_line())
     if args.keep:
         print(f"kept: {work}")
