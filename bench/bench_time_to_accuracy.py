@@ -1,10 +1,13 @@
 """Time to accuracy: llmrl's main job against ``trl.GRPOTrainer`` on the same task, held-out accuracy per minute.
 
-Usage: ``.venv/bin/python bench/bench_time_to_accuracy.py [--steps 10] [--eval-questions 200] [--out DIR]``
+Usage: ``.venv/bin/python bench/bench_time_to_accuracy.py [--steps 10] [--llmrl-steps 16] [--eval-questions 200]
+[--out DIR] [--keep]``
 
 Both sides train the main job's task (two-digit addition, the packaged SmolLM2-135M-Instruct, 8 prompts x 8
 samples, 32 new tokens, temperature 0.7, lr 1e-5, clip 0.2, no KL, bf16 autocast where the CPU has bf16) for
-``--steps`` optimizer steps, one after the other on the same cores:
+``--steps`` optimizer steps (llmrl goes on to ``--llmrl-steps``, so that its curve covers TRL's wall-clock window
+and the time it needs to reach TRL's final accuracy is measured, not extrapolated), one after the other on the
+same cores:
 
 - llmrl: ``llmrl run grpo`` (the main job as a user runs it, no held-out evaluation at the end, every version's
   checkpoint kept). A version's time is when its commit marker was written, counted from the command's start.
@@ -18,8 +21,9 @@ samples, 32 new tokens, temperature 0.7, lr 1e-5, clip 0.2, no KL, bf16 autocast
 Then every version of both sides (and the base model, at time 0) is scored by one evaluator: the same vLLM
 engine, greedy, on the same first ``--eval-questions`` problems of the held-out split, with the task's prompt
 format (the evaluate flow's ``evaluate_gsm8k``). The script prints the table (accuracy ± standard error per
-step for both, their times), the time each side needs to reach TRL's final accuracy and the ratio, and writes
-the plot ``OUT/time_to_accuracy.png`` and the rows ``OUT/time_to_accuracy.json``.
+step for both, their times), the time each side needs to reach TRL's final accuracy (and a few lower levels)
+and the ratios, and writes the plot ``OUT/time_to_accuracy.png`` and the rows ``OUT/time_to_accuracy.json``.
+The weights (~0.5 GB per version on each side) are deleted after scoring unless ``--keep``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -252,12 +257,14 @@ def plot(curves: dict[str, list[dict]], path: Path, title: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=10, help="optimizer steps (policy versions) on each side")
+    parser.add_argument("--steps", type=int, default=10, help="TRL's optimizer steps (policy versions)")
+    parser.add_argument("--llmrl-steps", type=int, default=16, help="llmrl's versions (>= --steps)")
+    parser.add_argument("--keep", action="store_true", help="keep both sides' weights and llmrl's run folder")
     parser.add_argument("--eval-questions", type=int, default=200, help="held-out problems scored per version")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "time_to_accuracy")
     args = parser.parse_args()
-    if args.steps < 1 or args.eval_questions < 1:
-        raise SystemExit("--steps and --eval-questions must be >= 1")
+    if args.steps < 1 or args.eval_questions < 1 or args.llmrl_steps < args.steps:
+        raise SystemExit("--steps and --eval-questions must be >= 1, --llmrl-steps >= --steps")
     from transformers import AutoTokenizer
 
     from llmrl_core.envs.gsm8k_reward import GSM8KRewardParser
@@ -269,10 +276,10 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     trl_python = ensure_trl_venv()
 
-    print(f"== llmrl: the main job for {args.steps} versions", flush=True)
+    print(f"== llmrl: the main job for {args.llmrl_steps} versions", flush=True)
     runs_dir = args.out / "llmrl-runs"
-    start, end = run_llmrl(args.steps, runs_dir, args.out / "llmrl.log")
-    ours = llmrl_versions(runs_dir, start, args.steps)
+    start, end = run_llmrl(args.llmrl_steps, runs_dir, args.out / "llmrl.log")
+    ours = llmrl_versions(runs_dir, start, args.llmrl_steps)
     print(f"  llmrl: {end - start:.0f} s in all; versions at " + ", ".join(f"{r['time_s']:.0f}" for r in ours))
 
     print(f"== TRL: GRPOTrainer for {args.steps} steps on the same prompts", flush=True)
@@ -313,40 +320,49 @@ def main() -> None:
             for r in [base, *rows]
         ]
     report(curves, args, theirs["setup"])
+    if not args.keep:
+        shutil.rmtree(runs_dir, ignore_errors=True)
+        shutil.rmtree(trl_out, ignore_errors=True)
 
 
 def report(curves: dict[str, list[dict]], args: argparse.Namespace, setup: dict) -> None:
-    """Print the table and the time-to-accuracy ratio; write the rows and the plot."""
+    """Print the table and the time-to-accuracy ratios; write the rows and the plot."""
     ours, theirs = curves["llmrl"], curves["TRL"]
     print("\n| version | llmrl time | llmrl accuracy | TRL time | TRL accuracy | llmrl - TRL | reward llmrl / TRL |")
     print("|---|---|---|---|---|---|---|")
-    diffs = []
-    for a, b in zip(ours, theirs, strict=True):
-        diff = a["accuracy"] - b["accuracy"]
-        se = math.hypot(a["accuracy_se"], b["accuracy_se"])
+    paired = []
+    for index, a in enumerate(ours):
+        b = theirs[index] if index < len(theirs) else None
+        row = f"| {a['version']} | {a['time_s']:.0f} s | {a['accuracy']:.3f} ± {a['accuracy_se']:.3f} | "
+        if b is None:
+            print(row + f"| | | {a['train_reward']:.2f} / |")
+            continue
+        diff, se = a["accuracy"] - b["accuracy"], math.hypot(a["accuracy_se"], b["accuracy_se"])
         if a["version"] > 0:
-            diffs.append(diff)
+            paired.append(diff / se)
         print(
-            f"| {a['version']} | {a['time_s']:.0f} s | {a['accuracy']:.3f} ± {a['accuracy_se']:.3f} | "
-            f"{b['time_s']:.0f} s | {b['accuracy']:.3f} ± {b['accuracy_se']:.3f} | {diff:+.3f} ± {se:.3f} | "
+            row + f"{b['time_s']:.0f} s | {b['accuracy']:.3f} ± {b['accuracy_se']:.3f} | {diff:+.3f} ± {se:.3f} | "
             f"{a['train_reward']:.2f} / {b['train_reward']:.2f} |"
         )
-    target = theirs[-1]["accuracy"]
-    mine, trls = first_reaching(ours, target), first_reaching(theirs, target)
-    print(f"\nTRL's final accuracy: {target:.3f} (version {theirs[-1]['version']}, {theirs[-1]['time_s']:.0f} s)")
-    if target <= theirs[0]["accuracy"]:
-        print(f"(not above the base model's {theirs[0]['accuracy']:.3f}: the time to reach it says little)")
-    if trls is not None:
-        print(f"TRL first reaches it at version {trls['version']}, {trls['time_s']:.0f} s")
-    if mine is None:
-        best = max(r["accuracy"] for r in ours)
-        print(f"llmrl does not reach {target:.3f} within {ours[-1]['version']} versions (best {best:.3f})")
-    else:
-        ratio = trls["time_s"] / mine["time_s"] if trls and mine["time_s"] > 0 else math.inf
-        print(f"llmrl first reaches it at version {mine['version']}, {mine['time_s']:.0f} s: {ratio:.2f}x TRL's speed")
-    if diffs:
-        mean = sum(diffs) / len(diffs)
-        print(f"per-step accuracy, llmrl - TRL, mean over versions 1-{len(diffs)}: {mean:+.3f}")
+    if paired:
+        print(
+            f"\nper-step learning, versions 1-{len(paired)}: llmrl - TRL within {max(abs(z) for z in paired):.1f} "
+            f"standard errors at every step (mean z {sum(paired) / len(paired):+.2f})"
+        )
+    for side, rows in (("llmrl", ours), ("TRL", theirs)):
+        gaps = [b["time_s"] - a["time_s"] for a, b in zip(rows[1:], rows[2:], strict=False)]
+        per_step = f"{statistics.median(gaps):.1f} s per version after it (median)" if gaps else ""
+        print(f"{side}: version 1 at {rows[1]['time_s']:.0f} s (start-up included), {per_step}")
+    final = theirs[-1]["accuracy"]
+    levels = sorted({round(x, 3) for x in (0.4, 0.5, 0.6, final) if x > theirs[0]["accuracy"]})
+    print("\n| accuracy reached | llmrl | TRL | TRL time / llmrl time |")
+    print("|---|---|---|---|")
+    for level in levels:
+        mine, trls = first_reaching(ours, level), first_reaching(theirs, level)
+        cells = [f"v{r['version']}, {r['time_s']:.0f} s" if r else "not reached" for r in (mine, trls)]
+        ratio = f"{trls['time_s'] / mine['time_s']:.2f}" if mine and trls else "-"
+        label = f"{level:.3f}" + (" (TRL's final)" if level == round(final, 3) else "")
+        print(f"| {label} | {cells[0]} | {cells[1]} | {ratio} |")
     title = (
         f"two-digit addition, SmolLM2-135M-Instruct, 8 x 8 per step; {args.eval_questions} held-out problems; "
         f"TRL {setup.get('trl', '?')} ({setup.get('generation', '?')} generation)"
