@@ -234,7 +234,7 @@ def plot(curves: dict[str, list[dict]], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for side, rows in curves.items():
         minutes = [r["time_s"] / 60 for r in rows]
         ax.errorbar(
@@ -364,8 +364,9 @@ def report(curves: dict[str, list[dict]], args: argparse.Namespace, setup: dict)
         label = f"{level:.3f}" + (" (TRL's final)" if level == round(final, 3) else "")
         print(f"| {label} | {cells[0]} | {cells[1]} | {ratio} |")
     title = (
-        f"two-digit addition, SmolLM2-135M-Instruct, 8 x 8 per step; {args.eval_questions} held-out problems; "
-        f"TRL {setup.get('trl', '?')} ({setup.get('generation', '?')} generation)"
+        f"two-digit addition, SmolLM2-135M-Instruct, 8 prompts x 8 samples per step\n{machine_line()}\n"
+        f"{args.eval_questions} held-out problems; TRL {setup.get('trl', '?')} "
+        f"({setup.get('generation', '?')} generation)"
     )
     png = args.out / "time_to_accuracy.png"
     plot(curves, png, title)

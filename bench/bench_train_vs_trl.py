@@ -327,7 +327,7 @@ def main() -> None:
     dtype = "bfloat16" if args.dtype == "bf16" else "float32"
     for side, label in (("ours", "ours"), ("trl", "TRL")):
         line = share_of_peak(model_path, rate[side][1], dtype, training=True)
-        print(f"of the machine ({label}'s best step, all {tokens} tokens): {line}")
+        print(f"of the machine ({label}, best step, all {tokens} tokens): {line}")
     print(load_line())
     if args.keep:
         print(f"kept: {work}")

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The benchmark suite, one script after the other (never side by side: each measures ours against the raw
 # library interleaved in one process). 15.5 minutes on 2 Intel Xeon cores, ~29 on
-# 2 AMD EPYC cores (the first run adds ~1 minute to create
-# bench/.venv-trl). P2, P3 and scaling run smaller sizes here than their defaults. Results: bench/README.md.
+# 2 AMD EPYC cores before the time-to-accuracy run added last (~12 minutes more at this size, estimated; the
+# first run adds ~1 minute to create bench/.venv-trl). P2, P3 and scaling run smaller sizes here than their defaults. Results: bench/README.md.
 #   bash bench/run_all.sh [--quick]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 REPEATS=5 TRL_REPEATS=3 P3_ITERATIONS=4 SCALING=(--prompts 4 16 --workers 1 2 --workers-at 4)
+TTA=(--steps 4 --llmrl-steps 6 --eval-questions 100)  # the full comparison (10 / 16 / 200) is its own ~32 min run
 if [ "${1:-}" = "--quick" ]; then
   REPEATS=2 TRL_REPEATS=2 P3_ITERATIONS=2 SCALING=(--prompts 4 --workers 1 2 --workers-at 4)
+  TTA=(--steps 2 --llmrl-steps 3 --eval-questions 50)
 fi
 "$PY" bench/_machine.py
 echo "== P1 (engine call) generation: llmrl generate vs raw vllm.LLM.generate, float32 and bfloat16"
@@ -29,3 +31,5 @@ echo "== P3 orchestration: the GRPO flow's iteration time minus engine/trainer c
 "$PY" bench/bench_orchestration.py --iterations "$P3_ITERATIONS"
 echo "== scaling: GRPO flow iteration time vs prompts per iteration and rollout workers"
 "$PY" bench/bench_scaling.py "${SCALING[@]}"
+echo "== time to accuracy: llmrl's main job vs trl.GRPOTrainer, held-out accuracy against wall-clock time"
+"$PY" bench/bench_time_to_accuracy.py "${TTA[@]}"
