@@ -42,23 +42,33 @@ def checkpoint_to_sample(run_id: str, layout: RunLayout, policy_version: int) ->
     return str(store.weights_path(policy_version))
 
 
-@flow(name="collect")
+@flow(name="collect", validate_parameters=False)  # the config validates itself (load_config), with llmrl's messages
 def collect(
     config: str | None = None,
+    settings: GRPOConfig | None = None,
     overrides: list[str] | None = None,
     policy_version: int = 0,
     batches: int = 1,
     out_run_id: str | None = None,
 ) -> dict[str, Any]:
-    """Collect ``batches`` batches of rollouts with ``policy_version`` of the configured run."""
+    """Collect ``batches`` batches of rollouts with ``policy_version`` of the configured run.
+
+    Args:
+        config: YAML config file of the run (the same sections as grpo), relative to the checkout.
+        settings: The run's settings by section; the ones given replace the config file's.
+        overrides: Any setting as section.key=value; applied last.
+        policy_version: The stored version of the run to sample (0: the base model).
+        batches: How many batches of data.prompts_per_iteration prompts.
+        out_run_id: The run id the rollouts are stored under (default <run_id>-collect).
+    """
     log = get_run_logger()
-    cfg = load_config(GRPOConfig, config, overrides or [])
+    cfg = load_config(GRPOConfig, config, overrides or [], settings=settings)
     preflight(cfg, training=False)  # before any task, cluster, engine or write (a collect only samples)
     out_run = out_run_id or f"{cfg.run_id}-collect"
     layout = RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir)
     out_layout = RunLayout.for_runs_dir(out_run, cfg.runs_dir)
     staging_uri = out_layout.staging_uri
-    collect_cfg = load_config(GRPOConfig, config, [*(overrides or []), f"run_id={out_run}"])
+    collect_cfg = load_config(GRPOConfig, config, [*(overrides or []), f"run_id={out_run}"], settings=settings)
     checkpoint = checkpoint_to_sample(cfg.run_id, layout, policy_version)
     # Only rollout workers are needed: the placement's trainer slot stays idle.
     with dask_cluster(collect_cfg, out_layout.run_dir / "dask") as place:

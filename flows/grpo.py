@@ -21,7 +21,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from llmrl_core.pipeline.config_io import load_config, settings_overrides
+from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.pipeline.preflight import preflight
 from storage.checkpoints import CheckpointStore
@@ -69,46 +69,23 @@ def iteration_bar(cfg: GRPOConfig, start: int) -> Any:
     return tqdm(total=cfg.iterations, initial=start, desc=f"grpo {cfg.run_id}", unit="version", dynamic_ncols=True)
 
 
-@flow(name="grpo")
+@flow(name="grpo", validate_parameters=False)  # the config validates itself (load_config), with llmrl's messages
 def grpo(
     config: str | None = None,
-    run_id: str | None = None,
-    iterations: int | None = None,
-    prompts_per_iteration: int | None = None,
-    group_size: int | None = None,
-    lr: float | None = None,
-    temperature: float | None = None,
-    max_new_tokens: int | None = None,
-    final_eval_questions: int | None = None,
+    settings: GRPOConfig | None = None,
     overrides: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Run (or resume) GRPO. Settings left empty keep the config file's values (or the built-in defaults).
+    """Run (or resume) GRPO: the built-in defaults, then the config file, then ``settings``, then ``overrides``.
 
     Args:
         config: YAML config file, relative to the checkout (e.g. llmrl_cli/main_job.yaml: two-digit addition;
             recipes/gsm8k-demo.yaml: GSM8K). Empty: the built-in defaults.
-        run_id: Name of the run; running an existing run id again resumes it after its last published version.
-        iterations: Policy versions to train (the run's final version number).
-        prompts_per_iteration: Prompts sampled per iteration (data.prompts_per_iteration).
-        group_size: Responses per prompt; GRPO compares the responses of a group (data.group_size).
-        lr: AdamW learning rate (train.lr).
-        temperature: Sampling temperature of the rollouts (rollout.temperature).
-        max_new_tokens: Longest response in tokens (rollout.max_new_tokens).
-        final_eval_questions: Held-out problems to score base vs final version on at the end (0: no evaluation).
-        overrides: Any other setting as section.key=value, e.g. train.kl_coef=0.01; applied last.
+        settings: Every setting of the run, by section (the run form shows them all); the ones given replace the
+            config file's. The same run_id resumes the run after its last published version.
+        overrides: Any setting as section.key=value, e.g. train.kl_coef=0.01; applied last.
     """
     log = get_run_logger()
-    typed = {
-        "run_id": run_id,
-        "iterations": iterations,
-        "data.prompts_per_iteration": prompts_per_iteration,
-        "data.group_size": group_size,
-        "train.lr": lr,
-        "rollout.temperature": temperature,
-        "rollout.max_new_tokens": max_new_tokens,
-        "final_eval.questions": final_eval_questions,
-    }
-    cfg = load_config(GRPOConfig, config, [*settings_overrides(typed), *(overrides or [])])
+    cfg = load_config(GRPOConfig, config, overrides or [], settings=settings)
     preflight(cfg)  # before any task, cluster, engine or write
     for restart in range(cfg.dask.restarts + 1):
         try:

@@ -18,7 +18,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from flows.epoch_runs import EpochPlan, EpochRun, log_training_set, train_epochs
-from llmrl_core.pipeline.config_io import load_config, settings_overrides
+from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.offline_config import OfflineConfig
 from llmrl_core.pipeline.preflight import preflight
 from storage.lineage import DataRef, LineageRecorder
@@ -37,44 +37,25 @@ def log_data(cfg: OfflineConfig, data: dict[str, Any], lineage: LineageRecorder,
     return refs
 
 
-@flow(name="offline")
+@flow(name="offline", validate_parameters=False)  # the config validates itself (load_config), with llmrl's messages
 def offline(
     config: str | None = None,
-    run_id: str | None = None,
-    source_run_id: str | None = None,
-    source_versions: list[int] | None = None,
-    reward: str | None = None,
-    epochs: int | None = None,
-    groups_per_step: int | None = None,
-    lr: float | None = None,
+    settings: OfflineConfig | None = None,
     overrides: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Run (or resume) offline GRPO. Settings left empty keep the config file's values (or the built-in defaults).
+    """Run (or resume) offline GRPO: the built-in defaults, then the config file, then ``settings``, then
+    ``overrides``.
 
     Args:
         config: YAML config file, relative to the checkout (sections source, rescore, train, dask). Empty: the
             built-in defaults.
-        run_id: Name of the new run (not the source run); running it again resumes after its last published epoch.
-        source_run_id: The run whose stored trajectories are trained on (source.run_id).
-        source_versions: Which of its policy versions to read (source.versions); empty: every stored version.
-        reward: The reward to re-score the stored responses with (rescore.reward): stored (as recorded), gsm8k,
-            gsm8k_strict (no format bonus), brevity or env (env.rewards).
-        epochs: Passes over the training set, one published version each (the run's final version number).
-        groups_per_step: Prompt groups per mini-batch (groups_per_step).
-        lr: AdamW learning rate (train.lr).
-        overrides: Any other setting as section.key=value, e.g. train.kl_coef=0.01; applied last.
+        settings: Every setting of the run, by section (the run form shows them all); the ones given replace the
+            config file's. source.run_id is the run whose stored trajectories are trained on, rescore.reward the
+            reward they are re-scored with; run_id names the new run (the same run_id resumes it).
+        overrides: Any setting as section.key=value, e.g. train.kl_coef=0.01; applied last.
     """
     log = get_run_logger()
-    typed = {
-        "run_id": run_id,
-        "source.run_id": source_run_id,
-        "source.versions": source_versions,
-        "rescore.reward": reward,
-        "epochs": epochs,
-        "groups_per_step": groups_per_step,
-        "train.lr": lr,
-    }
-    cfg = load_config(OfflineConfig, config, [*settings_overrides(typed), *(overrides or [])])
+    cfg = load_config(OfflineConfig, config, overrides or [], settings=settings)
     preflight(cfg)  # before any task, cluster, engine or write
     run = EpochRun.open(cfg, "offline")
     store_uri = cfg.source.store or run.layout.trajectories_uri

@@ -15,12 +15,12 @@ Run it with ``llmrl run sft [--config x.yaml] [--set section.key=value ...]``.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from prefect import flow, get_run_logger
 
 from flows.epoch_runs import EpochPlan, EpochRun, log_training_set, train_epochs
-from llmrl_core.pipeline.config_io import load_config, settings_overrides
+from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.preflight import preflight
 from llmrl_core.pipeline.sft_config import SFTConfig
 from storage.lineage import DataRef, LineageRecorder
@@ -48,47 +48,24 @@ def log_data(cfg: SFTConfig, data: dict[str, Any], lineage: LineageRecorder, sto
     return refs
 
 
-@flow(name="sft")
+@flow(name="sft", validate_parameters=False)  # the config validates itself (load_config), with llmrl's messages
 def sft(
     config: str | None = None,
-    run_id: str | None = None,
-    source: Literal["dataset", "trajectories"] | None = None,
-    dataset: str | None = None,
-    limit: int | None = None,
-    trajectories_run_id: str | None = None,
-    epochs: int | None = None,
-    lr: float | None = None,
-    batch_size: int | None = None,
+    settings: SFTConfig | None = None,
     overrides: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Run (or resume) SFT. Settings left empty keep the config file's values (or the built-in defaults).
+    """Run (or resume) SFT: the built-in defaults, then the config file, then ``settings``, then ``overrides``.
 
     Args:
         config: YAML config file, relative to the checkout (sections data, trajectories, train, dask). Empty: the
             built-in defaults (GSM8K train chats).
-        run_id: Name of the run; running an existing run id again resumes it after its last published epoch.
-        source: What to train on: dataset (chats of data.source) or trajectories (a run's best stored responses).
-        dataset: The chat dataset of source dataset: gsm8k:train, gsm8k:test or a .jsonl/.parquet path
-            (data.source).
-        limit: Train on the first N rows of the dataset (data.limit; the config's default is 64).
-        trajectories_run_id: The run whose stored responses source trajectories trains on (trajectories.run_id).
-        epochs: Passes over the training set, one published version each (the run's final version number).
-        lr: AdamW learning rate (train.lr).
-        batch_size: Samples per optimizer step (train.batch_size).
-        overrides: Any other setting as section.key=value, e.g. trajectories.topk=2; applied last.
+        settings: Every setting of the run, by section (the run form shows them all); the ones given replace the
+            config file's. source: dataset trains on the chats of data.source, trajectories on a run's best stored
+            responses (trajectories.run_id). The same run_id resumes the run after its last published epoch.
+        overrides: Any setting as section.key=value, e.g. trajectories.topk=2; applied last.
     """
     log = get_run_logger()
-    typed = {
-        "run_id": run_id,
-        "source": source,
-        "data.source": dataset,
-        "data.limit": limit,
-        "trajectories.run_id": trajectories_run_id,
-        "epochs": epochs,
-        "train.lr": lr,
-        "train.batch_size": batch_size,
-    }
-    cfg = load_config(SFTConfig, config, [*settings_overrides(typed), *(overrides or [])])
+    cfg = load_config(SFTConfig, config, overrides or [], settings=settings)
     preflight(cfg)  # before any task, cluster, engine or write
     run = EpochRun.open(cfg, "sft")
     store_uri = cfg.trajectories.store or run.layout.trajectories_uri

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from llmrl_core.pipeline.config_io import config_key
 from llmrl_core.pipeline.config_schema import config_schema, field_comments
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.pipeline.offline_config import OfflineConfig
@@ -59,7 +60,7 @@ def test_every_setting_is_in_the_schema_typed_with_its_default_and_described(con
     seen = 0
     for section, f, hint, dotted in _walk(config_cls):
         node = schema if section is config_cls else defs[section.__name__]
-        prop = node["properties"][f.name]
+        prop = node["properties"][config_key(f.name)]  # ``from_`` is written ``from``
         assert prop.get("description"), f"{config_cls.__name__}: {dotted} has no description"
         if f.default is not dataclasses.MISSING and isinstance(f.default, int | float | str | bool):
             assert prop["default"] == f.default, dotted

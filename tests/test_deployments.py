@@ -222,3 +222,37 @@ def test_deployment_parameters_are_parameters_of_their_flows():
         flow = getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), name)
         unknown = set(dep.get("parameters") or {}) - set(inspect.signature(flow.fn).parameters)
         assert not unknown, f"prefect.yaml deployment {dep['name']!r}: {flow.name} takes no {sorted(unknown)}"
+
+
+def test_deployment_settings_are_valid_configs_and_the_grpo_form_holds_the_main_job():
+    """Each deployment's ``settings`` is a valid config of its flow (checked as a run would, before the run), and
+    the GRPO deployment's form shows exactly the main job (llmrl_cli/main_job.yaml) under its own run id."""
+    import importlib
+    import inspect
+    import typing
+
+    from llmrl_core.pipeline.config_io import ConfigError, load_config, read_yaml
+
+    with_settings = 0
+    for dep in _prefect_yaml()["deployments"]:
+        settings = (dep.get("parameters") or {}).get("settings")
+        if settings is None:
+            continue
+        path, name = dep["entrypoint"].split(":")
+        flow = getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), name)
+        config_cls = next(
+            t
+            for t in typing.get_args(typing.get_type_hints(flow.fn)["settings"])
+            if inspect.isclass(t) and t is not type(None)
+        )
+        params = dep["parameters"]
+        cfg = load_config(config_cls, params.get("config"), params.get("overrides") or [], settings)
+        assert cfg.run_id == settings["run_id"], dep["name"]
+        with pytest.raises(ConfigError, match=r"unknown config key 'no_such_setting'"):
+            load_config(config_cls, None, [], {**settings, "no_such_setting": 1})
+        with_settings += 1
+    assert with_settings >= 4
+    grpo = next(d for d in _prefect_yaml()["deployments"] if d["name"] == "grpo-arithmetic")["parameters"]
+    main_job = read_yaml((ROOT / "llmrl_cli" / "main_job.yaml").read_text())
+    assert grpo["config"] is None
+    assert {**grpo["settings"], "run_id": main_job["run_id"]} == main_job

@@ -2,8 +2,10 @@
 
 Every field of a config dataclass can be set in YAML (nested mappings for nested dataclasses) or on the
 command line as ``--set trainer.lr=1e-6``; values are parsed as YAML scalars (``1e-6``, ``true``,
-``[1, 2]``) and checked against the field's type. An unknown key names the full dotted path and the
-valid keys, so a typo never passes silently.
+``[1, 2]``) and validated by pydantic against the dataclasses' types (and their own ``__post_init__`` checks);
+its errors are re-worded to name the dotted setting. An unknown key names the full dotted path and the valid keys,
+so a typo never passes silently. A flow's ``settings`` (its config, whole or in part: what the Prefect run form
+sends) go over the file and under the overrides.
 
 The YAML reading is strict where YAML 1.1 would change what was written: a key given twice is an error naming
 both lines (not "the last one wins"); only ``true``/``false`` are booleans (``no``, ``off``, ``yes``, ``on`` stay
@@ -15,27 +17,25 @@ is an error, not the defaults.
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
 import keyword
 import re
-import types
 import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 T = TypeVar("T")
-_YAML_BOOL_WORDS = {False: ("no", "off", "false"), True: ("yes", "on", "true")}
-_BOOL_WORDS = {word: flag for flag, words in _YAML_BOOL_WORDS.items() for word in words}
 
 
 class ConfigError(ValueError):
     """A config file or override is malformed; the message names the file and the dotted key."""
 
 
-def _config_key(name: str) -> str:
+def config_key(name: str) -> str:
     """The key a field is written as: a Python keyword's field (``from_``) without its trailing underscore."""
     return name[:-1] if name.endswith("_") and keyword.iskeyword(name[:-1]) else name
 
@@ -43,7 +43,7 @@ def _config_key(name: str) -> str:
 def _field_types(cls: type) -> dict[str, Any]:
     """Each field's type, by the key it is written as."""
     hints = typing.get_type_hints(cls)
-    return {_config_key(f.name): hints[f.name] for f in dataclasses.fields(cls)}
+    return {config_key(f.name): hints[f.name] for f in dataclasses.fields(cls)}
 
 
 def _is_dataclass_type(tp: Any) -> bool:
@@ -51,15 +51,21 @@ def _is_dataclass_type(tp: Any) -> bool:
 
 
 class _SourcedInt(int):
-    """An int read from YAML, with the text it was written as (a text setting keeps that)."""
+    """An int read from YAML, with the text it was written as (a text setting keeps that: ``str()`` gives it)."""
 
     source: str
+
+    def __str__(self) -> str:
+        return self.source
 
 
 class _SourcedFloat(float):
-    """A float read from YAML, with the text it was written as."""
+    """A float read from YAML, with the text it was written as (``str()`` gives it)."""
 
     source: str
+
+    def __str__(self) -> str:
+        return self.source
 
 
 class _ConfigLoader(yaml.SafeLoader):
@@ -105,7 +111,7 @@ def read_yaml(text: str) -> Any:
 
 
 def _plain(value: Any) -> Any:
-    """Free-form values (``env.args``, lists of Any) without the YAML source wrappers."""
+    """``value`` without the YAML source wrappers (free-form settings such as ``env.args`` hold plain numbers)."""
     if isinstance(value, _SourcedInt):
         return int(value)
     if isinstance(value, _SourcedFloat):
@@ -117,79 +123,108 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _coerce(value: Any, tp: Any, where: str) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(tp)
-        if value is None and type(None) in options:
+def _plain_fields(config: Any) -> Any:
+    """``config`` (a config dataclass, validated) with plain numbers in every free-form setting, in place."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            _plain_fields(value)
+        else:
+            object.__setattr__(config, f.name, _plain(value))
+    return config
+
+
+def _prepared(cls: type) -> type:
+    """``cls`` and its nested config sections made strict for pydantic: an unknown key is an error, and a number
+    given to a text setting is taken as written. Set once per class, before its validator is built."""
+    if "__pydantic_config__" not in vars(cls):
+        cls.__pydantic_config__ = ConfigDict(extra="forbid", coerce_numbers_to_str=True)  # type: ignore[attr-defined]
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        for tp in (hints[f.name], *typing.get_args(hints[f.name])):
+            if _is_dataclass_type(tp):
+                _prepared(tp)
+    return cls
+
+
+@functools.cache
+def config_validator(cls: type) -> TypeAdapter:
+    """pydantic's validator (and JSON schema) for config dataclass ``cls``, strict as :func:`_prepared` says; built
+    once per class."""
+    return TypeAdapter(_prepared(cls))
+
+
+_EXPECTED = {"bool": "bool", "int": "int", "float": "float", "string": "str", "list": "a list", "tuple": "a list"}
+
+
+def _field_path(loc: tuple[Any, ...], where: str) -> str:
+    parts = [where] if where else []
+    for key in loc:
+        parts.append(f"[{key}]" if isinstance(key, int) else config_key(str(key)))
+    return ".".join(parts).replace(".[", "[")
+
+
+def _section_at(cls: type, loc: tuple[Any, ...]) -> type | None:
+    """The config dataclass found by following ``loc``'s field names from ``cls`` (``None`` off the sections)."""
+    node: Any = cls
+    for key in loc:
+        if not _is_dataclass_type(node):
             return None
-        errors = []
-        for option in (o for o in options if o is not type(None)):
-            try:
-                return _coerce(value, option, where)
-            except ConfigError as err:
-                errors.append(str(err))
-        raise ConfigError(errors[0] if errors else f"{where}: cannot be {value!r}")
-    if _is_dataclass_type(tp):
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{where}: expected a mapping of {tp.__name__} fields, got {value!r}")
-        return build(tp, value, where)
-    if tp is Any:
-        return _plain(value)
-    if origin in (list, tuple):
-        if not isinstance(value, list | tuple):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
-        args = typing.get_args(tp)
-        item_type = args[0] if args else Any
-        items = [_coerce(v, item_type, f"{where}[{i}]") for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple else items
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
-        return _plain(dict(value))
-    if origin is typing.Literal:
-        if isinstance(value, bool):  # YAML 1.1 reads a bare no/off/yes/on as a bool: map it back to the choice
-            value = next((c for c in typing.get_args(tp) if c in _YAML_BOOL_WORDS[value]), value)
-        if value not in typing.get_args(tp):
-            raise ConfigError(f"{where}: must be one of {list(typing.get_args(tp))}, got {value!r}")
-        return value
-    if tp is bool and isinstance(value, str) and value.lower() in _BOOL_WORDS:  # yes/no/on/off are words in YAML
-        return _BOOL_WORDS[value.lower()]
-    if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if tp is float and isinstance(value, str):  # YAML 1.1 reads "1e-6" (no dot) as a string
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    if tp is int and isinstance(value, int) and not isinstance(value, bool):
-        return int(value)
-    if tp is bool and isinstance(value, bool):
-        return value
-    if tp is str and isinstance(value, _SourcedInt | _SourcedFloat):
-        return value.source  # as written: run_id: 007 stays "007"
-    if tp is str and isinstance(value, str | int | float) and not isinstance(value, bool):
-        return str(value)
-    if isinstance(tp, type) and isinstance(value, tp):
-        return value
-    raise ConfigError(f"{where}: expected {getattr(tp, '__name__', tp)}, got {value!r}")
+        hints = typing.get_type_hints(node)
+        names = {config_key(f.name): f.name for f in dataclasses.fields(node)}
+        tp = hints.get(names.get(str(key), ""))
+        node = next((t for t in (tp, *typing.get_args(tp)) if _is_dataclass_type(t)), None)
+    return node if _is_dataclass_type(node) else None
+
+
+def _message(error: Mapping[str, Any], cls: type, where: str) -> str:
+    """One pydantic error as a config message naming the dotted setting."""
+    loc = tuple(error["loc"])
+    kind = error["type"]
+    if kind in ("extra_forbidden", "unexpected_keyword_argument"):
+        section = _section_at(cls, loc[:-1])
+        valid = sorted(config_key(f.name) for f in dataclasses.fields(section)) if section else []
+        return f"unknown config key {_field_path(loc, where)!r}; valid keys here: {valid}"
+    path = _field_path(loc, where) or where or cls.__name__
+    given = _plain(error.get("input"))
+    if kind in ("value_error", "assertion_error"):
+        cause = error.get("ctx", {}).get("error")
+        return f"{path}: {cause if cause is not None else error['msg']}"
+    if kind == "literal_error":
+        choices = typing.get_args(_literal_at(cls, loc))
+        return f"{path}: must be one of {list(choices)}, got {given!r}"
+    if kind in ("dataclass_type", "dataclass_exact_type", "model_type", "dict_type"):
+        return f"{path}: expected a mapping of settings, got {given!r}"
+    stem = kind.split("_")[0]
+    if stem in _EXPECTED:
+        return f"{path}: expected {_EXPECTED[stem]}, got {given!r}"
+    return f"{path}: {error['msg']}, got {given!r}"
+
+
+def _literal_at(cls: type, loc: tuple[Any, ...]) -> Any:
+    """The ``Literal`` type of the setting at ``loc`` (for its choices in a message)."""
+    section = _section_at(cls, loc[:-1]) or cls
+    names = {config_key(f.name): f.name for f in dataclasses.fields(section)}
+    tp = typing.get_type_hints(section).get(names.get(str(loc[-1]) if loc else "", ""))
+    return next((t for t in (tp, *typing.get_args(tp)) if typing.get_origin(t) is typing.Literal), tp)
 
 
 def build(cls: type[T], data: Mapping[str, Any], where: str = "") -> T:
-    """Build dataclass ``cls`` from a (nested) mapping; missing keys keep their defaults."""
-    types_ = _field_types(cls)
-    unknown = sorted(set(data) - set(types_))
-    if unknown:
-        key = f"{where}.{unknown[0]}" if where else unknown[0]
-        raise ConfigError(f"unknown config key {key!r}; valid keys here: {sorted(types_)}")
-    names = {_config_key(f.name): f.name for f in dataclasses.fields(cls)}
-    kwargs = {
-        names[key]: _coerce(value, types_[key], f"{where}.{key}" if where else key) for key, value in data.items()
-    }
+    """Build dataclass ``cls`` from a (nested) mapping, validated by pydantic; missing keys keep their defaults.
+
+    Types are pydantic's (lax mode: ``8`` for a float, ``"off"`` for a bool); a number given to a text setting is
+    taken as written; the dataclasses' own checks (``__post_init__``) run as part of it. Every problem is a
+    :class:`ConfigError` naming the dotted setting.
+    """
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where or cls.__name__}: expected a mapping of settings, got {data!r}")
     try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as err:
+        config = config_validator(cls).validate_python(data)
+    except ValidationError as err:
+        raise ConfigError("; ".join(_message(e, cls, where) for e in err.errors(include_url=False))) from err
+    except TypeError as err:
         raise ConfigError(f"{where or cls.__name__}: {err}") from err
+    return _plain_fields(config)
 
 
 def to_dict(config: Any) -> dict[str, Any]:
@@ -197,7 +232,7 @@ def to_dict(config: Any) -> dict[str, Any]:
 
     def keys_as_written(value: Any) -> Any:
         if isinstance(value, dict):
-            return {_config_key(k): keys_as_written(v) for k, v in value.items()}
+            return {config_key(k): keys_as_written(v) for k, v in value.items()}
         return value
 
     return keys_as_written(dataclasses.asdict(config))
@@ -249,21 +284,32 @@ def _apply_override(data: dict[str, Any], cls: type, override: str) -> None:
             node_cls = field_type
 
 
-def settings_overrides(settings: Mapping[str, Any]) -> list[str]:
-    """``section.key=value`` override strings for the settings that are given (not ``None``).
-
-    Flows take their main settings as typed parameters (a form in the Prefect UI) and pass them on with this;
-    strings are quoted, so a run id such as ``no`` or ``007`` stays a string.
-    """
-    return [
-        f"{key}={json.dumps(value) if isinstance(value, str) else value}"
-        for key, value in settings.items()
-        if value is not None
-    ]
+def _merged(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``top``'s settings put over it, section by section (a nested mapping merges, a value replaces)."""
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merged(dict(out[key]), value)
+        else:
+            out[key] = value
+    return out
 
 
-def load_config(cls: type[T], path: str | Path | None = None, overrides: Iterable[str] = ()) -> T:
-    """Defaults of ``cls``, then the YAML file at ``path`` (if any), then ``overrides`` (``a.b=value``)."""
+def settings_mapping(settings: Any) -> dict[str, Any]:
+    """A flow's ``settings`` parameter as a nested mapping: a config dataclass whole, a mapping (what the Prefect
+    run form sends: the settings it shows) as given, ``None`` as no settings."""
+    if settings is None:
+        return {}
+    if dataclasses.is_dataclass(settings) and not isinstance(settings, type):
+        return to_dict(settings)
+    if isinstance(settings, Mapping):
+        return dict(settings)
+    raise ConfigError(f"settings: expected a config or a mapping of settings, got {type(settings).__name__}")
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: Iterable[str] = (), settings: Any = None) -> T:
+    """Defaults of ``cls``, then the YAML file at ``path`` (if any), then ``settings`` (a nested mapping, or a whole
+    config: see :func:`settings_mapping`), then ``overrides`` (``a.b=value``)."""
     data: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -283,6 +329,7 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Iterabl
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping, got {type(loaded).__name__}")
         data = loaded
+    data = _merged(data, settings_mapping(settings))
     for override in overrides:
         _apply_override(data, cls, override)
     try:

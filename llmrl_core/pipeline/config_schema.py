@@ -1,6 +1,7 @@
 """The JSON schema of a flow's config (``llmrl config schema grpo``): every setting, nested by section, typed.
 
-The schema is pydantic's for the config dataclasses (types, defaults, ``Literal`` choices, nested sections). Each
+The schema is pydantic's for the config dataclasses, from the validator that loads them (types, defaults,
+``Literal`` choices, nested sections, unknown keys refused). Each
 setting's description is the comment written beside its field in the config module (or on the comment lines
 right above it), else the sentence of its section's docstring that names it; each section's description is its
 class docstring. The code stays the one place they are written.
@@ -75,9 +76,9 @@ def _sections(cls: type, found: dict[str, type]) -> dict[str, type]:
 
 def config_schema(cls: type) -> dict[str, Any]:
     """The JSON schema of the config dataclass ``cls`` with each setting's and section's description."""
-    from pydantic import TypeAdapter
+    from llmrl_core.pipeline.config_io import config_key, config_validator
 
-    schema = TypeAdapter(cls).json_schema()
+    schema = config_validator(cls).json_schema()
     for name, section in _sections(cls, {}).items():
         node = schema if name == cls.__name__ else schema.get("$defs", {}).get(name)
         if node is None:
@@ -87,8 +88,8 @@ def config_schema(cls: type) -> dict[str, Any]:
         described: dict[str, str] = {}
         for base in reversed([c for c in section.__mro__ if dataclasses.is_dataclass(c)]):  # inherited fields too
             described.update({**docstring_mentions(base), **field_comments(base)})
-        for field_name, text in described.items():  # pydantic names a property after its field (``from_`` too)
-            prop = node.get("properties", {}).get(field_name)
+        for field_name, text in described.items():  # a property is named as the key is written (``from``)
+            prop = node.get("properties", {}).get(config_key(field_name))
             if prop is not None:
                 prop["description"] = text
     defs = schema.get("$defs", {})

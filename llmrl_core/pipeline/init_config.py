@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import Field
 
 from llmrl_core.paths import SAFE_NAME
 
@@ -17,7 +20,8 @@ class InitConfig:
     continue that version's data cursor (the prompts it would have drawn next) instead of the data's start.
     """
 
-    from_: str | None = None  # spelled ``from`` in YAML and --set (a Python keyword)
+    # spelled ``from`` in YAML, --set and the run form (a Python keyword): the alias is the name pydantic reads
+    from_: Annotated[str | None, Field(alias="from")] = None
     data_cursor: bool = False
 
     def __post_init__(self) -> None:
