@@ -12,6 +12,7 @@ UI's server (the one-home logic of :mod:`llmrl_cli.prefect_home`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -19,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+import typing
 import urllib.request
 from pathlib import Path
 
@@ -27,19 +29,35 @@ import pytest
 from prefect_server import free_port, log_tail
 from ui_driver import PageDriver
 
+from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.tools.browser_cdp import ChromiumBrowser, find_chromium
 
 ROOT = Path(__file__).resolve().parents[1]
 LLMRL = str(Path(sys.executable).with_name("llmrl"))
 RUN_ID = "grpo-from-the-ui"
-CHANGED = {  # the custom run's settings, typed into the form (the deployment's defaults are the 10-minute main job)
+CHANGED = {  # the custom run's settings (dotted), typed into the form (the deployment's are the 10-minute main job)
     "run_id": RUN_ID,
     "iterations": "1",
-    "prompts_per_iteration": "2",
-    "group_size": "2",
-    "max_new_tokens": "8",
-    "final_eval_questions": "0",
+    "data.prompts_per_iteration": "2",
+    "data.group_size": "2",
+    "rollout.max_new_tokens": "8",
+    "final_eval.questions": "0",
 }
+
+
+def _settings_count(cls: type) -> int:
+    """How many settings (sections included) config dataclass ``cls`` has, nested."""
+    hints = typing.get_type_hints(cls)
+    return sum(
+        1 + (_settings_count(hints[f.name]) if dataclasses.is_dataclass(hints[f.name]) else 0)
+        for f in dataclasses.fields(cls)
+    )
+
+
+def _dotted(config: dict, key: str):
+    for part in key.split("."):
+        config = config[part]
+    return config
 
 
 def _get_json(url: str) -> dict:
@@ -106,15 +124,28 @@ def test_llmrl_ui_runs_a_custom_grpo_run_and_shows_it_in_both_uis(tmp_path):
         page.wait_text("Parameters", 60)
         page.click_text("Run")
         page.click_text("Custom run", "*")
-        page.wait_text("final_eval_questions", 60)
-        for field in ("iterations", "group_size", "lr", "max_new_tokens"):  # typed fields, with their descriptions
-            assert page.eval(
-                "[...document.querySelectorAll('.schema-form-property')].some(p => "
-                f"p.innerText.startsWith('{field} (Optional)') && "
-                "p.querySelector('.schema-form-property__description'))"
-            ), f"the run form has no described field {field!r}"
+        page.wait_text("final_eval", 60)
+        every = _settings_count(GRPOConfig) + 3  # and config, settings, overrides
+        page.wait_for(f"document.querySelectorAll('.schema-form-property').length >= {every}", 60, "the whole form")
+        labels = page.eval(  # every setting, nested by section: (label, depth, has a description)
+            "[...document.querySelectorAll('.schema-form-property')].map(p => ["
+            "p.querySelector('.schema-form-property__label').innerText.split(' ')[0], "
+            "p.parentElement.closest('.schema-form-property') ? 1 : 0, "
+            "!!p.querySelector(':scope > .p-label__header > .p-label__description "
+            ".schema-form-property__description')])"
+        )
+        nested = {label for label, depth, _ in labels if depth == 1}
+        assert {"data", "rollout", "train", "final_eval", "group_size", "lr", "kl_coef", "max_new_tokens"} <= nested
+        undescribed = [label for label, _, described in labels if not described]
+        assert len(labels) == every and not undescribed, f"settings without a description: {undescribed}"
         for field, value in CHANGED.items():
-            page.set_field(field, value)
+            page.set_field(field.rpartition(".")[2], value)
+        page.set_field("group_size", "2.5")  # not an integer: the form refuses to submit
+        page.click_text("Submit")
+        time.sleep(3)
+        assert page.eval("location.pathname.endsWith('/run')"), "the form submitted group_size=2.5"
+        assert page.eval("document.querySelector('[data-llmrl-field]:invalid') !== null")
+        page.set_field("group_size", CHANGED["data.group_size"])
         _shot(page, shots, "prefect-custom-run")
         page.click_text("Submit")
         page.wait_for("!location.pathname.endsWith('/run')", 180, "the form to be submitted")
@@ -130,9 +161,9 @@ def test_llmrl_ui_runs_a_custom_grpo_run_and_shows_it_in_both_uis(tmp_path):
             assert time.monotonic() < deadline, "no flow run was created by the form"
             time.sleep(1)
         flow_run = runs[0]
-        assert {k: flow_run["parameters"][k] for k in CHANGED} == {
-            k: (v if k == "run_id" else int(v)) for k, v in CHANGED.items()
-        }, "the run did not get the settings typed into the form"
+        typed = {k: (v if k == "run_id" else int(v)) for k, v in CHANGED.items()}
+        settings = flow_run["parameters"]["settings"]
+        assert {k: _dotted(settings, k) for k in CHANGED} == typed, "the run did not get the settings from the form"
         page.goto(f"{prefect_url}/runs/flow-run/{flow_run['id']}")
         page.wait_for(
             "!!document.querySelector("
@@ -149,6 +180,10 @@ def test_llmrl_ui_runs_a_custom_grpo_run_and_shows_it_in_both_uis(tmp_path):
         assert text.count(f"{RUN_ID}-metrics-all") == 1 and text.count(f"{RUN_ID}-metrics") == 2
         _shot(page, shots, "prefect-run-artifacts")
         assert (home / "runs" / RUN_ID / "checkpoints" / "policy_v000001.safetensors").is_file()
+        config = json.loads((home / "runs" / RUN_ID / "config.json").read_text())
+        defining = {k: v for k, v in typed.items() if k != "iterations"}  # config.json: what defines the versions
+        assert {k: _dotted(config, k) for k in defining} == defining, "the run's config.json lacks the form's settings"
+        assert config["train"]["lr"] == 1e-5 and config["data"]["source"].startswith("arithmetic:")  # the main job
         assert not (home / "runs" / RUN_ID / "checkpoints" / "policy_v000002.safetensors").exists()  # 1, not 10
 
         experiment = _get_json(f"{mlflow_url}/api/2.0/mlflow/experiments/get-by-name?experiment_name=grpo")[

@@ -108,9 +108,14 @@ class PageDriver:
             30,
             f"the form field {label!r}",
         )
-        self.type_into(f"[data-llmrl-field={mark}]", value)
-        got = self.eval(f"document.querySelector('[data-llmrl-field={mark}]').value")
-        assert str(got) == value, f"field {label!r} holds {got!r} after typing {value!r}"
+        got = None
+        for _ in range(3):  # a long form re-renders while it settles: a keystroke can land before the focus does
+            self.type_into(f"[data-llmrl-field={mark}]", value)
+            got = self.eval(f"document.querySelector('[data-llmrl-field={mark}]').value")
+            if str(got) == value:
+                return
+            time.sleep(1)
+        raise AssertionError(f"field {label!r} holds {got!r} after typing {value!r}")
 
     def screenshot(self, path: Path) -> Path:
         """Save a PNG of the viewport."""

@@ -134,24 +134,30 @@ def _plain_fields(config: Any) -> Any:
     return config
 
 
-def _prepared(cls: type) -> type:
-    """``cls`` and its nested config sections made strict for pydantic: an unknown key is an error, and a number
-    given to a text setting is taken as written. Set once per class, before its validator is built."""
+def strict_config(cls: type[T]) -> type[T]:
+    """``cls`` and its nested config sections made ready for pydantic: an unknown key is an error, a number given to
+    a text setting is taken as written, and the JSON schema describes every setting
+    (:func:`~llmrl_core.pipeline.config_schema.describe_section`). A config module calls it on its config class
+    when it is defined, so any schema of it (the Prefect run form's too) is described."""
+    from llmrl_core.pipeline.config_schema import describe_section
+
     if "__pydantic_config__" not in vars(cls):
-        cls.__pydantic_config__ = ConfigDict(extra="forbid", coerce_numbers_to_str=True)  # type: ignore[attr-defined]
+        cls.__pydantic_config__ = ConfigDict(  # type: ignore[attr-defined]
+            extra="forbid", coerce_numbers_to_str=True, json_schema_extra=describe_section
+        )
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         for tp in (hints[f.name], *typing.get_args(hints[f.name])):
             if _is_dataclass_type(tp):
-                _prepared(tp)
+                strict_config(tp)
     return cls
 
 
 @functools.cache
 def config_validator(cls: type) -> TypeAdapter:
-    """pydantic's validator (and JSON schema) for config dataclass ``cls``, strict as :func:`_prepared` says; built
+    """pydantic's validator (and JSON schema) for config dataclass ``cls``, strict as :func:`strict_config` says; built
     once per class."""
-    return TypeAdapter(_prepared(cls))
+    return TypeAdapter(strict_config(cls))
 
 
 _EXPECTED = {"bool": "bool", "int": "int", "float": "float", "string": "str", "list": "a list", "tuple": "a list"}

@@ -1,10 +1,11 @@
 """The JSON schema of a flow's config (``llmrl config schema grpo``): every setting, nested by section, typed.
 
 The schema is pydantic's for the config dataclasses, from the validator that loads them (types, defaults,
-``Literal`` choices, nested sections, unknown keys refused). Each
-setting's description is the comment written beside its field in the config module (or on the comment lines
-right above it), else the sentence of its section's docstring that names it; each section's description is its
-class docstring. The code stays the one place they are written.
+``Literal`` choices, nested sections, unknown keys refused). Each setting is titled by its key as written and
+described by the comment beside its field in the config module (or on the comment lines right above it), else
+the sentence of its section's docstring that names it; each section's description is its class docstring. The
+code stays the one place they are written. pydantic applies this itself (:func:`describe_section` is each
+section's ``json_schema_extra``), so every schema of a config has it, the Prefect run form's included.
 """
 
 from __future__ import annotations
@@ -63,39 +64,36 @@ def docstring_mentions(cls: type) -> dict[str, str]:
     return found
 
 
-def _sections(cls: type, found: dict[str, type]) -> dict[str, type]:
-    """``cls`` and every config dataclass nested in it, by class name (the schema's ``$defs`` keys)."""
-    found[cls.__name__] = cls
+def describe_section(schema: dict[str, Any], cls: type) -> None:
+    """pydantic's ``json_schema_extra`` hook of a config section: the section's docstring as its description, each
+    setting titled by the key it is written as (``run_id``, ``from``) and described by its comment (or the docstring
+    sentence that names it); a setting that is a section gets that section's first docstring line."""
+    from llmrl_core.pipeline.config_io import config_key
+
+    if cls.__doc__:
+        schema["description"] = inspect.cleandoc(cls.__doc__)
+    described: dict[str, str] = {}
+    for base in reversed([c for c in cls.__mro__ if dataclasses.is_dataclass(c)]):  # inherited fields too
+        described.update({**docstring_mentions(base), **field_comments(base)})
     hints = typing.get_type_hints(cls)
+    properties = schema.get("properties", {})
     for f in dataclasses.fields(cls):
-        for tp in (hints[f.name], *typing.get_args(hints[f.name])):
-            if isinstance(tp, type) and dataclasses.is_dataclass(tp) and tp.__name__ not in found:
-                _sections(tp, found)
-    return found
+        prop = properties.get(config_key(f.name))
+        if prop is None:
+            continue
+        prop["title"] = config_key(f.name)
+        section = next((t for t in (hints[f.name], *typing.get_args(hints[f.name])) if _is_section(t)), None)
+        text = described.get(f.name) or (inspect.cleandoc(section.__doc__).split("\n\n")[0] if section else "")
+        if text:
+            prop["description"] = " ".join(text.split())
+
+
+def _is_section(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp) and bool(tp.__doc__)
 
 
 def config_schema(cls: type) -> dict[str, Any]:
     """The JSON schema of the config dataclass ``cls`` with each setting's and section's description."""
-    from llmrl_core.pipeline.config_io import config_key, config_validator
+    from llmrl_core.pipeline.config_io import config_validator
 
-    schema = config_validator(cls).json_schema()
-    for name, section in _sections(cls, {}).items():
-        node = schema if name == cls.__name__ else schema.get("$defs", {}).get(name)
-        if node is None:
-            continue
-        if section.__doc__:
-            node["description"] = inspect.cleandoc(section.__doc__)
-        described: dict[str, str] = {}
-        for base in reversed([c for c in section.__mro__ if dataclasses.is_dataclass(c)]):  # inherited fields too
-            described.update({**docstring_mentions(base), **field_comments(base)})
-        for field_name, text in described.items():  # a property is named as the key is written (``from``)
-            prop = node.get("properties", {}).get(config_key(field_name))
-            if prop is not None:
-                prop["description"] = text
-    defs = schema.get("$defs", {})
-    for node in [schema, *defs.values()]:  # a section setting: its section's first docstring line
-        for prop in node.get("properties", {}).values():
-            target = defs.get(str(prop.get("$ref", "")).rpartition("/")[2], {})
-            if "description" not in prop and target.get("description"):
-                prop["description"] = target["description"].split("\n\n")[0].replace("\n", " ")
-    return schema
+    return config_validator(cls).json_schema()

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from llmrl_core.pipeline.config_io import strict_config
 from llmrl_core.pipeline.env_config import EnvConfig, validate_env_config
 from llmrl_core.pipeline.init_config import InitConfig
 from llmrl_core.pipeline.task_config import TaskConfig
@@ -22,8 +23,8 @@ class DataConfig:
     """Prompt source and batch shape: ``prompts_per_iteration`` prompts, each sampled ``group_size`` times."""
 
     source: str = "gsm8k:train"  # gsm8k:train | arithmetic:train[?ops=+&low=10&high=99] | a .jsonl/.parquet path
-    prompts_per_iteration: int = 8
-    group_size: int = 4
+    prompts_per_iteration: int = 8  # prompts drawn per iteration (one policy version)
+    group_size: int = 4  # responses sampled per prompt; GRPO compares the responses of a group
     shuffle: bool = True  # shuffle the source once, seeded by seed (false: file order)
 
     def __post_init__(self) -> None:
@@ -302,6 +303,7 @@ class GRPODaskConfig(DaskConfig):
         )
 
 
+@strict_config  # the run form's schema describes every setting; unknown keys are refused
 @dataclass
 class GRPOConfig:
     """A GRPO run: model, data, rollouts, training, iterations, storage and tracking."""

@@ -20,8 +20,7 @@ class InitConfig:
     continue that version's data cursor (the prompts it would have drawn next) instead of the data's start.
     """
 
-    # spelled ``from`` in YAML, --set and the run form (a Python keyword): the alias is the name pydantic reads
-    from_: Annotated[str | None, Field(alias="from")] = None
+    from_: Annotated[str | None, Field(alias="from")] = None  # RUN@V or RUN to start from (key ``from``: a keyword)
     data_cursor: bool = False
 
     def __post_init__(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmrl_core.pipeline.config_io import strict_config
 from llmrl_core.pipeline.env_config import EnvConfig, validate_env_config
 from llmrl_core.pipeline.grpo_config import DaskConfig, TrainConfig
 from llmrl_core.pipeline.init_config import InitConfig
@@ -36,6 +37,7 @@ class RescoreConfig:
     options: dict[str, Any] = field(default_factory=dict)  # reward options, e.g. {format_reward: 0.0}
 
 
+@strict_config  # the run form's schema describes every setting; unknown keys are refused
 @dataclass
 class OfflineConfig:
     """An offline GRPO run: source trajectories, re-scoring, epochs, trainer, storage and tracking."""

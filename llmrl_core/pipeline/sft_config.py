@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from llmrl_core.pipeline.config_io import strict_config
 from llmrl_core.pipeline.env_config import EnvConfig, validate_env_config
 from llmrl_core.pipeline.grpo_config import DaskConfig
 from llmrl_core.pipeline.init_config import InitConfig
@@ -88,6 +89,7 @@ class SFTTrainConfig:
             raise ValueError(f"train.token_budget must be >= 16, got {self.token_budget!r}")
 
 
+@strict_config  # the run form's schema describes every setting; unknown keys are refused
 @dataclass
 class SFTConfig:
     """An SFT run: model, data (a dataset or selected trajectories), epochs, storage and tracking."""
