@@ -86,3 +86,20 @@ def test_settings_checked_against_the_machine_and_the_model(tmp_path, default_mo
     for bad in ("train.lr=nan", "train.lr=-1", "train.max_grad_norm=0"):
         with pytest.raises(ConfigError, match=r"train\.(lr|max_grad_norm) must be a finite number > 0"):
             load_config(SFTConfig, None, [bad])
+
+
+def test_settings_go_over_the_file_and_under_the_overrides(tmp_path):
+    """A flow's ``settings`` (the run form's nested mapping, or a whole config) layer between file and overrides."""
+    path = tmp_path / "c.yaml"
+    path.write_text("run_id: from-file\ndata:\n  group_size: 8\n  prompts_per_iteration: 3\ntrain:\n  lr: 1e-6\n")
+    cfg = load_config(GRPOConfig, path, ["train.lr=3e-6"], {"data": {"group_size": 2}, "train": {"lr": 2e-6}})
+    assert (cfg.run_id, cfg.data.group_size, cfg.data.prompts_per_iteration) == ("from-file", 2, 3)  # merged per key
+    assert cfg.train.lr == 3e-6
+    whole = load_config(GRPOConfig, None, ["iterations=2"], cfg)  # a config given whole is taken whole
+    assert whole.data == cfg.data and whole.run_id == "from-file" and whole.iterations == 2
+    with pytest.raises(ConfigError, match=r"unknown config key 'data.groupsize'; valid keys here: \['group_size'"):
+        load_config(GRPOConfig, None, [], {"data": {"groupsize": 2}})
+    with pytest.raises(ConfigError, match=r"data.group_size: expected int, got 'two'"):
+        load_config(GRPOConfig, None, [], {"data": {"group_size": "two"}})
+    with pytest.raises(ConfigError, match=r"settings: expected a config or a mapping of settings, got int"):
+        load_config(GRPOConfig, None, [], 3)

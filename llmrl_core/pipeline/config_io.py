@@ -193,6 +193,8 @@ def _message(error: Mapping[str, Any], cls: type, where: str) -> str:
         return f"unknown config key {_field_path(loc, where)!r}; valid keys here: {valid}"
     path = _field_path(loc, where) or where or cls.__name__
     given = _plain(error.get("input"))
+    if kind == "missing":
+        return f"{path}: a required setting is missing"
     if kind in ("value_error", "assertion_error"):
         cause = error.get("ctx", {}).get("error")
         return f"{path}: {cause if cause is not None else error['msg']}"
