@@ -1,5 +1,6 @@
 """KL-to-reference transforms on TensorDicts (TorchRL's ``torchrl.envs.llm.transforms.kl``), and the pure
-functions :func:`token_kl` / :func:`kl_reward_penalty` the flows use without an env.
+functions :func:`token_kl` / :func:`kl_reward_penalty` the flows use without an env (modules ``log_prob``,
+``kl_computation``, ``kl_math``; this one composes them and exports all).
 
 * :class:`RetrieveLogProb` asks a scoring policy wrapper (``generate=False``) for the log-prob of every token of
   the full conversation and stores them under ``log_probs_full_key`` (zero on non-assistant tokens with
@@ -32,17 +33,18 @@ Where llmrl differs from TorchRL 0.14.1 (its own documentation is the spec where
 
 from __future__ import annotations
 
-import math
-import warnings
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from typing import Any, Literal
 
 import torch
-from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, is_tensorclass, lazy_stack, unravel_key
+from tensordict import TensorDictBase, unravel_key
 from tensordict.utils import NestedKey
 from torch.nn.utils.rnn import pad_sequence
 
+from llmrl_core.envs.transforms import kl_rows
+from llmrl_core.envs.transforms.kl_computation import KLComputation
+from llmrl_core.envs.transforms.kl_math import kl_reward_penalty, token_kl
+from llmrl_core.envs.transforms.log_prob import RetrieveLogProb
 from llmrl_core.envs.transforms.td_base import Compose, Transform, set_missing_tolerance
 
 __all__ = [
@@ -55,414 +57,6 @@ __all__ = [
     "kl_reward_penalty",
     "token_kl",
 ]
-
-
-# --- pure functions ----------------------------------------------------------------------------------
-def _as_float_tensor(values: Sequence[float] | torch.Tensor, name: str) -> torch.Tensor:
-    if isinstance(values, torch.Tensor):
-        tensor = values
-    else:  # None (an unknown log-prob, e.g. a null in a stored row) becomes NaN, which the sums leave out
-        tensor = torch.tensor([math.nan if v is None else float(v) for v in values], dtype=torch.float32)
-    if not tensor.is_floating_point():
-        tensor = tensor.float()
-    if tensor.ndim == 0:
-        raise ValueError(f"{name} must be a sequence of per-token values, got a scalar")
-    return tensor
-
-
-def token_kl(
-    log_probs: Sequence[float] | torch.Tensor,
-    ref_log_probs: Sequence[float] | torch.Tensor,
-    mask: Sequence[bool] | torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Per-token KL estimate ``log_probs - ref_log_probs`` (0 where ``mask`` is False).
-
-    Inputs have one entry per token (any matching shape; ``None`` entries read as NaN); ``mask`` None counts every
-    token. Non-finite entries inside the mask are returned as they are (NaN / inf) so callers can see them;
-    :func:`kl_reward_penalty` leaves them out.
-    """
-    lp = _as_float_tensor(log_probs, "log_probs")
-    ref = _as_float_tensor(ref_log_probs, "ref_log_probs").to(lp.device)
-    if lp.shape != ref.shape:
-        raise ValueError(f"log_probs {tuple(lp.shape)} and ref_log_probs {tuple(ref.shape)} must have the same shape")
-    kl = lp - ref
-    if mask is not None:
-        m = mask if isinstance(mask, torch.Tensor) else torch.as_tensor(list(mask), dtype=torch.bool)
-        m = m.to(device=kl.device, dtype=torch.bool)
-        if m.shape != kl.shape:
-            raise ValueError(f"mask {tuple(m.shape)} must have the shape of the log-probs {tuple(kl.shape)}")
-        kl = torch.where(m, kl, torch.zeros_like(kl))
-    return kl
-
-
-def _finite_sum(kl: torch.Tensor) -> tuple[float, int]:
-    finite = torch.isfinite(kl)
-    return float(kl.detach().double()[finite].sum()), int(finite.sum())
-
-
-def kl_reward_penalty(
-    log_probs: Sequence[float] | torch.Tensor,
-    ref_log_probs: Sequence[float] | torch.Tensor,
-    mask: Sequence[bool] | torch.Tensor | None = None,
-    coeff: float = 1.0,
-) -> float:
-    """``coeff * sum(log_probs - ref_log_probs)`` over the masked tokens whose KL is finite.
-
-    The amount a KL-penalised reward loses (subtract it); the sum over a response of TorchRL's per-token
-    ``coeff * kl`` reward term.
-    """
-    total, _ = _finite_sum(token_kl(log_probs, ref_log_probs, mask))
-    return float(coeff) * total
-
-
-# --- ragged / padded per-token entries ---------------------------------------------------------------
-def _rows(value: Any) -> list[torch.Tensor]:
-    """One tensor per sample from what ``td.get(key, as_list=True)`` returned (list, nested or dense)."""
-    if isinstance(value, torch.Tensor):
-        return list(value.unbind(0))
-    return list(value)
-
-
-def _is_dense(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and not value.is_nested
-
-
-def _lazy_rows(td: Any) -> LazyStackedTensorDict | None:
-    inner = td._tensordict if is_tensorclass(td) else td
-    if isinstance(inner, LazyStackedTensorDict) and inner.stack_dim == 0:
-        return inner
-    return None
-
-
-def _write_rows(td: TensorDictBase, key: NestedKey, rows: list[torch.Tensor]) -> None:
-    """Store one tensor per sample under ``key`` so that ``td.get(key, as_list=True)`` gives them back.
-
-    A lazily stacked TensorDict (or sub-TensorDict) gets one entry per stacked element; a dense parent is turned
-    into a lazy stack of its rows; a top-level key of a dense TensorDict gets a dense tensor when the rows have
-    one shape and a jagged nested tensor otherwise.
-    """
-    key = unravel_key(key)
-    lazy = _lazy_rows(td)
-    if lazy is not None:
-        for sub, row in zip(lazy.tensordicts, rows, strict=True):
-            sub.set(key, row)
-        return
-    if isinstance(key, tuple) and len(key) > 1:
-        parent = td.get(key[:-1], None)
-        if parent is not None:
-            lazy = _lazy_rows(parent)
-            if lazy is None:
-                inner = parent._tensordict if is_tensorclass(parent) else parent
-                lazy = lazy_stack(list(inner.unbind(0)))
-                td.set(key[:-1], type(parent)._from_tensordict(lazy) if is_tensorclass(parent) else lazy)
-        else:
-            lazy = lazy_stack([TensorDict(batch_size=td.batch_size[1:]) for _ in rows])
-            td.set(key[:-1], lazy)
-        for sub, row in zip(lazy.tensordicts, rows, strict=True):
-            sub.set(key[-1], row)
-        return
-    if len({tuple(r.shape) for r in rows}) <= 1:
-        td.set(key, torch.stack(rows) if rows else torch.empty(0))
-    else:
-        td.set(key, torch.nested.as_nested_tensor(rows, layout=torch.jagged))
-
-
-def _pad(rows: list[torch.Tensor], padding_side: str) -> torch.Tensor:
-    return pad_sequence(rows, batch_first=True, padding_value=0.0, padding_side=padding_side)
-
-
-def _check_full_key(name: str, key: Any) -> None:
-    if not isinstance(key, tuple) or key[-1] != "full":
-        raise ValueError(
-            f"The {name} {key} is not a tuple or does not end with 'full'. "
-            "This may cause issues with the KL computation. "
-            "Please use a tuple with the log_probs_key and 'full' as the last element."
-        )
-
-
-def _on_device(td: TensorDictBase, device: torch.device | None) -> TensorDictBase:
-    return td.to(device) if device is not None else td
-
-
-# --- RetrieveLogProb ---------------------------------------------------------------------------------
-class RetrieveLogProb(Transform):
-    """Store a scoring model's per-token log-probs of the full conversation.
-
-    Args:
-        model: a policy wrapper with ``generate=False`` and ``return_log_probs=True``
-            (:class:`~llmrl_core.modules.policies.TransformersWrapper` or
-            :class:`~llmrl_core.modules.policies.vLLMWrapper`).
-
-    Keyword Args:
-        log_probs_full_key: where the log-probs are written; default ``(model.log_probs_key, "full")`` (a key that
-            is not a tuple ending in ``"full"`` gets a warning).
-        assistant_only: zero the log-probs of non-assistant tokens (default True; needs ``input_mode="history"``,
-            which gives the assistant mask).
-        tokenizer_kwargs: chat-template arguments (defaults as TorchRL's; the model's own settings tokenize).
-        detach: compute without an autograd graph (default True).
-        device: the model is moved there, and incoming TensorDicts are moved there for the call.
-        tokenizer: kept for TorchRL compatibility (the model's tokenizer is used).
-        padding_side: padding side of the stored log-probs when the model pads its output (default ``"left"``).
-
-    ``transform(td)`` scores ``td`` and writes into ``td["next"]`` when it exists, else into ``td``.
-    """
-
-    def __init__(
-        self,
-        model: Any,
-        *,
-        log_probs_full_key: NestedKey | None = None,
-        assistant_only: bool = True,
-        tokenizer_kwargs: dict | None = None,
-        detach: bool = True,
-        device: torch.device | None = None,
-        tokenizer: Any = None,
-        padding_side: str = "left",
-    ) -> None:
-        if log_probs_full_key is None:
-            log_probs_full_key = (model.log_probs_key, "full")
-        elif not isinstance(log_probs_full_key, tuple) or log_probs_full_key[-1] != "full":
-            warnings.warn(
-                f"The log_probs_full_key {log_probs_full_key} is not a tuple or does not end with 'full'. "
-                "This may cause issues with the KL computation. "
-                "Please use a tuple with the log_probs_key and 'full' as the last element.",
-                stacklevel=2,
-            )
-        self.log_probs_full_key = log_probs_full_key
-        super().__init__(in_keys=list(model.in_keys), out_keys=[log_probs_full_key])
-        self._io_device = None
-        if device is not None:
-            model = model.to(device)
-            self._io_device = torch.device(device)
-        self.model = model
-        self.assistant_only = assistant_only
-        self.detach = detach
-        self.tokenizer = tokenizer
-        self.padding_side = padding_side
-        tokenizer_kwargs = dict(tokenizer_kwargs or {})
-        tokenizer_kwargs.setdefault("return_assistant_tokens_mask", True)
-        tokenizer_kwargs.setdefault("tokenize", True)
-        tokenizer_kwargs.setdefault("return_dict", True)
-        tokenizer_kwargs.setdefault("padding", False)
-        tokenizer_kwargs.setdefault("add_generation_prompt", False)
-        self.tokenizer_kwargs = tokenizer_kwargs
-        self._validate_model_config(model)
-
-    @property
-    def device(self) -> torch.device | None:
-        """Where incoming TensorDicts are moved for the call (the constructor's ``device``)."""
-        return self._io_device
-
-    def _validate_model_config(self, model: Any) -> None:
-        if not getattr(model, "return_log_probs", True):
-            raise ValueError("The model must have `return_log_probs=True` to use the `RetrieveLogProb` transform.")
-        if getattr(model, "generate", True):
-            raise ValueError("The model must have `generate=False` to use the `RetrieveLogProb` transform.")
-        input_mode = getattr(model, "input_mode", "history")
-        if self.assistant_only and input_mode != "history":
-            raise ValueError(
-                f"The model must have `input_mode='history'` when `assistant_only=True`. "
-                f"Current input_mode is '{input_mode}'. "
-                f"To use input_mode '{input_mode}', set `assistant_only=False`."
-            )
-
-    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        next_td = tensordict.get("next", None)
-        if next_td is None:
-            return self._step(tensordict, tensordict)
-        return tensordict.set("next", self._step(tensordict, next_td))
-
-    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
-        original_device = tensordict.device if self._io_device is not None else None
-        tensordict = _on_device(tensordict, self._io_device)
-        next_tensordict = _on_device(next_tensordict, self._io_device)
-        with torch.no_grad() if self.detach else nullcontext():
-            scored = self.model(tensordict.copy())
-        model_key = (self.model.log_probs_key, "full")
-        log_probs = _rows(scored.get(model_key, as_list=True))
-        if self.assistant_only:
-            masks = scored.get(("masks", "all_assistant_mask"), None, as_list=True)
-            if masks is None:
-                raise ValueError(
-                    "assistant_only=True needs the assistant mask ('masks', 'all_assistant_mask') from the model "
-                    "(input_mode='history')"
-                )
-            log_probs = [
-                lp.masked_fill(~m.bool().to(lp.device), 0.0) for lp, m in zip(log_probs, _rows(masks), strict=True)
-            ]
-        if self.detach:
-            log_probs = [lp.detach() for lp in log_probs]
-        target = unravel_key(self.log_probs_full_key)
-        if (
-            isinstance(target, tuple)
-            and len(target) == 2
-            and target[0] == unravel_key(self.model.log_probs_key)
-            and target[0] not in next_tensordict.keys()
-        ):
-            # the model's own container (LogProbs: prompt / response / full / padded) moves over, as in TorchRL
-            next_tensordict.set(target[0], scored.get(target[0]))
-        if self.model.pad_output:
-            next_tensordict.set(target, _pad(log_probs, self.padding_side))
-        else:
-            _write_rows(next_tensordict, target, log_probs)
-        if original_device is not None:
-            next_tensordict = next_tensordict.to(original_device)
-        return next_tensordict
-
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(log_probs_full_key={self.log_probs_full_key}, "
-            f"assistant_only={self.assistant_only}, model={type(self.model).__name__})"
-        )
-
-
-# --- KLComputation -----------------------------------------------------------------------------------
-def _one_of(name: str, value: Any, alias: str, alias_value: Any, default: Any) -> Any:
-    """``value`` unless the documented ``alias`` was given (a conflicting explicit ``value`` is a TypeError)."""
-    if alias_value is None:
-        return value
-    if value != default and value != alias_value:
-        raise TypeError(f"got both {name}={value!r} and {alias}={alias_value!r}; pass one of them")
-    return alias_value
-
-
-class KLComputation(Transform):
-    """Per-token KL between two log-prob entries, optionally subtracted from a per-token reward.
-
-    Args:
-        gen_log_probs_full_key: the generating policy's log-probs; default ``("log_probs", "full")``
-            (also accepted as ``gen_log_probs_key``, the documented spelling).
-        ref_log_probs_full_key: the reference model's log-probs; default ``("ref_log_probs", "full")``
-            (also ``ref_log_probs_key``).
-
-    Keyword Args:
-        kl_key: where the KL ``gen - ref`` is written (default ``"kl_penalty"``).
-        add_to_reward: subtract ``coeff * kl`` from ``"reward"`` (shape ``(T, 1)`` per sample) when present.
-        coeff: the KL coefficient (default 1.0; also accepted as ``coef``).
-        padding_side: kept for TorchRL compatibility.
-
-    Both log-prob entries must have the same layout and per-sample shapes (``ValueError`` otherwise). With
-    ``(B, T)`` inputs the KL is ``(B, T)``; with one tensor per sample it is one tensor per sample.
-    """
-
-    def __init__(
-        self,
-        gen_log_probs_full_key: NestedKey = ("log_probs", "full"),
-        ref_log_probs_full_key: NestedKey = ("ref_log_probs", "full"),
-        *,
-        kl_key: NestedKey = "kl_penalty",
-        add_to_reward: bool = True,
-        coeff: float = 1.0,
-        padding_side: str = "left",
-        gen_log_probs_key: NestedKey | None = None,
-        ref_log_probs_key: NestedKey | None = None,
-        coef: float | None = None,
-    ) -> None:
-        gen_key = _one_of(
-            "gen_log_probs_full_key",
-            gen_log_probs_full_key,
-            "gen_log_probs_key",
-            gen_log_probs_key,
-            ("log_probs", "full"),
-        )
-        ref_key = _one_of(
-            "ref_log_probs_full_key",
-            ref_log_probs_full_key,
-            "ref_log_probs_key",
-            ref_log_probs_key,
-            ("ref_log_probs", "full"),
-        )
-        coeff = _one_of("coeff", coeff, "coef", coef, 1.0)
-        in_keys = [gen_key, ref_key]
-        out_keys = [kl_key]
-        if add_to_reward:
-            in_keys.append("reward")
-            out_keys.append("reward")
-        super().__init__(in_keys=in_keys, out_keys=out_keys)
-        self.gen_log_probs_full_key = gen_key
-        self.ref_log_probs_full_key = ref_key
-        self.kl_key = kl_key
-        self.add_to_reward = add_to_reward
-        self.coeff = coeff
-        self.padding_side = padding_side
-
-    # the documented attribute names
-    @property
-    def gen_log_probs_key(self) -> NestedKey:
-        return self.gen_log_probs_full_key
-
-    @property
-    def ref_log_probs_key(self) -> NestedKey:
-        return self.ref_log_probs_full_key
-
-    @property
-    def coef(self) -> float:
-        return self.coeff
-
-    @coef.setter
-    def coef(self, value: float) -> None:
-        self.coeff = value
-
-    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        next_td = tensordict.get("next", None)
-        if next_td is None:
-            return self._step(tensordict, tensordict)
-        return tensordict.set("next", self._step(tensordict, next_td))
-
-    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
-        gen = next_tensordict.get(self.gen_log_probs_full_key, None, as_list=True)
-        ref = next_tensordict.get(self.ref_log_probs_full_key, None, as_list=True)
-        if gen is None or ref is None:
-            raise ValueError(
-                f"Log-probs not found. Expected keys: {self.gen_log_probs_full_key}, {self.ref_log_probs_full_key}"
-            )
-        gen_rows, ref_rows = _rows(gen), _rows(ref)
-        if len(gen_rows) != len(ref_rows):
-            raise ValueError(
-                f"Batch size mismatch: gen_log_probs has {len(gen_rows)} samples, "
-                f"ref_log_probs has {len(ref_rows)} samples"
-            )
-        for i, (g, r) in enumerate(zip(gen_rows, ref_rows, strict=True)):
-            if g.shape != r.shape:
-                raise ValueError(
-                    f"Sample {i} has different shapes: gen_log_probs[{i}].shape={g.shape}, "
-                    f"ref_log_probs[{i}].shape={r.shape}"
-                )
-        dense = _is_dense(gen) and _is_dense(ref)
-        kl_rows = [g - r.to(g.device) for g, r in zip(gen_rows, ref_rows, strict=True)]
-        if dense:
-            kl = gen - ref.to(gen.device)
-            next_tensordict.set(self.kl_key, kl)
-        else:
-            _write_rows(next_tensordict, self.kl_key, kl_rows)
-        if self.add_to_reward and "reward" in next_tensordict.keys():
-            reward = next_tensordict.get("reward", as_list=True)
-            if dense and _is_dense(reward):
-                if reward.ndim != kl.ndim + 1:
-                    raise ValueError(
-                        f"The rewards have shape {reward.shape} but the kl has shape {kl.shape}. "
-                        "The rewards should have one more dimension than the KL."
-                    )
-                next_tensordict.set("reward", reward - self.coeff * kl.unsqueeze(-1))
-            else:
-                reward_rows = _rows(reward)
-                if reward_rows and reward_rows[0].ndim != kl_rows[0].ndim + 1:
-                    raise ValueError(
-                        f"The rewards have shape {reward_rows[0].shape} but the kl has shape {kl_rows[0].shape}. "
-                        "The rewards should have one more dimension than the KL."
-                    )
-                new = [r - self.coeff * k.to(r.device).unsqueeze(-1) for r, k in zip(reward_rows, kl_rows, strict=True)]
-                if "reward" in next_tensordict.keys() and _lazy_rows(next_tensordict) is None:
-                    next_tensordict.del_("reward")
-                _write_rows(next_tensordict, "reward", new)
-        return next_tensordict
-
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(gen_log_probs_full_key={self.gen_log_probs_full_key}, "
-            f"ref_log_probs_full_key={self.ref_log_probs_full_key}, kl_key={self.kl_key!r}, "
-            f"add_to_reward={self.add_to_reward}, coeff={self.coeff})"
-        )
 
 
 # --- use_ray_service -----------------------------------------------------------------------------------
@@ -621,7 +215,7 @@ class RetrieveKL(_HostedVariant, Compose):
         if ref_model is None:
             raise ValueError("ref_model cannot be None")
         gen_key = params.pop("gen_log_probs_full_key")
-        _check_full_key("gen_log_probs_full_key", gen_key)
+        kl_rows.check_full_key("gen_log_probs_full_key", gen_key)
         gen_model = collector.policy.get_new_version(
             generate=False,
             return_log_probs=True,
@@ -631,7 +225,7 @@ class RetrieveKL(_HostedVariant, Compose):
             pad_output=getattr(ref_model, "pad_output", False),
         )
         ref_key = params.pop("ref_log_probs_full_key")
-        _check_full_key("ref_log_probs_full_key", ref_key)
+        kl_rows.check_full_key("ref_log_probs_full_key", ref_key)
         kl_key, add_to_reward, coeff = params.pop("kl_key"), params.pop("add_to_reward"), params.pop("coeff")
         params.pop("history_key", None)
         for transform in (
@@ -810,7 +404,7 @@ class KLRewardTransform(_HostedVariant, Transform):
         for source in (tensordict, scored):
             mask = source.get(("masks", "all_assistant_mask"), None, as_list=True)
             if mask is not None:
-                return _rows(mask)
+                return kl_rows.rows_of(mask)
         prompt = tensordict.get(("tokens", "prompt"), None, as_list=True)
         attention = tensordict.get(("masks", "all_attention_mask"), None, as_list=True)
         if prompt is None or attention is None:
@@ -818,12 +412,12 @@ class KLRewardTransform(_HostedVariant, Transform):
                 "assistant_only=True needs ('masks', 'all_assistant_mask') or ('tokens', 'prompt') with "
                 "('masks', 'all_attention_mask') in the data"
             )
-        if self.pad_output and _is_dense(prompt):
-            prompt_lengths = [prompt.shape[-1]] * len(_rows(attention))
+        if self.pad_output and kl_rows.is_dense(prompt):
+            prompt_lengths = [prompt.shape[-1]] * len(kl_rows.rows_of(attention))
         else:
-            prompt_lengths = [p.shape[-1] for p in _rows(prompt)]
+            prompt_lengths = [p.shape[-1] for p in kl_rows.rows_of(prompt)]
         out = []
-        for length, row in zip(prompt_lengths, _rows(attention), strict=True):
+        for length, row in zip(prompt_lengths, kl_rows.rows_of(attention), strict=True):
             row = row.clone().bool()
             row[..., :length] = False
             out.append(row)
@@ -831,15 +425,15 @@ class KLRewardTransform(_HostedVariant, Transform):
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         original_device = tensordict.device if self.device is not None else None
-        tensordict = _on_device(tensordict, self.device)
-        next_tensordict = _on_device(next_tensordict, self.device)
+        tensordict = kl_rows.on_device(tensordict, self.device)
+        next_tensordict = kl_rows.on_device(next_tensordict, self.device)
         if unravel_key(self.action_key) not in tensordict.keys(True):
             if not self.missing_tolerance:
                 raise RuntimeError(f"Action with key {self.action_key} not found data {tensordict}")
             return next_tensordict
         with torch.no_grad():
             scored = self.ref_model(tensordict.copy())
-        ref_rows = [r.detach() for r in _rows(scored.get(self.ref_model_log_probs_key, as_list=True))]
+        ref_rows = [r.detach() for r in kl_rows.rows_of(scored.get(self.ref_model_log_probs_key, as_list=True))]
         mask = self._assistant_mask(tensordict, scored)
         ref_rows = self._masked(ref_rows, mask)
         curr = tensordict.get(self.log_prob_full_key, None, as_list=True)
@@ -849,7 +443,7 @@ class KLRewardTransform(_HostedVariant, Transform):
             curr = generated.get((self.gen_model.log_probs_key, "full"), as_list=True)
         if curr is None:
             raise ValueError(f"The current log-probs {self.log_prob_full_key} are not in the data")
-        curr_rows = self._masked([c.detach() for c in _rows(curr)], mask)
+        curr_rows = self._masked([c.detach() for c in kl_rows.rows_of(curr)], mask)
         ref_rows = [r.to(c.device).unsqueeze(-1) for r, c in zip(ref_rows, curr_rows, strict=True)]
         curr_rows = [c.unsqueeze(-1) for c in curr_rows]
         for r, c in zip(ref_rows, curr_rows, strict=True):
@@ -859,26 +453,28 @@ class KLRewardTransform(_HostedVariant, Transform):
                     f"log_prob.shape={r.shape}. One possible reason is that the padding token is identical to the "
                     "eos token, which means that the eos_token log_prob is truncated from the reference model output."
                 )
-        kl_rows = [c - r for c, r in zip(curr_rows, ref_rows, strict=True)]
+        token_kl_rows = [c - r for c, r in zip(curr_rows, ref_rows, strict=True)]
         reward_key, kl_key, ref_key = self.out_keys
         if self.add_to_reward:
             reward = next_tensordict.get(self.in_keys[0], None, as_list=True)
             if reward is None:
-                reward_rows = [torch.zeros_like(k) for k in kl_rows]
+                reward_rows = [torch.zeros_like(k) for k in token_kl_rows]
             else:
-                reward_rows = _rows(reward)
-                if not self.pad_output and all(r.ndim == k.ndim - 1 for r, k in zip(reward_rows, kl_rows, strict=True)):
+                reward_rows = kl_rows.rows_of(reward)
+                if not self.pad_output and all(
+                    r.ndim == k.ndim - 1 for r, k in zip(reward_rows, token_kl_rows, strict=True)
+                ):
                     # one reward per sample: spread over the tokens, as TorchRL does for unpadded log-probs
-                    reward_rows = [r.expand(k.shape) for r, k in zip(reward_rows, kl_rows, strict=True)]
-                for r, k in zip(reward_rows, kl_rows, strict=True):
+                    reward_rows = [r.expand(k.shape) for r, k in zip(reward_rows, token_kl_rows, strict=True)]
+                for r, k in zip(reward_rows, token_kl_rows, strict=True):
                     if r.ndim != k.ndim:
                         raise ValueError(
                             "The number of dimensions of reward must be the same as the number of dimensions of "
                             f"the KL term. Got ndim={r.ndim + 1} and {k.ndim + 1} respectively."
                         )
-            new_reward = [r - self.coef.to(k.device) * k for r, k in zip(reward_rows, kl_rows, strict=True)]
+            new_reward = [r - self.coef.to(k.device) * k for r, k in zip(reward_rows, token_kl_rows, strict=True)]
             self._write(next_tensordict, reward_key, new_reward, replace=True)
-        self._write(next_tensordict, kl_key, kl_rows)
+        self._write(next_tensordict, kl_key, token_kl_rows)
         self._write(next_tensordict, ref_key, ref_rows)
         if original_device is not None:
             next_tensordict = next_tensordict.to(original_device)
@@ -892,9 +488,9 @@ class KLRewardTransform(_HostedVariant, Transform):
         if self.pad_output:
             td.set(key, pad_sequence(rows, batch_first=True, padding_value=0.0, padding_side=self.padding_side))
             return
-        if replace and _lazy_rows(td) is None and unravel_key(key) in td.keys(True):
+        if replace and kl_rows.lazy_rows(td) is None and unravel_key(key) in td.keys(True):
             td.del_(key)
-        _write_rows(td, key, rows)
+        kl_rows.write_rows(td, key, rows)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(coef={float(self.coef)}, in_keys={self.in_keys}, out_keys={self.out_keys})"
