@@ -3,7 +3,7 @@
 A game here follows the text flavour of Gymnasium's interface and nothing more (no ``gymnasium`` import):
 ``reset(seed=None, options=None) -> (observation: str, info: dict)`` and
 ``step(action: str) -> (observation: str, reward: float, terminated: bool, truncated: bool, info: dict)``.
-:class:`~llmrl_core.envs.mlgym.MLGymWrapper` turns any such object into a batched
+:class:`~llmrl_core.envs.gym_wrapper.MLGymWrapper` turns any such object into a batched
 :class:`~llmrl_core.envs.chat_env.ChatEnv`; :func:`make_guess_number_env` does that for :class:`GuessNumberEnv`
 (the ``guess_number`` env of the run configs).
 """
@@ -17,7 +17,7 @@ import re
 from typing import Any
 
 from llmrl_core.envs.chat_env import InputMode
-from llmrl_core.envs.mlgym import MLGymWrapper
+from llmrl_core.envs.gym_wrapper import MLGymWrapper
 
 _ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _INTEGER = re.compile(r"[-+]?\d+")
@@ -134,7 +134,7 @@ def make_guess_number_env(
     """:class:`GuessNumberEnv` games as a ChatEnv: ``batch_size`` games per reset, ``repeats`` slots per game
     (a GRPO group plays one secret), seeded from ``seed``. ``options`` named like :class:`GuessNumberEnv`'s
     parameters (``low``, ``high``, ``max_guesses``) configure the game; the others go to
-    :class:`~llmrl_core.envs.mlgym.MLGymWrapper` (e.g. ``chat_template_name``)."""
+    :class:`~llmrl_core.envs.gym_wrapper.MLGymWrapper` (e.g. ``chat_template_name``)."""
     game_parameters = inspect.signature(GuessNumberEnv).parameters
     game_options = {k: v for k, v in options.items() if k in game_parameters}
     wrapper_options = {k: v for k, v in options.items() if k not in game_parameters}

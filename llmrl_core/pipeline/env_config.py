@@ -7,7 +7,7 @@ Three ways to name an environment, all checked by :func:`validate_env_config` be
   and reward values come from the run's ``task`` section), their tool-using variants ``gsm8k_python`` /
   ``arithmetic_python`` (sandboxed Python interpreter) and ``arithmetic_mcp`` (the shipped MCP calculator
   server), ``ifeval`` (IFEval's 25 instruction checkers), ``guess_number`` (a Gymnasium-style text game
-  through :class:`~llmrl_core.envs.mlgym.MLGymWrapper`) and ``reasoning_gym`` (any dataset of the optional
+  through :class:`~llmrl_core.envs.gym_wrapper.MLGymWrapper`) and ``reasoning_gym`` (any dataset of the optional
   ``reasoning-gym`` package, named with its config in ``args``: ``{dataset: chain_sum, config: {...}}``; its own
   ``score_answer`` pays, see :class:`~llmrl_core.envs.reasoning_gym_env.ReasoningGymEnv`);
 - ``factory: "my_pkg.my_module:make_env"``: any importable function returning a
@@ -231,7 +231,7 @@ def validate_env_config(cfg: EnvConfig) -> None:
 
         ReasoningGymSpec.from_options(cfg.options).validate()
     elif cfg.name == "guess_number":
-        from llmrl_core.envs.mlgym import MLGymWrapper
+        from llmrl_core.envs.gym_wrapper import MLGymWrapper
         from llmrl_core.envs.text_games import GuessNumberEnv
 
         valid = set(inspect.signature(GuessNumberEnv).parameters) | set(inspect.signature(MLGymWrapper).parameters)
