@@ -9,9 +9,7 @@ trainer worker of :func:`tasks.cluster.dask_cluster` (a trainer-only cluster, ``
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -21,7 +19,6 @@ import torch
 
 from llmrl_core.pipeline.offline_config import OfflineConfig
 from llmrl_core.pipeline.sft_config import SFTConfig
-from storage.checkpoints import CheckpointStore
 from storage.layout import RunLayout
 from tasks.cluster import Placement
 from tasks.train_data import epoch_batches, read_samples, samples_fingerprint
@@ -30,21 +27,19 @@ from tasks.trainer_actor import TrainerWorker
 
 @dataclass
 class TrainerSetup:
-    """What the resident trainer needs: run, model, objective (``sft`` | ``grpo``) and optimizer settings."""
+    """What the resident trainer needs: run, model, objective (``sft`` | ``grpo``), checkpoints and the run's
+    ``train`` section (optimizer, precision, LoRA, gradient checkpointing, threads, device)."""
 
     run_id: str
     model: str
     objective: Literal["sft", "grpo"]
+    train: Any  # the run's train section (SFTTrainConfig, or the offline run's TrainConfig)
     loss_options: dict[str, Any] = field(default_factory=dict)
     ref_model: bool = False  # keep a frozen copy of the starting weights (KL to the reference)
     seed: int = 0
     keep_checkpoints: int = 3
-    lr: float = 1e-5
-    max_grad_norm: float = 1.0
-    token_budget: int = 2048
-    mixed_precision: str = "auto"
-    threads: int = 0
-    device: str = "auto"
+    keep_every: int | None = None
+    progress: bool = False
 
     @classmethod
     def for_run(
@@ -54,22 +49,16 @@ class TrainerSetup:
         loss_options: dict[str, Any],
         ref_model: bool,
     ) -> TrainerSetup:
-        """The setup of ``cfg``'s run: its run, model, seed and checkpoints, and its ``train`` section's optimizer."""
-        t = cfg.train
+        """The setup of ``cfg``'s run: its run, model, seed, checkpoints and ``train`` section."""
         return cls(
             run_id=cfg.run_id,
             model=cfg.model,
             objective=objective,
+            train=cfg.train,
             loss_options=loss_options,
             ref_model=ref_model,
             seed=cfg.seed,
             keep_checkpoints=cfg.keep_checkpoints,
-            lr=t.lr,
-            max_grad_norm=t.max_grad_norm,
-            token_budget=t.token_budget,
-            mixed_precision=t.mixed_precision,
-            threads=t.threads,
-            device=t.device,
         )
 
 
@@ -78,33 +67,19 @@ class EpochTrainerWorker(TrainerWorker):
 
     def __init__(self, setup: TrainerSetup, layout: RunLayout) -> None:
         """``layout``: where the run's checkpoints and trainer states live (local folders, or URIs of a store every
-        node reaches: a remote ``runs_dir``). The model (``setup.model``) is resolved here, on this worker."""
-        from transformers import AutoModelForCausalLM
-
-        from llmrl_core.model_store import resolve_model
-        from llmrl_core.objectives import GRPOLoss, SFTLoss
-        from llmrl_core.trainer import Trainer, TrainerConfig
-
-        torch.set_num_threads(setup.threads or os.cpu_count() or 1)
-        cuda = setup.device == "cuda" or (setup.device == "auto" and torch.cuda.is_available())
-        self.cfg = setup  # TrainerWorker.publish reads cfg.model
-        self.layout = layout
-        model_path = resolve_model(setup.model)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to("cuda" if cuda else "cpu")
-        self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if setup.ref_model else None
-        objective = {"sft": SFTLoss, "grpo": GRPOLoss}[setup.objective]
-        self.trainer = Trainer(
-            objective(self.model, **setup.loss_options),
-            TrainerConfig(
-                lr=setup.lr,
-                max_grad_norm=setup.max_grad_norm,
-                token_budget=setup.token_budget,
-                mixed_precision=setup.mixed_precision,  # type: ignore[arg-type]
-                seed=setup.seed,
-            ),
-        )
-        self.checkpoints = CheckpointStore(self.layout.checkpoints_uri, keep_last=setup.keep_checkpoints)
+        node reaches: a remote ``runs_dir``). Built as every trainer is (:class:`TrainerWorker`), with the
+        objective and reference model of ``setup``; the model (``setup.model``) is resolved here, on this worker."""
+        super().__init__(setup, setup.model, layout)
         self._cache: tuple[tuple[str, int | None, int | None], tuple[list[Any], list[str]]] | None = None
+
+    def _objective(self, model: torch.nn.Module) -> Any:
+        from llmrl_core.objectives import GRPOLoss, SFTLoss
+
+        objective = {"sft": SFTLoss, "grpo": GRPOLoss}[self.cfg.objective]
+        return objective(model, **self.cfg.loss_options)
+
+    def _keeps_reference(self) -> bool:
+        return self.cfg.ref_model
 
     def _data(self, path: str) -> tuple[list[Any], list[str]]:
         key = samples_fingerprint(path)

@@ -51,15 +51,19 @@ class TrainerWorker:
     _shared: SharedWeights | None = None  # set by share_weights()
     _shared_fell_back = False  # the last stage() found no room in shared memory
 
-    def __init__(self, cfg: GRPOConfig, model: str | None = None, layout: RunLayout | None = None) -> None:
-        """``model``: a model reference (default ``cfg.model``), resolved on this worker (see
-        :class:`RolloutWorker`); ``layout``: where the run's checkpoints and trainer states live (default
-        ``RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir)``, resolved on this worker): local folders, or URIs
-        of a store every node reaches (``runs_dir: s3://...``)."""
+    def __init__(self, cfg: Any, model: str | None = None, layout: RunLayout | None = None) -> None:
+        """``cfg``: the run's config (a :class:`GRPOConfig`; the epoch trainer passes its
+        :class:`~tasks.sft_actor.TrainerSetup`, with the same ``run_id``, ``model``, ``seed``, ``keep_checkpoints``,
+        ``keep_every``, ``progress`` and ``train`` section); ``model``: a model reference (default ``cfg.model``),
+        resolved on this worker (see :class:`RolloutWorker`); ``layout``: where the run's checkpoints and trainer
+        states live (default ``RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir)``, resolved on this worker): local
+        folders, or URIs of a store every node reaches (``runs_dir: s3://...``). The objective and whether a frozen
+        reference is kept come from :meth:`_objective` and :meth:`_keeps_reference` (a subclass's choice); the rest
+        of the ``train`` section (threads, device, precision, LoRA, gradient checkpointing, optimizer) applies to
+        every trainer alike."""
         from transformers import AutoModelForCausalLM
 
         from llmrl_core.model_store import resolve_model
-        from llmrl_core.objectives import GRPOLoss
         from llmrl_core.trainer import Trainer, TrainerConfig
         from llmrl_core.trainer.lora import LoraOptions
 
@@ -71,16 +75,13 @@ class TrainerWorker:
         self.layout = layout or RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir)
         model_path = resolve_model(cfg.model if model is None else model)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
-        self.ref = None
-        if t.kl_coef > 0:
-            self.ref = copy.deepcopy(self.model).eval().requires_grad_(False)
-        loss = GRPOLoss(self.model, entropy_bonus=t.entropy_coeff > 0, **t.loss_options(cfg.rollout.max_new_tokens))
+        self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if self._keeps_reference() else None
         lora = t.lora
-        lora_options = None
-        if lora.enabled:
-            lora_options = LoraOptions(lora.r, lora.alpha, lora.dropout, tuple(lora.target_modules))
+        lora_options = (
+            LoraOptions(lora.r, lora.alpha, lora.dropout, tuple(lora.target_modules)) if lora.enabled else None
+        )
         self.trainer = Trainer(
-            loss,
+            self._objective(self.model),
             TrainerConfig(
                 lr=t.lr,
                 max_grad_norm=t.max_grad_norm,
@@ -95,6 +96,17 @@ class TrainerWorker:
         self.checkpoints = CheckpointStore(
             self.layout.checkpoints_uri, keep_last=cfg.keep_checkpoints, keep_every=cfg.keep_every
         )
+
+    def _objective(self, model: torch.nn.Module) -> Any:
+        """The loss the trainer optimizes: GRPO with the run's ``train`` options."""
+        from llmrl_core.objectives import GRPOLoss
+
+        t = self.cfg.train
+        return GRPOLoss(model, entropy_bonus=t.entropy_coeff > 0, **t.loss_options(self.cfg.rollout.max_new_tokens))
+
+    def _keeps_reference(self) -> bool:
+        """Whether a frozen copy of the starting weights is kept (the KL to the reference)."""
+        return self.cfg.train.kl_coef > 0
 
     def describe(self) -> dict[str, str]:
         """The trainer's device and compute precision, and why (for the run's log and lineage)."""

@@ -190,3 +190,33 @@ def test_sft_from_trajectories_keeps_top_k(tmp_path, hf_model_fp32):
     assert "sft2/selected" in trained_on["trajectories/src/policy_version=0"]
     contexts = {(d["source"].split("/runs/")[1], d["context"]) for d in info["run_inputs"]}
     assert ("trajectories/run_id=src/policy_version=0", "source") in contexts
+
+
+def test_the_epoch_trainer_is_built_as_the_grpo_trainer_is(tmp_path, monkeypatch):
+    """SFT's resident trainer goes through TrainerWorker.__init__: its train section's LoRA, gradient checkpointing
+    and precision apply as they do to GRPO's, with its own objective and reference model."""
+    from llmrl_core.objectives import SFTLoss
+    from storage.layout import RunLayout
+    from tasks.sft_actor import EpochTrainerWorker
+    from tasks.sft_stages import trainer_setup
+
+    monkeypatch.setenv("LLMRL_HOME", str(tmp_path))
+    cfg = load_config(
+        SFTConfig,
+        None,
+        [
+            f"runs_dir={tmp_path / 'runs'}",
+            "train.lora.enabled=true",
+            "train.lora.target_modules=[q_proj]",
+            "train.gradient_checkpointing=true",
+            "train.kl_to_ref_coeff=0.1",
+            "train.threads=1",
+        ],
+    )
+    worker = EpochTrainerWorker(trainer_setup(cfg), RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir))
+    model = worker.trainer.model
+    assert isinstance(worker.trainer.objective, SFTLoss) and worker.ref is not None
+    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in name for name in trainable)
+    assert model.is_gradient_checkpointing
+    assert worker.describe()["trainer_precision"] in ("bf16", "no")

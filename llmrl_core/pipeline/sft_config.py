@@ -19,7 +19,7 @@ from typing import Literal
 
 from llmrl_core.pipeline.config_io import strict_config
 from llmrl_core.pipeline.env_config import EnvConfig, validate_env_config
-from llmrl_core.pipeline.grpo_config import DaskConfig
+from llmrl_core.pipeline.grpo_config import DaskConfig, LoraConfig
 from llmrl_core.pipeline.init_config import InitConfig
 from llmrl_core.pipeline.task_config import TaskConfig
 
@@ -71,6 +71,8 @@ class SFTTrainConfig:
     max_grad_norm: float = 1.0  # gradient clipping norm
     token_budget: int = 2048  # tokens per packed micro-batch
     mixed_precision: Literal["auto", "bf16", "no"] = "auto"  # auto: bf16 autocast where bf16 is native
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, slower)
+    lora: LoraConfig = field(default_factory=LoraConfig)  # train low-rank adapters instead of every weight
     threads: int = 0  # torch threads on the trainer worker (0: all cores)
     device: str = "auto"  # "auto" | "cpu" | "cuda"
 
