@@ -274,9 +274,9 @@ class TrainerWorker:
 
     def weights_metadata(self) -> list[tuple[str, str, tuple[int, ...]]]:
         """``(name, dtype, shape)`` of every tensor :meth:`broadcast_weights` sends, in its order."""
-        return [
-            (name, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for name, t in self._weights_to_send().items()
-        ]
+        from llmrl_core.weight_sync.process_group import tensor_metadata
+
+        return tensor_metadata(self._weights_to_send())
 
     def broadcast_weights(self, metadata: list[tuple[str, str, tuple[int, ...]]]) -> int:
         """Broadcast the current weights to the group, in the order of ``metadata`` (what the engines expect);
@@ -284,16 +284,12 @@ class TrainerWorker:
         group = getattr(self, "_weight_group", None)
         if group is None:
             raise RuntimeError("broadcast_weights called before open_weight_group")
+        from llmrl_core.weight_sync.process_group import send_weights
+
         state = self._weights_to_send()
         if [m[0] for m in metadata] != list(state):
             raise RuntimeError("the engines expect other tensors than the trainer holds (weights_metadata is stale)")
-        on_cuda = torch.device(self.trainer.device).type == "cuda"
-        stream = torch.cuda.current_stream() if on_cuda else None
-        for tensor in state.values():
-            group.broadcast(tensor.detach().to(self.trainer.device).contiguous(), src=0, stream=stream)
-        if on_cuda:
-            torch.cuda.synchronize()
-        return len(state)
+        return send_weights(group, state, self.trainer.device)
 
     def _prune_states(self, version: int) -> None:
         """Drop optimizer/RNG states older than ``version - 1`` (each is twice the model's size).

@@ -15,6 +15,7 @@ helper does) so a peer process need not copy the NCCL settings vLLM pins for its
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -122,3 +123,38 @@ def weight_group(
     if not isinstance(device, int) and torch.device(device).type == "cpu":
         return GlooCommunicator(master_address, master_port, rank, world_size)
     return stateless_init_process_group(master_address, master_port, rank, world_size, device)
+
+
+def tensor_metadata(state: Mapping[str, torch.Tensor]) -> list[tuple[str, str, tuple[int, ...]]]:
+    """``(name, dtype, shape)`` of every tensor of ``state``, in its order: what the receivers allocate."""
+    return [(name, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for name, t in state.items()]
+
+
+def send_weights(group: Any, state: Mapping[str, torch.Tensor], device: torch.device | str) -> int:
+    """Broadcast every tensor of ``state`` from rank 0 of ``group`` (in :func:`tensor_metadata`'s order), staged
+    on ``device``; returns the number of tensors sent. The one sender of the trainer actor and of
+    :class:`~llmrl_core.weight_sync.updater.vLLMUpdater`."""
+    on_cuda = torch.device(device).type == "cuda"
+    stream = torch.cuda.current_stream() if on_cuda else None
+    for tensor in state.values():
+        group.broadcast(tensor.detach().to(device).contiguous(), src=0, stream=stream)
+    if on_cuda:
+        torch.cuda.synchronize()
+    return len(state)
+
+
+def receive_weights(
+    group: Any, metadata: Sequence[tuple[str, str, tuple[int, ...]]], device: torch.device | str
+) -> list[tuple[str, torch.Tensor]]:
+    """The receiving side of :func:`send_weights`: one broadcast per ``(name, dtype, shape)`` into a new tensor on
+    ``device``."""
+    on_cuda = torch.device(device).type == "cuda"
+    stream = torch.cuda.current_stream() if on_cuda else None
+    weights = []
+    for name, dtype, shape in metadata:
+        tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
+        group.broadcast(tensor, src=0, stream=stream)
+        weights.append((name, tensor))
+    if on_cuda:
+        torch.cuda.synchronize()
+    return weights

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from llmrl_core.ports import free_port
-from llmrl_core.weight_sync.process_group import stateless_init_process_group
+from llmrl_core.weight_sync.process_group import send_weights, stateless_init_process_group, tensor_metadata
 from llmrl_core.weight_sync.serialization import state_dict_to_bytes, write_state_dict_atomic
 from llmrl_core.weight_sync.worker_extension import reload_and_fingerprint
 
@@ -195,7 +195,7 @@ class vLLMUpdater:  # noqa: N801 - TorchRL's name
     def _push_nccl(self, state: dict[str, torch.Tensor]) -> None:
         if self._nccl is None:
             self._init_nccl()
-        metadata = [(name, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for name, t in state.items()]
+        metadata = tensor_metadata(state)
         threads = [
             threading.Thread(
                 target=llm.collective_rpc, args=("llmrl_receive_weights",), kwargs={"args": (metadata,)}, daemon=True
@@ -204,9 +204,6 @@ class vLLMUpdater:  # noqa: N801 - TorchRL's name
         ]
         for thread in threads:
             thread.start()
-        stream = torch.cuda.current_stream()
-        for tensor in state.values():
-            self._nccl.broadcast(tensor.detach().to(self.device).contiguous(), src=0, stream=stream)
-        torch.cuda.synchronize()
+        send_weights(self._nccl, state, self.device)
         for thread in threads:
             thread.join()

@@ -119,18 +119,9 @@ class WeightSyncExtension:
 
     def llmrl_receive_weights(self, metadata: list[tuple[str, str, tuple[int, ...]]]) -> int:
         """Receive one broadcast per (name, dtype, shape) from rank 0, then reload them all."""
-        import torch
+        from llmrl_core.weight_sync.process_group import receive_weights
 
         comm = getattr(self, "_llmrl_group", None)
         if comm is None:
             raise RuntimeError("llmrl_receive_weights called before llmrl_init_weight_group")
-        on_cuda = torch.device(self.device).type == "cuda"
-        stream = torch.cuda.current_stream() if on_cuda else None
-        weights = []
-        for name, dtype, shape in metadata:
-            tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
-            comm.broadcast(tensor, src=0, stream=stream)
-            weights.append((name, tensor))
-        if on_cuda:
-            torch.cuda.synchronize()
-        return self._llmrl_reload(weights)
+        return self._llmrl_reload(receive_weights(comm, metadata, self.device))
