@@ -14,7 +14,7 @@ from llmrl_core.envs.transforms.kl_rows import (
     rows_of,
     write_rows,
 )
-from llmrl_core.envs.transforms.td_base import Transform
+from llmrl_core.envs.transforms.td_base import Transform, forward_as_step
 
 
 # --- KLComputation -----------------------------------------------------------------------------------
@@ -105,10 +105,7 @@ class KLComputation(Transform):
         self.coeff = value
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        next_td = tensordict.get("next", None)
-        if next_td is None:
-            return self._step(tensordict, tensordict)
-        return tensordict.set("next", self._step(tensordict, next_td))
+        return forward_as_step(self, tensordict)
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         gen = next_tensordict.get(self.gen_log_probs_full_key, None, as_list=True)

@@ -17,7 +17,7 @@ from llmrl_core.envs.transforms.kl_rows import (
     rows_of,
     write_rows,
 )
-from llmrl_core.envs.transforms.td_base import Transform
+from llmrl_core.envs.transforms.td_base import Transform, forward_as_step
 
 
 # --- RetrieveLogProb ---------------------------------------------------------------------------------
@@ -103,10 +103,7 @@ class RetrieveLogProb(Transform):
             )
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        next_td = tensordict.get("next", None)
-        if next_td is None:
-            return self._step(tensordict, tensordict)
-        return tensordict.set("next", self._step(tensordict, next_td))
+        return forward_as_step(self, tensordict)
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         original_device = tensordict.device if self._io_device is not None else None

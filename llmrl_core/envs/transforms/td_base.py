@@ -54,6 +54,15 @@ def set_missing_tolerance(transform: Transform, mode: bool):
         transform.set_missing_tolerance(previous)
 
 
+def forward_as_step(transform: Any, tensordict: TensorDictBase) -> TensorDictBase:
+    """A step transform called directly (``transform(td)``), as TorchRL's KL transforms are: its ``_step`` reads the
+    action data from ``td`` and writes into ``td["next"]`` when there is one, else into ``td`` itself."""
+    next_td = tensordict.get("next", None)
+    if next_td is None:
+        return transform._step(tensordict, tensordict)
+    return tensordict.set("next", transform._step(tensordict, next_td))
+
+
 class Transform(nn.Module):
     """Base class of TensorDict env transforms (TorchRL's ``torchrl.envs.Transform`` interface).
 
