@@ -33,14 +33,15 @@ from __future__ import annotations
 
 import queue as queue_module
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
-import torch
 from tensordict import TensorDictBase, lazy_stack
 from tensordict.nn import TensorDictModuleBase
 
+from llmrl_core.collectors.env_tracker import EnvTracker, select_slots
+from llmrl_core.collectors.policy_weights import PolicyWeights, Version
 from llmrl_core.collectors.tensordict_batches import llm_data_to_tensordict, responses_from_tensordict, to_tensordict
 from llmrl_core.collectors.trajectory import DialogTurn, Trajectory
 from llmrl_core.data.conversation import ConversationBatch
@@ -50,57 +51,9 @@ from llmrl_core.envs.transforms.policy_version import PolicyVersion
 from llmrl_core.envs.types import EnvOutput
 
 Policy = Callable[[LLMData], Any]
-Version = int | str | None
 
 
-def select_slots(out: EnvOutput, indices: Sequence[int]) -> LLMData:
-    """The prompts of ``indices`` in ``out`` as an :class:`LLMData` (all input modes carried along)."""
-    return LLMData(
-        history=ConversationBatch([out.history[i] for i in indices]),
-        text=[out.text[i] for i in indices] if out.text is not None else None,
-        tokens=[out.tokens[i] for i in indices] if out.tokens is not None else None,
-    )
-
-
-class _EnvTracker:
-    """Per-env bookkeeping: versions and summed reward components of each slot's running episode."""
-
-    def __init__(self, env: ChatEnv) -> None:
-        self.env = env
-        self.out: EnvOutput | None = None
-        self.versions: dict[int, list[Version]] = {}
-        self.components: dict[int, dict[str, float]] = {}
-
-    def reset(self, prompts: list[Any] | None) -> EnvOutput:
-        self.out = self.env.reset(prompts) if prompts is not None else self.env.reset()
-        self.versions = {i: [] for i in range(self.out.batch_size)}
-        self.components = {i: {} for i in range(self.out.batch_size)}
-        return self.out
-
-    def reset_slots(self, indices: list[int], prompts: list[Any] | None) -> EnvOutput:
-        self.out = self.env.reset_slots(indices, prompts)
-        for i in indices:
-            self.versions[i] = []
-            self.components[i] = {}
-        return self.out
-
-    def record_step(self, out: EnvOutput, active: Sequence[int], version: Version) -> None:
-        for i in active:
-            self.versions[i].append(version)
-            for name, value in out.reward_components[i].items():
-                self.components[i][name] = self.components[i].get(name, 0.0) + value
-        self.out = out
-
-    def trajectories(self, indices: Sequence[int] | None = None) -> list[Trajectory]:
-        tokens_mode = self.env.input_mode == "tokens"
-        slots = self.env.slots if indices is None else [self.env.slots[i] for i in indices]
-        return [
-            Trajectory.from_slot(slot, self.versions[slot.index], self.components[slot.index], tokens_mode)
-            for slot in slots
-        ]
-
-
-class LLMCollector:
+class LLMCollector(PolicyWeights):
     """Runs env(s) and a policy together; iterate it for batches (see the module docstring).
 
     ``policy`` is a wrapper from :mod:`llmrl_core.policies` (or any callable taking :class:`LLMData` and
@@ -214,61 +167,6 @@ class LLMCollector:
         self.trajectories_collected = 0
         self.episodes_started = 0
 
-    # --- versions --------------------------------------------------------------------------------
-    def _resolve_version_tracker(
-        self, policy_version: PolicyVersion | None, track: bool | PolicyVersion
-    ) -> PolicyVersion | None:
-        if isinstance(track, PolicyVersion):
-            if policy_version is not None and policy_version is not track:
-                raise ValueError("policy_version and track_policy_version name two different PolicyVersions")
-            return track
-        if policy_version is not None:  # a tracker given is a tracker used
-            return policy_version
-        if not track:  # an env that carries its own PolicyVersion still stamps it, as in TorchRL
-            return self._find_version_tracker()
-        return self._find_version_tracker() or PolicyVersion()
-
-    def _find_version_tracker(self) -> PolicyVersion | None:
-        for env in self.envs:
-            for transform in env.transforms:
-                if isinstance(transform, PolicyVersion):
-                    return transform
-        return None
-
-    @property
-    def policy_version_tracker(self) -> PolicyVersion | None:
-        """TorchRL's name for :attr:`version_tracker` (None when versions are not tracked)."""
-        return self.version_tracker
-
-    @property
-    def policy_version(self) -> Version:
-        """The version stamped on turns sampled from now on (None when versions are not tracked)."""
-        return self.version_tracker.version if self.version_tracker is not None else None
-
-    def get_policy_version(self) -> Version:
-        """The current policy version, as a method (TorchRL's, for remote calls where properties do not work)."""
-        return self.policy_version
-
-    def increment_version(self) -> Version:
-        """Advance the policy version (call after the policy's weights changed); a no-op when not tracking."""
-        if self.version_tracker is None:
-            return None
-        return self.version_tracker.increment_version()
-
-    def set_weight_updater(self, weight_updater: Any) -> bool:
-        """Use ``weight_updater`` for :meth:`update_policy_weights_`; it learns the version tracker if it can."""
-        if not callable(getattr(weight_updater, "push_weights", None)) and not callable(weight_updater):
-            raise TypeError(f"weight_updater needs push_weights(weights) or __call__, got {type(weight_updater)}")
-        self.weight_updater = weight_updater
-        self._updater_increments = False
-        register = getattr(weight_updater, "register_version_tracker", None)
-        if self.version_tracker is not None and callable(register):
-            # A vLLMUpdater increments its registered trackers on every push; register ours once.
-            if not any(t is self.version_tracker for t in getattr(weight_updater, "trackers", [])):
-                register(self.version_tracker)
-            self._updater_increments = True
-        return True
-
     def set_postproc(self, postproc: Callable[[Any], Any]) -> None:
         """Set the function every batch goes through before it is handed out (once: TorchRL's rule)."""
         if self.postproc is not None:
@@ -278,48 +176,6 @@ class LLMCollector:
     def get_policy_model(self) -> Policy:
         """The policy this collector samples with (TorchRL's accessor)."""
         return self.policy
-
-    def update_policy_weights_(
-        self,
-        policy_or_weights: Mapping[str, torch.Tensor] | torch.nn.Module | None = None,
-        *,
-        state_dict: Mapping[str, torch.Tensor] | None = None,
-        worker_ids: Any = None,
-        **kwargs: Any,
-    ) -> Version:
-        """Push new weights to the policy through the weight updater and advance the version; returns it.
-
-        With a ``weight_updater``, ``policy_or_weights`` (a state dict or a module) goes to its
-        ``push_weights`` (or its ``__call__``); the version advances once (by the updater when it holds the
-        tracker, by the collector otherwise). Without one, the policy is taken to be updated in place: only
-        the version advances, and passing weights is an error. ``state_dict=`` is TorchRL's keyword for the
-        weights; ``worker_ids`` is accepted for TorchRL's signature (every engine of this collector is updated).
-        """
-        if state_dict is Ellipsis or policy_or_weights is Ellipsis:  # TorchRL's docs write `state_dict=...`
-            state_dict = policy_or_weights = None
-        if state_dict is not None:
-            if policy_or_weights is not None:
-                raise ValueError("update_policy_weights_: pass the weights once (positionally or as state_dict=)")
-            policy_or_weights = state_dict
-        if kwargs:
-            raise TypeError(f"update_policy_weights_ got unexpected arguments {sorted(kwargs)}")
-        if self.weight_updater is None:
-            if policy_or_weights is not None:
-                raise ValueError("update_policy_weights_(weights) needs a weight_updater (e.g. a vLLMUpdater)")
-            return self.increment_version()
-        if policy_or_weights is None and callable(getattr(self.weight_updater, "increment_version", None)):
-            if self._updater_increments:  # nothing to send: the updater only advances the version it holds
-                self.weight_updater.increment_version()
-                return self.policy_version
-            return self.increment_version()
-        push = getattr(self.weight_updater, "push_weights", None)
-        if callable(push):
-            push(policy_or_weights)
-        else:
-            self.weight_updater(policy_or_weights)
-        if not self._updater_increments:
-            self.increment_version()
-        return self.policy_version
 
     # --- iteration -------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[TensorDictBase]:
@@ -410,13 +266,13 @@ class LLMCollector:
             raise StopIteration
         return rows
 
-    def _start(self, tracker: _EnvTracker) -> EnvOutput:
+    def _start(self, tracker: EnvTracker) -> EnvOutput:
         """Full reset of one env (raises StopIteration when the prompts ran out)."""
         out = tracker.reset(self._next_prompts(tracker.env))
         self.episodes_started += out.batch_size
         return out
 
-    def _refill(self, tracker: _EnvTracker, finished: list[int]) -> None:
+    def _refill(self, tracker: EnvTracker, finished: list[int]) -> None:
         """Rolling reset: the slots that just finished take the next prompts, as many as are still needed."""
         if not finished or self._finished():
             return
@@ -460,7 +316,7 @@ class LLMCollector:
 
     def _finish_step(
         self,
-        tracker: _EnvTracker,
+        tracker: EnvTracker,
         prompts: list[Any] | None,
         out: EnvOutput,
         active: list[int],
@@ -506,7 +362,7 @@ class LLMCollector:
         return items, finished
 
     def _run_sync(self) -> Iterator[list[Any]]:
-        tracker = _EnvTracker(self.envs[0])
+        tracker = EnvTracker(self.envs[0])
         try:
             out = self._start(tracker)
         except StopIteration:
@@ -537,10 +393,10 @@ class LLMCollector:
                 out = tracker.out
 
     def _run_async(self) -> Iterator[list[Any]]:
-        trackers = [_EnvTracker(env) for env in self.envs]
+        trackers = [EnvTracker(env) for env in self.envs]
         pool = ThreadPoolExecutor(max_workers=len(trackers), thread_name_prefix="llmrl-env")
-        running: dict[Future, tuple[_EnvTracker, list[Any] | None, list[int], list[Any], Version]] = {}
-        ready: list[_EnvTracker] = []
+        running: dict[Future, tuple[EnvTracker, list[Any] | None, list[int], list[Any], Version]] = {}
+        ready: list[EnvTracker] = []
         exhausted = False
         try:
             for tracker in trackers:
