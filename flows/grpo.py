@@ -31,7 +31,7 @@ from storage.run_lock import RunLock
 from storage.trajectories import TrajectoryStore
 from tasks import commits
 from tasks import grpo_stages as stages
-from tasks.actor_calls import WorkerLost, wait_calls
+from tasks.actor_calls import wait_calls, with_restarts
 from tasks.cluster import dask_cluster
 from tasks.console import library_logs
 from tasks.fork import resolve_fork, start_from_fork
@@ -87,19 +87,7 @@ def grpo(
     log = get_run_logger()
     cfg = load_config(GRPOConfig, config, overrides or [], settings=settings)
     preflight(cfg)  # before any task, cluster, engine or write
-    for restart in range(cfg.dask.restarts + 1):
-        try:
-            return run_grpo(cfg, log)
-        except WorkerLost as lost:
-            if restart == cfg.dask.restarts:
-                raise
-            log.warning(
-                "%s. Restart %d of %d (dask.restarts): new workers, resuming from the last committed version",
-                lost,
-                restart + 1,
-                cfg.dask.restarts,
-            )
-    raise AssertionError("unreachable")  # the loop returns or raises
+    return with_restarts(lambda: run_grpo(cfg, log), cfg.dask.restarts, log)
 
 
 def run_grpo(cfg: GRPOConfig, log: Any) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from llmrl_core.pipeline.preflight import preflight
 from storage.lineage import DataRef, LineageRecorder
 from storage.trajectories import TrajectoryStore
 from tasks import offline_stages as stages
+from tasks.actor_calls import with_restarts
 
 
 def log_data(cfg: OfflineConfig, data: dict[str, Any], lineage: LineageRecorder, store_uri: str) -> list[DataRef]:
@@ -57,6 +58,12 @@ def offline(
     log = get_run_logger()
     cfg = load_config(OfflineConfig, config, overrides or [], settings=settings)
     preflight(cfg)  # before any task, cluster, engine or write
+    return with_restarts(lambda: run_offline(cfg, log), cfg.dask.restarts, log)
+
+
+def run_offline(cfg: OfflineConfig, log: Any) -> dict[str, Any]:
+    """One attempt at the offline run ``cfg``: resume after its last published epoch (or start it) on workers
+    of its own and train to ``cfg.epochs``."""
     run = EpochRun.open(cfg, "offline")
     store_uri = cfg.source.store or run.layout.trajectories_uri
     src = cfg.source.run_id

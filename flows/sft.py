@@ -26,6 +26,7 @@ from llmrl_core.pipeline.sft_config import SFTConfig
 from storage.lineage import DataRef, LineageRecorder
 from storage.trajectories import TrajectoryStore
 from tasks import sft_stages as stages
+from tasks.actor_calls import with_restarts
 from tasks.epoch_stages import evaluate_loss
 from tasks.publishing import version_history
 
@@ -67,6 +68,12 @@ def sft(
     log = get_run_logger()
     cfg = load_config(SFTConfig, config, overrides or [], settings=settings)
     preflight(cfg)  # before any task, cluster, engine or write
+    return with_restarts(lambda: run_sft(cfg, log), cfg.dask.restarts, log)
+
+
+def run_sft(cfg: SFTConfig, log: Any) -> dict[str, Any]:
+    """One attempt at the SFT run ``cfg``: resume after its last published epoch (or start it) on workers of
+    its own and train to ``cfg.epochs``."""
     run = EpochRun.open(cfg, "sft")
     store_uri = cfg.trajectories.store or run.layout.trajectories_uri
     with run:

@@ -18,8 +18,10 @@ An error raised by the actor's own code (a reward function, a bad batch) reaches
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 PROBE_EVERY_S = 5.0
 SILENT_LIMIT_S = 30.0
@@ -33,6 +35,25 @@ _longest_s: dict[str, float] = {}  # stage -> the longest wait seen for it in th
 class WorkerLost(RuntimeError):
     """A worker of the run died or stopped answering while a stage waited on it (the message names the worker,
     its role, the stage and the version)."""
+
+
+def with_restarts(attempt: Callable[[], T], restarts: int, log: Any) -> T:
+    """``attempt()`` (one attempt at a run: its own workers, resuming after its last committed version), tried again
+    after a :class:`WorkerLost` at most ``restarts`` times (``dask.restarts``), each restart named in one line on
+    ``log``; the last :class:`WorkerLost` is raised. The healing of the GRPO, SFT and offline flows."""
+    for restart in range(restarts + 1):
+        try:
+            return attempt()
+        except WorkerLost as lost:
+            if restart == restarts:
+                raise
+            log.warning(
+                "%s. Restart %d of %d (dask.restarts): new workers, resuming from the last committed version",
+                lost,
+                restart + 1,
+                restarts,
+            )
+    raise AssertionError("unreachable")  # the loop returns or raises
 
 
 def wait_calls(

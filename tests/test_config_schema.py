@@ -72,8 +72,8 @@ def test_every_setting_is_in_the_schema_typed_with_its_default_and_described(con
         train = defs["TrainConfig"]["properties"]
         assert train["objective"]["enum"] == ["ppo", "cispo"]
         assert "fresh optimizer" in train["resume_without_state"]["description"]
-        assert "address" in defs["GRPODaskConfig"]["properties"]  # inherited from DaskConfig, described too
-        assert defs["GRPODaskConfig"]["properties"]["address"]["description"].startswith("e.g. tcp://")
+        assert defs["DaskConfig"]["properties"]["address"]["description"].startswith("e.g. tcp://")
+        assert "restarts" in defs["DaskConfig"]["properties"]["restarts"]["description"]
 
 
 def _llmrl(*args: str) -> subprocess.CompletedProcess:

@@ -220,3 +220,45 @@ def test_the_epoch_trainer_is_built_as_the_grpo_trainer_is(tmp_path, monkeypatch
     assert trainable and all("lora_" in name for name in trainable)
     assert model.is_gradient_checkpointing
     assert worker.describe()["trainer_precision"] in ("bf16", "no")
+
+
+@pytest.mark.slow
+def test_a_killed_trainer_worker_heals_and_resumes_from_the_last_epoch(tmp_path, default_model_path):
+    """SFT heals as GRPO does (dask.restarts): the trainer worker is killed (SIGKILL) when first asked for epoch 1;
+    the flow names the lost worker in one line, starts a new one, resumes after the published version 1 (not
+    retrained: its checkpoint is untouched) and finishes with exit 0 and every version committed once."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    preload = str(Path(__file__).parent / "fault_preloads" / "trainer_worker_dies_once_at_epoch_1.py")
+    marker = tmp_path / "killed.txt"
+    args = [a for o in _tiny(tmp_path, "epochs=3") for a in ("--set", o)]
+    env = {
+        **os.environ,
+        "DASK_DISTRIBUTED__WORKER__PRELOAD": repr([preload]),
+        "LLMRL_TEST_FAULT_MARKER": str(marker),
+        "LLMRL_VERBOSE": "0",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", "from llmrl_cli.main import app; app()", "run", "sft", *args],
+        cwd=Path(__file__).resolve().parents[1],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    text = done.stdout + done.stderr
+    assert done.returncode == 0, text[-3000:]
+    assert marker.exists(), "the fault did not happen"
+    restarts = [line for line in text.splitlines() if "Restart 1 of 2 (dask.restarts)" in line]
+    assert len(restarts) == 1 and "trainer worker" in restarts[0], text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    state = tmp_path / "runs" / "sft1" / "state"
+    assert sorted(p.name for p in state.glob("published-v*.json")) == [f"published-v{v}.json" for v in range(4)]
+    ckpt = tmp_path / "runs" / "sft1" / "checkpoints"
+    assert all((ckpt / f"policy_v{v:06d}.safetensors").is_file() for v in (1, 2, 3))
+    killed_at = marker.stat().st_mtime  # version 1 was committed before the kill and not written again after it
+    assert (ckpt / "policy_v000001.manifest.json").stat().st_mtime < killed_at
+    assert (ckpt / "policy_v000002.manifest.json").stat().st_mtime > killed_at

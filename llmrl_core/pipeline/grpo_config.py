@@ -280,18 +280,13 @@ class FinalEvalConfig:
 
 @dataclass
 class DaskConfig:
-    """Where the stages run: a LocalCluster (rollout workers + 1 trainer) or an existing scheduler."""
+    """Where the stages run: a LocalCluster (rollout workers + 1 trainer) or an existing scheduler, and the flows'
+    healing: after a lost worker (dead, or silent past its limit) the run starts again on new workers (a fresh local
+    cluster; on a joined cluster, the workers it has then) and resumes from its last committed version, at most
+    ``restarts`` times (0: stop at the first lost worker)."""
 
     address: str | None = None  # e.g. tcp://127.0.0.1:8786; workers declare resources ROLLOUT / TRAINER or GPU
     local_directory: str | None = None  # the Dask workers' scratch folder (default: under the run folder)
-
-
-@dataclass
-class GRPODaskConfig(DaskConfig):
-    """:class:`DaskConfig` plus the GRPO flow's healing: after a lost worker (dead, or silent past its limit) the
-    run starts again on new workers (a fresh local cluster; on a joined cluster, the workers it has then) and
-    resumes from its last committed version, at most ``restarts`` times (0: stop at the first lost worker)."""
-
     restarts: int = 2
 
     def __post_init__(self) -> None:
@@ -322,7 +317,7 @@ class GRPOConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     init: InitConfig = field(default_factory=InitConfig)  # a new run's start: the model, or RUN@V (a fork)
-    dask: GRPODaskConfig = field(default_factory=GRPODaskConfig)
+    dask: DaskConfig = field(default_factory=DaskConfig)
     final_eval: FinalEvalConfig = field(default_factory=FinalEvalConfig)
     progress: bool = True  # progress bars: iterations (flow), rollout prompts (vLLM), train micro-batches
     fail_after_stage: str | None = None  # fault injection for tests: "<stage>@<version>" raises after that stage
