@@ -145,11 +145,9 @@ def strict_config(cls: type[T]) -> type[T]:
         cls.__pydantic_config__ = ConfigDict(  # type: ignore[attr-defined]
             extra="forbid", coerce_numbers_to_str=True, json_schema_extra=describe_section
         )
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        for tp in (hints[f.name], *typing.get_args(hints[f.name])):
-            if _is_dataclass_type(tp):
-                strict_config(tp)
+    for tp in _field_types(cls).values():
+        for section in _sections_in(tp):
+            strict_config(section)
     return cls
 
 
@@ -170,17 +168,23 @@ def _field_path(loc: tuple[Any, ...], where: str) -> str:
     return ".".join(parts).replace(".[", "[")
 
 
-def _section_at(cls: type, loc: tuple[Any, ...]) -> type | None:
-    """The config dataclass found by following ``loc``'s field names from ``cls`` (``None`` off the sections)."""
-    node: Any = cls
+def _sections_in(tp: Any) -> list[type]:
+    """The config dataclasses a field's type names: itself, or inside ``X | None`` / ``list[X]``."""
+    return [t for t in (tp, *typing.get_args(tp)) if _is_dataclass_type(t)]
+
+
+def _declared_at(cls: type, loc: tuple[Any, ...]) -> Any:
+    """The declared type of the setting at ``loc`` (a pydantic error's location), following the sections from
+    ``cls``; ``None`` off them."""
+    tp: Any = cls
     for key in loc:
-        if not _is_dataclass_type(node):
+        if isinstance(key, int):  # an item of a list setting: the item's section
+            continue
+        sections = _sections_in(tp)
+        if not sections:
             return None
-        hints = typing.get_type_hints(node)
-        names = {config_key(f.name): f.name for f in dataclasses.fields(node)}
-        tp = hints.get(names.get(str(key), ""))
-        node = next((t for t in (tp, *typing.get_args(tp)) if _is_dataclass_type(t)), None)
-    return node if _is_dataclass_type(node) else None
+        tp = _field_types(sections[0]).get(str(key))
+    return tp
 
 
 def _message(error: Mapping[str, Any], cls: type, where: str) -> str:
@@ -188,8 +192,8 @@ def _message(error: Mapping[str, Any], cls: type, where: str) -> str:
     loc = tuple(error["loc"])
     kind = error["type"]
     if kind in ("extra_forbidden", "unexpected_keyword_argument"):
-        section = _section_at(cls, loc[:-1])
-        valid = sorted(config_key(f.name) for f in dataclasses.fields(section)) if section else []
+        sections = _sections_in(_declared_at(cls, loc[:-1]))
+        valid = sorted(_field_types(sections[0])) if sections else []
         return f"unknown config key {_field_path(loc, where)!r}; valid keys here: {valid}"
     path = _field_path(loc, where) or where or cls.__name__
     given = _plain(error.get("input"))
@@ -199,7 +203,9 @@ def _message(error: Mapping[str, Any], cls: type, where: str) -> str:
         cause = error.get("ctx", {}).get("error")
         return f"{path}: {cause if cause is not None else error['msg']}"
     if kind == "literal_error":
-        choices = typing.get_args(_literal_at(cls, loc))
+        tp = _declared_at(cls, loc)
+        literal = next((t for t in (tp, *typing.get_args(tp)) if typing.get_origin(t) is typing.Literal), tp)
+        choices = typing.get_args(literal)
         return f"{path}: must be one of {list(choices)}, got {given!r}"
     if kind in ("dataclass_type", "dataclass_exact_type", "model_type", "dict_type"):
         return f"{path}: expected a mapping of settings, got {given!r}"
@@ -207,14 +213,6 @@ def _message(error: Mapping[str, Any], cls: type, where: str) -> str:
     if stem in _EXPECTED:
         return f"{path}: expected {_EXPECTED[stem]}, got {given!r}"
     return f"{path}: {error['msg']}, got {given!r}"
-
-
-def _literal_at(cls: type, loc: tuple[Any, ...]) -> Any:
-    """The ``Literal`` type of the setting at ``loc`` (for its choices in a message)."""
-    section = _section_at(cls, loc[:-1]) or cls
-    names = {config_key(f.name): f.name for f in dataclasses.fields(section)}
-    tp = typing.get_type_hints(section).get(names.get(str(loc[-1]) if loc else "", ""))
-    return next((t for t in (tp, *typing.get_args(tp)) if typing.get_origin(t) is typing.Literal), tp)
 
 
 def build(cls: type[T], data: Mapping[str, Any], where: str = "") -> T:
