@@ -10,18 +10,19 @@ same shards. Run it with ``llmrl run collect --version 2 --batches 4 [--config x
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from prefect import flow, get_run_logger
 
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
-from llmrl_core.pipeline.preflight import preflight
+from llmrl_core.pipeline.preflight import check_run_id, preflight
 from storage.checkpoints import CheckpointStore
 from storage.layout import RunLayout
 from storage.trajectories import TrajectoryStore
 from tasks import grpo_stages as stages
-from tasks.actor_calls import wait_calls
+from tasks.actor_calls import wait_calls, with_restarts
 from tasks.cluster import dask_cluster
 from tasks.reporting import artifact_key, live_markdown
 from tasks.rollout_actor import RolloutWorker
@@ -64,31 +65,16 @@ def collect(
     log = get_run_logger()
     cfg = load_config(GRPOConfig, config, overrides or [], settings=settings)
     preflight(cfg, training=False)  # before any task, cluster, engine or write (a collect only samples)
-    out_run = out_run_id or f"{cfg.run_id}-collect"
+    out_run = check_run_id(out_run_id, "out_run_id") if out_run_id else f"{cfg.run_id}-collect"
     layout = RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir)
-    out_layout = RunLayout.for_runs_dir(out_run, cfg.runs_dir)
-    staging_uri = out_layout.staging_uri
-    collect_cfg = load_config(GRPOConfig, config, [*(overrides or []), f"run_id={out_run}"], settings=settings)
+    collect_cfg = dataclasses.replace(cfg, run_id=out_run)  # the engines tag and stage the rows as the output run
     checkpoint = checkpoint_to_sample(cfg.run_id, layout, policy_version)
-    # Only rollout workers are needed: the placement's trainer slot stays idle.
-    with dask_cluster(collect_cfg, out_layout.run_dir / "dask") as place:
-        engines = [
-            # each worker resolves the model itself (see the grpo flow)
-            place.start_actor(RolloutWorker, collect_cfg, cfg.model, worker=a)
-            for a in place.rollout
-        ]
-        engines = [e.result() for e in engines]
-        if checkpoint is not None:
-            wait_calls([(e, e.load(checkpoint, policy_version)) for e in engines], "weight load", policy_version)
-        TrajectoryStore(staging_uri).delete_partition(out_run, policy_version)
-        primer_state = None
-        rows_total = 0
-        for batch in range(batches):
-            rows, primer_state = stages.load_prompts(collect_cfg, primer_state)
-            summaries = stages.rollout(engines, rows, policy_version, staging_uri, shard_offset=batch * len(engines))
-            rows_total += sum(s["rows"] for s in summaries)
-            log.info("batch %d/%d: %d rollouts", batch + 1, batches, sum(s["rows"] for s in summaries))
-        written = stages.write_trajectories(collect_cfg, staging_uri, out_layout.trajectories_uri, policy_version)
+    rows_total, written = with_restarts(
+        lambda: collect_once(collect_cfg, cfg.model, checkpoint, policy_version, batches, log),
+        cfg.dask.restarts,
+        log,
+        again="collecting again from the first batch",
+    )
     log.info(
         "collected %d rollouts of %s version %d into %s", rows_total, cfg.run_id, policy_version, written["partition"]
     )
@@ -100,6 +86,36 @@ def collect(
         f"rollouts collected from {cfg.run_id} v{policy_version}",
     )
     return {"run_id": out_run, "policy_version": policy_version, **written}
+
+
+def collect_once(
+    cfg: GRPOConfig, model: str, checkpoint: str | None, policy_version: int, batches: int, log: Any
+) -> tuple[int, dict[str, Any]]:
+    """One attempt at the collection (its own workers and engines): every batch again from the first, the output
+    partition's staging emptied first, so an attempt after a lost worker (:func:`with_restarts`) neither loses nor
+    repeats a row. Returns the rollouts collected and the partition written."""
+    out_layout = RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir)
+    staging_uri = out_layout.staging_uri
+    # Only rollout workers are needed: the placement's trainer slot stays idle.
+    with dask_cluster(cfg, out_layout.run_dir / "dask") as place:
+        engines = [
+            # each worker resolves the model itself (see the grpo flow)
+            place.start_actor(RolloutWorker, cfg, model, worker=a)
+            for a in place.rollout
+        ]
+        engines = [e.result() for e in engines]
+        if checkpoint is not None:
+            wait_calls([(e, e.load(checkpoint, policy_version)) for e in engines], "weight load", policy_version)
+        TrajectoryStore(staging_uri).delete_partition(cfg.run_id, policy_version)
+        primer_state = None
+        rows_total = 0
+        for batch in range(batches):
+            rows, primer_state = stages.load_prompts(cfg, primer_state)
+            summaries = stages.rollout(engines, rows, policy_version, staging_uri, shard_offset=batch * len(engines))
+            rows_total += sum(s["rows"] for s in summaries)
+            log.info("batch %d/%d: %d rollouts", batch + 1, batches, sum(s["rows"] for s in summaries))
+        written = stages.write_trajectories(cfg, staging_uri, out_layout.trajectories_uri, policy_version)
+    return rows_total, written
 
 
 if __name__ == "__main__":

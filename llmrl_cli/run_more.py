@@ -22,6 +22,7 @@ def run_flow(flow: Any, **parameters: Any) -> Any:
     traceback."""
     from llmrl_cli.run_api import run_api
     from llmrl_core.envs.reward_calls import RewardFunctionError
+    from storage.lineage import LineageError
     from tasks.actor_calls import WorkerLost
     from tasks.console import flow_echoes_dropped
     from tasks.grpo_stages import AgreementOff
@@ -39,6 +40,9 @@ def run_flow(flow: Any, **parameters: Any) -> Any:
         except AgreementOff as err:  # its line gives the gap, the bound and the version kept
             typer.echo(f"error: {err}\n(set train.agreement_stop=false to only warn and go on)", err=True)
             raise typer.Exit(1) from err
+        except LineageError as err:  # a resume with other settings than the run's versions were made with
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(2) from err
         except (KeyboardInterrupt, SystemExit) as stop:
             from tasks.run_identity import mark_stopped
 
@@ -72,6 +76,7 @@ def load_checked(
                 from tasks.fork import check_fork
 
                 check_fork(cfg)  # init.from: the source run, version and checkpoint exist
+                check_resume_config(cfg)
     except (ConfigError, PreflightError, ValueError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from err
@@ -81,6 +86,20 @@ def load_checked(
         typer.echo(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         return None
     return cfg
+
+
+def check_resume_config(cfg: Any) -> None:
+    """A resume that would change a setting the run's versions were made with is refused here, naming the
+    settings (the flow itself would refuse it at its lineage check, after its Prefect API started)."""
+    from llmrl_core.pipeline.grpo_config import GRPOConfig
+    from storage.layout import RunLayout
+    from tasks.commits import check_unchanged_config
+
+    if isinstance(cfg, GRPOConfig):
+        from tasks.grpo_stages import lineage_config
+    else:
+        from tasks.epoch_stages import lineage_config
+    check_unchanged_config(cfg.run_id, RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir).run_dir, lineage_config(cfg))
 
 
 def _print_summary(summary: dict[str, Any]) -> None:

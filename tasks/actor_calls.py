@@ -37,10 +37,13 @@ class WorkerLost(RuntimeError):
     its role, the stage and the version)."""
 
 
-def with_restarts(attempt: Callable[[], T], restarts: int, log: Any) -> T:
+def with_restarts(
+    attempt: Callable[[], T], restarts: int, log: Any, again: str = "resuming from the last committed version"
+) -> T:
     """``attempt()`` (one attempt at a run: its own workers, resuming after its last committed version), tried again
     after a :class:`WorkerLost` at most ``restarts`` times (``dask.restarts``), each restart named in one line on
-    ``log``; the last :class:`WorkerLost` is raised. The healing of the GRPO, SFT and offline flows."""
+    ``log`` (``again`` says where the next attempt starts); the last :class:`WorkerLost` is raised. The healing of
+    the GRPO, SFT, offline and collect flows."""
     for restart in range(restarts + 1):
         try:
             return attempt()
@@ -48,10 +51,11 @@ def with_restarts(attempt: Callable[[], T], restarts: int, log: Any) -> T:
             if restart == restarts:
                 raise
             log.warning(
-                "%s. Restart %d of %d (dask.restarts): new workers, resuming from the last committed version",
+                "%s. Restart %d of %d (dask.restarts): new workers, %s",
                 lost,
                 restart + 1,
                 restarts,
+                again,
             )
     raise AssertionError("unreachable")  # the loop returns or raises
 

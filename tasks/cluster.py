@@ -67,6 +67,9 @@ from storage.handoff import sweep_orphans
 RunConfig = GRPOConfig | SFTConfig | OfflineConfig  # the configs with ``dask`` and ``train.device`` sections
 
 
+STOP_TIMEOUT_S = 5.0  # a worker's event loop answers a stop within this, unless the worker hangs
+
+
 @dataclass
 class Placement:
     """The client, which worker addresses host the rollout engines and the trainer, and the actors the run
@@ -86,25 +89,18 @@ class Placement:
         return future
 
     def close_actors(self, timeout_s: float = 20.0) -> None:
-        """Call ``close()`` on every started actor that has one, before the run's client lets Dask drop them.
+        """Call ``stop()`` (at once, on the worker's event loop) and then ``close()`` (after any call in flight) on
+        every started actor that has them, before the run's client lets Dask drop them.
 
         Dask drops an actor without telling it; an in-process vLLM engine dropped that way is never freed
         (:func:`~llmrl_core.policies.vllm_engine.shutdown_llm`), so a joined cluster's rollout worker grew by
         an engine per run. A failing or hung close is logged, not raised: the run's result stands.
         """
-        pending = []
-        for future in self.actors:
-            if future.status != "finished":  # never started, or failed: nothing resident to close
-                continue
-            actor = future.result()
-            if callable(getattr(actor._cls, "close", None)):
-                pending.append((actor, actor.close()))
+        actors = [f.result() for f in self.actors if f.status == "finished"]  # else nothing resident to close
         self.actors.clear()
-        for actor, call in pending:
-            try:
-                call.result(timeout=timeout_s)
-            except Exception as exc:  # noqa: BLE001 - teardown: report and go on
-                _logger().warning("could not close %s on %s: %s", actor._cls.__name__, actor._address, exc)
+        # first tell them to stop: a rollout still in flight (the run is stopping) then writes nothing
+        _call_each(actors, "stop", STOP_TIMEOUT_S)
+        _call_each(actors, "close", timeout_s)
 
     @property
     def engines_beside_trainer(self) -> bool:
@@ -112,6 +108,17 @@ class Placement:
         shared memory reach them); False when there are no rollout workers."""
         host = urlsplit(self.trainer).hostname
         return bool(self.rollout) and all(urlsplit(a).hostname == host for a in self.rollout)
+
+
+def _call_each(actors: list[Any], method: str, timeout_s: float) -> None:
+    """Call ``method`` on every actor whose class has it, then wait for each up to ``timeout_s``; a failure or a
+    timeout is logged, not raised (teardown: the run's result stands)."""
+    calls = [(a, getattr(a, method)()) for a in actors if callable(getattr(a._cls, method, None))]
+    for actor, call in calls:
+        try:
+            call.result(timeout=timeout_s)
+        except Exception as exc:  # noqa: BLE001 - teardown: report and go on
+            _logger().warning("could not %s %s on %s: %s", method, actor._cls.__name__, actor._address, exc)
 
 
 def place_workers(workers: dict[str, dict], n_rollout: int) -> tuple[list[str], str]:
@@ -131,11 +138,8 @@ def place_workers(workers: dict[str, dict], n_rollout: int) -> tuple[list[str], 
     return rollout[:n_rollout], trainers[0]
 
 
-JOIN_WAIT_S = 120.0  # how long a run on a joined cluster waits for the workers it needs to be there
-
-
 def wait_for_placement(
-    client: Any, n_rollout: int, timeout_s: float = JOIN_WAIT_S, poll_s: float = 2.0
+    client: Any, n_rollout: int, timeout_s: float = 120.0, poll_s: float = 2.0
 ) -> tuple[list[str], str]:
     """:func:`place_workers` on a joined cluster, once it has ``n_rollout`` rollout workers and a trainer: workers
     starting beside the flow, or a lost worker's replacement after a restart, get up to ``timeout_s`` to join
@@ -157,7 +161,9 @@ def wait_for_placement(
         except RuntimeError as err:
             missing = str(err)
         if time.monotonic() >= deadline:
-            raise RuntimeError(f"after waiting {timeout_s:.0f} s for the cluster's workers: {missing}") from None
+            raise RuntimeError(
+                f"after waiting {timeout_s:.0f} s (dask.join_wait_s) for the cluster's workers: {missing}"
+            ) from None
         if not said:
             _logger().info("waiting up to %.0f s for the cluster's workers (%s)", timeout_s, missing)
             said = True
@@ -422,7 +428,7 @@ def dask_cluster(cfg: RunConfig, scratch: Path, rollout_workers: int | None = No
     n_rollout = rollout_count(cfg, rollout_workers)
     if cfg.dask.address:
         with Client(cfg.dask.address) as client:
-            rollout, trainer = wait_for_placement(client, n_rollout)
+            rollout, trainer = wait_for_placement(client, n_rollout, cfg.dask.join_wait_s)
             place = Placement(client, rollout, trainer)
             try:
                 yield place

@@ -98,6 +98,39 @@ def fetch_markers(run_dir: Path, markers_uri: str | None) -> list[int]:
     return sorted(copied)
 
 
+def changed_settings(run_dir: Path, config: dict) -> list[str]:
+    """The settings (``section.key: recorded -> now``) in which ``config`` (a run's lineage settings) differs from
+    the run's ``RUN/config.json``; [] when they agree or when this flow host has no record of the run."""
+    path = run_dir / "config.json"
+    if not path.is_file():
+        return []
+    recorded = json.loads(path.read_text())
+    now = json.loads(json.dumps(config, default=str))  # as save_run_config wrote it
+    changes: list[str] = []
+
+    def compare(old: Any, new: Any, where: str) -> None:
+        if isinstance(old, dict) and isinstance(new, dict):
+            for key in sorted(set(old) | set(new)):
+                compare(old.get(key), new.get(key), f"{where}.{key}" if where else key)
+        elif old != new:
+            changes.append(f"{where}: {old!r} -> {new!r}")
+
+    compare(recorded, now, "")
+    return changes
+
+
+def check_unchanged_config(run_id: str, run_dir: Path, config: dict) -> None:
+    """A ``ValueError`` naming the settings a resume of ``run_id`` would change (the versions it has were made with
+    the recorded ones): before the flow, its Prefect API or any engine starts."""
+    changes = changed_settings(run_dir, config)
+    if changes:
+        shown = "; ".join(changes[:5]) + (f"; and {len(changes) - 5} more" if len(changes) > 5 else "")
+        raise ValueError(
+            f"run {run_id!r} exists with other settings ({shown}): a changed config needs a new run id "
+            "(or the recorded values back, see RUN/config.json)"
+        )
+
+
 def save_run_config(run_dir: Path, config: dict) -> Path:
     """``RUN/config.json``: the run's settings, written atomically (the evaluate flow reads its task)."""
     path = run_dir / "config.json"

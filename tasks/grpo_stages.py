@@ -295,7 +295,7 @@ ADDED_LATER = {
 
 
 # Settings that only say how a flow run resumes, heals or stops: never part of what a version is.
-BEHAVIOUR_ONLY = {"train": ("resume_without_state", "agreement_stop"), "dask": ("restarts",)}
+BEHAVIOUR_ONLY = {"train": ("resume_without_state", "agreement_stop"), "dask": ("restarts", "join_wait_s")}
 
 
 def drop_added_later(data: dict) -> dict:

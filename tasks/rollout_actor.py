@@ -41,6 +41,11 @@ def sampling_config(cfg: GRPOConfig, batch: int, shard: int) -> SamplingConfig:
     )
 
 
+class RolloutStopped(RuntimeError):
+    """A rollout its run stopped (Ctrl-C, SIGTERM, an error elsewhere) while it was in flight: its rows were not
+    written, and the engine takes no more rollouts."""
+
+
 class RolloutWorker(RolloutActor):
     """The flows' rollout actor: the run's env (``env`` + ``task`` sections) in tokens mode on a resident engine;
     collects staging shards at a given policy version (the engine and the episode loop are
@@ -79,6 +84,21 @@ class RolloutWorker(RolloutActor):
             sampling_config(cfg, 0, 0),
         )
         self._agent_tokenizer: Any = None
+        self._stopped = False
+
+    async def stop(self) -> None:
+        """Take no more work: a rollout in flight finishes the generation it is in but writes no staging shard
+        (it raises :class:`RolloutStopped`), and a later one is refused. A coroutine, so Dask runs it on the
+        worker's event loop at once rather than after the call in flight (an actor's other methods take turns in
+        one thread): a run that stops calls it before ``close`` (:meth:`tasks.cluster.Placement.close_actors`), so
+        on a joined cluster, whose workers outlive the run, nothing is written after the run has gone."""
+        self._stopped = True
+
+    def _check_not_stopped(self, version: int, rows: int, before: str) -> None:
+        if self._stopped:
+            raise RolloutStopped(
+                f"the rollout of version {version} was stopped before {before} its {rows} rows: its run stopped"
+            )
 
     def describe(self) -> dict[str, str]:
         """The engine's device and dtype, and why (for the run's log and lineage)."""
@@ -118,6 +138,7 @@ class RolloutWorker(RolloutActor):
         ``batch``: the training batch (default ``version``; an asynchronous run samples batch ``b`` with an
         older version) — it seeds the sampling, the rows are stamped with ``version``."""
 
+        self._check_not_stopped(version, len(rows), "sampling")
         if self.version() != version:
             raise RuntimeError(f"engine holds version {self.version()}, asked to roll out version {version}")
         idle = self.idle_s()
@@ -148,6 +169,7 @@ class RolloutWorker(RolloutActor):
             )
             for t in trajectories
         ]
+        self._check_not_stopped(version, len(records), "writing")  # its run has gone: nobody would read them
         info = TrajectoryStore(staging_uri).write_shard(self.cfg.run_id, version, shard, records)
         if not records:  # every agent episode of the shard failed: nothing to measure, the failures say why
             return {"shard": info.path, "rows": 0, "seconds": time.perf_counter() - start, **episode_metrics}

@@ -89,4 +89,4 @@ def test_the_cli_prints_the_schema_and_a_resolved_checked_config():
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert "  lr: 2.0e-05" in shown.stdout and "  workers: 2" in shown.stdout
     bad = _llmrl("config", "show", "grpo", "--set", "train.lr=abc")
-    assert bad.returncode == 2 and "error: train.lr: expected float, got 'abc'" in bad.stderr
+    assert bad.returncode == 2 and "error: --set train.lr=abc: train.lr: expected float, got 'abc'" in bad.stderr

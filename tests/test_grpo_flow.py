@@ -374,7 +374,7 @@ def test_a_killed_rollout_worker_heals_and_the_rows_stay_exact(tmp_path, default
 
     from storage.trajectories import TrajectoryStore
 
-    preload = str(Path(__file__).parent / "fault_preloads" / "rollout_worker_dies_once_at_version_1.py")
+    preload = str(Path(__file__).parent / "fault_preloads" / "rollout_worker_dies_once.py")
     marker = tmp_path / "killed.txt"
     overrides = _tiny(tmp_path, "progress=false", "run_id=heal", "iterations=3", "final_eval.questions=0")
     args = [a for o in overrides for a in ("--set", o)]

@@ -6,7 +6,10 @@ is visible to them: each node resolves the packaged model itself). ``llmrl run g
 then runs two iterations on them; both engines must have rolled out every version, versions 1 and 2 must be
 published, and every process must be gone at the end. A second flow host (its own ``LLMRL_HOME``, nothing of the
 first one's disk) then resumes the run with ``iterations=3``: from the commit markers the first host copied into
-the bucket, at version 2, with no rollout repeated or lost.
+the bucket, at version 2, with no rollout repeated or lost. After a third run (the workers' memory, run to run), a
+fourth loses the trainer's node while it trains (a preload kills the node's whole process group); the flow names
+the lost worker, waits for a replacement node (``dask.join_wait_s``), which the test starts, and heals: version 5
+published, every version's rows exactly once.
 
 No node shares a disk with another: ``runs_dir`` is an S3 bucket (moto on 127.0.0.1), where the workers write and
 read the trajectories, staging shards, checkpoints and trainer state; the flow host keeps its own records (config,
@@ -196,12 +199,10 @@ def _with(settings: list[str], **changes: object) -> list[str]:
     return kept + [f"{key}={value}" for key, value in changes.items()]
 
 
-def _run_flow(
+def _start_flow(
     host: str, settings: list[str], nodes: dict[str, Path], logs: dict[str, Path], procs: list, s3_server: Any
 ) -> subprocess.Popen:
-    """``llmrl run grpo`` on flow host ``host`` (its own ``LLMRL_HOME``) against the cluster; waits for it to
-    succeed (the logs of every node on failure) and returns its process."""
-    start = time.perf_counter()
+    """``llmrl run grpo`` on flow host ``host`` (its own ``LLMRL_HOME``) against the cluster, started."""
     flow = _start(
         [str(BIN / "llmrl"), "run", "grpo", *(a for s in settings for a in ("--set", s))],
         _node_env(nodes[host], **s3_server.env),
@@ -209,16 +210,29 @@ def _run_flow(
         REPO,
     )
     procs.insert(0, flow)
+    return flow
+
+
+def _finish_flow(flow: subprocess.Popen, host: str, logs: dict[str, Path], start: float) -> subprocess.Popen:
+    """Wait for a started flow to succeed (the logs of every node on failure)."""
     try:
-        code = flow.wait(timeout=900)
+        code = flow.wait(timeout=max(1.0, 900 - (time.perf_counter() - start)))
     except subprocess.TimeoutExpired:
         pytest.fail(f"the flow on {host} did not finish in 15 minutes:\n" + _tail(logs[host]))
     print(f"{host}: {time.perf_counter() - start:.1f} s")
     for line in logs[host].read_text(errors="replace").splitlines():  # where the time went (pytest -s)
-        if any(key in line for key in ("resident", "published", "Created flow run", "Finished in state")):
+        if any(key in line for key in ("resident", "published", "Created flow run", "Finished in state", "Restart")):
             print(line[:200])
     assert code == 0, "\n".join(f"--- {n}\n{_tail(p, 3000)}" for n, p in logs.items() if p.exists())
     return flow
+
+
+def _run_flow(
+    host: str, settings: list[str], nodes: dict[str, Path], logs: dict[str, Path], procs: list, s3_server: Any
+) -> subprocess.Popen:
+    """``llmrl run grpo`` on flow host ``host`` against the cluster; waits for it to succeed and returns it."""
+    start = time.perf_counter()
+    return _finish_flow(_start_flow(host, settings, nodes, logs, procs, s3_server), host, logs, start)
 
 
 @pytest.mark.slow
@@ -228,8 +242,12 @@ def test_grpo_on_a_joined_cluster_of_separate_nodes(tmp_path, default_model_path
     from storage.checkpoints import CheckpointStore
     from storage.trajectories import TrajectoryStore
 
-    nodes = {name: tmp_path / name for name in ("scheduler", "rollout-0", "rollout-1", "trainer", "flow", "flow-2")}
-    for name in ("rollout-0", "rollout-1", "trainer"):
+    nodes = {
+        name: tmp_path / name
+        for name in ("scheduler", "rollout-0", "rollout-1", "trainer", "trainer-2", "flow", "flow-2")
+    }
+    lost_marker = tmp_path / "trainer-node-lost.txt"
+    for name in ("rollout-0", "rollout-1", "trainer", "trainer-2"):
         _install_model(default_model_path, nodes[name])  # each node prepared the packaged model once
     runs = s3_server.uri("runs")  # the only place all nodes reach
     nodes["flow"].mkdir(parents=True)
@@ -261,30 +279,46 @@ def test_grpo_on_a_joined_cluster_of_separate_nodes(tmp_path, default_model_path
         # exported its own (distributed.nanny.pre-spawn-environ yields to the environment); torch (built with MKL)
         # sizes its pool from MKL_NUM_THREADS, so both are exported: one per engine, both cores to train.
         threads = {"rollout-0": 1, "rollout-1": 1, "trainer": 2}
-        for name, resources in (("rollout-0", "ROLLOUT=1"), ("rollout-1", "ROLLOUT=1"), ("trainer", "TRAINER=1")):
+
+        def start_node(name: str, resources: str, *preload: str, **env: str) -> subprocess.Popen:
+            """A ``dask worker`` "node": its own homes and scratch folder, the flow host's folders hidden."""
             scratch = nodes[name] / "dask-scratch"
             scratch.mkdir()
-            procs.append(
-                _start(
-                    (lambda cmd: _hidden(cmd, hide) if hiding else cmd)(
-                        [str(BIN / "dask"), "worker", address, "--host", "127.0.0.1", "--name", name]
-                        + ["--nthreads", "1", "--memory-limit", "0", "--local-directory", str(scratch)]
-                        + ["--resources", resources, "--no-dashboard", "--death-timeout", "60"]
-                    ),
-                    _node_env(
-                        nodes[name],
-                        OMP_NUM_THREADS=str(threads[name]),
-                        MKL_NUM_THREADS=str(threads[name]),
-                        # the engines' start-up lines are read from these logs: a test that started an engine in
-                        # this pytest process beside Prefect left VLLM_CONFIGURE_LOGGING=0 in os.environ
-                        # (vllm_engine.py), which would silence them (no Prefect log handler on a worker)
-                        VLLM_CONFIGURE_LOGGING="1",
-                        **s3_server.env,
-                    ),
-                    logs[name],
+            node = _start(
+                (lambda cmd: _hidden(cmd, hide) if hiding else cmd)(
+                    [str(BIN / "dask"), "worker", address, "--host", "127.0.0.1", "--name", name]
+                    + ["--nthreads", "1", "--memory-limit", "0", "--local-directory", str(scratch)]
+                    + ["--resources", resources, "--no-dashboard", "--death-timeout", "60"]
+                    + [a for path in preload for a in ("--preload", path)]
+                ),
+                _node_env(
                     nodes[name],
-                )
+                    OMP_NUM_THREADS=str(threads[name]),
+                    MKL_NUM_THREADS=str(threads[name]),
+                    # the engines' start-up lines are read from these logs: a test that started an engine in
+                    # this pytest process beside Prefect left VLLM_CONFIGURE_LOGGING=0 in os.environ
+                    # (vllm_engine.py), which would silence them (no Prefect log handler on a worker)
+                    VLLM_CONFIGURE_LOGGING="1",
+                    **s3_server.env,
+                    **env,
+                ),
+                logs[name],
+                nodes[name],
             )
+            procs.append(node)
+            return node
+
+        threads["trainer-2"] = threads["trainer"]
+        start_node("rollout-0", "ROLLOUT=1")
+        start_node("rollout-1", "ROLLOUT=1")
+        # the trainer's node is lost the first time it is asked to train version 4 (the fourth flow run, below)
+        trainer_node = start_node(
+            "trainer",
+            "TRAINER=1",
+            str(REPO / "tests" / "fault_preloads" / "trainer_node_dies_once.py"),
+            LLMRL_TEST_FAULT_MARKER=str(lost_marker),
+            LLMRL_TEST_FAULT_VERSION="4",
+        )
         with Client(address, timeout=60) as client:
             client.wait_for_workers(3, timeout=120)
             seen = client.run(_thread_settings_on_worker())
@@ -376,6 +410,34 @@ def test_grpo_on_a_joined_cluster_of_separate_nodes(tmp_path, default_model_path
             after = [round(r[name]) for r in rss[1:]]
             assert after[2] - after[0] < 300, f"{name} grew from run to run: {after} MiB"
             assert after[0] - rss[0][name] < 1200, f"{name} kept its engine after run 1: {after[0]} MiB"
+
+        # a fourth run, in which the trainer's node is lost while it trains version 4 (its nanny and worker killed,
+        # as a lost machine): the flow names the lost worker in one line, waits (dask.join_wait_s) for a node with
+        # the same resources, which the operator (here, the test) starts, and resumes from version 4 on it: the
+        # trainer state comes back from the bucket, no row is lost or repeated
+        start = time.perf_counter()
+        flow = _start_flow(
+            "flow-2", _with(settings, iterations=5, **{"dask.join_wait_s": 180}), nodes, logs, procs, s3_server
+        )
+        deadline = time.monotonic() + 600
+        while not lost_marker.exists():
+            assert flow.poll() is None, "the flow ended before the fault:\n" + _tail(logs["flow-2"])
+            assert time.monotonic() < deadline, "the trainer was never asked to train version 4"
+            time.sleep(0.5)
+        trainer_node.wait(timeout=60)
+        assert not _group_members(trainer_node.pid), "the lost trainer node left processes"
+        start_node("trainer-2", "TRAINER=1")  # the replacement node, with nothing of the lost one's disk
+        _finish_flow(flow, "flow-2", logs, start)
+        text = logs["flow-2"].read_text(errors="replace")
+        restarts = [line for line in text.splitlines() if "Restart 1 of 2 (dask.restarts)" in line]
+        assert len(restarts) == 1, text[-4000:]
+        assert "the trainer worker tcp://127.0.0.1:" in restarts[0] and "training of version 4" in restarts[0]
+        assert "published version 5" in text
+        assert CheckpointStore(s3_server.uri("runs/mn/checkpoints")).versions()[-1] == 5
+        assert store.versions("mn") == [0, 1, 2, 3, 4]
+        for version in range(5):  # nothing repeated, nothing lost
+            assert len(store.read_records("mn", version=version)) == 4, version
+        assert not [k for k in s3_server.keys("runs/") if "/staging/" in k]
     finally:
         leftovers = _stop(procs)
     assert not leftovers, f"processes needed SIGKILL: {leftovers}"

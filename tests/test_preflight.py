@@ -51,8 +51,10 @@ def _data(tmp_path, name: str, text: str) -> str:
         (lambda d: ["data.source=hf://datasets/openai/gsm8k"], "remote sources are not read here"),
         (lambda d: ["model=/nonexistent/model"], "model: '/nonexistent/model': no such folder"),
         (lambda d: ["model=" + _data(d, "weights.bin", "x")], "is a file; give the model's folder"),
-        (lambda d: ["rollout.temperature=-1"], "rollout.temperature"),
+        (lambda d: ["rollout.temperature=-1"], "error: --set rollout.temperature=-1: rollout: rollout.temperature"),
         (lambda d: ["run_id=a/b"], "run_id: 'a/b' is not a valid run id"),
+        (lambda d: ["dask.join_wait_s=-5"], "--set dask.join_wait_s=-5: dask: dask.join_wait_s must be >= 0"),
+        (lambda d: ["dask.restarts=-1"], "dask.restarts must be an integer >= 0"),
         (lambda d: ["data.source=" + _data(d, "blank.jsonl", '{"question": " ", "answer": "1"}\n')], "row 0 field"),
     ],
 )
@@ -145,3 +147,38 @@ def test_store_refuses_an_empty_shard_and_names_corrupt_ones(tmp_path):
     with pytest.raises(TrajectoryStoreError, match="shard-00000.parquet"):
         store.read_records("r", version=1)
     json.dumps(store.partition_digest("r", 0)[:2])  # the healthy partition still digests
+
+
+@pytest.mark.parametrize("flow", ["grpo", "sft"])
+def test_a_resume_with_other_settings_is_refused_naming_them_before_anything_starts(cli, flow):
+    """The run's RUN/config.json holds the settings its versions were made with: a resume that changes one is
+    refused at once (exit 2, the setting, the recorded and the new value); a behaviour-only setting may change."""
+    from llmrl_core.pipeline.config_io import load_config
+    from llmrl_core.pipeline.grpo_config import GRPOConfig
+    from llmrl_core.pipeline.sft_config import SFTConfig
+    from tasks.commits import save_run_config
+
+    run_dir = cli.runs / "r1"
+    run_dir.mkdir(parents=True)
+    if flow == "grpo":
+        from llmrl_cli.run import MAIN_JOB  # what `llmrl run grpo` runs without --config
+        from tasks.grpo_stages import lineage_config
+
+        recorded = lineage_config(load_config(GRPOConfig, MAIN_JOB, ["run_id=r1"]))
+    else:
+        from tasks.epoch_stages import lineage_config
+
+        recorded = lineage_config(load_config(SFTConfig, None, ["run_id=r1"]))
+    save_run_config(run_dir, recorded)
+    before = sorted(cli.runs.rglob("*"))
+    code, output = cli("run", flow, "--set", "run_id=r1", "--set", "train.lr=0.5")
+    assert code == 2, output
+    assert "run 'r1' exists with other settings (train.lr: " in output and "-> 0.5)" in output, output
+    assert "a changed config needs a new run id" in output
+    assert sorted(cli.runs.rglob("*")) == before  # nothing else written
+    from llmrl_cli.run import MAIN_JOB
+    from llmrl_cli.run_more import check_resume_config
+
+    config_cls, path = (GRPOConfig, MAIN_JOB) if flow == "grpo" else (SFTConfig, None)
+    same = ["run_id=r1", "dask.restarts=0", "dask.join_wait_s=5"]
+    check_resume_config(load_config(config_cls, path, same))  # behaviour-only settings: no refusal

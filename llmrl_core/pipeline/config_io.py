@@ -336,9 +336,23 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Iterabl
             raise ConfigError(f"{path}: the top level must be a mapping, got {type(loaded).__name__}")
         data = loaded
     data = _merged(data, settings_mapping(settings))
+    overrides = list(overrides)
     for override in overrides:
         _apply_override(data, cls, override)
     try:
         return build(cls, data)
     except ConfigError as err:
-        raise ConfigError(f"{path}: {err}" if path is not None else str(err)) from err
+        source = _override_named(str(err), overrides) or path
+        raise ConfigError(f"{source}: {err}" if source is not None else str(err)) from err
+
+
+def _override_named(message: str, overrides: list[str]) -> str | None:
+    """``--set key=value`` when ``message`` (a config error) is about a setting one of ``overrides`` gave: the error
+    names where the bad value came from, not the config file it replaced (the last such override wins, as it does
+    when applied)."""
+    named = None
+    for override in overrides:
+        key = override.partition("=")[0].strip()
+        if key and re.search(rf"(?<![\w.]){re.escape(key)}(?![\w])", message):
+            named = f"--set {override}"
+    return named

@@ -282,12 +282,14 @@ class FinalEvalConfig:
 class DaskConfig:
     """Where the stages run: a LocalCluster (rollout workers + 1 trainer) or an existing scheduler, and the flows'
     healing: after a lost worker (dead, or silent past its limit) the run starts again on new workers (a fresh local
-    cluster; on a joined cluster, the workers it has then) and resumes from its last committed version, at most
-    ``restarts`` times (0: stop at the first lost worker)."""
+    cluster; on a joined cluster, the workers it has then, waiting up to ``join_wait_s`` for a replacement with the
+    lost worker's resources) and resumes from its last committed version, at most ``restarts`` times (0: stop at the
+    first lost worker)."""
 
     address: str | None = None  # e.g. tcp://127.0.0.1:8786; workers declare resources ROLLOUT / TRAINER or GPU
     local_directory: str | None = None  # the Dask workers' scratch folder (default: under the run folder)
     restarts: int = 2
+    join_wait_s: float = 120.0  # with `address`: how long a run (or its restart) waits for the workers it needs
 
     def __post_init__(self) -> None:
         _check(
@@ -295,6 +297,12 @@ class DaskConfig:
             "dask.restarts",
             "must be an integer >= 0 (new attempts after a lost worker)",
             self.restarts,
+        )
+        _check(
+            self.join_wait_s >= 0,
+            "dask.join_wait_s",
+            "must be >= 0 (seconds to wait for the joined cluster's workers)",
+            self.join_wait_s,
         )
 
 
