@@ -31,6 +31,7 @@ from tasks.cluster import dask_cluster
 from tasks.commits import check_resume_state, fetch_markers, latest_published
 from tasks.epoch_stages import lineage_config, train_epoch
 from tasks.fork import Fork, resolve_fork, start_from_fork
+from tasks.grpo_stages import legacy_config_hashes
 from tasks.publishing import publish_version
 from tasks.run_identity import identify_run
 from tasks.sft_actor import TrainerSetup, start_trainer
@@ -69,6 +70,7 @@ class EpochRun:
                 run_id=cfg.run_id,
                 config=config,
                 lineage_config=LineageConfig(tracking_uri=cfg.tracking_uri),
+                accepted_hashes=legacy_config_hashes(lineage_config(cfg, keep_where=True)),
             )
             fetch_markers(layout.run_dir, layout.markers_uri)  # a remote runs_dir: versions another host committed
             published = latest_published(layout.run_dir)

@@ -125,6 +125,7 @@ def run_grpo(cfg: GRPOConfig, log: Any) -> dict[str, Any]:
             run_id=cfg.run_id,
             config=stages.lineage_config(cfg),
             lineage_config=LineageConfig(tracking_uri=cfg.tracking_uri),
+            accepted_hashes=stages.legacy_config_hashes(stages.lineage_config(cfg, keep_where=True)),
         )
         identify_run(cfg.run_id, start, cfg.iterations, lineage)  # the Prefect run named after it, both UIs linked
         checkpoints = CheckpointStore(layout.checkpoints_uri)

@@ -33,7 +33,7 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +161,7 @@ class LineageRecorder:
         config: Any = None,
         lineage_config: LineageConfig | None = None,
         code_dir: str | os.PathLike[str] | None = None,
+        accepted_hashes: Collection[str] = (),
     ) -> None:
         self.run_dir = Path(run_dir).expanduser().absolute()
         self.settings = lineage_config or LineageConfig()
@@ -173,6 +174,8 @@ class LineageRecorder:
         self.experiment_id = self._experiment(pipeline)
         self.git_commit, self.git_dirty = git_state(code_dir)
         self.config_hash = config_hash(config) if config is not None else None
+        # what an older llmrl recorded for the same settings (e.g. before a setting left the hash): a resume
+        self.accepted_hashes = frozenset(accepted_hashes)
         self.mlflow_run_id = self._open_run(config)
         self.forked_from: dict[str, Any] | None = None  # set by mark_fork: the run and version this run started from
 
@@ -198,7 +201,7 @@ class LineageRecorder:
         if runs:
             run = runs[0]
             previous = run.data.tags.get(CONFIG_HASH_TAG)
-            if self.config_hash and previous and previous != self.config_hash:
+            if self.config_hash and previous and previous != self.config_hash and previous not in self.accepted_hashes:
                 raise LineageError(
                     f"run {self.run_id!r} was recorded with config hash {previous}, now {self.config_hash}: "
                     "a changed config needs a new run id"

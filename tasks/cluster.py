@@ -138,11 +138,10 @@ def place_workers(workers: dict[str, dict], n_rollout: int) -> tuple[list[str], 
     return rollout[:n_rollout], trainers[0]
 
 
-def wait_for_placement(
-    client: Any, n_rollout: int, timeout_s: float = 120.0, poll_s: float = 2.0
-) -> tuple[list[str], str]:
+def wait_for_placement(client: Any, n_rollout: int, timeout_s: float, poll_s: float = 2.0) -> tuple[list[str], str]:
     """:func:`place_workers` on a joined cluster, once it has ``n_rollout`` rollout workers and a trainer: workers
-    starting beside the flow, or a lost worker's replacement after a restart, get up to ``timeout_s`` to join
+    starting beside the flow, or a lost worker's replacement after a restart, get up to ``timeout_s`` (the run's
+    ``dask.join_wait_s``) to join
     (one log line while waiting). Then the placement error says what is still missing."""
     import time
 

@@ -17,7 +17,8 @@ import pyarrow.fs as pafs
 from prefect import task
 
 from storage.filesystems import read_bytes, resolve_filesystem, write_bytes_atomic
-from tasks.grpo_stages import STAGE
+from storage.lineage import flatten_config
+from tasks.grpo_stages import STAGE, drop_added_later
 
 
 def trainer_state_file(layout: Any, version: int) -> tuple[Any, str]:
@@ -100,23 +101,18 @@ def fetch_markers(run_dir: Path, markers_uri: str | None) -> list[int]:
 
 def changed_settings(run_dir: Path, config: dict) -> list[str]:
     """The settings (``section.key: recorded -> now``) in which ``config`` (a run's lineage settings) differs from
-    the run's ``RUN/config.json``; [] when they agree or when this flow host has no record of the run."""
+    the run's ``RUN/config.json``; [] when they agree or when this flow host has no record of the run. A record
+    written before a setting left the lineage (:func:`tasks.grpo_stages.drop_added_later`) is read without it."""
     path = run_dir / "config.json"
     if not path.is_file():
         return []
-    recorded = json.loads(path.read_text())
-    now = json.loads(json.dumps(config, default=str))  # as save_run_config wrote it
-    changes: list[str] = []
-
-    def compare(old: Any, new: Any, where: str) -> None:
-        if isinstance(old, dict) and isinstance(new, dict):
-            for key in sorted(set(old) | set(new)):
-                compare(old.get(key), new.get(key), f"{where}.{key}" if where else key)
-        elif old != new:
-            changes.append(f"{where}: {old!r} -> {new!r}")
-
-    compare(recorded, now, "")
-    return changes
+    recorded = flatten_config(drop_added_later(json.loads(path.read_text())))
+    now = flatten_config(json.loads(json.dumps(config, default=str)))  # as save_run_config wrote it
+    return [
+        f"{key}: {recorded.get(key)} -> {now.get(key)}"
+        for key in sorted(set(recorded) | set(now))
+        if recorded.get(key) != now.get(key)
+    ]
 
 
 def check_unchanged_config(run_id: str, run_dir: Path, config: dict) -> None:

@@ -30,8 +30,9 @@ def train_epoch(trainer: Any, samples_path: str, epoch: int, groups_per_batch: i
     return wait_calls([(trainer, call)], "training", epoch + 1, deadline=False)[0]  # the version it makes
 
 
-def lineage_config(cfg: SFTConfig | OfflineConfig) -> dict:
-    """The settings that define what a version is (the run length ``epochs`` excluded, so a run can be extended)."""
+def lineage_config(cfg: SFTConfig | OfflineConfig, keep_where: bool = False) -> dict:
+    """The settings that define what a version is (the run length ``epochs`` excluded, so a run can be extended;
+    where its files go excluded, as for GRPO: :data:`tasks.grpo_stages.WHERE_ONLY`)."""
     data = asdict(cfg)
     data.pop("epochs")
-    return drop_added_later(data)
+    return drop_added_later(data, keep_where)

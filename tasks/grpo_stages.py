@@ -25,6 +25,7 @@ from llmrl_core.objectives import mc_advantage
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.weight_sync.fingerprint import check_engines_hold
 from storage.filesystems import join_uri
+from storage.hashing import config_hash
 from storage.trajectories import TrajectoryStore
 from tasks.actor_calls import WorkerLost, wait_calls
 from tasks.records import read_shards
@@ -296,14 +297,26 @@ ADDED_LATER = {
 
 # Settings that only say how a flow run resumes, heals or stops: never part of what a version is.
 BEHAVIOUR_ONLY = {"train": ("resume_without_state", "agreement_stop"), "dask": ("restarts", "join_wait_s")}
+# Settings that only say where a run's files, records and console output go ("": the top level): a run moved to
+# another folder or store, joined to another cluster or resumed without progress bars is the same run. Runs
+# recorded before these left the hash still resume: :func:`legacy_config_hashes`.
+WHERE_ONLY = {"": ("runs_dir", "tracking_uri", "progress"), "dask": ("address", "local_directory")}
 
 
-def drop_added_later(data: dict) -> dict:
-    """``data`` (a run's settings as nested dicts) without the :data:`BEHAVIOUR_ONLY` settings, the :data:`ADDED_LATER`
-    settings that are at their defaults, and a section they leave empty."""
-    for section, keys in BEHAVIOUR_ONLY.items():
+def _drop(data: dict, keys_by_section: dict[str, tuple[str, ...]]) -> None:
+    for section, keys in keys_by_section.items():
+        holder = data if section == "" else data.get(section, {})
         for key in keys:
-            data.get(section, {}).pop(key, None)
+            holder.pop(key, None)
+
+
+def drop_added_later(data: dict, keep_where: bool = False) -> dict:
+    """``data`` (a run's settings as nested dicts) without the :data:`BEHAVIOUR_ONLY` and :data:`WHERE_ONLY`
+    settings (the latter kept with ``keep_where``, as runs recorded them before), the :data:`ADDED_LATER` settings
+    that are at their defaults, and a section they leave empty."""
+    _drop(data, BEHAVIOUR_ONLY)
+    if not keep_where:
+        _drop(data, WHERE_ONLY)
     for section, defaults in ADDED_LATER.items():
         if section not in data:
             continue
@@ -315,13 +328,20 @@ def drop_added_later(data: dict) -> dict:
     return data
 
 
-def lineage_config(cfg: GRPOConfig) -> dict:
-    """The settings that define what a version is (run length, fault injection and placement excluded; the
-    config hash and ``RUN/config.json`` are made of these)."""
+def lineage_config(cfg: GRPOConfig, keep_where: bool = False) -> dict:
+    """The settings that define what a version is (run length, fault injection, placement and where the run's
+    files go excluded; the config hash and ``RUN/config.json`` are made of these). ``keep_where``: as runs
+    recorded them before :data:`WHERE_ONLY` left the hash."""
     data = asdict(cfg)
     for key in ("iterations", "fail_after_stage"):
         data.pop(key)
     for section, keys in PLACEMENT_ONLY.items():
         for key in keys:
             data[section].pop(key, None)
-    return drop_added_later(data)
+    return drop_added_later(data, keep_where)
+
+
+def legacy_config_hashes(config_with_where: dict) -> set[str]:
+    """The config hash a run recorded for these settings before :data:`WHERE_ONLY` left the hash (its resume
+    is the same run): the hash of ``config_with_where`` (``lineage_config(cfg, keep_where=True)``)."""
+    return {config_hash(config_with_where)}

@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -108,21 +107,9 @@ def plain(value):
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
-    from distributed import Client, LocalCluster
+    from one_worker_cluster import one_worker_cluster
 
-    warnings.filterwarnings("ignore", message="Port .* is already in use")  # another cluster on this machine
-    with (
-        LocalCluster(
-            n_workers=1,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address=None,
-            memory_limit=0,
-            local_directory=str(tmp_path_factory.mktemp("dask")),
-        ) as cluster,
-        Client(cluster, set_as_default=False) as client,
-    ):
+    with one_worker_cluster(tmp_path_factory.mktemp("dask")) as client:
         yield client
 
 

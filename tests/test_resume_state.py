@@ -15,7 +15,7 @@ from storage.hashing import config_hash
 from storage.layout import RunLayout
 from tasks.commits import check_resume_state
 from tasks.epoch_stages import lineage_config as epoch_lineage_config
-from tasks.grpo_stages import lineage_config
+from tasks.grpo_stages import legacy_config_hashes, lineage_config
 
 
 def test_a_missing_trainer_state_stops_the_resume_unless_allowed(tmp_path):
@@ -41,9 +41,20 @@ def test_the_resume_setting_and_defaults_added_later_leave_the_config_hash_alone
     assert forked["init"] == {"from_": "a@1"}  # the fork point is part of what the run is; defaults stay out
     # a run recorded before rollout.backend, dask.restarts and train.agreement_stop existed still resumes
     golden = Path(__file__).parent / "goldens" / "grpo_default_config_as_recorded_by_741be58.json"
-    assert json.loads(json.dumps(recorded, default=str)) == json.loads(golden.read_text())
+    as_then = lineage_config(load_config(GRPOConfig), keep_where=True)  # where-only settings were in the hash then
+    assert json.loads(json.dumps(as_then, default=str)) == json.loads(golden.read_text())
+    assert config_hash(json.loads(golden.read_text())) in legacy_config_hashes(as_then)
+    assert config_hash(recorded) != config_hash(as_then) and "runs_dir" not in recorded
     behaviour = ["dask.restarts=0", "train.agreement_stop=true"]
     assert config_hash(lineage_config(load_config(GRPOConfig, None, behaviour))) == base
+    # where the run's files, records and console go: the same run (moved, joined to a cluster, without bars)
+    where = ["runs_dir=/elsewhere", "tracking_uri=sqlite:////elsewhere/m.db", "progress=false"]
+    where += ["dask.address=tcp://127.0.0.1:8786", "dask.local_directory=/scratch"]
+    assert config_hash(lineage_config(load_config(GRPOConfig, None, where))) == base
+    sft_where = [w for w in where if not w.startswith("progress=")]  # SFT has no progress bars setting
+    assert config_hash(epoch_lineage_config(load_config(SFTConfig, None, sft_where))) == config_hash(
+        epoch_lineage_config(load_config(SFTConfig))
+    )
     assert config_hash(lineage_config(load_config(GRPOConfig, None, ["rollout.backend=transformers"]))) != base
     sft = load_config(SFTConfig)
     assert config_hash(epoch_lineage_config(sft)) == config_hash(

@@ -14,7 +14,7 @@ from llmrl_core.pipeline.grpo_config import GRPOConfig
 
 @pytest.mark.slow
 def test_a_rollout_in_flight_when_the_run_stops_writes_nothing(tmp_path, default_model_path):
-    from dask.distributed import Client, LocalCluster
+    from one_worker_cluster import one_worker_cluster
 
     from storage.trajectories import TrajectoryStore
     from tasks import grpo_stages as stages
@@ -37,17 +37,7 @@ def test_a_rollout_in_flight_when_the_run_stops_writes_nothing(tmp_path, default
     rows, _ = stages.load_prompts(cfg, None)
     staging = tmp_path / "staging"
     store = TrajectoryStore(staging)
-    with (
-        LocalCluster(
-            n_workers=1,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address=None,
-            local_directory=str(tmp_path / "dask"),
-        ) as cluster,
-        Client(cluster) as client,
-    ):
+    with one_worker_cluster(tmp_path / "dask", as_default=True) as client:
         (worker,) = client.scheduler_info()["workers"]
         place = Placement(client, [worker], worker)
         engine = place.start_actor(RolloutWorker, cfg, worker=worker).result()

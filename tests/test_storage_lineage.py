@@ -153,6 +153,23 @@ def test_reopening_a_run_resumes_it_and_rerecording_a_version_replaces_it(tmp_pa
     assert version_lineage("run-a", 2, run_dir=tmp_path / "run-a")["metrics"] == {"reward_mean": 0.9}
     with pytest.raises(LineageError, match="a changed config needs a new run id"):
         LineageRecorder(tmp_path / "run-a", pipeline="grpo", run_id="run-a", config={**CONFIG, "lr": 1e-5})
+    # the hash an older llmrl recorded for the same settings (accepted_hashes) resumes; another one still refuses
+    from storage.hashing import config_hash
+
+    trimmed = {k: v for k, v in CONFIG.items() if k != "group"}  # e.g. a setting that left the hash since
+    resumed = LineageRecorder(
+        tmp_path / "run-a", pipeline="grpo", run_id="run-a", config=trimmed, accepted_hashes={config_hash(CONFIG)}
+    )
+    assert resumed.mlflow_run_id == first.mlflow_run_id
+    assert client.get_run(first.mlflow_run_id).data.tags["llmrl_config_hash"] == config_hash(CONFIG)  # kept
+    with pytest.raises(LineageError, match="a changed config needs a new run id"):
+        LineageRecorder(
+            tmp_path / "run-a",
+            pipeline="grpo",
+            run_id="run-a",
+            config={**trimmed, "lr": 1e-5},
+            accepted_hashes={config_hash({**CONFIG, "lr": 1e-6})},
+        )
 
 
 def test_any_tracking_uri_from_config(tmp_path):
