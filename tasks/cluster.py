@@ -423,6 +423,7 @@ def dask_cluster(cfg: RunConfig, scratch: Path, rollout_workers: int | None = No
     from tasks.console import library_logs, logs_dir, verbose, worker_log_options
     from tasks.memory_check import check_run_memory
     from tasks.weight_sync import check_local_route
+    from tasks.worker_exit import BoundedExit
 
     n_rollout = rollout_count(cfg, rollout_workers)
     if cfg.dask.address:
@@ -475,5 +476,6 @@ def dask_cluster(cfg: RunConfig, scratch: Path, rollout_workers: int | None = No
         cluster = stack.enter_context(SpecCluster(workers=workers, scheduler=scheduler, name="llmrl-grpo"))
         client = stack.enter_context(Client(cluster))
         client.wait_for_workers(len(workers), timeout=120)
+        client.register_plugin(BoundedExit())  # the workers end when closed, not 4 s later by the Nanny's kill
         rollout, trainer = place_workers(client.scheduler_info()["workers"], n_rollout)
         yield Placement(client, rollout, trainer)
