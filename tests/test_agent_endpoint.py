@@ -176,11 +176,81 @@ def test_tool_call_replies_keep_the_sampled_ids(tokenizer):
     assert rendered_tail.startswith("\n<|im_start|>tool\n5<|im_end|>") and rendered_tail.endswith("assistant\n")
 
 
+def test_a_streaming_client_gets_the_recorded_reply(endpoint, client, tokenizer):
+    """stream=True (chat with n=2 and usage, completions): the chunks an openai client reads add up to the reply the
+    rollout recorded, with its finish reason; an error still comes before any chunk, as a status."""
+    import openai
+
+    chunks = list(
+        client.chat.completions.create(
+            model="smol",
+            messages=[{"role": "user", "content": "Name a fruit."}],
+            max_tokens=10,
+            n=2,
+            stream=True,
+            stream_options={"include_usage": True},
+            logprobs=True,
+            extra_body={"episode_id": "stream-1"},
+        )
+    )
+    calls = endpoint.recorder.episodes["stream-1"].calls
+    assert len(calls) == 2
+    for index, call in enumerate(calls):
+        mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == index]
+        assert "".join(c.delta.content or "" for c in mine) == call.text
+        assert mine[0].delta.role == "assistant" and [c.finish_reason for c in mine][-1] == call.finish_reason
+        assert [t.logprob for t in mine[0].logprobs.content] == pytest.approx(call.logprobs)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == sum(len(c.token_ids) for c in calls)
+    assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+
+    text = "".join(
+        c.choices[0].text
+        for c in client.completions.create(model="smol", prompt="1, 2, 3,", max_tokens=6, stream=True, user="stream-2")
+    )
+    (call,) = endpoint.recorder.episodes["stream-2"].calls
+    assert text == call.text and call.kind == "completion"
+    with pytest.raises(openai.BadRequestError, match="n must be an integer"):
+        client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}], n=99, stream=True, user="stream-3"
+        )
+
+
+def test_streamed_tool_calls_are_deltas_with_an_index():
+    """A reply with tool calls streams them as the OpenAI format does: one delta per call with its index."""
+    import json as _json
+
+    from llmrl_core.agents.streaming import stream_events
+
+    call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{}"}}
+    response = {
+        "id": "chatcmpl-x",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                "finish_reason": "tool_calls",
+                "logprobs": None,
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+    }
+    events = list(stream_events(response, {}))
+    assert events[-1] == "data: [DONE]\n\n" and len(events) == 3  # no usage chunk unless asked for
+    first, last = (_json.loads(e.removeprefix("data: ")) for e in events[:2])
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": "", "tool_calls": [{"index": 0, **call}]}
+    assert last["choices"][0]["finish_reason"] == "tool_calls" and last["choices"][0]["delta"] == {}
+
+
 def test_refusals_are_openai_errors(endpoint, client):
     import openai
 
-    with pytest.raises(openai.BadRequestError, match="streaming"):
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], stream=True, user="s")
+    with pytest.raises(openai.BadRequestError, match="stream must be true or false"):
+        client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}], user="s", extra_body={"stream": "yes"}
+        )
     endpoint.recorder.open_only = True
     try:
         with pytest.raises(openai.APIStatusError, match="unknown episode"):

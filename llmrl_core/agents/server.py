@@ -7,7 +7,8 @@ training rollout the run's temperature and top-p are imposed (the trainer scores
 drew from), ``max_tokens`` is capped at the run's ``rollout.max_new_tokens`` and at the context left, and
 each call's seed derives from the rollout's seed, the episode id and the call's index in its episode.
 Requests are answered by one :class:`~llmrl_core.agents.batcher.EngineBatcher` (concurrent calls run as one
-batch). Streaming is refused (400).
+batch). ``stream: true`` gets the reply as server-sent events once it is generated
+(:mod:`llmrl_core.agents.streaming`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from fastapi import Request  # module level: the routes' annotations are resolve
 from llmrl_core.agents.batcher import EngineBatcher, GenerationRequest
 from llmrl_core.agents.chat import normalize_message, parse_tool_calls
 from llmrl_core.agents.recorder import CallRecord, CallRecorder, EpisodeLog, PromptPlan
+from llmrl_core.agents.streaming import stream_events
 
 
 @dataclass
@@ -137,7 +139,7 @@ class AgentEndpoint:
     # --- requests -----------------------------------------------------------------------------------------
     def _make_app(self) -> Any:
         from fastapi import FastAPI
-        from fastapi.responses import JSONResponse
+        from fastapi.responses import JSONResponse, StreamingResponse
 
         app = FastAPI(title="llmrl agent endpoint", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -155,7 +157,13 @@ class AgentEndpoint:
                 if not isinstance(body, dict):
                     raise RequestError("the body must be a JSON object")
                 episode = request.headers.get("x-episode-id") or body.get("episode_id") or body.get("user")
-                return await (self._chat(body, episode) if kind == "chat" else self._completion(body, episode))
+                stream = body.get("stream")
+                if stream not in (None, True, False):
+                    raise RequestError(f"stream must be true or false, got {stream!r}", param="stream")
+                out = await (self._chat(body, episode) if kind == "chat" else self._completion(body, episode))
+                if stream:  # the whole reply, generated and recorded, sent as server-sent events
+                    return StreamingResponse(stream_events(out, body), media_type="text/event-stream")
+                return out
             except RequestError as err:
                 return error(err)
 
@@ -192,8 +200,6 @@ class AgentEndpoint:
             raise RequestError(err.args[0], status=409 if episode is not None else 400, param="episode_id") from err
 
     def _request(self, body: Mapping[str, Any], log: EpisodeLog, prompt_ids: list[int]) -> GenerationRequest:
-        if body.get("stream"):
-            raise RequestError("streaming is not supported by the llmrl agent endpoint", param="stream")
         policy = self.sampling
         room = self.max_model_len - len(prompt_ids)
         if room < 1:
