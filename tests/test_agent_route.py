@@ -22,6 +22,7 @@ def agents_on_path(monkeypatch):
     monkeypatch.syspath_prepend(str(AGENTS))
     yield
     sys.modules.pop("calculator_agent", None)
+    sys.modules.pop("sdk_agent", None)
 
 
 @pytest.mark.parametrize(
@@ -103,3 +104,34 @@ def test_a_crashing_and_a_hung_agent_fail_only_their_episode(agents_on_path, vll
 
 def torch_finite(values) -> bool:
     return bool(values.isfinite().all()) and len(values) > 0
+
+
+@pytest.mark.parametrize("agent", ["solve", "solve_streamed"])
+def test_an_openai_agents_sdk_agent_trains_as_written(agents_on_path, vllm_engine_fp32, agent):
+    """An agent written with the OpenAI Agents SDK (tests/agent_examples/sdk_agent.py: ``Agent``, ``Runner``, a
+    ``function_tool``), run and streamed: every episode is a stored row of the engine's exact sampled tokens."""
+    pytest.importorskip("agents", reason="openai-agents is not installed")
+    from transformers import AutoTokenizer
+
+    from llmrl_core.agents import run_agent_rollout
+    from llmrl_core.policies.base import SamplingConfig
+
+    worker = types.SimpleNamespace(
+        llm=vllm_engine_fp32, policy_version=5, config=types.SimpleNamespace(max_model_len=2048)
+    )
+    tokenizer = AutoTokenizer.from_pretrained(vllm_engine_fp32.llm_engine.model_config.model)
+    rows = _rows(2, 2)
+    result = run_agent_rollout(
+        worker,
+        f"sdk_agent:{agent}",
+        rows,
+        SamplingConfig(max_new_tokens=24, temperature=1.0, seed=13),
+        tokenizer=tokenizer,
+        concurrency=4,
+    )
+    assert not result.failures, [(o.error, o.detail) for o in result.outcomes]
+    assert len(result.rows) == 4
+    for row in result.rows:
+        assert row.info["agent_calls"] >= 1 and set(row.policy_versions) == {5}
+        assert torch_finite(row.sampler_log_probs)
+        assert 0 < int(row.policy_mask.sum()) == len(row.sampler_log_probs)  # a log-prob per sampled token
