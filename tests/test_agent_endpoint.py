@@ -244,6 +244,87 @@ def test_streamed_tool_calls_are_deltas_with_an_index():
     assert last["choices"][0]["finish_reason"] == "tool_calls" and last["choices"][0]["delta"] == {}
 
 
+def test_the_responses_api_is_the_chat_call_it_translates_to(endpoint, client):
+    """POST /v1/responses through the openai client: the output text is the recorded chat call's reply, a reply cut
+    at max_output_tokens is "incomplete", and the streamed form ends with the same response."""
+    import openai
+
+    reply = client.responses.create(
+        model="smol",
+        instructions="Answer at length.",
+        input="Tell a long story about a dragon.",
+        max_output_tokens=4,
+        extra_body={"episode_id": "resp-1"},
+    )
+    (call,) = endpoint.recorder.episodes["resp-1"].calls
+    assert call.kind == "chat" and call.messages[0] == {"role": "system", "content": "Answer at length."}
+    assert reply.output_text == call.text and reply.usage.output_tokens == len(call.token_ids) == 4
+    assert reply.status == "incomplete" and reply.incomplete_details.reason == "max_output_tokens"
+    events = list(
+        client.responses.create(
+            model="smol",
+            input=[{"role": "user", "content": [{"type": "input_text", "text": "Hi."}]}],
+            stream=True,
+            extra_body={"episode_id": "resp-2"},
+        )
+    )
+    (call,) = endpoint.recorder.episodes["resp-2"].calls
+    assert events[0].type == "response.created" and events[-1].type in ("response.completed", "response.incomplete")
+    assert events[-1].response.output_text == call.text
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    with pytest.raises(openai.BadRequestError, match="keeps no responses"):
+        client.responses.create(model="smol", input="x", previous_response_id="resp_1", user="resp-3")
+
+
+def test_responses_input_items_become_the_chat_messages():
+    """instructions, messages with text parts, function calls (joined to their turn's assistant message) and
+    their outputs, function tools and a named tool choice; other item, part and tool types are refused."""
+    from llmrl_core.agents.request_error import RequestError
+    from llmrl_core.agents.responses_api import chat_body_from_responses
+
+    tool = {"type": "function", "name": "add", "description": "Add.", "parameters": {"type": "object"}}
+    body = {
+        "model": "m",
+        "instructions": "Be brief.",
+        "input": [
+            {"role": "user", "content": "2+3?"},
+            {"type": "reasoning", "id": "rs_1", "summary": []},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Adding."}]},
+            {"type": "function_call", "call_id": "c1", "name": "add", "arguments": '{"a": 2}'},
+            {"type": "function_call", "call_id": "c2", "name": "add", "arguments": '{"b": 3}'},
+            {"type": "function_call_output", "call_id": "c1", "output": "5"},
+        ],
+        "tools": [tool],
+        "tool_choice": {"type": "function", "name": "add"},
+        "max_output_tokens": 9,
+        "temperature": 0.5,
+    }
+    chat = chat_body_from_responses(body)
+    calls = [
+        {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2}'}},
+        {"id": "c2", "type": "function", "function": {"name": "add", "arguments": '{"b": 3}'}},
+    ]
+    assert chat["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "2+3?"},
+        {"role": "assistant", "content": "Adding.", "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "c1", "content": "5"},
+    ]
+    assert chat["tools"] == [
+        {"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters")}}
+    ]
+    assert chat["tool_choice"] == {"type": "function", "function": {"name": "add"}}
+    assert chat["max_tokens"] == 9 and chat["temperature"] == 0.5 and chat["model"] == "m"
+    for bad, message in [
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "text only"),
+        ({"input": [{"type": "web_search_call"}]}, "item type 'web_search_call'"),
+        ({"input": "x", "tools": [{"type": "web_search"}]}, "function tools only"),
+        ({"input": []}, "input must be a non-empty"),
+    ]:
+        with pytest.raises(RequestError, match=message):
+            chat_body_from_responses(bad)
+
+
 def test_refusals_are_openai_errors(endpoint, client):
     import openai
 

@@ -1,5 +1,6 @@
 """``AgentEndpoint``: an OpenAI-compatible HTTP endpoint on a resident engine (``/v1/chat/completions``,
-``/v1/completions``, ``/v1/models``), bound to 127.0.0.1 by default, recording every call against its episode.
+``/v1/completions``, ``/v1/responses`` (:mod:`llmrl_core.agents.responses_api`), ``/v1/models``), bound to
+127.0.0.1 by default, recording every call against its episode.
 
 The episode id of a call is read from the ``X-Episode-Id`` header, else the body's ``episode_id`` (the
 ``openai`` client's ``extra_body``), else its ``user`` field. Sampling follows :class:`SamplingPolicy`: in a
@@ -29,6 +30,8 @@ from fastapi import Request  # module level: the routes' annotations are resolve
 from llmrl_core.agents.batcher import EngineBatcher, GenerationRequest
 from llmrl_core.agents.chat import normalize_message, parse_tool_calls
 from llmrl_core.agents.recorder import CallRecord, CallRecorder, EpisodeLog, PromptPlan
+from llmrl_core.agents.request_error import RequestError
+from llmrl_core.agents.responses_api import chat_body_from_responses, response_from_chat, response_stream_events
 from llmrl_core.agents.streaming import stream_events
 
 
@@ -42,15 +45,6 @@ class SamplingPolicy:
     top_p: float | None = None
     max_tokens: int = 512
     seed: int | None = None
-
-
-class RequestError(ValueError):
-    """A request the endpoint refuses (answered as an OpenAI error with ``status``)."""
-
-    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.param = param
 
 
 def _number(body: Mapping[str, Any], key: str, default: float, low: float, high: float) -> float:
@@ -160,9 +154,15 @@ class AgentEndpoint:
                 stream = body.get("stream")
                 if stream not in (None, True, False):
                     raise RequestError(f"stream must be true or false, got {stream!r}", param="stream")
-                out = await (self._chat(body, episode) if kind == "chat" else self._completion(body, episode))
+                if kind == "responses":  # OpenAI's Responses API: the chat call it translates to
+                    chat = await self._chat(chat_body_from_responses(body), episode)
+                    out = response_from_chat(chat, body)
+                    events = response_stream_events(out)
+                else:
+                    out = await (self._chat(body, episode) if kind == "chat" else self._completion(body, episode))
+                    events = stream_events(out, body)
                 if stream:  # the whole reply, generated and recorded, sent as server-sent events
-                    return StreamingResponse(stream_events(out, body), media_type="text/event-stream")
+                    return StreamingResponse(events, media_type="text/event-stream")
                 return out
             except RequestError as err:
                 return error(err)
@@ -190,6 +190,10 @@ class AgentEndpoint:
         @app.post("/v1/completions")
         async def completions(request: Request) -> Any:
             return await handle(request, "completion")
+
+        @app.post("/v1/responses")
+        async def responses(request: Request) -> Any:
+            return await handle(request, "responses")
 
         return app
 

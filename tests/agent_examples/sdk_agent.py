@@ -28,7 +28,7 @@ def _agent(client) -> Agent:
         name="calculator",
         instructions="Use the calculator tool, then give the result as <answer>NUMBER</answer>.",
         model=OpenAIChatCompletionsModel(model="policy", openai_client=client),
-        model_settings=ModelSettings(max_tokens=24),
+        model_settings=ModelSettings(max_tokens=96),
         tools=[calculator],
     )
 
@@ -47,3 +47,12 @@ async def solve_streamed(row, client):
     async for _ in run.stream_events():
         pass
     return _reward(str(run.final_output or ""), row)
+
+
+async def solve_responses(row, client):
+    """The same agent on the SDK's Responses-API model (``POST /v1/responses``)."""
+    from agents import OpenAIResponsesModel
+
+    agent = _agent(client).clone(model=OpenAIResponsesModel(model="policy", openai_client=client))
+    result = await Runner.run(agent, row["query"], max_turns=3, run_config=RunConfig(tracing_disabled=True))
+    return _reward(str(result.final_output or ""), row)
