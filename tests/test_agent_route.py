@@ -60,31 +60,34 @@ def _rows(n_groups: int, group_size: int) -> list:
     ]
 
 
-@pytest.mark.parametrize("agent", ["flaky", "flaky_async"])
-def test_a_crashing_and_a_hung_agent_fail_only_their_episode(agents_on_path, vllm_engine_fp32, agent):
-    """4 episodes at once: the first crashes, the second hangs past the timeout; the other two are stored rows
-    whose masked tokens are exactly the engine's sampled ids."""
-    import calculator_agent
+def _agent_rollout(engine, agent: str, version: int, max_new_tokens: int, seed: int, timeout_s: float = 120.0):
+    """``agent``'s rollout of 2 groups x 2 (``_rows``), 4 at once, on ``engine`` standing at policy ``version``."""
     from transformers import AutoTokenizer
 
     from llmrl_core.agents import run_agent_rollout
     from llmrl_core.policies.base import SamplingConfig
 
-    calculator_agent._STARTED[0] = 0
-    worker = types.SimpleNamespace(
-        llm=vllm_engine_fp32, policy_version=3, config=types.SimpleNamespace(max_model_len=2048)
-    )
-    tokenizer = AutoTokenizer.from_pretrained(vllm_engine_fp32.llm_engine.model_config.model)
-    rows = _rows(2, 2)
-    result = run_agent_rollout(
+    worker = types.SimpleNamespace(llm=engine, policy_version=version, config=types.SimpleNamespace(max_model_len=2048))
+    return run_agent_rollout(
         worker,
-        f"calculator_agent:{agent}",
-        rows,
-        SamplingConfig(max_new_tokens=24, temperature=1.0, seed=11),
-        tokenizer=tokenizer,
+        agent,
+        _rows(2, 2),
+        SamplingConfig(max_new_tokens=max_new_tokens, temperature=1.0, seed=seed),
+        tokenizer=AutoTokenizer.from_pretrained(engine.llm_engine.model_config.model),
         concurrency=4,
-        timeout_s=40.0,  # the hung episode sleeps 60 s; the others take seconds (more on a loaded machine)
+        timeout_s=timeout_s,
     )
+
+
+@pytest.mark.parametrize("agent", ["flaky", "flaky_async"])
+def test_a_crashing_and_a_hung_agent_fail_only_their_episode(agents_on_path, vllm_engine_fp32, agent):
+    """4 episodes at once: the first crashes, the second hangs past the timeout; the other two are stored rows
+    whose masked tokens are exactly the engine's sampled ids."""
+    import calculator_agent
+
+    calculator_agent._STARTED[0] = 0
+    # the hung episode sleeps 60 s; the others take seconds (more on a loaded machine)
+    result = _agent_rollout(vllm_engine_fp32, f"calculator_agent:{agent}", 3, 24, seed=11, timeout_s=40.0)
     errors = sorted(o.error for o in result.failures)
     assert errors == ["crash", "timeout"], [(o.error, o.detail) for o in result.outcomes]
     crash = next(o for o in result.failures if o.error == "crash")
@@ -112,24 +115,7 @@ def test_an_openai_agents_sdk_agent_trains_as_written(agents_on_path, vllm_engin
     ``function_tool``), run, streamed and on the SDK's Responses-API model: every episode is a stored row of the
     engine's exact sampled tokens."""
     pytest.importorskip("agents", reason="openai-agents is not installed")
-    from transformers import AutoTokenizer
-
-    from llmrl_core.agents import run_agent_rollout
-    from llmrl_core.policies.base import SamplingConfig
-
-    worker = types.SimpleNamespace(
-        llm=vllm_engine_fp32, policy_version=5, config=types.SimpleNamespace(max_model_len=2048)
-    )
-    tokenizer = AutoTokenizer.from_pretrained(vllm_engine_fp32.llm_engine.model_config.model)
-    rows = _rows(2, 2)
-    result = run_agent_rollout(
-        worker,
-        f"sdk_agent:{agent}",
-        rows,
-        SamplingConfig(max_new_tokens=96, temperature=1.0, seed=13),
-        tokenizer=tokenizer,
-        concurrency=4,
-    )
+    result = _agent_rollout(vllm_engine_fp32, f"sdk_agent:{agent}", 5, 96, seed=13)
     failed = [(o.error, o.detail) for o in result.failures]
     if agent == "solve_responses":  # the SDK ends its run with an error on a reply cut at the token cap (OpenAI's
         # "incomplete" status, which the endpoint reports faithfully): that episode fails alone
