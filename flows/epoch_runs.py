@@ -23,6 +23,7 @@ from llmrl_core.model_store import resolve_model
 from llmrl_core.pipeline.offline_config import OfflineConfig
 from llmrl_core.pipeline.sft_config import SFTConfig
 from storage.checkpoints import CheckpointStore
+from storage.hashing import config_hash
 from storage.layout import RunLayout
 from storage.lineage import DataRef, LineageConfig, LineageRecorder
 from storage.run_lock import RunLock
@@ -31,7 +32,6 @@ from tasks.cluster import dask_cluster
 from tasks.commits import check_resume_state, fetch_markers, latest_published
 from tasks.epoch_stages import lineage_config, train_epoch
 from tasks.fork import Fork, resolve_fork, start_from_fork
-from tasks.grpo_stages import legacy_config_hashes
 from tasks.publishing import publish_version
 from tasks.run_identity import identify_run
 from tasks.sft_actor import TrainerSetup, start_trainer
@@ -70,7 +70,7 @@ class EpochRun:
                 run_id=cfg.run_id,
                 config=config,
                 lineage_config=LineageConfig(tracking_uri=cfg.tracking_uri),
-                accepted_hashes=legacy_config_hashes(lineage_config(cfg, keep_where=True)),
+                accepted_hashes={config_hash(lineage_config(cfg, keep_where=True))},  # as recorded before WHERE_ONLY
             )
             fetch_markers(layout.run_dir, layout.markers_uri)  # a remote runs_dir: versions another host committed
             published = latest_published(layout.run_dir)

@@ -25,6 +25,7 @@ from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.pipeline.preflight import preflight
 from storage.checkpoints import CheckpointStore
+from storage.hashing import config_hash
 from storage.layout import RunLayout
 from storage.lineage import LineageConfig, LineageRecorder
 from storage.run_lock import RunLock
@@ -125,7 +126,7 @@ def run_grpo(cfg: GRPOConfig, log: Any) -> dict[str, Any]:
             run_id=cfg.run_id,
             config=stages.lineage_config(cfg),
             lineage_config=LineageConfig(tracking_uri=cfg.tracking_uri),
-            accepted_hashes=stages.legacy_config_hashes(stages.lineage_config(cfg, keep_where=True)),
+            accepted_hashes={config_hash(stages.lineage_config(cfg, keep_where=True))},  # as recorded before WHERE_ONLY
         )
         identify_run(cfg.run_id, start, cfg.iterations, lineage)  # the Prefect run named after it, both UIs linked
         checkpoints = CheckpointStore(layout.checkpoints_uri)

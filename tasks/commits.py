@@ -18,7 +18,7 @@ from prefect import task
 
 from storage.filesystems import read_bytes, resolve_filesystem, write_bytes_atomic
 from storage.lineage import flatten_config
-from tasks.grpo_stages import STAGE, drop_added_later
+from tasks.grpo_stages import STAGE, version_defining
 
 
 def trainer_state_file(layout: Any, version: int) -> tuple[Any, str]:
@@ -102,11 +102,11 @@ def fetch_markers(run_dir: Path, markers_uri: str | None) -> list[int]:
 def changed_settings(run_dir: Path, config: dict) -> list[str]:
     """The settings (``section.key: recorded -> now``) in which ``config`` (a run's lineage settings) differs from
     the run's ``RUN/config.json``; [] when they agree or when this flow host has no record of the run. A record
-    written before a setting left the lineage (:func:`tasks.grpo_stages.drop_added_later`) is read without it."""
+    written before a setting left the lineage (:func:`tasks.grpo_stages.version_defining`) is read without it."""
     path = run_dir / "config.json"
     if not path.is_file():
         return []
-    recorded = flatten_config(drop_added_later(json.loads(path.read_text())))
+    recorded = flatten_config(version_defining(json.loads(path.read_text())))
     now = flatten_config(json.loads(json.dumps(config, default=str)))  # as save_run_config wrote it
     return [
         f"{key}: {recorded.get(key)} -> {now.get(key)}"

@@ -14,7 +14,7 @@ from prefect import task
 from llmrl_core.pipeline.offline_config import OfflineConfig
 from llmrl_core.pipeline.sft_config import SFTConfig
 from tasks.actor_calls import wait_calls
-from tasks.grpo_stages import STAGE, drop_added_later
+from tasks.grpo_stages import STAGE, version_defining
 
 
 @task(name="evaluate-loss", **STAGE)
@@ -35,4 +35,4 @@ def lineage_config(cfg: SFTConfig | OfflineConfig, keep_where: bool = False) -> 
     where its files go excluded, as for GRPO: :data:`tasks.grpo_stages.WHERE_ONLY`)."""
     data = asdict(cfg)
     data.pop("epochs")
-    return drop_added_later(data, keep_where)
+    return version_defining(data, keep_where)

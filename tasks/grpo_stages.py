@@ -25,7 +25,6 @@ from llmrl_core.objectives import mc_advantage
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.weight_sync.fingerprint import check_engines_hold
 from storage.filesystems import join_uri
-from storage.hashing import config_hash
 from storage.trajectories import TrajectoryStore
 from tasks.actor_calls import WorkerLost, wait_calls
 from tasks.records import read_shards
@@ -299,7 +298,8 @@ ADDED_LATER = {
 BEHAVIOUR_ONLY = {"train": ("resume_without_state", "agreement_stop"), "dask": ("restarts", "join_wait_s")}
 # Settings that only say where a run's files, records and console output go ("": the top level): a run moved to
 # another folder or store, joined to another cluster or resumed without progress bars is the same run. Runs
-# recorded before these left the hash still resume: :func:`legacy_config_hashes`.
+# recorded before these left the hash still resume: the flows accept the hash of
+# ``lineage_config(cfg, keep_where=True)``.
 WHERE_ONLY = {"": ("runs_dir", "tracking_uri", "progress"), "dask": ("address", "local_directory")}
 
 
@@ -310,7 +310,7 @@ def _drop(data: dict, keys_by_section: dict[str, tuple[str, ...]]) -> None:
             holder.pop(key, None)
 
 
-def drop_added_later(data: dict, keep_where: bool = False) -> dict:
+def version_defining(data: dict, keep_where: bool = False) -> dict:
     """``data`` (a run's settings as nested dicts) without the :data:`BEHAVIOUR_ONLY` and :data:`WHERE_ONLY`
     settings (the latter kept with ``keep_where``, as runs recorded them before), the :data:`ADDED_LATER` settings
     that are at their defaults, and a section they leave empty."""
@@ -338,10 +338,4 @@ def lineage_config(cfg: GRPOConfig, keep_where: bool = False) -> dict:
     for section, keys in PLACEMENT_ONLY.items():
         for key in keys:
             data[section].pop(key, None)
-    return drop_added_later(data, keep_where)
-
-
-def legacy_config_hashes(config_with_where: dict) -> set[str]:
-    """The config hash a run recorded for these settings before :data:`WHERE_ONLY` left the hash (its resume
-    is the same run): the hash of ``config_with_where`` (``lineage_config(cfg, keep_where=True)``)."""
-    return {config_hash(config_with_where)}
+    return version_defining(data, keep_where)

@@ -11,6 +11,7 @@ The endpoint keeps no responses: ``previous_response_id`` is refused (send the w
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import uuid
@@ -180,7 +181,7 @@ def response_from_chat(chat: Mapping[str, Any], body: Mapping[str, Any]) -> dict
 
 def response_stream_events(response: Mapping[str, Any]) -> Iterator[str]:
     """The finished ``response`` as Responses-API server-sent events."""
-    sequence = iter(range(1 << 30))
+    sequence = itertools.count()
 
     def event(kind: str, **fields: Any) -> str:
         payload = {"type": kind, "sequence_number": next(sequence), **fields}
