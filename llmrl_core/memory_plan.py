@@ -20,6 +20,10 @@ Rules (each line of a plan names its own):
   (``rollout.backend: transformers``) reserves nothing up front: it holds the KV cache of one sampling batch
   (``B`` = 64 sequences of at most ``rollout.max_model_len`` tokens) and the batch's sampled scores
   (``B * rollout.max_new_tokens * V * 4`` bytes: fp32 next-token scores kept for the log-probs).
+* phases: the trainer's activations and logits exist only while it trains. An engine that sleeps while the trainer
+  trains (``rollout.sleep_level``, CUDA) holds its weights and KV cache only while it samples (at level 1 its
+  weights wait in host memory meanwhile). A device's peak is what it always holds plus the larger of the two
+  phases (without sleep mode: everything at once).
 
 Estimates, not measurements: activations depend on kernels and sequence lengths; the plan is meant to catch the
 configurations that cannot fit (the field's most reported failure) before minutes of start-up, with the setting
@@ -116,6 +120,7 @@ class PlanLine:
     item: str
     bytes: int
     rule: str
+    phase: str = ""  # "": held throughout; "train": only while the trainer trains; "rollout": only while sampling
 
 
 @dataclass(frozen=True)
@@ -136,6 +141,7 @@ class PlanInputs:
     engine_backend: str = "vllm"  # rollout.backend: "transformers" engines reserve nothing, they hold one batch
     engine_batch: int = 64  # a Transformers engine's sequences per sampling batch (TransformersWorker.max_batch)
     max_new_tokens: int = 128
+    engine_sleep_level: int = 0  # rollout.sleep_level: a CUDA engine sleeps while the trainer trains
 
 
 def memory_plan(shape: ModelShape, inputs: PlanInputs) -> list[PlanLine]:
@@ -155,14 +161,20 @@ def memory_plan(shape: ModelShape, inputs: PlanInputs) -> list[PlanLine]:
     else:
         activations = t * layers * h * 34
         rule = f"{t} tokens (train.token_budget) x {layers} layers x {h} hidden x 34 bytes"
-    lines.append(PlanLine(where, "activations", activations, rule))
-    lines.append(PlanLine(where, "logits", t * shape.vocab * 8, f"{t} tokens x {shape.vocab} vocab x fp32 x 2"))
+    lines.append(PlanLine(where, "activations", activations, rule, "train"))
+    logits = t * shape.vocab * 8
+    lines.append(PlanLine(where, "logits", logits, f"{t} tokens x {shape.vocab} vocab x fp32 x 2", "train"))
     if inputs.reference_model:
         ref = n * inputs.engine_dtype_bytes
         lines.append(PlanLine(where, "reference model", ref, f"{inputs.engine_dtype_bytes} bytes x {n:,} parameters"))
     weights = n * inputs.engine_dtype_bytes
     for i, device in enumerate(inputs.engine_devices):
-        lines.append(PlanLine(device, f"engine {i} weights", weights, f"{inputs.engine_dtype_bytes} bytes x {n:,}"))
+        sleeps = bool(inputs.engine_sleep_level) and device.startswith("cuda") and inputs.engine_backend == "vllm"
+        phase = "rollout" if sleeps else ""
+        rule = f"{inputs.engine_dtype_bytes} bytes x {n:,}" + (", asleep while training" if sleeps else "")
+        lines.append(PlanLine(device, f"engine {i} weights", weights, rule, phase))
+        if sleeps and inputs.engine_sleep_level == 1:
+            lines.append(PlanLine("cpu", f"engine {i} weights asleep", weights, "rollout.sleep_level 1", "train"))
         total = (inputs.device_memory or {}).get(device)
         if inputs.engine_backend == "transformers":
             b, tokens = inputs.engine_batch, inputs.max_model_len
@@ -181,7 +193,7 @@ def memory_plan(shape: ModelShape, inputs: PlanInputs) -> list[PlanLine]:
             )
         else:
             kv, rule = inputs.cpu_kv_cache_bytes, "rollout.kv_cache_gb (VLLM_CPU_KVCACHE_SPACE)"
-        lines.append(PlanLine(device, f"engine {i} KV cache", max(kv, 0), rule))
+        lines.append(PlanLine(device, f"engine {i} KV cache", max(kv, 0), rule, phase))
     return lines
 
 
@@ -192,11 +204,12 @@ def kv_capacity_tokens(shape: ModelShape, lines: list[PlanLine], dtype_bytes: in
 
 
 def totals(lines: list[PlanLine]) -> dict[str, int]:
-    """Bytes per device."""
-    out: dict[str, int] = {}
+    """Peak bytes per device: what it holds throughout plus the larger of its training and sampling phases."""
+    held: dict[str, dict[str, int]] = {}
     for line in lines:
-        out[line.device] = out.get(line.device, 0) + line.bytes
-    return out
+        phases = held.setdefault(line.device, {"": 0, "train": 0, "rollout": 0})
+        phases[line.phase] += line.bytes
+    return {device: p[""] + max(p["train"], p["rollout"]) for device, p in held.items()}
 
 
 def over_budget(
@@ -208,6 +221,8 @@ def over_budget(
     """One message per device whose plan exceeds its ``capacity`` (bytes), and per engine whose KV cache cannot hold
     one ``max_model_len`` sequence (with ``shape``/``inputs``), naming the settings to change."""
     problems = []
+    slept = inputs is not None and inputs.engine_sleep_level > 0
+    sleep_hint = "" if slept else ", or let the engine sleep while the trainer trains (rollout.sleep_level=1)"
     if shape is not None and inputs is not None:
         for item, tokens in kv_capacity_tokens(shape, lines, inputs.engine_dtype_bytes).items():
             if tokens < inputs.max_model_len:
@@ -226,17 +241,27 @@ def over_budget(
             f"{biggest.item}, {biggest.bytes / GIB:.1f} GiB); lower train.token_budget, set "
             "train.gradient_checkpointing=true or train.lora, lower rollout.gpu_memory_utilization or "
             "data.prompts_per_iteration x data.group_size, or place the engines on other devices"
+            + (sleep_hint if shares_with_trainer(lines, device) and device.startswith("cuda") else "")
         )
     return problems
+
+
+def shares_with_trainer(lines: list[PlanLine], device: str) -> bool:
+    """Whether an engine and the trainer both hold memory on ``device``."""
+    items = [line.item for line in lines if line.device == device]
+    return "trainer weights" in items and any(item.startswith("engine ") for item in items)
 
 
 def render(lines: list[PlanLine], capacity: Mapping[str, int] | None = None) -> str:
     """The plan as a text table with per-device totals."""
     rows = [f"{'device':<10} {'item':<36} {'GiB':>9}  rule"]
+    when = {"train": " (while training)", "rollout": " (while sampling)", "": ""}
     for line in lines:
-        rows.append(f"{line.device:<10} {line.item:<36} {line.bytes / GIB:>9.3f}  {line.rule}")
+        rows.append(f"{line.device:<10} {line.item:<36} {line.bytes / GIB:>9.3f}  {line.rule}{when[line.phase]}")
+    phased = {line.device for line in lines if line.phase == "rollout"}
     for device, used in totals(lines).items():
         have = (capacity or {}).get(device)
         suffix = f" of {have / GIB:.1f} GiB" if have else ""
-        rows.append(f"{device:<10} {'total':<36} {used / GIB:>9.3f}{suffix}")
+        label = "peak (the larger phase)" if device in phased else "total"
+        rows.append(f"{device:<10} {label:<36} {used / GIB:>9.3f}{suffix}")
     return "\n".join(rows)

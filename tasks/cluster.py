@@ -237,7 +237,13 @@ def gpu_assignment(cfg: RunConfig, gpus: int | Sequence[str], rollout_workers: i
     ids = [str(i) for i in range(gpus)] if isinstance(gpus, int) else [str(g) for g in gpus]
     n_rollout = rollout_count(cfg, rollout_workers)
     tp, utilization, _ = _rollout_placement(cfg)
+    sleep_level = cfg.rollout.sleep_level if isinstance(cfg, GRPOConfig) else 0
     if not ids:
+        if sleep_level and n_rollout:
+            raise ValueError(
+                f"rollout.sleep_level={sleep_level} lets a CUDA engine give its GPU memory to the trainer, and this "
+                "host has no GPU (CPU engines have no sleep mode): set rollout.sleep_level=0"
+            )
         if tp > 1 and n_rollout:
             raise ValueError(
                 f"rollout.tensor_parallel_size={tp} needs {tp} CUDA GPUs per engine and this host has none: CPU "
@@ -287,9 +293,11 @@ def gpu_assignment(cfg: RunConfig, gpus: int | Sequence[str], rollout_workers: i
             continue
         total = fraction * len(engines_here)
         setting = "rollout.gpu_memory_utilization" + ("" if utilization is not None else " (unset: engine default)")
+        sleeping = sleep_level and "trainer" in users
         out.notes.append(
             f"GPU {gpu} is shared by {', '.join(users)} ({len(ids)} GPUs for {need} needed): "
             f"{len(engines_here)} engine(s) x {setting} {fraction:g} = {total:g} of its memory"
+            + (f"; the engines sleep while the trainer trains (rollout.sleep_level={sleep_level})" if sleeping else "")
         )
         if total > 1 + 1e-9:
             raise ValueError(
@@ -297,6 +305,13 @@ def gpu_assignment(cfg: RunConfig, gpus: int | Sequence[str], rollout_workers: i
                 f"its memory; set rollout.gpu_memory_utilization <= {int(100 / len(engines_here)) / 100:g} "
                 f"(less to leave room for the trainer), or use fewer rollout.workers"
             )
+    trainer_gpus = set(filter(None, out.visible.get("trainer", "").split(",")))
+    beside = [n for n, block in out.visible.items() if n != "trainer" and trainer_gpus & set(block.split(","))]
+    if sleep_level and n_rollout and not beside:
+        out.notes.append(
+            f"rollout.sleep_level={sleep_level}: no engine shares a GPU with the trainer, so sleeping only adds a "
+            "wake to every version (set rollout.sleep_level=0)"
+        )
     return out
 
 

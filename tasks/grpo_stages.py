@@ -284,7 +284,9 @@ def verify_engines_hold(staged: StagedVersion) -> dict:
 
 # Settings that only say where and how fast the run computes: not part of what a version is, so a run resumes on
 # another machine or cluster with other threads or GPU shares.
-PLACEMENT_ONLY = {"rollout": ("threads", "gpu_memory_utilization", "tensor_parallel_size", "weight_sync")}
+PLACEMENT_ONLY = {
+    "rollout": ("threads", "gpu_memory_utilization", "tensor_parallel_size", "weight_sync", "sleep_level")
+}
 # Settings added after runs existed, left out while at their default: an older run's config hash stays the same,
 # so it still resumes.
 ADDED_LATER = {

@@ -36,6 +36,9 @@ def merge_shard_metrics(shards: list[dict]) -> dict[str, float]:
         merged[key] = sum(s.get(key, 0.0) for s in shards)  # env.agent: episodes, failures (by kind), ...
     if any("agent_calls_mean" in s for s in shards):  # ... except the per-row mean, weighted by the stored rows
         merged["agent_calls_mean"] = sum(s.get("agent_calls_mean", 0.0) * s["rows"] for s in shards) / max(rows, 1)
+    for key in ("engine_sleep_s", "engine_wake_s"):  # rollout.sleep_level: the engines' sleep and wake (GPU)
+        if any(key in s for s in shards):
+            merged[key] = max(s.get(key, 0.0) for s in shards)
     if all("response_tokens_min" in s for s in shards):
         merged["response_tokens_min"] = min(s["response_tokens_min"] for s in shards)
         merged["response_tokens_max"] = max(s["response_tokens_max"] for s in shards)

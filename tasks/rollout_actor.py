@@ -70,6 +70,7 @@ class RolloutWorker(RolloutActor):
             max_model_len=r.max_model_len,
             logprobs_mode=r.logprobs_mode,
             backend=r.backend,
+            sleep_level=r.sleep_level,
             **placement,
         )
         engine.check_parallelism()  # tensor parallelism on a CPU-only worker fails here, naming the setting
@@ -143,6 +144,17 @@ class RolloutWorker(RolloutActor):
             raise RuntimeError(f"engine holds version {self.version()}, asked to roll out version {version}")
         idle = self.idle_s()
         start = time.perf_counter()
+        try:
+            out = self._rollout(rows, version, staging_uri, shard, batch, start, idle)
+        finally:  # rollout.sleep_level: the trainer trains next, with the engine's GPU memory
+            slept = self.worker.sleep() if self.cfg.rollout.sleep_level else 0.0
+        if self.cfg.rollout.sleep_level:
+            out |= {"engine_sleep_s": slept, "engine_wake_s": self.worker.last_wake_s}
+        return out
+
+    def _rollout(
+        self, rows: list[Any], version: int, staging_uri: str, shard: int, batch: int | None, start: float, idle: float
+    ) -> dict[str, Any]:
         sampling = sampling_config(self.cfg, version if batch is None else batch, shard)
         episode_metrics: dict[str, float] = {}
         if self.cfg.env.agent:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llmrl_core.memory_plan import GIB, ModelShape, PlanInputs, memory_plan, over_budget, totals
+from llmrl_core.memory_plan import GIB, ModelShape, PlanInputs, memory_plan, over_budget, render, totals
 
 # The public config.json sizes of Qwen2.5-0.5B (tied embeddings) and Qwen2.5-7B (untied); Qwen2 has q/k/v biases.
 QWEN_05B = {
@@ -82,6 +82,28 @@ def test_one_gpu_shared_by_trainer_and_engine_and_a_kv_cache_too_small():
     assert "engine 0 KV cache holds 1365 tokens" in kv and "rollout.max_model_len" in kv  # 12,288 bytes/token
     with pytest.raises(ValueError, match=r"config.json: hidden_size must be a positive integer"):
         ModelShape.from_config({**QWEN_05B, "hidden_size": None})
+
+
+def test_an_engine_that_sleeps_while_the_trainer_trains_shares_one_gpu_by_hand():
+    shape = ModelShape.from_config(QWEN_05B)
+    base = dict(trainer_device="cuda:0", engine_devices=("cuda:0",), gpu_memory_utilization=0.5,
+                device_memory={"cuda:0": 24 * GIB}, token_budget=4096, max_model_len=4096)  # fmt: skip
+    awake, asleep = PlanInputs(**base), PlanInputs(**base, engine_sleep_level=1)
+    resident = 16 * 494_032_768  # fp32 weights, gradients and AdamW moments: 7,904,524,288 bytes
+    training = 4096 * 24 * 896 * 34 + 4096 * 151_936 * 8  # activations 2,994,733,056 + logits 4,978,638,848
+    sampling = 12 * GIB  # vLLM's reservation: 0.5 x 24 GiB, weights and KV cache
+    assert totals(memory_plan(shape, awake))["cuda:0"] == resident + training + sampling  # 26.8 GiB: all at once
+    (problem,) = over_budget(memory_plan(shape, awake), {"cuda:0": 24 * GIB}, shape, awake)
+    assert problem.startswith("cuda:0: the plan needs 26.8 GiB") and "rollout.sleep_level=1" in problem
+    lines = memory_plan(shape, asleep)
+    assert totals(lines)["cuda:0"] == resident + max(training, sampling)  # 19.4 GiB: the larger phase
+    assert over_budget(lines, {"cuda:0": 24 * GIB, "cpu": 64 * GIB}, shape, asleep) == []
+    parked = [line for line in lines if line.device == "cpu"]  # level 1: the weights wait in host memory
+    assert [(p.item, p.bytes, p.phase) for p in parked] == [("engine 0 weights asleep", 2 * 494_032_768, "train")]
+    assert "peak (the larger phase)" in render(lines) and "(while sampling)" in render(lines)
+    assert not [line for line in memory_plan(shape, PlanInputs(**base, engine_sleep_level=2)) if line.device == "cpu"]
+    cpu_engine = PlanInputs(engine_devices=("cpu",), engine_sleep_level=1)  # CPU engines never sleep
+    assert all(line.phase != "rollout" for line in memory_plan(shape, cpu_engine))
 
 
 def test_a_transformers_engine_holds_one_batch_by_hand():

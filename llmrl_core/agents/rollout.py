@@ -75,6 +75,9 @@ def run_agent_rollout(
         job = EpisodeJob(episode_id(row, index), dict(row.data))
         recorder.open(job.episode_id)
         jobs.append(job)
+    wake = getattr(worker, "wake", None)
+    if wake is not None:  # the endpoint drives the engine itself: take its memory back if it sleeps
+        wake()
     endpoint = AgentEndpoint(
         worker.llm,
         tokenizer,

@@ -78,9 +78,34 @@ class RolloutConfig:
     # The engine: "vllm" (the default and the fast path) or "transformers" (model.generate behind the same actor
     # interface, for machines where vLLM is not installed; weights reach it by checkpoint, no tensor parallelism)
     backend: Literal["vllm", "transformers"] = "vllm"
+    # One GPU for the engine and the trainer (CUDA vLLM engines, synchronous runs): the engine sleeps while the
+    # trainer trains (vLLM's sleep mode) and wakes for the next version's weights, so the trainer's activations
+    # get the engine's memory. 1: weights to host memory, KV cache dropped; 2: both dropped (the next version's
+    # load refills them, the cheaper choice here: every version is loaded anyway); 0: off.
+    sleep_level: int = 0
 
     def __post_init__(self) -> None:
         _check(self.workers >= 1, "rollout.workers", "must be >= 1", self.workers)
+        _check(
+            self.sleep_level in (0, 1, 2),
+            "rollout.sleep_level",
+            "must be 0 (off), 1 or 2 (vLLM's sleep levels)",
+            self.sleep_level,
+        )
+        if self.sleep_level:
+            _check(
+                self.backend == "vllm",
+                "rollout.sleep_level",
+                "needs rollout.backend=vllm (vLLM's sleep mode); set it to 0",
+                self.sleep_level,
+            )
+            _check(
+                self.max_staleness == 0,
+                "rollout.sleep_level",
+                f"needs a synchronous run (rollout.max_staleness=0, not {self.max_staleness}): with rollouts "
+                "overlapping training the engine is never idle while the trainer trains",
+                self.sleep_level,
+            )
         _check(
             isinstance(self.agent_concurrency, int) and self.agent_concurrency >= 1,
             "rollout.agent_concurrency",

@@ -28,6 +28,7 @@ def cuda_available() -> bool:
 
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
 ENGINE_BACKENDS = ("vllm", "transformers")
+SLEEP_LEVELS = (0, 1, 2)
 
 
 @dataclass
@@ -45,6 +46,11 @@ class EngineConfig:
     ``backend`` picks the engine (:func:`~llmrl_core.policies.vllm_worker.start_engine`): ``vllm`` (the default,
     the fast path) or ``transformers`` (:class:`~llmrl_core.policies.transformers_worker.TransformersWorker`, for
     machines without vLLM; it reads ``model``, ``dtype``, ``device``, ``max_model_len`` and ``logprobs_mode``).
+
+    ``sleep_level`` (CUDA vLLM engines only) starts the engine with vLLM's sleep mode, so that
+    :meth:`~llmrl_core.policies.vllm_worker.vLLMWorker.sleep` can give its GPU memory back while a trainer on the
+    same GPU trains: ``1`` moves the weights to host memory and drops the KV cache, ``2`` drops both (the next
+    weight load refills them); ``0`` (the default) leaves sleep mode off.
 
     ``logprobs_mode`` is vLLM's: ``processed_logprobs`` (the default here) returns the log-probs of the
     distribution the token was drawn from (temperature, top-k/top-p applied), which is what an importance
@@ -66,6 +72,7 @@ class EngineConfig:
     logprobs_mode: str = "processed_logprobs"
     extra: dict[str, Any] = field(default_factory=dict)
     backend: str = "vllm"
+    sleep_level: int = 0
 
     def __post_init__(self) -> None:
         if self.backend not in ENGINE_BACKENDS:
@@ -74,13 +81,23 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"EngineConfig.tensor_parallel_size must be >= 1, got {self.tensor_parallel_size!r}")
+        if self.sleep_level not in SLEEP_LEVELS:
+            raise ValueError(f"EngineConfig.sleep_level must be one of {SLEEP_LEVELS}, got {self.sleep_level!r}")
+        if self.sleep_level and self.backend != "vllm":
+            raise ValueError("EngineConfig.sleep_level needs the vllm backend (vLLM's sleep mode)")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(
                 f"EngineConfig.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
             )
 
     def check_parallelism(self) -> None:
-        """Refuse tensor parallelism where this engine cannot run it (on CPU), before vLLM starts."""
+        """Refuse what this engine cannot run on its device, before vLLM starts: tensor parallelism and sleep mode
+        need CUDA."""
+        if self.sleep_level and self.resolved_device() == "cpu":
+            raise ValueError(
+                f"sleep_level={self.sleep_level} needs a CUDA engine (vLLM's sleep mode frees GPU memory; its CPU "
+                "backend has none): set rollout.sleep_level=0 on CPU"
+            )
         if self.tensor_parallel_size > 1 and self.resolved_device() == "cpu":
             raise ValueError(
                 f"tensor_parallel_size={self.tensor_parallel_size} needs CUDA GPUs (one per shard), and this engine "
@@ -170,6 +187,8 @@ def make_llm(config: EngineConfig | None = None) -> Any:
     )
     if config.resolved_device() == "cuda":
         kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
+        if config.sleep_level:
+            kwargs["enable_sleep_mode"] = True  # memory from vLLM's CuMem pool, so sleep() can release it
         if config.tensor_parallel_size > 1:
             # vLLM starts one worker process per GPU (its multiprocessing executor), also with the engine core
             # in-process; inside a Dask worker that needs non-daemonic worker processes (tasks/cluster.py).

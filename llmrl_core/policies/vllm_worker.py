@@ -31,6 +31,9 @@ class vLLMWorker:  # noqa: N801 - TorchRL's naming
         self.llm = make_llm(self.config)
         self.policy_version: int | str = 0
         self.last_reload_s = 0.0  # the engine's own reload of the last weights loaded (vLLM reload_weights)
+        self.last_wake_s = 0.0  # the last wake from sleep mode (config.sleep_level)
+        self._asleep = False
+        self._weights_dropped = False  # slept at level 2: the weights must be loaded again before any use
         self._updater = vLLMUpdater(mode="in_process").register_engine(self.llm)
 
     def get_tokenizer(self) -> Any:
@@ -41,6 +44,7 @@ class vLLMWorker:  # noqa: N801 - TorchRL's naming
         """A :class:`~llmrl_core.policies.vllm_wrapper.vLLMWrapper` on this engine (the episode loop's policy)."""
         from llmrl_core.policies.vllm_wrapper import vLLMWrapper
 
+        self.wake()
         return vLLMWrapper(self.llm, input_mode=input_mode, sampling=sampling, progress=progress)  # type: ignore[arg-type]
 
     def generate(
@@ -48,6 +52,7 @@ class vLLMWorker:  # noqa: N801 - TorchRL's naming
     ) -> list[list[Completion]]:
         """Sample ``n`` completions per prompt (token-id prompts), with sampler log-probs."""
         cfg = sampling or SamplingConfig()
+        self.wake()
         return generate(
             self.llm,
             prompt_token_ids,
@@ -61,6 +66,7 @@ class vLLMWorker:  # noqa: N801 - TorchRL's naming
 
     def score(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """Teacher-forced log-probs of ``responses`` under the current weights."""
+        self.wake()
         return score_with_vllm(self.llm, [list(p) for p in prompts], [list(r) for r in responses])
 
     def load_weights(
@@ -68,11 +74,50 @@ class vLLMWorker:  # noqa: N801 - TorchRL's naming
     ) -> int | str:
         """Load new weights (state dict, safetensors bytes or file path) and record ``version``."""
         state = state_dict_from(weights)
+        self.wake(loading=True)
         start = time.perf_counter()
         self._updater.push_weights(state)
         self.last_reload_s = time.perf_counter() - start
+        self._weights_dropped = False
         self.policy_version = version
         return version
+
+    # --- sleep mode (CUDA; the engine started with ``config.sleep_level``) ------------------------------------
+    def sleep(self) -> float:
+        """Give the engine's GPU memory back until its next use (vLLM's sleep mode at ``config.sleep_level``: 1
+        moves the weights to host memory and drops the KV cache, 2 drops both), so a trainer sharing the GPU can
+        use it; returns the seconds it took. A no-op with sleep mode off or when already asleep. The next
+        sampling, scoring or weight load wakes the engine; after level 2 only a weight load may (the weights are
+        gone until then)."""
+        if not self.config.sleep_level or self._asleep:
+            return 0.0
+        start = time.perf_counter()
+        self.llm.sleep(level=self.config.sleep_level)
+        self._asleep = True
+        self._weights_dropped = self.config.sleep_level == 2
+        return time.perf_counter() - start
+
+    @property
+    def asleep(self) -> bool:
+        """Whether the engine sleeps (its GPU memory given back)."""
+        return self._asleep
+
+    def wake(self, loading: bool = False) -> None:
+        """Take the engine's GPU memory back if it sleeps (every use of the engine here calls it; code that drives
+        ``self.llm`` itself calls it first). ``loading``: the caller loads a version next, the only use allowed
+        after a level-2 sleep."""
+        if self._weights_dropped and not loading:
+            raise RuntimeError(
+                f"engine at version {self.policy_version} slept at sleep_level=2, which drops its weights: load a "
+                "version (load_weights / receive_weights) before sampling or scoring with it"
+            )
+        if not self._asleep:
+            return
+        start = time.perf_counter()
+        self.llm.wake_up()
+        self.llm.reset_prefix_cache()  # its cache entries were dropped while it slept
+        self._asleep = False
+        self.last_wake_s = time.perf_counter() - start
 
     def weights_fingerprint(self) -> dict[str, str]:
         """``{"fingerprint", "dtype"}`` of the weights the engine holds (:mod:`llmrl_core.weight_sync.fingerprint`):
@@ -96,8 +141,10 @@ class vLLMWorker:  # noqa: N801 - TorchRL's naming
 
     def receive_weights(self, metadata: Sequence[tuple[str, str, tuple[int, ...]]], version: int | str) -> int | str:
         """Receive one broadcast per ``(name, dtype, shape)`` from the trainer, load them, record ``version``."""
+        self.wake(loading=True)
         self.llm.collective_rpc("llmrl_receive_weights", args=([tuple(m) for m in metadata],))
         self.llm.reset_prefix_cache()  # its KV entries were computed with the old weights
+        self._weights_dropped = False
         self.policy_version = version
         return version
 
