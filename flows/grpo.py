@@ -177,7 +177,7 @@ def run_grpo(cfg: GRPOConfig, log: Any) -> dict[str, Any]:
         )
         log.info(
             "new versions reach the engines by %s; why: %s",
-            f"NCCL broadcast ({weight_sync.world_size} ranks)"
+            weight_sync.description
             if weight_sync
             else "shared memory (a file in /dev/shm, rewritten in place)"
             if shared

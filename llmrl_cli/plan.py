@@ -19,7 +19,7 @@ def plan(
     from llmrl_core.pipeline.grpo_config import GRPOConfig
     from tasks.memory_check import plan_run
 
-    cfg = load_checked(GRPOConfig, config or MAIN_JOB, overrides, False)
+    cfg = load_checked(GRPOConfig, config or MAIN_JOB, overrides, False, placement=False)  # the plan says what fits
     try:
         result = plan_run(cfg)
     except ValueError as err:

@@ -61,10 +61,16 @@ def set_verbose(verbose: bool) -> None:
 
 
 def load_checked(
-    config_cls: type, config: Path | None, overrides: list[str] | None, show_config: bool, training: bool = True
+    config_cls: type,
+    config: Path | None,
+    overrides: list[str] | None,
+    show_config: bool,
+    training: bool = True,
+    placement: bool = True,
 ) -> Any:
     """The run config, loaded and pre-flight checked (a bad setting exits 2 with its message before any flow,
-    server, cluster or engine starts); None when ``--show-config`` printed it."""
+    server, cluster or engine starts); None when ``--show-config`` printed it. ``placement``: also check the local
+    cluster the run would start (:func:`check_placement`)."""
     from llmrl_core.pipeline.config_io import ConfigError, load_config, to_dict
     from llmrl_core.pipeline.preflight import PreflightError, preflight
 
@@ -77,6 +83,8 @@ def load_checked(
 
                 check_fork(cfg)  # init.from: the source run, version and checkpoint exist
                 check_resume_config(cfg)
+            if placement:
+                check_placement(cfg)
     except (ConfigError, PreflightError, ValueError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from err
@@ -86,6 +94,18 @@ def load_checked(
         typer.echo(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         return None
     return cfg
+
+
+def check_placement(cfg: Any) -> None:
+    """GPUs, threads, the weight route and the memory plan of the local cluster a GRPO run starts (a setting that
+    cannot work there is refused here, in one line, rather than as the flow's traceback once its API started);
+    a joined cluster's workers are checked when the run meets them."""
+    from llmrl_core.pipeline.grpo_config import GRPOConfig
+
+    if isinstance(cfg, GRPOConfig) and not cfg.dask.address:
+        from tasks.cluster import check_local_placement
+
+        check_local_placement(cfg, warn=False)
 
 
 def check_resume_config(cfg: Any) -> None:

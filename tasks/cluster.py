@@ -427,6 +427,23 @@ def _logger() -> Any:
         return logging.getLogger("llmrl.cluster")
 
 
+def check_local_placement(
+    cfg: RunConfig, rollout_workers: int | None = None, warn: bool = True
+) -> tuple[dict[str, dict[str, str]], GpuAssignment]:
+    """The local cluster's plan for ``cfg`` (each worker's environment and GPUs), refused with a ``ValueError`` naming
+    the setting where it cannot work: GPUs and threads (:func:`gpu_assignment`), and for a GRPO run the weight
+    route and the memory plan. ``llmrl run`` calls it before anything starts (a one-line error); the flow again
+    before its workers start. ``warn``: log the memory plan's warnings (the flow does; the CLI's early check not)."""
+    from tasks.memory_check import check_run_memory
+    from tasks.weight_sync import check_local_route
+
+    envs, gpus = worker_environments(cfg, visible_gpus(), available_cores(), rollout_count(cfg, rollout_workers))
+    if isinstance(cfg, GRPOConfig):  # a weight route or a memory plan that cannot work: refused before any worker
+        check_local_route(cfg.rollout.weight_sync, gpus.visible, [n for n in envs if n != "trainer"])
+        check_run_memory(cfg, warn=warn)
+    return envs, gpus
+
+
 @contextmanager
 def dask_cluster(cfg: RunConfig, scratch: Path, rollout_workers: int | None = None) -> Iterator[Placement]:
     """Open the cluster for one flow run and close what this function started when it ends.
@@ -436,8 +453,6 @@ def dask_cluster(cfg: RunConfig, scratch: Path, rollout_workers: int | None = No
     from dask.distributed import Client, Scheduler, SpecCluster
 
     from tasks.console import library_logs, logs_dir, verbose, worker_log_options
-    from tasks.memory_check import check_run_memory
-    from tasks.weight_sync import check_local_route
     from tasks.worker_exit import BoundedExit
 
     n_rollout = rollout_count(cfg, rollout_workers)
@@ -460,10 +475,7 @@ def dask_cluster(cfg: RunConfig, scratch: Path, rollout_workers: int | None = No
         local_directory=cfg.dask.local_directory or str(scratch),
     )
     resources = local_worker_resources(cfg, n_rollout)
-    envs, gpus = worker_environments(cfg, visible_gpus(), available_cores(), n_rollout)
-    if isinstance(cfg, GRPOConfig):  # a weight route or a memory plan that cannot work: refused before any worker
-        check_local_route(cfg.rollout.weight_sync, gpus.visible, [n for n in envs if n != "trainer"])
-        check_run_memory(cfg)
+    envs, gpus = check_local_placement(cfg, n_rollout)
     log = _logger()
     for note in gpus.notes:
         log.info(note)

@@ -72,17 +72,19 @@ def plan_run(cfg: GRPOConfig, gpus: list[str] | None = None, capacity: dict[str,
     return RunPlan(shape, inputs, lines, capacity, over_budget(lines, capacity, shape, inputs))
 
 
-def check_run_memory(cfg: GRPOConfig) -> RunPlan | None:
-    """Refuse (``ValueError``) a plan that does not fit a GPU; warn about one over the host's memory. A model whose
-    config.json the plan cannot read (another architecture family) is run without a plan, with a warning."""
+def check_run_memory(cfg: GRPOConfig, warn: bool = True) -> RunPlan | None:
+    """Refuse (``ValueError``) a plan that does not fit a GPU; warn (``warn``) about one over the host's memory. A
+    model whose config.json the plan cannot read (another architecture family) is run without a plan, with a
+    warning."""
     try:
         plan = plan_run(cfg)
     except ValueError as err:
-        logging.getLogger("llmrl.memory").warning("no memory plan for this model (%s); the run goes on", err)
+        if warn:
+            logging.getLogger("llmrl.memory").warning("no memory plan for this model (%s); the run goes on", err)
         return None
     gpu_problems = [p for p in plan.problems if p.startswith("cuda") or "engine" in p.split(":")[0]]
     if gpu_problems and any(d.startswith("cuda") for d in plan.capacity):
         raise ValueError("memory plan (llmrl plan): " + "; ".join(gpu_problems))
-    for problem in plan.problems:
+    for problem in plan.problems if warn else ():
         logging.getLogger("llmrl.memory").warning("memory plan (llmrl plan): %s", problem)
     return plan

@@ -131,6 +131,16 @@ class RolloutWorker(RolloutActor):
             return self.load_weights(store.read_weights(stored), version)
         return self.load_weights(checkpoint_path.removeprefix("file://"), version)
 
+    def load_shared_cuda(self, handles: dict[str, tuple[Any, tuple]], version: int) -> int:
+        """Load ``version`` from the trainer's CUDA IPC handles (:meth:`TrainerWorker.share_weights_cuda`;
+        ``rollout.weight_sync=cuda_ipc``): each tensor is opened in place on this worker's GPU (the trainer's, seen
+        here as this process's only device), loaded into the engine and let go."""
+        state = open_cuda_handles(handles)
+        try:
+            return self.load_weights(state, version)  # type: ignore[arg-type]
+        finally:
+            state.clear()
+
     def rollout(
         self, rows: list[Any], version: int, staging_uri: str, shard: int, batch: int | None = None
     ) -> dict[str, Any]:
@@ -246,6 +256,23 @@ class RolloutWorker(RolloutActor):
     def score(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
         """Engine log-probs of fixed tokens (lets tests compare engine and checkpoint weights)."""
         return [t.tolist() for t in self.worker.score(prompts, responses)]
+
+
+# The position of the device index among the arguments of torch.multiprocessing.reductions.rebuild_cuda_tensor.
+CUDA_DEVICE_ARGUMENT = 6
+
+
+def open_cuda_handles(handles: dict[str, tuple[Any, tuple]], device: int = 0) -> dict[str, Any]:
+    """The tensors behind CUDA IPC ``handles`` (``name -> (rebuild, arguments)``, as ``reduce_tensor`` gives them),
+    opened on this process's CUDA ``device``: the sender numbers the GPU as it sees it, and an engine on the
+    trainer's GPU sees that GPU as its only one (``CUDA_VISIBLE_DEVICES``), device 0."""
+    opened = {}
+    for name, (rebuild, arguments) in handles.items():
+        arguments = list(arguments)
+        if getattr(rebuild, "__name__", "") == "rebuild_cuda_tensor":
+            arguments[CUDA_DEVICE_ARGUMENT] = device
+        opened[name] = rebuild(*arguments)
+    return opened
 
 
 def drop_failed_rewards(trajectories: list[Any], episodes: int) -> tuple[list[Any], dict[str, Any]]:

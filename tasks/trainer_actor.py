@@ -272,6 +272,27 @@ class TrainerWorker:
         spell_out_tied_names(state, bool(getattr(self.model.config, "tie_word_embeddings", False)))
         return state
 
+    def share_weights_cuda(self) -> dict[str, tuple[Any, tuple]]:
+        """CUDA IPC handles of a copy of the current inference weights (``torch.multiprocessing``'s reduction of each
+        tensor: a rebuild function and its arguments, picklable), for engines on this worker's GPU
+        (``rollout.weight_sync=cuda_ipc``, :class:`tasks.weight_sync.CudaIpcWeightSync`). The copy is held until
+        :meth:`release_shared_cuda`: the engines read it in place."""
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        state = self._weights_to_send()
+        on_host = sorted(name for name, t in state.items() if not t.is_cuda)
+        if on_host:
+            raise RuntimeError(
+                f"rollout.weight_sync=cuda_ipc needs the trainer's weights on CUDA; {on_host[0]} is on "
+                f"{state[on_host[0]].device}"
+            )
+        self._ipc_copy = state
+        return {name: reduce_tensor(t) for name, t in state.items()}
+
+    def release_shared_cuda(self) -> None:
+        """Let go of the copy :meth:`share_weights_cuda` shared (the engines have loaded it)."""
+        self._ipc_copy = None
+
     def weights_metadata(self) -> list[tuple[str, str, tuple[int, ...]]]:
         """``(name, dtype, shape)`` of every tensor :meth:`broadcast_weights` sends, in its order."""
         from llmrl_core.weight_sync.process_group import tensor_metadata

@@ -10,6 +10,11 @@
 * ``gloo``: the same broadcast over a gloo group (:class:`~llmrl_core.weight_sync.process_group.GlooCommunicator`),
   for a CPU trainer and CPU vLLM engines (on other Dask workers or machines): the engines take the tensors from the
   trainer's memory instead of a file. Opt-in (``auto`` keeps the shared-memory file / checkpoint on CPU).
+* ``cuda_ipc``: for engines on the trainer's own GPU (the one-GPU machine, where NCCL cannot run): the trainer shares
+  a copy of its weights as CUDA IPC handles (``torch.multiprocessing``'s reduction of each tensor) and every engine
+  opens them in place on the same GPU and loads them, so no byte leaves the GPU (:class:`CudaIpcWeightSync`). The
+  checkpoint is still written, as with ``nccl``. Opt-in until it has run on a GPU: ``auto`` keeps the
+  shared-memory file there.
 * ``auto``: by topology (:func:`choose_weight_route`, logged with its reason): ``nccl`` when the trainer and
   every engine run on CUDA on distinct GPUs (one host or several); ``checkpoint`` (the shared-memory file beside
   the trainer, or the checkpoint) on CPU, for mixed CPU/GPU engines, and when an engine shares a GPU with the
@@ -37,11 +42,17 @@ class BroadcastWeightSync:
     """An open weight group (NCCL on CUDA, gloo on CPU) between the trainer actor and the engine actors; :meth:`push`
     sends a version."""
 
-    def __init__(self, trainer: Any, engines: Sequence[Any], trainer_address: str) -> None:
+    def __init__(self, trainer: Any, engines: Sequence[Any], trainer_address: str, kind: str = "nccl") -> None:
         self.trainer = trainer
         self.engines = list(engines)
         self.host = urlsplit(trainer_address).hostname or trainer_address
+        self.kind = kind
         self.world_size = 0
+
+    @property
+    def description(self) -> str:
+        """How the weights travel, for the run's log."""
+        return f"{'NCCL' if self.kind == 'nccl' else 'gloo'} broadcast ({self.world_size} ranks)"
 
     def open(self) -> BroadcastWeightSync:
         """Form the group (trainer rank 0, then each engine's ranks); returns self. Every wait names a worker that
@@ -72,6 +83,36 @@ class BroadcastWeightSync:
         return loaded
 
 
+class CudaIpcWeightSync:
+    """Engines on the trainer's GPU take each version from the trainer's memory through CUDA IPC handles
+    (``rollout.weight_sync=cuda_ipc``): :meth:`push` asks the trainer for handles to a copy of its weights
+    (:meth:`tasks.trainer_actor.TrainerWorker.share_weights_cuda`), every engine opens them on the same GPU and loads
+    them (:meth:`tasks.rollout_actor.RolloutWorker.load_shared_cuda`), then the trainer lets its copy go."""
+
+    def __init__(self, trainer: Any, engines: Sequence[Any]) -> None:
+        self.trainer = trainer
+        self.engines = list(engines)
+
+    @property
+    def description(self) -> str:
+        """How the weights travel, for the run's log."""
+        return f"CUDA IPC ({len(self.engines)} engine(s) on the trainer's GPU)"
+
+    def push(self, version: int) -> list[int]:
+        """Hand the trainer's current weights to every engine as ``version``; returns the engines' versions (all
+        ``version``, else a ``RuntimeError``)."""
+        stage = "weight publishing"
+        (handles,) = wait_calls([(self.trainer, self.trainer.share_weights_cuda())], stage, version)
+        try:
+            loaded = [int(v) for v in wait_calls([(e, e.load_shared_cuda(handles, version)) for e in self.engines],
+                                                 stage, version)]  # fmt: skip
+        finally:
+            wait_calls([(self.trainer, self.trainer.release_shared_cuda())], stage, version)
+        if any(v != version for v in loaded):
+            raise RuntimeError(f"engines report versions {loaded} after the CUDA IPC hand-over of version {version}")
+        return loaded
+
+
 @dataclass(frozen=True)
 class Endpoint:
     """Where one side of the weight route runs: its host, device kind and the GPUs it holds (ids as the host names
@@ -85,7 +126,7 @@ class Endpoint:
 
 @dataclass(frozen=True)
 class WeightRoute:
-    """The chosen route (``nccl`` or ``checkpoint``) and why."""
+    """The chosen route (``nccl``, ``gloo``, ``cuda_ipc`` or ``checkpoint``) and why."""
 
     name: str
     reason: str
@@ -94,19 +135,24 @@ class WeightRoute:
 def choose_weight_route(mode: str, trainer: Endpoint, engines: Sequence[Endpoint]) -> WeightRoute:
     """The route ``rollout.weight_sync`` = ``mode`` takes between ``trainer`` and ``engines`` (see the module
     docstring). ``nccl`` where it cannot work is a ``ValueError`` naming the reason and the setting."""
-    if mode not in ("auto", "nccl", "gloo", "checkpoint"):
-        raise ValueError(f"rollout.weight_sync must be auto, nccl, gloo or checkpoint, got {mode!r}")
+    if mode not in ("auto", "nccl", "gloo", "cuda_ipc", "checkpoint"):
+        raise ValueError(f"rollout.weight_sync must be auto, nccl, gloo, cuda_ipc or checkpoint, got {mode!r}")
     if mode == "checkpoint":
         return WeightRoute("checkpoint", "rollout.weight_sync=checkpoint")
     if not engines:
         return WeightRoute("checkpoint", "no rollout engine")
     others = sorted({e.backend for e in engines if e.backend != "vllm"})
     if others:
-        reason = f"rollout.backend={others[0]} engines load each version from its checkpoint (NCCL needs vllm)"
-        if mode == "nccl":
-            raise ValueError(f"rollout.weight_sync=nccl: {reason}; use auto or checkpoint")
+        reason = (
+            f"rollout.backend={others[0]} engines load each version from its checkpoint (NCCL needs vllm, as does "
+            "CUDA IPC)"
+        )
+        if mode in ("nccl", "cuda_ipc"):
+            raise ValueError(f"rollout.weight_sync={mode}: {reason}; use auto or checkpoint")
         return WeightRoute("checkpoint", reason)
     devices = {e.device for e in engines}
+    if mode == "cuda_ipc":
+        return _cuda_ipc_route(trainer, engines)
     if mode == "gloo":
         if trainer.device != "cpu" or devices != {"cpu"}:
             where = f"engines on {'/'.join(sorted(devices))}, trainer on {trainer.device}"
@@ -135,6 +181,23 @@ def choose_weight_route(mode: str, trainer: Endpoint, engines: Sequence[Endpoint
     return WeightRoute("nccl", f"trainer and engines on distinct GPUs ({span})")
 
 
+def _cuda_ipc_route(trainer: Endpoint, engines: Sequence[Endpoint]) -> WeightRoute:
+    """``rollout.weight_sync=cuda_ipc``: every engine on one GPU that the trainer holds, on its host (else a
+    ``ValueError`` naming the engine and the setting)."""
+    if trainer.device != "cuda" or any(e.device != "cuda" for e in engines):
+        where = f"engines on {'/'.join(sorted({e.device for e in engines}))}, trainer on {trainer.device}"
+        raise ValueError(f"rollout.weight_sync=cuda_ipc needs the trainer and every engine on CUDA ({where}); use auto")
+    for i, e in enumerate(engines):
+        if e.host != trainer.host or len(e.gpus) != 1 or e.gpus[0] not in trainer.gpus:
+            raise ValueError(
+                f"rollout.weight_sync=cuda_ipc hands the weights over on the trainer's GPU, and engine {i} runs on GPU "
+                f"{','.join(e.gpus) or '?'} of {e.host} (the trainer: {','.join(trainer.gpus) or '?'} of "
+                f"{trainer.host}); use auto (NCCL between GPUs) or checkpoint"
+            )
+    gpus = ",".join(sorted({e.gpus[0] for e in engines}))
+    return WeightRoute("cuda_ipc", f"rollout.weight_sync=cuda_ipc: the engines run on the trainer's GPU {gpus}")
+
+
 def endpoint_of(described: dict[str, Any], prefix: str) -> Endpoint:
     """An :class:`Endpoint` from an actor's ``describe()`` (``<prefix>_device``, ``host``, ``gpus``)."""
     device = str(described.get(f"{prefix}_device", "cpu"))
@@ -149,17 +212,19 @@ def weight_sync_for(
     engines: Sequence[Any],
     trainer_address: str,
 ) -> BroadcastWeightSync | None:
-    """The NCCL or gloo group of ``route`` (opened), or None for checkpoint loads."""
-    if route.name not in ("nccl", "gloo") or not engines:
+    """The NCCL or gloo group of ``route`` (opened), the CUDA IPC hand-over, or None for checkpoint loads."""
+    if not engines or route.name == "checkpoint":
         return None
-    return BroadcastWeightSync(trainer, engines, trainer_address).open()
+    if route.name == "cuda_ipc":
+        return CudaIpcWeightSync(trainer, engines)
+    return BroadcastWeightSync(trainer, engines, trainer_address, route.name).open()
 
 
 def check_local_route(mode: str, visible: dict[str, str], engines: Sequence[str], trainer: str = "trainer") -> None:
-    """Before a local cluster starts: refuse ``rollout.weight_sync=nccl`` / ``gloo`` where the planned GPUs
-    (``visible``: ``CUDA_VISIBLE_DEVICES`` per worker name, as :func:`tasks.cluster.gpu_assignment` gives them) cannot
-    carry it."""
-    if mode not in ("nccl", "gloo") or not engines:
+    """Before a local cluster starts: refuse ``rollout.weight_sync=nccl`` / ``gloo`` / ``cuda_ipc`` where the planned
+    GPUs (``visible``: ``CUDA_VISIBLE_DEVICES`` per worker name, as :func:`tasks.cluster.gpu_assignment` gives them)
+    cannot carry it."""
+    if mode not in ("nccl", "gloo", "cuda_ipc") or not engines:
         return
 
     def endpoint(name: str) -> Endpoint:

@@ -105,6 +105,28 @@ def test_run_grpo_rejects_unknown_settings():
     assert "unknown config key 'train.nope'" in result.output
 
 
+@pytest.mark.parametrize(
+    ("flow", "setting", "message"),
+    [
+        ("grpo", "rollout.tensor_parallel_size=2", "rollout.tensor_parallel_size=2 needs 2 CUDA GPUs per engine"),
+        ("grpo", "rollout.weight_sync=cuda_ipc", "rollout.weight_sync=cuda_ipc needs the trainer and every engine"),
+        ("grpo", "rollout.weight_sync=nccl", "rollout.weight_sync=nccl needs the trainer and every engine on CUDA"),
+        ("collect", "rollout.sleep_level=1", "rollout.sleep_level=1 lets a CUDA engine give its GPU memory"),
+    ],
+)
+def test_a_placement_that_cannot_work_here_is_one_line_before_anything_starts(tmp_path, monkeypatch, flow, setting,
+                                                                              message):  # fmt: skip
+    """GPUs, weight route and memory plan of the local cluster: checked by the CLI (exit 2, one line), not met as
+    the flow's traceback after its Prefect API and cluster started."""
+    import tasks.cluster
+
+    monkeypatch.setattr(tasks.cluster, "visible_gpus", lambda: [])  # a CPU host, whatever this machine has
+    result = runner.invoke(app, ["run", flow, "--set", f"runs_dir={tmp_path}", "--set", setting])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines()[-1].startswith(f"error: {message}")
+    assert "Traceback" not in result.output and not (tmp_path / "arithmetic-quickstart").exists()
+
+
 def test_run_evaluate_refuses_missing_versions_and_sources_before_starting(tmp_path):
     """A version the run does not have and a source that does not open: one line, exit 2, no Prefect API, no
     engine (the CLI checks them before the flow)."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -262,3 +265,31 @@ def test_weights_are_cast_to_the_engine_dtype_exactly_as_the_engine_would_round_
     assert cast_floats(state, None) is state
     llm = SimpleNamespace(llm_engine=SimpleNamespace(model_config=SimpleNamespace(dtype=torch.bfloat16)))
     assert engine_dtype(llm) is torch.bfloat16 and engine_dtype(object()) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA IPC needs a CUDA GPU")
+def test_cuda_ipc_handles_open_in_another_process_on_the_same_gpu(tmp_path):
+    """``rollout.weight_sync=cuda_ipc`` for real: handles the trainer's way (``reduce_tensor``, pickled as Dask does),
+    opened by :func:`tasks.rollout_actor.open_cuda_handles` in another process that sees the same GPU."""
+    import pickle
+    import subprocess
+    import sys
+
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    a = torch.arange(12, dtype=torch.float32, device="cuda").reshape(3, 4)
+    weights = {"a": a, "b": torch.ones(5, device="cuda")}
+    (tmp_path / "handles.pkl").write_bytes(pickle.dumps({n: reduce_tensor(t) for n, t in weights.items()}))
+    child = (
+        "import pickle, sys, torch; from tasks.rollout_actor import open_cuda_handles; "
+        f"opened = open_cuda_handles(pickle.loads(open({str(tmp_path / 'handles.pkl')!r}, 'rb').read())); "
+        "print({n: (t.device.type, float(t.sum()), tuple(t.shape)) for n, t in opened.items()})"
+    )
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]  # the parent's GPU as the child's only one
+    out = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": visible}, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == str({"a": ("cuda", 66.0, (3, 4)), "b": ("cuda", 5.0, (5,))})

@@ -14,6 +14,7 @@ from llmrl_core.pipeline.grpo_config import GRPOConfig
 from tasks import grpo_stages as stages
 from tasks.weight_sync import (
     BroadcastWeightSync,
+    CudaIpcWeightSync,
     Endpoint,
     WeightRoute,
     check_local_route,
@@ -104,7 +105,7 @@ def _cfg(*overrides: str) -> GRPOConfig:
 
 
 def test_the_setting_is_checked_and_is_not_part_of_what_a_version_is():
-    rule = r"rollout.weight_sync: must be one of \['auto', 'checkpoint', 'nccl', 'gloo'\], got 'broadcast'"
+    rule = r"rollout.weight_sync: must be one of \['auto', 'checkpoint', 'nccl', 'gloo', 'cuda_ipc'\], got 'broadcast'"
     with pytest.raises(ValueError, match=rule):
         _cfg("rollout.weight_sync=broadcast")
     assert _cfg().rollout.weight_sync == "auto"
@@ -116,19 +117,28 @@ def _at(host: str, *gpus: str) -> Endpoint:
 
 
 @pytest.mark.parametrize(
-    ("topology", "trainer", "engines", "auto", "nccl"),
+    ("topology", "trainer", "engines", "auto", "nccl", "ipc"),
     [
-        ("1 GPU: engine and trainer share it", _at("h", "G0"), [_at("h", "G0")], "checkpoint", "refused"),
-        ("2 GPUs, one host", _at("h", "G0"), [_at("h", "G1")], "nccl", "nccl"),
-        ("2 hosts", _at("a", "G0"), [_at("b", "G7")], "nccl", "nccl"),
-        ("2 hosts, same local GPU index", _at("a", "0"), [_at("b", "0")], "nccl", "nccl"),
-        ("CPU", _at("h"), [_at("h")], "checkpoint", "refused"),
-        ("mixed: a CPU engine", _at("h", "G0"), [_at("h", "G1"), _at("h")], "checkpoint", "refused"),
+        ("1 GPU: engine and trainer share it", _at("h", "G0"), [_at("h", "G0")], "checkpoint", "refused", "ok"),
+        ("2 engines on the trainer's GPU", _at("h", "G0"), [_at("h", "G0"), _at("h", "G0")], "checkpoint", "refused",
+         "ok"),
+        ("2 GPUs, one host", _at("h", "G0"), [_at("h", "G1")], "nccl", "nccl", "refused"),
+        ("2 hosts", _at("a", "G0"), [_at("b", "G7")], "nccl", "nccl", "refused"),
+        ("2 hosts, same local GPU index", _at("a", "0"), [_at("b", "0")], "nccl", "nccl", "refused"),
+        ("CPU", _at("h"), [_at("h")], "checkpoint", "refused", "refused"),
+        ("mixed: a CPU engine", _at("h", "G0"), [_at("h", "G1"), _at("h")], "checkpoint", "refused", "refused"),
+        ("mixed: one engine beside the trainer, one apart", _at("h", "G0"), [_at("h", "G0"), _at("h", "G1")],
+         "checkpoint", "refused", "refused"),
         ("tensor-parallel engine overlapping the trainer", _at("h", "G1"), [_at("h", "G0", "G1")], "checkpoint",
-         "refused"),
+         "refused", "refused"),
     ],
 )  # fmt: skip
-def test_the_weight_route_follows_the_topology(topology, trainer, engines, auto, nccl):
+def test_the_weight_route_follows_the_topology(topology, trainer, engines, auto, nccl, ipc):
+    if ipc == "ok":  # CUDA IPC: opt-in, for engines on the trainer's GPU only
+        assert choose_weight_route("cuda_ipc", trainer, engines).name == "cuda_ipc"
+    else:
+        with pytest.raises(ValueError, match=r"rollout.weight_sync=cuda_ipc (needs|hands)"):
+            choose_weight_route("cuda_ipc", trainer, engines)
     route = choose_weight_route("auto", trainer, engines)
     assert route.name == auto and route.reason, topology
     assert choose_weight_route("checkpoint", trainer, engines).name == "checkpoint"
@@ -157,6 +167,9 @@ def test_nccl_on_one_gpu_is_refused_before_any_worker_starts():
     two = gpu_assignment(cfg, ["0", "1"]).visible
     assert two["trainer"] != two["rollout-0"]
     check_local_route("nccl", two, ["rollout-0"])
+    check_local_route("cuda_ipc", visible, ["rollout-0"])  # the one GPU: the route CUDA IPC is for
+    with pytest.raises(ValueError, match=r"cuda_ipc hands the weights over on the trainer's GPU, and engine 0 runs on"):
+        check_local_route("cuda_ipc", two, ["rollout-0"])
 
 
 def test_the_route_opens_a_group_only_for_nccl():
@@ -237,6 +250,72 @@ def test_publishing_broadcasts_instead_of_loading_the_checkpoint():
     staged.version = 3
     with pytest.raises(RuntimeError, match="the trainer sealed version 2 while publishing 3"):
         stages.seal_checkpoint.fn(staged)
+
+
+class IpcEngine(FakeEngine):
+    def load_shared_cuda(self, handles: dict, version: int) -> Done:
+        self.log.append((self.name, "open", sorted(handles), version))
+        return Done(version if self.answer is None else self.answer)
+
+
+class IpcTrainer(FakeTrainer):
+    def share_weights_cuda(self) -> Done:
+        self.log.append(("trainer", "share"))
+        return Done({name: ("handle", name) for name, _, _ in METADATA})
+
+    def release_shared_cuda(self) -> Done:
+        self.log.append(("trainer", "release"))
+        return Done()
+
+
+def test_cuda_ipc_hands_each_version_to_every_engine_then_lets_the_copy_go():
+    log: list = []
+    engines, trainer = [IpcEngine("e0", 1, log), IpcEngine("e1", 1, log)], IpcTrainer(log)
+    sync = weight_sync_for(WeightRoute("cuda_ipc", "x"), trainer, engines, "tcp://127.0.0.1:1")
+    assert isinstance(sync, CudaIpcWeightSync) and log == []  # nothing to open
+    assert sync.description == "CUDA IPC (2 engine(s) on the trainer's GPU)"
+    staged = stages.publish_weights.fn(trainer, engines, 4, {}, sync)
+    names = sorted(name for name, _, _ in METADATA)
+    assert log == [  # the checkpoint is still staged (resume, lineage); the engines open the trainer's copy
+        ("trainer", "stage", 4),
+        ("trainer", "share"),
+        ("e0", "open", names, 4),
+        ("e1", "open", names, 4),
+        ("trainer", "release"),
+        ("trainer", "seal", 4),
+    ]
+    assert stages.seal_checkpoint.fn(staged)["version"] == 4
+    log.clear()
+    wrong = CudaIpcWeightSync(trainer, [IpcEngine("e0", 1, log, answer=3)])
+    with pytest.raises(RuntimeError, match=r"engines report versions \[3\] after the CUDA IPC hand-over of version 4"):
+        wrong.push(4)
+    assert log[-1] == ("trainer", "release")  # the copy is let go whatever the engines said
+
+
+def test_an_engine_opens_the_handles_on_its_own_device():
+    from tasks.rollout_actor import CUDA_DEVICE_ARGUMENT, open_cuda_handles
+
+    def rebuild_cuda_tensor(*arguments):  # stands in for torch's: records the arguments it is given
+        return arguments
+
+    def rebuild_other(*arguments):
+        return arguments
+
+    arguments = tuple(range(10))  # the trainer's device index (6) is its own numbering of the GPU
+    opened = open_cuda_handles({"w": (rebuild_cuda_tensor, arguments), "b": (rebuild_other, arguments)})
+    assert opened["w"][CUDA_DEVICE_ARGUMENT] == 0 and opened["w"][:6] == arguments[:6] == opened["b"][:6]
+    assert opened["b"] == arguments  # only CUDA tensors name a device
+
+
+def test_a_cpu_trainer_refuses_to_share_by_cuda_ipc():
+    import torch
+
+    from tasks.trainer_actor import TrainerWorker
+
+    trainer = TrainerWorker.__new__(TrainerWorker)
+    trainer._weights_to_send = lambda: {"model.embed_tokens.weight": torch.zeros(2)}
+    with pytest.raises(RuntimeError, match=r"cuda_ipc needs the trainer's weights on CUDA; model.embed_tokens.weight"):
+        trainer.share_weights_cuda()
 
 
 def test_a_trainer_protects_the_checkpoints_a_resume_needs_until_its_version_is_committed():
