@@ -4,6 +4,7 @@ nothing was written (no run folder, no trajectories, no MLflow store). Cases fro
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -56,6 +57,9 @@ def _data(tmp_path, name: str, text: str) -> str:
         (lambda d: ["dask.join_wait_s=-5"], "--set dask.join_wait_s=-5: dask: dask.join_wait_s must be >= 0"),
         (lambda d: ["dask.restarts=-1"], "dask.restarts must be an integer >= 0"),
         (lambda d: ["data.source=" + _data(d, "blank.jsonl", '{"question": " ", "answer": "1"}\n')], "row 0 field"),
+        # the main job's final evaluation reads task.eval_source after 10 minutes of training: checked up front
+        (lambda d: ["task.eval_source=nope:test"], "task.eval_source: source 'nope:test'"),
+        (lambda d: ["task.eval_source=" + _data(d, "noanswer.jsonl", '{"question": "1+1"}\n')], "no field 'answer'"),
     ],
 )
 def test_grpo_bad_input_fails_before_anything_starts(cli, tmp_path, make_overrides, message):
@@ -66,6 +70,21 @@ def test_grpo_bad_input_fails_before_anything_starts(cli, tmp_path, make_overrid
     assert code == 2, output
     assert message in output
     assert _nothing_written(cli.runs)
+
+
+def test_the_eval_source_is_read_only_when_a_final_evaluation_will_read_it(monkeypatch):
+    from llmrl_core.pipeline.config_io import load_config
+    from llmrl_core.pipeline.grpo_config import GRPOConfig
+    from llmrl_core.pipeline.preflight import PreflightError, preflight
+
+    preflight(load_config(GRPOConfig, None, ["task.eval_source=nope:test"]))  # final_eval.questions=0: never read
+    with pytest.raises(PreflightError, match=r"task.eval_source: source 'nope:test'"):
+        preflight(load_config(GRPOConfig, None, ["task.eval_source=nope:test", "final_eval.questions=5"]))
+    for recipe in ["llmrl_cli/main_job.yaml", *sorted(str(p) for p in Path("recipes").rglob("*.yaml"))]:
+        monkeypatch.syspath_prepend(str(Path(recipe).parent))  # a recipe's agent or env module sits beside it
+        cfg = load_config(GRPOConfig, Path(recipe))  # every shipped config's own eval source passes
+        if "gpu" not in recipe:  # its model is a hub id this machine does not have
+            preflight(cfg)
 
 
 def test_a_parquet_whose_question_is_an_int_is_named(cli, tmp_path):

@@ -164,6 +164,11 @@ def env_fields(env: Any) -> tuple[str, ...]:
     return (env.prompt_field,)
 
 
+def final_eval_source(cfg: Any) -> str:
+    """The held-out source a GRPO run's final evaluation reads (as the evaluate flow picks it)."""
+    return "ifeval" if cfg.env.name == "ifeval" else cfg.task.eval_source
+
+
 def check_source(
     source: str, fields: Iterable[str], setting: str, env_options: Mapping[str, Any] | None = None
 ) -> None:
@@ -261,6 +266,8 @@ def preflight(cfg: Any, *, training: bool = True) -> None:
         if training:
             check_grpo_training(cfg)
         check_source(cfg.data.source, env_fields(cfg.env), "data.source", cfg.env.options)
+        if training and cfg.final_eval.questions > 0:  # read after training: a bad one would cost the whole run
+            check_source(final_eval_source(cfg), env_fields(cfg.env), "task.eval_source", cfg.env.options)
     elif isinstance(cfg, SFTConfig):
         if cfg.source == "dataset":
             rows = source_rows(cfg.data.source, "data.source")
