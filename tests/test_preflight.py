@@ -57,12 +57,15 @@ def _data(tmp_path, name: str, text: str) -> str:
         (lambda d: ["dask.join_wait_s=-5"], "--set dask.join_wait_s=-5: dask: dask.join_wait_s must be >= 0"),
         (lambda d: ["dask.restarts=-1"], "dask.restarts must be an integer >= 0"),
         (lambda d: ["data.source=" + _data(d, "blank.jsonl", '{"question": " ", "answer": "1"}\n')], "row 0 field"),
+        # the packaged model's config.json writes 8192.0: vLLM refused it only after the cluster started
+        (lambda d: ["rollout.max_model_len=100000"], "rollout.max_model_len=100000 exceeds the model's max_position"),
         # the main job's final evaluation reads task.eval_source after 10 minutes of training: checked up front
         (lambda d: ["task.eval_source=nope:test"], "task.eval_source: source 'nope:test'"),
         (lambda d: ["task.eval_source=" + _data(d, "noanswer.jsonl", '{"question": "1+1"}\n')], "no field 'answer'"),
     ],
 )
-def test_grpo_bad_input_fails_before_anything_starts(cli, tmp_path, make_overrides, message):
+def test_grpo_bad_input_fails_before_anything_starts(cli, tmp_path, make_overrides, message, default_model_path):
+    # default_model_path: the packaged model prepared, as `llmrl run` prepares it (its config.json is read)
     args = ["run", "grpo"]
     for override in make_overrides(tmp_path):
         args += ["--set", override]
@@ -85,6 +88,17 @@ def test_the_eval_source_is_read_only_when_a_final_evaluation_will_read_it(monke
         cfg = load_config(GRPOConfig, Path(recipe))  # every shipped config's own eval source passes
         if "gpu" not in recipe:  # its model is a hub id this machine does not have
             preflight(cfg)
+
+
+def test_an_mcp_server_that_cannot_start_is_named_before_anything_starts(cli, tmp_path):
+    config = tmp_path / "mcp.yaml"
+    config.write_text('env:\n  transforms: [{mcp: {servers: {calc: {command: "/nonexistent/bin", args: []}}}}]\n')
+    code, output = cli("run", "grpo", "--config", str(config))
+    assert code == 2 and "env.transforms.mcp.servers.calc.command: '/nonexistent/bin' is not an executable" in output
+    config.write_text("env:\n  transforms: [{mcp: {servers: {calc: {args: []}}}}]\n")
+    code, output = cli("run", "grpo", "--config", str(config))
+    assert code == 2 and "MCP server 'calc': give exactly one of 'command' (stdio) or 'url' (HTTP)" in output
+    assert _nothing_written(cli.runs)
 
 
 def test_a_parquet_whose_question_is_an_int_is_named(cli, tmp_path):

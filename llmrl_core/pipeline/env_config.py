@@ -240,6 +240,8 @@ def validate_env_config(cfg: EnvConfig) -> None:
             raise ValueError(f"env.options: unknown option(s) {unknown} for guess_number; valid: {sorted(valid)}")
     for name, options in _transform_items(cfg):
         _check_options(_transform_class(name), options, f"env.transforms.{name}")
+        if name == "mcp":
+            _check_mcp_servers(options.get("servers") or {})
     for index, spec in enumerate(cfg.rewards):
         fn = import_object(spec.function, f"env.rewards[{index}].function")
         try:
@@ -248,6 +250,27 @@ def validate_env_config(cfg: EnvConfig) -> None:
             raise ValueError(
                 f"env.rewards[{index}].function {spec.function!r} must accept (prompt, completion, row): {err}"
             ) from err
+
+
+def _check_mcp_servers(servers: Mapping[str, Any]) -> None:
+    """Each MCP server's entry, and the command of a stdio server: it must exist here (each worker starts it), so a
+    typo is said before the engines start rather than as the first rollout's traceback."""
+    import shutil
+
+    from llmrl_core.tools.mcp_client import MCPServerSpec
+
+    if not isinstance(servers, Mapping):
+        raise ValueError(f"env.transforms.mcp.servers: expected {{name: {{command, args}}}}, got {servers!r}")
+    for name, entry in servers.items():
+        try:
+            spec = MCPServerSpec.from_config(str(name), entry)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"env.transforms.mcp.servers: {err}") from err
+        if spec.command is not None and shutil.which(spec.command) is None:
+            raise ValueError(
+                f"env.transforms.mcp.servers.{name}.command: {spec.command!r} is not an executable here (no such "
+                "file, or not on PATH)"
+            )
 
 
 # --- building ----------------------------------------------------------------------------------------------

@@ -48,11 +48,12 @@ def _offline() -> bool:
 
 def model_config_file(model: Any) -> Path | None:
     """The ``config.json`` of a local model folder or a cached hub model, without preparing or downloading
-    anything (None for the packaged default, which is prepared on first use, and for what is not at hand)."""
-    from llmrl_core.model_store import DEFAULT_MODEL_ALIASES
+    anything (the packaged default's once it is prepared; None for what is not at hand)."""
+    from llmrl_core.model_store import DEFAULT_MODEL_ALIASES, default_model_dir
 
     if model is None or (isinstance(model, str) and model.lower() in DEFAULT_MODEL_ALIASES):
-        return None
+        prepared = default_model_dir() / "config.json"
+        return prepared if prepared.is_file() else None
     path = Path(str(model)).expanduser()
     if (path / "config.json").is_file():
         return path / "config.json"
@@ -75,7 +76,8 @@ def check_context_length(model: Any, max_model_len: int, setting: str = "rollout
         limit = json.loads(file.read_text()).get("max_position_embeddings")
     except (OSError, ValueError):
         return
-    if isinstance(limit, int) and max_model_len > limit:
+    if isinstance(limit, int | float) and not isinstance(limit, bool) and max_model_len > limit:
+        limit = int(limit)  # some configs write it as a float (the packaged SmolLM2: 8192.0)
         raise PreflightError(
             f"{setting}={max_model_len} exceeds the model's max_position_embeddings ({limit}, {file}); "
             f"set {setting} <= {limit}"
