@@ -103,8 +103,16 @@ def library_logs(run_dir: Path) -> Iterator[Path | None]:
 
 
 # The errors the command line reports in one line of its own (llmrl_cli/run_more.py: a lost worker, a stop by
-# train.agreement_stop, a failing reward function), and the closed connections a lost worker leaves in Dask's logs.
-_ONE_LINE_ERRORS = ("WorkerLost", "AgreementOff", "RewardFunctionError", "CommClosedError", "StreamClosedError")
+# train.agreement_stop, a failing reward function or env factory), and the closed connections a lost worker leaves
+# in Dask's logs.
+_ONE_LINE_ERRORS = (
+    "WorkerLost",
+    "AgreementOff",
+    "RewardFunctionError",
+    "EnvFactoryError",
+    "CommClosedError",
+    "StreamClosedError",
+)
 
 
 def not_an_echo(record: logging.LogRecord) -> bool:

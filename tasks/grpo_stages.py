@@ -22,6 +22,7 @@ from llmrl_core.envs.reward_calls import RewardFunctionError
 from llmrl_core.envs.transforms.kl import kl_reward_penalty
 from llmrl_core.envs.types import PromptRow
 from llmrl_core.objectives import mc_advantage
+from llmrl_core.pipeline.env_config import EnvFactoryError
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.weight_sync.fingerprint import check_engines_hold
 from storage.filesystems import join_uri
@@ -108,11 +109,11 @@ def dispatch_rollout(
 
 
 def retry_unless_user_error(task: Any, task_run: Any, state: Any) -> bool:
-    """Prefect's retry condition: a failing reward function fails the same way again, and a lost worker is not
-    back a moment later, so neither is retried."""
+    """Prefect's retry condition: a failing reward function or env factory fails the same way again, and a lost
+    worker is not back a moment later, so none is retried."""
     try:
         state.result()
-    except (RewardFunctionError, WorkerLost):
+    except (RewardFunctionError, EnvFactoryError, WorkerLost):
         return False
     except Exception:  # any other failure: the task's retry policy applies
         return True

@@ -161,3 +161,35 @@ def test_skip_zero_signal_groups_keeps_only_groups_whose_rewards_differ():
     ]
     assert [(r.group_id, r.reward) for r in signal_rows(rows)] == [("b", 0.0), ("b", 1.0)]
     assert signal_rows(rows[:2]) == []
+
+
+def _factory_returning_a_number(tokenizer=None, input_mode="tokens"):
+    return 5
+
+
+def _factory_that_raises(tokenizer=None, input_mode="tokens"):
+    raise RuntimeError("the dataset is not there")
+
+
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        ("_factory_returning_a_number", "env.factory 'tests.test_task_config:_factory_returning_a_number' returned"),
+        ("_factory_that_raises", "raised RuntimeError: the dataset is not there"),
+    ],
+)
+def test_a_failing_env_factory_is_named_as_the_users_code(tokenizer, factory, message):
+    """The user's env factory fails on the rollout worker: an EnvFactoryError naming the setting, which the command
+    line prints in one line (tasks/console.py, llmrl_cli/run_more.py) and the rollout task does not retry."""
+    from llmrl_core.pipeline.env_config import EnvConfig, EnvFactoryError
+    from tasks.grpo_stages import retry_unless_user_error
+
+    cfg = EnvConfig(factory=f"tests.test_task_config:{factory}")
+    with pytest.raises(EnvFactoryError, match=message) as caught:
+        make_task_env(TaskConfig(), tokenizer, env=cfg)
+
+    class Failed:
+        def result(self):
+            raise caught.value
+
+    assert retry_unless_user_error(None, None, Failed()) is False

@@ -387,6 +387,11 @@ def default_max_turns(cfg: EnvConfig) -> int:
     return 1
 
 
+class EnvFactoryError(ValueError):
+    """The run's ``env.factory`` raised, or returned something the flows cannot drive; the message names the
+    setting and what went wrong (the command line prints it in one line)."""
+
+
 def build_env(cfg: EnvConfig, task: Any, tokenizer: Any, *, input_mode: str = "tokens") -> Any:
     """Build the run's env on this worker: built-in or factory, then transforms, then reward functions."""
     from llmrl_core.envs.chat_env import ChatEnv
@@ -399,11 +404,16 @@ def build_env(cfg: EnvConfig, task: Any, tokenizer: Any, *, input_mode: str = "t
         for key, value in (("tokenizer", tokenizer), ("input_mode", input_mode), ("max_turns", cfg.max_turns)):
             if value is not None and (key in accepted or any(p.kind is p.VAR_KEYWORD for p in accepted.values())):
                 kwargs.setdefault(key, value)
-        env = factory(**kwargs)
+        try:
+            env = factory(**kwargs)
+        except Exception as err:  # the user's code: one line naming the setting (the run's log keeps the traceback)
+            raise EnvFactoryError(f"env.factory {cfg.factory!r} raised {type(err).__name__}: {err}") from err
         if not isinstance(env, ChatEnv):
-            raise TypeError(f"env.factory {cfg.factory!r} returned {type(env).__name__}, expected a ChatEnv")
+            raise EnvFactoryError(f"env.factory {cfg.factory!r} returned {type(env).__name__}, expected a ChatEnv")
         if env.input_mode != input_mode:
-            raise ValueError(f"env.factory {cfg.factory!r}: the env is in {env.input_mode!r} mode, need {input_mode!r}")
+            raise EnvFactoryError(
+                f"env.factory {cfg.factory!r}: the env is in {env.input_mode!r} mode, need {input_mode!r}"
+            )
         if cfg.max_turns is not None:
             env.max_turns = cfg.max_turns
     else:
