@@ -89,6 +89,7 @@ def load_checked(
                 check_resume_config(cfg)
             if placement:
                 check_placement(cfg)
+            check_trajectory_source(cfg)
     except (ConfigError, PreflightError, ValueError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from err
@@ -98,6 +99,24 @@ def load_checked(
         typer.echo(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         return None
     return cfg
+
+
+def check_trajectory_source(cfg: Any) -> None:
+    """An SFT run on trajectories, or an offline run: the source run's chosen versions are stored (else a
+    ``ValueError`` naming the run and the store, before any flow or worker starts)."""
+    from llmrl_core.pipeline.offline_config import OfflineConfig
+    from llmrl_core.pipeline.sft_config import SFTConfig
+    from storage.layout import RunLayout
+    from storage.trajectories import TrajectoryStore
+
+    if isinstance(cfg, SFTConfig) and cfg.source == "trajectories":
+        source = cfg.trajectories
+    elif isinstance(cfg, OfflineConfig):
+        source = cfg.source
+    else:
+        return
+    uri = source.store or RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir).trajectories_uri
+    TrajectoryStore(uri).chosen_versions(source.run_id, source.versions)
 
 
 def check_placement(cfg: Any) -> None:

@@ -235,6 +235,20 @@ class TrajectoryStore:
         check_name(run_id, "run id")
         return sorted(int(v) for v, _ in self._subdirs(f"{self.root}/run_id={run_id}", _VERSION_DIR))
 
+    def chosen_versions(self, run_id: str, versions: Sequence[int] = ()) -> list[int]:
+        """``versions`` (default: every stored one) of ``run_id``, each checked to be stored here; a ``ValueError``
+        names the run, the store and what it has otherwise (an SFT or offline run's source, before it starts)."""
+        stored = self.versions(run_id)
+        if not stored:
+            raise ValueError(f"run {run_id!r} has no stored trajectories in {self.root}")
+        missing = sorted(set(versions) - set(stored))
+        if missing:
+            raise ValueError(
+                f"run {run_id!r} has no stored trajectories of version(s) {missing} in {self.root} (it has "
+                f"{stored[0]}..{stored[-1]})"
+            )
+        return list(versions) or stored
+
     def shards(
         self,
         run_id: str | Sequence[str] | None = None,

@@ -32,9 +32,7 @@ def rescore(cfg: OfflineConfig, store_uri: str, layout: RunLayout) -> dict[str, 
     (in the run's data store)."""
     src = cfg.source.run_id
     source, rescored = TrajectoryStore(store_uri), TrajectoryStore(layout.data_location("rescored"))
-    versions = list(cfg.source.versions) or source.versions(src)
-    if not versions:
-        raise ValueError(f"run {src!r} has no stored trajectories in {store_uri}")
+    versions = source.chosen_versions(src, cfg.source.versions)
     options = dict(cfg.rescore.options)
     if cfg.rescore.reward == "env":
         options["rewards"] = cfg.env.rewards

@@ -140,9 +140,7 @@ def select_trajectories(cfg: SFTConfig, store_uri: str, layout: RunLayout) -> di
     in the run's data store)."""
     t = cfg.trajectories
     source, selected_store = TrajectoryStore(store_uri), TrajectoryStore(layout.data_location("selected"))
-    versions = list(t.versions) or source.versions(t.run_id)
-    if not versions:
-        raise ValueError(f"run {t.run_id!r} has no stored trajectories in {store_uri}")
+    versions = source.chosen_versions(t.run_id, t.versions)
     selector = TopKRewardSelector(t.topk, above_median=t.above_median)
     samples, kept = [], []
     for version in versions:

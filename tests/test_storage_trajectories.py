@@ -353,3 +353,27 @@ def test_nan_log_probs_are_allowed_only_on_tokens_the_policy_did_not_sample(tmp_
     records[0].sampler_logprobs = [float("nan")] + records[0].sampler_logprobs[1:]
     with pytest.raises(TrajectoryValidationError, match="row 0: field 'sampler_logprobs'"):
         records_to_table(records)
+
+
+def test_chosen_versions_are_checked_against_the_store(tmp_path):
+    store = TrajectoryStore(str(tmp_path / "store"))
+    for version in (1, 3):
+        store.write_shard("run-a", version, 0, make_records("run-a", version, n_prompts=1, group_size=2))
+    assert store.chosen_versions("run-a") == [1, 3] and store.chosen_versions("run-a", [3]) == [3]
+    with pytest.raises(ValueError, match=r"run 'run-a' has no stored trajectories of version\(s\) \[2\] .* 1\.\.3"):
+        store.chosen_versions("run-a", [2, 3])
+    with pytest.raises(ValueError, match=r"run 'run-b' has no stored trajectories in .*store"):
+        store.chosen_versions("run-b")
+
+
+def test_sft_and_offline_refuse_a_source_run_without_trajectories_before_starting(tmp_path):
+    from typer.testing import CliRunner
+
+    from llmrl_cli.main import app
+
+    sources = {"sft": ["source=trajectories", "trajectories.run_id=ghost"], "offline": ["source.run_id=ghost"]}
+    for flow, setting in sources.items():
+        args = ["run", flow, "--set", f"runs_dir={tmp_path}"] + [a for s in setting for a in ("--set", s)]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert result.output.strip() == f"error: run 'ghost' has no stored trajectories in {tmp_path}/trajectories"
