@@ -18,12 +18,11 @@ from prefect.cache_policies import NO_CACHE
 from llmrl_core.builtin_data.sources import resolve_source
 from llmrl_core.collectors.dask_collector import shard_by_group
 from llmrl_core.envs.primer import DataLoadingPrimer
-from llmrl_core.envs.reward_calls import RewardFunctionError
 from llmrl_core.envs.transforms.kl import kl_reward_penalty
 from llmrl_core.envs.types import PromptRow
 from llmrl_core.objectives import mc_advantage
-from llmrl_core.pipeline.env_config import EnvFactoryError
 from llmrl_core.pipeline.grpo_config import GRPOConfig
+from llmrl_core.user_code import UserCodeError
 from llmrl_core.weight_sync.fingerprint import check_engines_hold
 from storage.filesystems import join_uri
 from storage.trajectories import TrajectoryStore
@@ -109,11 +108,11 @@ def dispatch_rollout(
 
 
 def retry_unless_user_error(task: Any, task_run: Any, state: Any) -> bool:
-    """Prefect's retry condition: a failing reward function or env factory fails the same way again, and a lost
-    worker is not back a moment later, so none is retried."""
+    """Prefect's retry condition: the user's code that failed (a reward function, env factory or transform) fails
+    the same way again, and a lost worker is not back a moment later, so none is retried."""
     try:
         state.result()
-    except (RewardFunctionError, EnvFactoryError, WorkerLost):
+    except (UserCodeError, WorkerLost):
         return False
     except Exception:  # any other failure: the task's retry policy applies
         return True

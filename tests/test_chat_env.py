@@ -376,3 +376,27 @@ def test_from_dataloader_builds_a_primed_env(tmp_path):
     assert [h[0].content for h in env.reset().history] == ["row 0", "row 1", "row 2"]
     ungrouped = ChatEnv.from_dataloader(_rows(4), batch_size=3, repeats=2, group_repeats=False)
     assert ungrouped.batch_size == (3,) and ungrouped.reset().sample_index == [0, 1, 0]
+
+
+def test_a_transform_that_raises_is_named_as_the_users_code():
+    from llmrl_core.envs.reward_calls import RewardFunctionError
+    from llmrl_core.envs.transforms.base import EnvTransformError
+    from llmrl_core.user_code import UserCodeError
+
+    class Broken(Transform):
+        def step_slot(self, slot):
+            raise KeyError("answer_field")
+
+    class Failing(Transform):
+        def step_slot(self, slot):
+            raise RewardFunctionError("env.rewards[0].function 'm:f' raised")
+
+    env = ChatEnv(batch_size=1).append_transform(Broken())
+    env.reset([{"query": "2+2?"}])
+    with pytest.raises(EnvTransformError, match=r"env transform Broken.on_step raised KeyError: 'answer_field'") as err:
+        env.step(["4"])
+    assert isinstance(err.value, UserCodeError) and isinstance(err.value.__cause__, KeyError)
+    env = ChatEnv(batch_size=1).append_transform(Failing())
+    env.reset([{"query": "2+2?"}])
+    with pytest.raises(RewardFunctionError, match="env.rewards"):  # already the user's code: passed as it is
+        env.step(["4"])

@@ -39,7 +39,7 @@ from llmrl_core.data.chat_templates import assistant_char_spans, resolve_templat
 from llmrl_core.data.conversation import Conversation, ConversationBatch, Message
 from llmrl_core.data.llm_data import LLMData, Response
 from llmrl_core.envs.tensordict_io import actions_from_tensordict, output_to_tensordict, rows_from_tensordict
-from llmrl_core.envs.transforms.base import Transform
+from llmrl_core.envs.transforms.base import Transform, run_hook
 from llmrl_core.envs.types import EnvOutput, PromptRow, SlotState
 
 if TYPE_CHECKING:
@@ -252,7 +252,7 @@ class ChatEnv:
         rows = self._collect_prompts(prompts)
         self.slots = [self._make_slot(i, row) for i, row in enumerate(rows)]
         for transform in self.transforms:
-            transform.on_reset(self.slots)
+            run_hook(transform, "on_reset", self.slots)
         self._start_tokens(self.slots)
         return self._output()
 
@@ -287,7 +287,7 @@ class ChatEnv:
         for slot in new_slots:
             self.slots[slot.index] = slot
         for transform in self.transforms:
-            transform.on_reset(new_slots)
+            run_hook(transform, "on_reset", new_slots)
         self._start_tokens(new_slots)
         return self._output()
 
@@ -456,7 +456,7 @@ class ChatEnv:
             self._apply_response(slot, response)
             active.append(slot)
         for transform in self.transforms:
-            transform.on_step(active)
+            run_hook(transform, "on_step", active)
         for slot in active:
             if self.max_turns is not None and slot.turn >= self.max_turns and not slot.done:
                 slot.truncate()
@@ -560,7 +560,7 @@ class ChatEnv:
             sample_index=[s.sample_index for s in slots],
         )
         for transform in self.transforms:
-            transform.on_output(out)
+            run_hook(transform, "on_output", out)
         return out
 
     # --- state -----------------------------------------------------------------------------------

@@ -16,10 +16,12 @@ from typing import Any
 
 import torch
 
+from llmrl_core.user_code import UserCodeError
+
 REWARD_ERRORS = ("raise", "skip")
 
 
-class RewardFunctionError(ValueError):
+class RewardFunctionError(UserCodeError):
     """A reward function raised, or returned something other than a finite number; the message names the function
     (by its setting) and the row."""
 

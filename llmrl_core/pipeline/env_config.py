@@ -36,6 +36,7 @@ from typing import Any
 from llmrl_core.data.conversation import episode_prompt
 from llmrl_core.envs.reward_calls import REWARD_ERRORS, RewardFunctionError, describe_row, reward_value
 from llmrl_core.envs.transforms.base import Transform
+from llmrl_core.user_code import UserCodeError
 
 SINGLE_TURN = ("gsm8k", "arithmetic")
 PYTHON_TOOL = ("gsm8k_python", "arithmetic_python")
@@ -387,7 +388,7 @@ def default_max_turns(cfg: EnvConfig) -> int:
     return 1
 
 
-class EnvFactoryError(ValueError):
+class EnvFactoryError(UserCodeError):
     """The run's ``env.factory`` raised, or returned something the flows cannot drive; the message names the
     setting and what went wrong (the command line prints it in one line)."""
 

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from llmrl_core.user_code import UserCodeError
+
 if TYPE_CHECKING:
     from llmrl_core.envs.chat_env import ChatEnv
     from llmrl_core.envs.types import EnvOutput, PromptRow, SlotState
@@ -82,3 +84,20 @@ class Transform:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+class EnvTransformError(UserCodeError):
+    """An env transform's hook raised; the message names the transform's class, the hook and the error."""
+
+
+def run_hook(transform: Transform, hook: str, *args: Any) -> None:
+    """``transform.<hook>(*args)``; a failure becomes an :class:`EnvTransformError` naming the transform (an error
+    already said as the user's code, e.g. a reward function's, passes as it is)."""
+    try:
+        getattr(transform, hook)(*args)
+    except UserCodeError:
+        raise
+    except Exception as err:
+        raise EnvTransformError(
+            f"env transform {type(transform).__name__}.{hook} raised {type(err).__name__}: {err}"
+        ) from err
