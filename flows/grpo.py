@@ -208,6 +208,8 @@ def run_grpo(cfg: GRPOConfig, log: Any) -> dict[str, Any]:
         ahead = RolloutAhead(cfg, layout.staging_uri, engines, checkpoints, 0, primer_state)
         ahead.fill(start)  # asynchronous runs: rollout.max_staleness batches in flight before training starts
         bar = iteration_bar(cfg, start)
+        if bar is not None:  # closed on any way out: an error line then starts a line of its own
+            quiet.callback(bar.close)
         pending: PendingPublish | None = None  # the version the engines hold, committed beside the next train step
         for version in range(start, cfg.iterations):
             t_iter = time.perf_counter()

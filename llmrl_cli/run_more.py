@@ -35,7 +35,7 @@ def run_flow(flow: Any, **parameters: Any) -> Any:
         except RewardFunctionError as err:  # the user's reward code failed: its line says which function and row
             typer.echo(f"error: {err}\n(set env.reward_errors=skip to fail such episodes alone and go on)", err=True)
             raise typer.Exit(1) from err
-        except UserCodeError as err:  # an env factory or transform failed on a rollout worker: its line names it
+        except UserCodeError as err:  # an env factory, transform or agent failed on a rollout worker: its line says so
             typer.echo(f"error: {err}\n(its traceback: the rollout worker's log in the run's logs/ folder)", err=True)
             raise typer.Exit(1) from err
         except WorkerLost as err:  # its line names the worker, the stage and the version

@@ -103,14 +103,15 @@ def library_logs(run_dir: Path) -> Iterator[Path | None]:
 
 
 # The errors the command line reports in one line of its own (llmrl_cli/run_more.py: a lost worker, a stop by
-# train.agreement_stop, the user's code that failed: a reward function, env factory or transform), and the closed
-# connections a lost worker leaves in Dask's logs.
+# train.agreement_stop, the user's code that failed: a reward function, env factory, transform or agent), and the
+# closed connections a lost worker leaves in Dask's logs.
 _ONE_LINE_ERRORS = (
     "WorkerLost",
     "AgreementOff",
     "RewardFunctionError",
     "EnvFactoryError",
     "EnvTransformError",
+    "AgentFailed",
     "CommClosedError",
     "StreamClosedError",
 )

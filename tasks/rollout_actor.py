@@ -22,6 +22,7 @@ from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.pipeline.task_config import make_task_env
 from llmrl_core.policies.base import SamplingConfig
 from llmrl_core.policies.vllm_engine import EngineConfig
+from llmrl_core.user_code import UserCodeError
 from storage.checkpoints import CheckpointStore
 from storage.trajectories import TrajectoryStore
 from tasks.records import trajectory_to_record
@@ -39,6 +40,11 @@ def sampling_config(cfg: GRPOConfig, batch: int, shard: int) -> SamplingConfig:
         top_p=r.top_p,
         seed=cfg.seed * 1_000_003 + batch * 1_009 + shard,
     )
+
+
+class AgentFailed(UserCodeError):
+    """Every agent episode of a rollout shard failed (crash, timeout, bad result): the message gives the first
+    failures' reasons."""
 
 
 class RolloutStopped(RuntimeError):
@@ -247,7 +253,7 @@ class RolloutWorker(RolloutActor):
         if failures:
             metrics["agent_failure_examples"] = [f"{f.episode_id}: {f.error}: {f.detail}" for f in failures[:3]]
         if rows and not result.rows:
-            raise RuntimeError(
+            raise AgentFailed(
                 f"env.agent {self.cfg.env.agent!r}: all {len(rows)} episodes failed, e.g. "
                 + "; ".join(metrics["agent_failure_examples"])
             )
