@@ -130,7 +130,7 @@ def test_llmrl_plan_prints_the_main_jobs_plan():
     assert "cpu        total" in proc.stdout
     bad = subprocess.run(
         [sys.executable, "-c", "from llmrl_cli.main import app; app()", "plan", "--set", "rollout.kv_cache_gb=0.01",
-         "--set", "rollout.max_model_len=100000"],
+         "--set", "rollout.max_model_len=8192"],
         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert bad.returncode == 1 and "does not fit: engine 0 KV cache holds" in bad.stderr
