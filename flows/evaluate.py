@@ -29,7 +29,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from llmrl_core.pipeline.preflight import PreflightError, check_run_id, source_rows
+from llmrl_core.pipeline.preflight import PreflightError, check_run_id, held_out_source, source_rows
 from storage.layout import RunLayout
 from tasks.console import library_logs
 from tasks.evaluate import (
@@ -98,7 +98,7 @@ def evaluate(
         logger.info("run %s trained in env %s: every episode is played in it, tools and turns included", run_id, env)
     elif scoring == "agent":
         logger.info("run %s trained agent %s: it plays every question against each version", run_id, env["agent"])
-    source = source or ("ifeval" if env.get("name") == "ifeval" else task_cfg.eval_source)
+    source = source or held_out_source(env.get("name"), task_cfg.eval_source)
     settings = {
         "env": env if scoring in ("episode", "agent") else ("ifeval" if scoring == "ifeval" else "gsm8k"),
         "scoring": scoring,

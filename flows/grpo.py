@@ -23,7 +23,7 @@ from prefect import flow, get_run_logger
 
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
-from llmrl_core.pipeline.preflight import preflight
+from llmrl_core.pipeline.preflight import final_eval_source, preflight
 from storage.checkpoints import CheckpointStore
 from storage.hashing import config_hash
 from storage.layout import RunLayout
@@ -315,7 +315,7 @@ def final_evaluation(cfg: GRPOConfig, final: int) -> dict[str, Any]:
     line = (
         f"held-out accuracy {base['accuracy']:.2f} -> {last['accuracy']:.2f} "
         f"({last['delta_accuracy']:+.2f} ± {last['delta_accuracy_se']:.2f}, z = {last['z']:.1f}; greedy, "
-        f"{last['num_questions']} problems of {cfg.task.eval_source}, version 0 -> {final})"
+        f"{last['num_questions']} problems of {final_eval_source(cfg)}, version 0 -> {final})"
     )
     return {"line": line, "report": out["report_markdown"], "curves": out["report_png"], "rows": out["rows"]}
 

@@ -1,7 +1,7 @@
 """The memory plan of a GRPO run's configuration (:mod:`llmrl_core.memory_plan`) on this host's devices, as the
-local cluster will place it (:func:`tasks.cluster.gpu_assignment`): ``llmrl plan`` prints it, and the flow refuses
-a plan that does not fit a GPU before any worker starts (on CPU it warns: the host's memory is shared and the
-operating system may page)."""
+local cluster will place it (:func:`tasks.placement_plan.gpu_assignment`): ``llmrl plan`` prints it, and the
+flow refuses a plan that does not fit a GPU before any worker starts (on CPU it warns: the host's memory is
+shared and the operating system may page)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from llmrl_core.hardware import choose_dtype
 from llmrl_core.memory_plan import DTYPE_BYTES, GIB, ModelShape, PlanInputs, PlanLine, memory_plan, over_budget
 from llmrl_core.model_store import resolve_model
 from llmrl_core.pipeline.grpo_config import GRPOConfig
-from tasks.cluster import gpu_assignment, local_worker_names, visible_gpus
+from tasks.placement_plan import gpu_assignment, local_worker_names, visible_gpus
 
 
 @dataclass

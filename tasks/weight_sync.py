@@ -104,8 +104,8 @@ class CudaIpcWeightSync:
         stage = "weight publishing"
         (handles,) = wait_calls([(self.trainer, self.trainer.share_weights_cuda())], stage, version)
         try:
-            loaded = [int(v) for v in wait_calls([(e, e.load_shared_cuda(handles, version)) for e in self.engines],
-                                                 stage, version)]  # fmt: skip
+            loads = [(engine, engine.load_shared_cuda(handles, version)) for engine in self.engines]
+            loaded = [int(v) for v in wait_calls(loads, stage, version)]
         finally:
             wait_calls([(self.trainer, self.trainer.release_shared_cuda())], stage, version)
         if any(v != version for v in loaded):
@@ -222,8 +222,8 @@ def weight_sync_for(
 
 def check_local_route(mode: str, visible: dict[str, str], engines: Sequence[str], trainer: str = "trainer") -> None:
     """Before a local cluster starts: refuse ``rollout.weight_sync=nccl`` / ``gloo`` / ``cuda_ipc`` where the planned
-    GPUs (``visible``: ``CUDA_VISIBLE_DEVICES`` per worker name, as :func:`tasks.cluster.gpu_assignment` gives them)
-    cannot carry it."""
+    GPUs (``visible``: ``CUDA_VISIBLE_DEVICES`` per worker name, as :func:`tasks.placement_plan.gpu_assignment`
+    gives them) cannot carry it."""
     if mode not in ("nccl", "gloo", "cuda_ipc") or not engines:
         return
 

@@ -1,4 +1,4 @@
-"""GPU placement and CPU threads of the local cluster (tasks/cluster.py) and the scale settings behind them."""
+"""GPU placement and CPU threads of the local cluster (tasks/placement_plan.py) and their settings."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig, RolloutConfig, TrainConfig
 from llmrl_core.pipeline.sft_config import SFTConfig
 from llmrl_core.policies.vllm_engine import EngineConfig
-from tasks.cluster import (
+from tasks.placement_plan import (
     THREAD_VARIABLES,
     available_cores,
     gpu_assignment,

@@ -427,7 +427,8 @@ def _in_group(process, pgid: int) -> bool:
 
 
 def test_placement_is_by_declared_resources():
-    from tasks.cluster import local_worker_resources, place_workers
+    from tasks.cluster import place_workers
+    from tasks.placement_plan import local_worker_resources
 
     cfg = load_config(GRPOConfig, None, ["rollout.workers=2", "train.device=cpu"])
     assert local_worker_resources(cfg) == {

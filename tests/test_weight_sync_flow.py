@@ -155,9 +155,9 @@ def test_the_weight_route_follows_the_topology(topology, trainer, engines, auto,
 
 
 def test_nccl_on_one_gpu_is_refused_before_any_worker_starts():
-    """The local cluster's GPU plan (tasks.cluster.gpu_assignment) puts the trainer and the engine on the one GPU:
-    weight_sync=nccl is refused with the reason; auto is fine (it will take the shared file)."""
-    from tasks.cluster import gpu_assignment
+    """The local cluster's GPU plan (tasks.placement_plan.gpu_assignment) puts the trainer and the engine on the one
+    GPU: weight_sync=nccl is refused with the reason; auto is fine (it will take the shared file)."""
+    from tasks.placement_plan import gpu_assignment
 
     cfg = _cfg("rollout.weight_sync=nccl", "train.device=cuda")
     visible = gpu_assignment(cfg, ["0"]).visible

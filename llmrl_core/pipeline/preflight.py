@@ -166,9 +166,15 @@ def env_fields(env: Any) -> tuple[str, ...]:
     return (env.prompt_field,)
 
 
+def held_out_source(env_name: str | None, eval_source: str) -> str:
+    """The held-out source an evaluation of a run in env ``env_name`` reads: IFEval's own prompts for the ifeval
+    env, else the task's ``eval_source`` (one rule for the evaluate flow and a GRPO run's final evaluation)."""
+    return "ifeval" if env_name == "ifeval" else eval_source
+
+
 def final_eval_source(cfg: Any) -> str:
-    """The held-out source a GRPO run's final evaluation reads (as the evaluate flow picks it)."""
-    return "ifeval" if cfg.env.name == "ifeval" else cfg.task.eval_source
+    """The held-out source a GRPO run's final evaluation reads."""
+    return held_out_source(cfg.env.name, cfg.task.eval_source)
 
 
 def check_source(
