@@ -25,15 +25,15 @@ the worker process's environment before anything in it starts CUDA.
   given none (``""``).
 
 CPU threads: Dask starts every worker with ``OMP_NUM_THREADS=MKL_NUM_THREADS=OPENBLAS_NUM_THREADS=1``
-(``distributed.nanny.pre-spawn-environ``), which made the in-process CPU engine run single-threaded (80
-instead of 135 tokens/s on 2 cores). The local workers get their own counts, in the Nanny's ``env`` and in
-the environment they are spawned with (torch sizes its thread pool from it when first imported, which can be
-before the Nanny's ``env`` is applied: :func:`tasks.cluster._nanny_class`): a CPU rollout worker gets
-``rollout.threads`` (0: the flow host's available cores / ``rollout.workers``), a CPU trainer ``train.threads``
-(0: all available cores; the trainer runs between rollouts). Workers on GPUs keep Dask's 1. Threads that fill
-every core slow down badly when other work runs on the same cores (measured: 2 threads on 2 busy cores, 20-70 tokens/s against
-~130 with 1): on a shared machine, or with ``rollout.max_staleness > 0`` (rollouts overlap training), split the
-cores with ``rollout.threads`` / ``train.threads``.
+(``distributed.nanny.pre-spawn-environ``), which made the in-process CPU engine run single-threaded (80 instead of
+135 tokens/s on 2 cores). The local workers get their own counts, in the Nanny's ``env`` and in the environment
+they are spawned with (torch sizes its thread pool from it when first imported, which can be before the Nanny's
+``env`` is applied: :func:`tasks.cluster._nanny_class`): a CPU rollout worker gets ``rollout.threads`` (0: the flow
+host's available cores / ``rollout.workers``), a CPU trainer ``train.threads`` (0: all available cores; the trainer
+runs between rollouts). Workers on GPUs keep Dask's 1. Threads that fill every core slow down badly when other work
+runs on the same cores (measured: 2 threads on 2 busy cores, 20-70 tokens/s against ~130 with 1): on a shared
+machine, or with ``rollout.max_staleness > 0`` (rollouts overlap training), split the cores with
+``rollout.threads`` / ``train.threads``.
 """
 
 from __future__ import annotations
