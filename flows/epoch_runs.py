@@ -29,7 +29,7 @@ from storage.lineage import DataRef, LineageConfig, LineageRecorder
 from storage.run_lock import RunLock
 from tasks.actor_calls import wait_calls
 from tasks.cluster import dask_cluster
-from tasks.commits import check_resume_state, fetch_markers, latest_published
+from tasks.commits import check_resume_state, fetch_markers, latest_published, replaced_line
 from tasks.epoch_stages import lineage_config, train_epoch
 from tasks.fork import Fork, resolve_fork, start_from_fork
 from tasks.publishing import publish_version
@@ -64,6 +64,8 @@ class EpochRun:
         config = lineage_config(cfg)
         lock = RunLock(layout.run_dir, cfg.run_id).__enter__()  # one flow per run at a time: refused if running
         try:
+            fetch_markers(layout.run_dir, layout.markers_uri)  # a remote runs_dir: versions another host committed
+            published = latest_published(layout.run_dir)
             lineage = LineageRecorder(
                 layout.run_dir,
                 pipeline=pipeline,
@@ -71,9 +73,10 @@ class EpochRun:
                 config=config,
                 lineage_config=LineageConfig(tracking_uri=cfg.tracking_uri),
                 accepted_hashes={config_hash(lineage_config(cfg, keep_where=True))},  # as recorded before WHERE_ONLY
+                new_run=published is None,
             )
-            fetch_markers(layout.run_dir, layout.markers_uri)  # a remote runs_dir: versions another host committed
-            published = latest_published(layout.run_dir)
+            if lineage.replaced_run:
+                get_run_logger().info(replaced_line(cfg.run_id, lineage.replaced_run))
             checkpoints = CheckpointStore(layout.checkpoints_uri)
             fork = resolve_fork(cfg.run_id, cfg.runs_dir, cfg.init) if published is None else None
             if published is not None and published[0] > 0:  # before any worker: a resume needs its optimizer state

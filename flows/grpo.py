@@ -127,7 +127,10 @@ def run_grpo(cfg: GRPOConfig, log: Any) -> dict[str, Any]:
             config=stages.lineage_config(cfg),
             lineage_config=LineageConfig(tracking_uri=cfg.tracking_uri),
             accepted_hashes={config_hash(stages.lineage_config(cfg, keep_where=True))},  # as recorded before WHERE_ONLY
+            new_run=published is None,
         )
+        if lineage.replaced_run:
+            log.info(commits.replaced_line(cfg.run_id, lineage.replaced_run))
         identify_run(cfg.run_id, start, cfg.iterations, lineage)  # the Prefect run named after it, both UIs linked
         checkpoints = CheckpointStore(layout.checkpoints_uri)
         commits.save_run_config(run_dir, stages.lineage_config(cfg))

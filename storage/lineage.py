@@ -149,7 +149,10 @@ class LineageRecorder:
     """Record a training run's lineage in MLflow (see the module docstring for the mapping).
 
     ``LineageRecorder(run_dir, pipeline="grpo", run_id="gsm8k-001", config=cfg)`` creates or resumes the
-    run; use it as a context manager or call :meth:`end`.
+    run; use it as a context manager or call :meth:`end`. A resume with a config of another hash is a
+    :class:`LineageError`, unless ``new_run`` says the run has no published version (an earlier attempt failed
+    before publishing, or its folder was removed): that attempt's MLflow run is then deleted (restorable with
+    ``mlflow runs restore``; :attr:`replaced_run` names it) and a new one recorded.
     """
 
     def __init__(
@@ -162,6 +165,7 @@ class LineageRecorder:
         lineage_config: LineageConfig | None = None,
         code_dir: str | os.PathLike[str] | None = None,
         accepted_hashes: Collection[str] = (),
+        new_run: bool = False,
     ) -> None:
         self.run_dir = Path(run_dir).expanduser().absolute()
         self.settings = lineage_config or LineageConfig()
@@ -176,6 +180,9 @@ class LineageRecorder:
         self.config_hash = config_hash(config) if config is not None else None
         # what an older llmrl recorded for the same settings (e.g. before a setting left the hash): a resume
         self.accepted_hashes = frozenset(accepted_hashes)
+        # a run with no published version: an MLflow run of an earlier attempt with other settings is replaced
+        self.new_run = new_run
+        self.replaced_run: str | None = None  # the MLflow run id it replaced (deleted; ``mlflow runs restore``)
         self.mlflow_run_id = self._open_run(config)
         self.forked_from: dict[str, Any] | None = None  # set by mark_fork: the run and version this run started from
 
@@ -198,14 +205,20 @@ class LineageRecorder:
 
     def _open_run(self, config: Any) -> str:
         runs = self.client.search_runs([self.experiment_id], filter_string=f"tags.{RUN_TAG} = '{self.run_id}'")
-        if runs:
-            run = runs[0]
-            previous = run.data.tags.get(CONFIG_HASH_TAG)
-            if self.config_hash and previous and previous != self.config_hash and previous not in self.accepted_hashes:
+        previous = runs[0].data.tags.get(CONFIG_HASH_TAG) if runs else None
+        if self.config_hash and previous and previous != self.config_hash and previous not in self.accepted_hashes:
+            if not self.new_run:
                 raise LineageError(
                     f"run {self.run_id!r} was recorded with config hash {previous}, now {self.config_hash}: "
                     "a changed config needs a new run id"
                 )
+            # nothing of that attempt was published (its folder may be gone): its record makes way for this one
+            self.replaced_run = runs[0].info.run_id
+            self.client.set_tag(self.replaced_run, "llmrl_replaced_by_config", self.config_hash)
+            self.client.delete_run(self.replaced_run)
+            runs = []
+        if runs:
+            run = runs[0]
             self.config_hash = self.config_hash or previous  # resumed without a config: keep the recorded one
             self.client.update_run(run.info.run_id, status="RUNNING")
             run_uuid = run.info.run_id

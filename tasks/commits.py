@@ -117,14 +117,28 @@ def changed_settings(run_dir: Path, config: dict) -> list[str]:
 
 def check_unchanged_config(run_id: str, run_dir: Path, config: dict) -> None:
     """A ``ValueError`` naming the settings a resume of ``run_id`` would change (the versions it has were made with
-    the recorded ones): before the flow, its Prefect API or any engine starts."""
-    changes = changed_settings(run_dir, config)
+    the recorded ones): before the flow, its Prefect API or any engine starts. A run with no published version
+    (its first attempt failed before publishing the starting model) takes the new settings; one with only version
+    0 (the starting model, nothing trained) is refused with how to start it over."""
+    published = latest_published(run_dir)
+    changes = changed_settings(run_dir, config) if published is not None else []
     if changes:
         shown = "; ".join(changes[:5]) + (f"; and {len(changes) - 5} more" if len(changes) > 5 else "")
-        raise ValueError(
-            f"run {run_id!r} exists with other settings ({shown}): a changed config needs a new run id "
-            "(or the recorded values back, see RUN/config.json)"
+        remedy = (
+            f"no version of it was trained yet: remove {run_dir} to start it over with these settings, or use a "
+            "new run id"
+            if published is not None and published[0] == 0
+            else "a changed config needs a new run id (or the recorded values back, see RUN/config.json)"
         )
+        raise ValueError(f"run {run_id!r} exists with other settings ({shown}): {remedy}")
+
+
+def replaced_line(run_id: str, mlflow_run_id: str) -> str:
+    """The log line of a new run that replaced an MLflow record of an earlier attempt with other settings."""
+    return (
+        f"run {run_id}: an earlier attempt with other settings published no version; its MLflow run {mlflow_run_id} "
+        f"is deleted and a new one recorded (mlflow runs restore --run-id {mlflow_run_id} brings it back)"
+    )
 
 
 def save_run_config(run_dir: Path, config: dict) -> Path:

@@ -189,7 +189,7 @@ def test_a_resume_with_other_settings_is_refused_naming_them_before_anything_sta
     from llmrl_core.pipeline.config_io import load_config
     from llmrl_core.pipeline.grpo_config import GRPOConfig
     from llmrl_core.pipeline.sft_config import SFTConfig
-    from tasks.commits import save_run_config
+    from tasks.commits import marker_path, save_run_config
 
     run_dir = cli.runs / "r1"
     run_dir.mkdir(parents=True)
@@ -203,6 +203,8 @@ def test_a_resume_with_other_settings_is_refused_naming_them_before_anything_sta
 
         recorded = lineage_config(load_config(SFTConfig, None, ["run_id=r1"]))
     save_run_config(run_dir, recorded)
+    marker_path(run_dir, 3).parent.mkdir()
+    marker_path(run_dir, 3).write_text(json.dumps({"version": 3, "primer_state": None, "metrics": {}}))
     before = sorted(cli.runs.rglob("*"))
     code, output = cli("run", flow, "--set", "run_id=r1", "--set", "train.lr=0.5")
     assert code == 2, output
@@ -221,3 +223,23 @@ def test_a_resume_with_other_settings_is_refused_naming_them_before_anything_sta
     assert "runs_dir" in old_style
     save_run_config(run_dir, old_style)
     check_resume_config(load_config(config_cls, path, same))
+
+
+def test_a_run_that_trained_nothing_yet_says_how_to_start_it_over(tmp_path):
+    """Settings recorded by an attempt that published nothing do not bind a new attempt; after only version 0 (the
+    starting model) the refusal says that nothing was trained and how to start over."""
+    from llmrl_cli.run_more import check_resume_config
+    from llmrl_core.pipeline.config_io import load_config
+    from llmrl_core.pipeline.sft_config import SFTConfig
+    from tasks.commits import marker_path, save_run_config
+    from tasks.epoch_stages import lineage_config
+
+    base = ["run_id=r1", f"runs_dir={tmp_path}"]
+    run_dir = tmp_path / "r1"
+    save_run_config(run_dir, lineage_config(load_config(SFTConfig, None, base)))
+    changed = load_config(SFTConfig, None, [*base, "train.lr=0.5"])
+    check_resume_config(changed)  # no version published: the new settings are taken
+    marker_path(run_dir, 0).parent.mkdir()
+    marker_path(run_dir, 0).write_text(json.dumps({"version": 0, "primer_state": None, "metrics": {}}))
+    with pytest.raises(ValueError, match=f"no version of it was trained yet: remove {run_dir} to start it over"):
+        check_resume_config(changed)

@@ -172,6 +172,31 @@ def test_reopening_a_run_resumes_it_and_rerecording_a_version_replaces_it(tmp_pa
         )
 
 
+def test_a_new_run_replaces_the_record_of_an_earlier_attempt_with_other_settings(tmp_path):
+    """A run with no published version (its first attempt failed early, or its folder was removed) may change its
+    config: the earlier attempt's MLflow run is deleted (restorable) and a new one carries the new settings."""
+    from storage.hashing import config_hash
+
+    first = LineageRecorder(tmp_path / "run-a", pipeline="grpo", run_id="run-a", config=CONFIG)
+    first.end("FAILED")
+    same = LineageRecorder(tmp_path / "run-a", pipeline="grpo", run_id="run-a", config=CONFIG, new_run=True)
+    assert same.mlflow_run_id == first.mlflow_run_id and same.replaced_run is None  # same settings: same record
+    changed = {**CONFIG, "lr": 1e-5}
+    fresh = LineageRecorder(tmp_path / "run-a", pipeline="grpo", run_id="run-a", config=changed, new_run=True)
+    assert fresh.replaced_run == first.mlflow_run_id and fresh.mlflow_run_id != first.mlflow_run_id
+    client = MlflowClient(fresh.tracking_uri)
+    old = client.get_run(first.mlflow_run_id)
+    assert old.info.lifecycle_stage == "deleted" and old.data.tags["llmrl_replaced_by_config"] == config_hash(changed)
+    new = client.get_run(fresh.mlflow_run_id)
+    assert new.data.tags["llmrl_config_hash"] == config_hash(changed) and new.data.params["lr"] == "1e-05"
+    # the new record is the run's from now on: a resume finds it, and one with the first settings is refused
+    assert LineageRecorder(tmp_path / "run-a", pipeline="grpo", run_id="run-a", config=changed).mlflow_run_id == (
+        fresh.mlflow_run_id
+    )
+    with pytest.raises(LineageError, match="a changed config needs a new run id"):
+        LineageRecorder(tmp_path / "run-a", pipeline="grpo", run_id="run-a", config=CONFIG)
+
+
 def test_any_tracking_uri_from_config(tmp_path):
     elsewhere = tmp_path / "shared-tracking"
     elsewhere.mkdir()
