@@ -72,6 +72,17 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     return True
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop the temporary Prefect API that flows run in this process started, while the output it logs to still
+    exists (Prefect's own exit hook ran after pytest closed it: a "--- Logging error ---" traceback ended the run)."""
+    import sys
+
+    server_module = sys.modules.get("prefect.server.api.server")
+    if server_module is not None:
+        for server in list(server_module.SubprocessASGIServer._instances.values()):
+            server.stop()
+
+
 @pytest.fixture(scope="session")
 def default_model_path() -> str:
     """The prepared packaged SmolLM2-135M-Instruct folder (prepared on first use)."""
