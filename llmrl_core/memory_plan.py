@@ -13,6 +13,8 @@ Rules (each line of a plan names its own):
   with the attention scores left to fused SDPA kernels; ``T * L * H * 2`` with gradient checkpointing, the layer
   inputs, plus one layer's ``34 T H``) and the logits ``T * V * 4 * 2`` (fp32 logits and their log-softmax);
 * reference model (a KL to it): its weights in the engines' dtype;
+* ``rollout.weight_sync=cuda_ipc``: the trainer shares an fp32 copy of its weights (``4N``) while the engines load
+  it, which happens when the engines are awake (the sampling phase below);
 * each engine: its weights in its dtype and its KV cache: on a GPU, vLLM reserves ``gpu_memory_utilization`` of
   the device for weights + KV cache up front (the KV cache is the rest); on a CPU, ``kv_cache_gb``
   (``VLLM_CPU_KVCACHE_SPACE``). At ``2 * L * kv_heads * head_dim * dtype_bytes`` bytes per token the cache must
@@ -142,6 +144,7 @@ class PlanInputs:
     engine_batch: int = 64  # a Transformers engine's sequences per sampling batch (TransformersWorker.max_batch)
     max_new_tokens: int = 128
     engine_sleep_level: int = 0  # rollout.sleep_level: a CUDA engine sleeps while the trainer trains
+    ipc_weights_copy: bool = False  # rollout.weight_sync=cuda_ipc: an fp32 copy of the weights while engines load it
 
 
 def memory_plan(shape: ModelShape, inputs: PlanInputs) -> list[PlanLine]:
@@ -167,6 +170,9 @@ def memory_plan(shape: ModelShape, inputs: PlanInputs) -> list[PlanLine]:
     if inputs.reference_model:
         ref = n * inputs.engine_dtype_bytes
         lines.append(PlanLine(where, "reference model", ref, f"{inputs.engine_dtype_bytes} bytes x {n:,} parameters"))
+    if inputs.ipc_weights_copy:
+        rule = f"fp32: 4 x {n:,} parameters, shared with the engines while they load it"
+        lines.append(PlanLine(where, "weights shared over CUDA IPC", 4 * n, rule, "rollout"))
     weights = n * inputs.engine_dtype_bytes
     for i, device in enumerate(inputs.engine_devices):
         sleeps = bool(inputs.engine_sleep_level) and device.startswith("cuda") and inputs.engine_backend == "vllm"

@@ -67,6 +67,7 @@ def plan_run(cfg: GRPOConfig, gpus: list[str] | None = None, capacity: dict[str,
         engine_backend=cfg.rollout.backend,
         max_new_tokens=cfg.rollout.max_new_tokens,
         engine_sleep_level=cfg.rollout.sleep_level,
+        ipc_weights_copy=cfg.rollout.weight_sync == "cuda_ipc",
     )
     lines = memory_plan(shape, inputs)
     return RunPlan(shape, inputs, lines, capacity, over_budget(lines, capacity, shape, inputs))

@@ -106,6 +106,22 @@ def test_an_engine_that_sleeps_while_the_trainer_trains_shares_one_gpu_by_hand()
     assert all(line.phase != "rollout" for line in memory_plan(shape, cpu_engine))
 
 
+def test_the_cuda_ipc_copy_counts_while_the_engines_load_it_by_hand():
+    """rollout.weight_sync=cuda_ipc: the trainer's fp32 copy of the weights (4 x N) sits beside the awake engine,
+    not beside the training activations."""
+    shape = ModelShape.from_config(QWEN_05B)
+    base = dict(trainer_device="cuda:0", engine_devices=("cuda:0",), gpu_memory_utilization=0.5, engine_sleep_level=1,
+                device_memory={"cuda:0": 24 * GIB}, token_budget=4096, max_model_len=4096)  # fmt: skip
+    plain, ipc = memory_plan(shape, PlanInputs(**base)), memory_plan(shape, PlanInputs(**base, ipc_weights_copy=True))
+    (shared,) = [line for line in ipc if line.item == "weights shared over CUDA IPC"]
+    assert (shared.device, shared.bytes, shared.phase) == ("cuda:0", 4 * 494_032_768, "rollout")
+    resident, training = 16 * 494_032_768, 4096 * 24 * 896 * 34 + 4096 * 151_936 * 8
+    assert training < 12 * GIB  # 7.4 GiB of activations and logits: sampling (vLLM's 12 GiB) is the larger phase
+    assert totals(plain)["cuda:0"] == resident + 12 * GIB
+    assert totals(ipc)["cuda:0"] == resident + 12 * GIB + 4 * 494_032_768  # the copy adds to the sampling phase
+    assert [line for line in plain if "IPC" in line.item] == []
+
+
 def test_a_transformers_engine_holds_one_batch_by_hand():
     shape = ModelShape.from_config(QWEN_05B)
     inputs = PlanInputs(
