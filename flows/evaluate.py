@@ -30,7 +30,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from llmrl_core.pipeline.preflight import PreflightError, check_run_id, held_out_source, source_rows
-from storage.layout import RunLayout
+from storage.layout import RunLayout, default_runs_root
 from tasks.console import library_logs
 from tasks.evaluate import (
     env_scoring,
@@ -76,7 +76,7 @@ def evaluate(
     ``transformers``, as ``rollout.backend``)."""
     check_run_id(run_id)
     if not run_exists(run_id, runs_dir):
-        raise PreflightError(f"run_id: no run {run_id!r} under {runs_dir or 'the runs root ($LLMRL_HOME/runs)'}")
+        raise PreflightError(f"run_id: no run {run_id!r} under {runs_dir or default_runs_root()}")
     env = run_env(run_id, runs_dir)
     scoring = env_scoring(env)
     if backend not in ("vllm", "transformers"):

@@ -132,7 +132,7 @@ def test_prompts_are_the_training_prompts(tokenizer):
         ]
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         assert prompt == tokenizer(text, add_special_tokens=False)["input_ids"]
-    with pytest.raises(ValueError, match=r"row 1: field 'answer'"):
+    with pytest.raises(ValueError, match=r"row 1 \(the 2nd row\) has no field 'answer'"):
         gsm8k_prompt_ids(tokenizer, [ROWS[0], {"question": "q"}])
 
 

@@ -56,7 +56,7 @@ def _data(tmp_path, name: str, text: str) -> str:
         (lambda d: ["run_id=a/b"], "run_id: 'a/b' is not a valid run id"),
         (lambda d: ["dask.join_wait_s=-5"], "--set dask.join_wait_s=-5: dask: dask.join_wait_s must be >= 0"),
         (lambda d: ["dask.restarts=-1"], "dask.restarts must be an integer >= 0"),
-        (lambda d: ["data.source=" + _data(d, "blank.jsonl", '{"question": " ", "answer": "1"}\n')], "row 0 field"),
+        (lambda d: ["data.source=" + _data(d, "blank.jsonl", '{"question": " ", "answer": "1"}\n')], "1st row) field"),
         # the packaged model's config.json writes 8192.0: vLLM refused it only after the cluster started
         (lambda d: ["rollout.max_model_len=100000"], "rollout.max_model_len=100000 exceeds the model's max_position"),
         # the main job's final evaluation reads task.eval_source after 10 minutes of training: checked up front
@@ -101,11 +101,22 @@ def test_an_mcp_server_that_cannot_start_is_named_before_anything_starts(cli, tm
     assert _nothing_written(cli.runs)
 
 
+def test_a_bad_row_is_named_from_0_and_as_the_nth_row():
+    from llmrl_core.pipeline.preflight import PreflightError, check_rows, ordinal
+
+    assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 103, 111)] == [
+        "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "103rd", "111th"
+    ]  # fmt: skip
+    rows = [{"question": "1+1"}] * 21 + [{"question": ""}]
+    with pytest.raises(PreflightError, match=r"^f.jsonl: row 21 \(the 22nd row\) field 'question' must be"):
+        check_rows(rows, ("question",), "f.jsonl")
+
+
 def test_a_parquet_whose_question_is_an_int_is_named(cli, tmp_path):
     path = tmp_path / "ints.parquet"
     pq.write_table(pa.table({"question": [1, 2], "answer": ["#### 1", "#### 2"]}), path)
     code, output = cli("run", "grpo", "--set", f"data.source={path}")
-    assert code == 2 and "row 0 field 'question' must be a non-empty string, got int" in output
+    assert code == 2 and "row 0 (the 1st row) field 'question' must be a non-empty string, got int" in output
     assert _nothing_written(cli.runs)
 
 

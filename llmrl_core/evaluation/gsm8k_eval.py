@@ -26,6 +26,7 @@ from typing import Any
 from llmrl_core.envs.gsm8k import GSM8K_QUESTION_TEMPLATE, GSM8K_SYSTEM_PROMPT, GSM8KEnv
 from llmrl_core.envs.gsm8k_reward import GSM8KRewardParser, extract_tags, gold_answer, normalize_answer
 from llmrl_core.evaluation.results import EvaluationResult, ModeResult, QuestionOutcome, SampleOutcome
+from llmrl_core.pipeline.preflight import check_rows as check_source_rows
 from llmrl_core.policies.base import SamplingConfig
 from llmrl_core.policies.vllm_engine import Completion, generate
 
@@ -33,13 +34,11 @@ ScoreFn = Callable[[str, str], Mapping[str, Any]]
 
 
 def check_rows(rows: Sequence[Mapping[str, Any]], fields: Sequence[str] = ("question", "answer")) -> None:
-    """Raise a clear error naming the row and field when a row lacks a text field the evaluation needs."""
+    """Raise a clear error naming the row and field when a row lacks a text field the evaluation needs (the
+    preflight's check of a data source, :func:`llmrl_core.pipeline.preflight.check_rows`)."""
     if not rows:
         raise ValueError("no rows to evaluate")
-    for index, row in enumerate(rows):
-        for name in fields:
-            if not isinstance(row.get(name), str) or not row[name].strip():
-                raise ValueError(f"row {index}: field {name!r} must be a non-empty string (got {row.get(name)!r:.60})")
+    check_source_rows(rows, tuple(fields), "evaluation rows")
 
 
 def gsm8k_prompt_ids(

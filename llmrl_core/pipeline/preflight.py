@@ -144,17 +144,25 @@ def source_rows(
 
 
 def check_rows(rows: Iterable[dict[str, Any]], fields: Iterable[str], where: str) -> None:
-    """Each row has each field as a non-empty string; the error names the row and the field."""
+    """Each row has each field as a non-empty string; the error names the row (counted from 0, and as the n-th row,
+    which is the line of a .jsonl file without blank lines) and the field."""
     for index, row in enumerate(rows):
+        which = f"row {index} (the {ordinal(index + 1)} row)"
         for name in fields:
             if name not in row:
-                raise PreflightError(f"{where}: row {index} has no field {name!r} (fields: {sorted(row)})")
+                raise PreflightError(f"{where}: {which} has no field {name!r} (fields: {sorted(row)})")
             value = row[name]
             if not isinstance(value, str) or not value.strip():
                 raise PreflightError(
-                    f"{where}: row {index} field {name!r} must be a non-empty string, got "
+                    f"{where}: {which} field {name!r} must be a non-empty string, got "
                     f"{type(value).__name__} {value!r:.60}"
                 )
+
+
+def ordinal(n: int) -> str:
+    """``1st``, ``2nd``, ``3rd``, ``4th``, ``11th``, ``21st``..."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def env_fields(env: Any) -> tuple[str, ...]:
