@@ -325,6 +325,56 @@ def test_responses_input_items_become_the_chat_messages():
             chat_body_from_responses(bad)
 
 
+def test_settings_that_would_reshape_sampling_are_accepted_counted_and_named_once(endpoint, client, caplog):
+    """An agent written for OpenAI may ask for JSON mode, a forced tool, penalties or top log-probs: the call is
+    served (sampling stays what the trainer scores), every such call is counted by setting, and the first of each
+    kind is logged with the reason. The Responses API's text.format counts as response_format."""
+    import logging
+
+    tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+    before = dict(endpoint.ignored)
+    with caplog.at_level(logging.WARNING, logger="llmrl.agents"):
+        for i in range(2):
+            reply = client.chat.completions.create(
+                model="smol",
+                messages=[{"role": "user", "content": "2+3?"}],
+                max_tokens=4,
+                response_format={"type": "json_object"},
+                tools=[tool],
+                tool_choice="required",
+                presence_penalty=0.5,
+                logprobs=True,
+                top_logprobs=2,
+                user=f"ignored-{i}",
+            )
+            assert reply.choices[0].logprobs.content[0].top_logprobs == []
+        client.chat.completions.create(  # text, auto and zero penalties change nothing: not counted
+            model="smol", messages=[{"role": "user", "content": "hi"}], max_tokens=2, response_format={"type": "text"},
+            tools=[tool], tool_choice="auto", frequency_penalty=0, user="ignored-none",
+        )  # fmt: skip
+        client.responses.create(
+            model="smol", input="hi", max_output_tokens=2, text={"format": {"type": "json_object"}}, user="ignored-r"
+        )
+    counted = {k: v - before.get(k, 0) for k, v in endpoint.ignored.items() if v - before.get(k, 0)}
+    assert counted == {"response_format": 3, "tool_choice": 2, "presence_penalty": 2, "top_logprobs": 2}
+    warned = [r.getMessage() for r in caplog.records if r.name == "llmrl.agents"]
+    assert len(warned) == sum(1 for k in counted if not before.get(k))  # once per setting per endpoint
+    if not before.get("response_format"):
+        assert any("sets response_format, which has no effect here (no constrained decoding" in m for m in warned)
+
+
+def test_ignored_settings_by_hand():
+    from llmrl_core.agents.ignored_settings import ignored_settings
+    from llmrl_core.agents.rollout import AgentRollout
+
+    assert ignored_settings({"tool_choice": "required"}) == []  # no tools: nothing to force
+    assert ignored_settings({"tools": [{}], "tool_choice": {"type": "function", "function": {"name": "f"}}}) == [
+        "tool_choice"
+    ]
+    assert ignored_settings({"logit_bias": {"5": -100}, "top_logprobs": 3}) == ["logit_bias"]  # no logprobs asked
+    assert AgentRollout([], [], [], {"logit_bias": 4}).metrics()["agent_ignored_logit_bias"] == 4.0
+
+
 def test_refusals_are_openai_errors(endpoint, client):
     import openai
 

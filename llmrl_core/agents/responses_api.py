@@ -108,6 +108,9 @@ def chat_body_from_responses(body: Mapping[str, Any]) -> dict[str, Any]:
             chat[key] = body[key]
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
+    text = body.get("text")
+    if isinstance(text, Mapping) and isinstance(text.get("format"), Mapping):  # JSON mode / schema: chat's name
+        chat["response_format"] = text["format"]
     tools = _tools(body)
     if tools is not None:
         chat["tools"] = tools

@@ -4,7 +4,7 @@ episode per prompt row, and turn each finished episode into its training row (fa
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from llmrl_core.agents.loading import load_agent
@@ -24,6 +24,7 @@ class AgentRollout:
     rows: list[EpisodeRow]
     outcomes: list[EpisodeOutcome]
     batch_sizes: list[int]
+    ignored: dict[str, int] = field(default_factory=dict)  # calls per request setting not honoured
 
     @property
     def failures(self) -> list[EpisodeOutcome]:
@@ -32,7 +33,9 @@ class AgentRollout:
 
     def metrics(self) -> dict[str, float]:
         """``agent_episodes``, ``agent_failures`` (and by kind), ``agent_calls_mean``, ``agent_rewritten`` (rows
-        whose agent rewrote its history), ``engine_batch_mean`` (requests per engine batch)."""
+        whose agent rewrote its history), ``engine_batch_mean`` (requests per engine batch), and
+        ``agent_ignored_<setting>``: calls that set a request setting the endpoint does not honour
+        (:mod:`llmrl_core.agents.ignored_settings`)."""
         kinds: dict[str, float] = {}
         for outcome in self.failures:
             kinds[f"agent_failures_{outcome.error}"] = kinds.get(f"agent_failures_{outcome.error}", 0.0) + 1
@@ -44,6 +47,7 @@ class AgentRollout:
             "agent_calls_mean": sum(calls) / len(calls) if calls else 0.0,
             "agent_rewritten": float(sum(bool(r.info["history_rewritten"]) for r in self.rows)),
             "engine_batch_mean": sum(self.batch_sizes) / len(self.batch_sizes) if self.batch_sizes else 0.0,
+            **{f"agent_ignored_{name}": float(count) for name, count in sorted(self.ignored.items())},
         }
 
 
@@ -109,4 +113,4 @@ def run_agent_rollout(
             )
         except ValueError as err:  # e.g. messages the agent returned that cannot be stored: its episode only
             outcome.error, outcome.detail = "bad_result", str(err)
-    return AgentRollout(out_rows, list(outcomes), list(endpoint.batcher.batch_sizes))
+    return AgentRollout(out_rows, list(outcomes), list(endpoint.batcher.batch_sizes), dict(endpoint.ignored))

@@ -15,12 +15,14 @@ batch). ``stream: true`` gets the reply as server-sent events once it is generat
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import socket
 import threading
 import time
 import uuid
 import zlib
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,10 +31,13 @@ from fastapi import Request  # module level: the routes' annotations are resolve
 
 from llmrl_core.agents.batcher import EngineBatcher, GenerationRequest
 from llmrl_core.agents.chat import normalize_message, parse_tool_calls
+from llmrl_core.agents.ignored_settings import WHY, ignored_settings
 from llmrl_core.agents.recorder import CallRecord, CallRecorder, EpisodeLog, PromptPlan
 from llmrl_core.agents.request_error import RequestError
 from llmrl_core.agents.responses_api import chat_body_from_responses, response_from_chat, response_stream_events
 from llmrl_core.agents.streaming import stream_events
+
+logger = logging.getLogger("llmrl.agents")
 
 
 @dataclass
@@ -84,6 +89,7 @@ class AgentEndpoint:
         self.port = port
         self._server: Any = None
         self._thread: threading.Thread | None = None
+        self.ignored: Counter[str] = Counter()  # calls per setting accepted and not honoured (ignored_settings)
         self.app = self._make_app()
 
     # --- life cycle ---------------------------------------------------------------------------------------
@@ -252,8 +258,16 @@ class AgentEndpoint:
             ]
         }
 
+    def _note_ignored(self, body: Mapping[str, Any]) -> None:
+        """Count the settings of ``body`` the endpoint does not honour; the first of each kind is logged."""
+        for name in ignored_settings(body):
+            if not self.ignored[name]:
+                logger.warning("agent endpoint: the agent sets %s, which has no effect here (%s)", name, WHY[name])
+            self.ignored[name] += 1
+
     async def _chat(self, body: Mapping[str, Any], episode: Any) -> dict[str, Any]:
         log = self._episode(episode)
+        self._note_ignored(body)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise RequestError("messages must be a non-empty list", param="messages")
