@@ -34,6 +34,23 @@ def test_task_success_is_the_agents_success_entry_else_a_positive_reward():
     assert not failed.correct and failed.extra["agent_failed"] == 1.0 and failed.reward == 0.0
 
 
+def test_an_agents_result_is_any_number_a_reward_function_may_return():
+    """``return answer == gold``, NumPy and one-element tensor rewards are rewards; a ``success`` flag given as a
+    bool decides task success (a False one was dropped, and a positive reward counted as a success)."""
+    import numpy as np
+    import torch
+
+    from llmrl_core.agents.runner import read_result
+
+    numbers = (True, False, np.float32(0.5), np.int64(2), torch.tensor(0.25))
+    assert [read_result("e", r, 0.1).reward for r in numbers] == [1.0, 0.0, 0.5, 2.0, 0.25]
+    flagged = read_result("e", {"reward": 1.0, "success": False, "tool_calls": np.int64(3), "note": "x"}, 0.1)
+    assert flagged.components == {"success": 0.0, "tool_calls": 3.0} and not agent_success(flagged)
+    assert agent_success(read_result("e", {"reward": 0.0, "success": True}, 0.1))
+    for bad in ("1.0", None, float("nan"), torch.ones(2), {"score": 1.0}):
+        assert read_result("e", bad, 0.1).error == "bad_result"
+
+
 def test_an_agent_run_is_scored_by_its_agent():
     assert env_scoring({"agent": "m:f", "name": "gsm8k"}) == "agent"
     assert env_scoring({"name": "gsm8k"}) == "single_turn"

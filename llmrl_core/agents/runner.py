@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmrl_core.agents.loading import is_async_agent
+from llmrl_core.envs.reward_calls import as_reward_number
 
 EPISODE_HEADER = "X-Episode-Id"
 
@@ -52,7 +53,9 @@ class EpisodeOutcome:
 
 def read_result(episode_id: str, result: Any, seconds: float) -> EpisodeOutcome:
     """An agent's return value as an outcome: a finite number, or a dict with a finite ``"reward"`` (other
-    numeric entries become reward components, ``"messages"`` the stored conversation)."""
+    numeric entries become reward components, ``"messages"`` the stored conversation). A number is what a reward
+    function may return too (:func:`~llmrl_core.envs.reward_calls.as_reward_number`: a bool, an int, a float, a
+    NumPy scalar or a one-element tensor), so ``return answer == gold`` and ``{"success": True}`` count."""
     components: dict[str, float] = {}
     messages = None
     reward = result
@@ -60,17 +63,17 @@ def read_result(episode_id: str, result: Any, seconds: float) -> EpisodeOutcome:
         if "reward" not in result:
             return EpisodeOutcome(episode_id, error="bad_result", detail="the dict has no 'reward'", seconds=seconds)
         reward = result["reward"]
-        components = {
-            str(k): float(v)
-            for k, v in result.items()
-            if k != "reward" and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-        }
+        for key, value in result.items():
+            number = as_reward_number(value) if key != "reward" else None
+            if number is not None and math.isfinite(number):
+                components[str(key)] = number
         if isinstance(result.get("messages"), list):
             messages = [dict(m) for m in result["messages"] if isinstance(m, Mapping)]
-    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(float(reward)):
-        detail = f"expected a finite float or {{'reward': float, ...}}, got {result!r}"[:500]
+    number = as_reward_number(reward)
+    if number is None or not math.isfinite(number):
+        detail = f"expected a finite number or {{'reward': number, ...}}, got {result!r}"[:500]
         return EpisodeOutcome(episode_id, error="bad_result", detail=detail, seconds=seconds)
-    return EpisodeOutcome(episode_id, float(reward), components, messages, seconds=seconds)
+    return EpisodeOutcome(episode_id, number, components, messages, seconds=seconds)
 
 
 def _crash(episode_id: str, err: BaseException, seconds: float) -> EpisodeOutcome:
