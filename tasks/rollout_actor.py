@@ -247,6 +247,7 @@ class RolloutWorker(RolloutActor):
             concurrency=self.cfg.rollout.agent_concurrency,
             timeout_s=self.cfg.rollout.agent_timeout_s,
             model_name=self.cfg.model,
+            prompt_field=self.cfg.env.prompt_field,
         )
         metrics: dict[str, Any] = result.metrics()
         failures = result.failures

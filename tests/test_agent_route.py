@@ -127,3 +127,25 @@ def test_an_openai_agents_sdk_agent_trains_as_written(agents_on_path, vllm_engin
         assert row.info["agent_calls"] >= 1 and set(row.policy_versions) == {5}
         assert torch_finite(row.sampler_log_probs)
         assert 0 < int(row.policy_mask.sum()) == len(row.sampler_log_probs)  # a log-prob per sampled token
+
+
+def test_an_agent_reads_the_prompt_by_its_data_field_and_may_return_a_bool(vllm_engine_fp32, tmp_path, monkeypatch):
+    """The loader renames the prompt field to ``query``; the agent gets it under its data name too (as the held-out
+    evaluation gives it), and ``return answer == gold`` (a bool) is its reward."""
+    from llmrl_core.agents.rollout import agent_row
+
+    row = {"query": "2+3?", "answer": "5"}
+    assert agent_row(row, "question") == {"query": "2+3?", "answer": "5", "question": "2+3?"}
+    assert agent_row({"problem": "x"}, "problem") == {"problem": "x", "query": "x"}
+    (tmp_path / "field_agent.py").write_text(
+        "def solve(row, client):\n"
+        "    client.chat.completions.create(model='m', messages=[{'role': 'user', 'content': row['question']}],"
+        " max_tokens=2)\n"
+        "    return row['question'] == row['query']\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        result = _agent_rollout(vllm_engine_fp32, "field_agent:solve", 1, 4, seed=5)
+    finally:
+        sys.modules.pop("field_agent", None)
+    assert [o.error for o in result.outcomes] == [None] * 4 and [o.reward for o in result.outcomes] == [1.0] * 4

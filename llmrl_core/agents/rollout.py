@@ -51,6 +51,17 @@ class AgentRollout:
         }
 
 
+def agent_row(data: dict[str, Any], prompt_field: str) -> dict[str, Any]:
+    """The row an agent is given: the data row's fields, with the prompt under ``query`` and under
+    ``prompt_field`` (the loader renamed it to ``query``; an agent written against the data reads its own name)."""
+    row = dict(data)
+    if "query" in row:
+        row.setdefault(prompt_field, row["query"])
+    elif prompt_field in row:
+        row["query"] = row[prompt_field]
+    return row
+
+
 def episode_id(row: PromptRow, index: int) -> str:
     """A deterministic episode id (reproducible seeds): the row's place in the rollout and its group identity."""
     return f"e{index}-p{row.prompt_id}-g{row.group_id}-s{row.sample_index}"
@@ -67,16 +78,19 @@ def run_agent_rollout(
     timeout_s: float = 120.0,
     model_name: str = "policy",
     host: str = "127.0.0.1",
+    prompt_field: str = "question",
 ) -> AgentRollout:
     """Run ``agent_path``'s agent once per row against ``worker``'s engine (a
     :class:`~llmrl_core.policies.vllm_worker.vLLMWorker`) at its current policy version. The endpoint imposes
     ``sampling``'s temperature and top-p, caps replies at its ``max_new_tokens``, and seeds every call from its
-    seed. ``tokenizer``: the endpoint's own copy of the engine's tokenizer."""
+    seed. ``tokenizer``: the endpoint's own copy of the engine's tokenizer. Each agent gets its row with the prompt
+    under ``query`` (as the built-in envs see it) and under its data field ``prompt_field`` too, as the held-out
+    evaluation gives it (:func:`agent_row`)."""
     agent = load_agent(agent_path)
     recorder = CallRecorder(open_only=True)
     jobs = []
     for index, row in enumerate(rows):
-        job = EpisodeJob(episode_id(row, index), dict(row.data))
+        job = EpisodeJob(episode_id(row, index), agent_row(row.data, prompt_field))
         recorder.open(job.episode_id)
         jobs.append(job)
     wake = getattr(worker, "wake", None)

@@ -84,12 +84,19 @@ def _play(
     timeout_s: float,
 ) -> list[list[SampleOutcome]]:
     prompts = [
-        PromptRow(data={**row, "query": row[prompt_field]}, prompt_id=i, group_id=i, sample_index=s)
+        PromptRow(data=dict(row), prompt_id=i, group_id=i, sample_index=s)
         for i, row in enumerate(rows)
         for s in range(n)
     ]
     rollout = run_agent_rollout(
-        worker, agent, prompts, sampling, tokenizer=tokenizer, concurrency=concurrency, timeout_s=timeout_s
+        worker,
+        agent,
+        prompts,
+        sampling,
+        tokenizer=tokenizer,
+        concurrency=concurrency,
+        timeout_s=timeout_s,
+        prompt_field=prompt_field,
     )
     stored = {(int(r.group_id), int(r.sample_index)): r for r in rollout.rows}  # type: ignore[arg-type]
     groups: list[list[SampleOutcome]] = [[] for _ in rows]
