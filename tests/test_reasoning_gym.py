@@ -96,11 +96,31 @@ def test_config_names_the_env_and_fills_its_own_defaults():
         (["env.args.datset=chain_sum"], r"env.args: unknown key\(s\) \['datset'\]"),
         ([], r"env.args.dataset: name a reasoning-gym dataset"),
         (["env.args.dataset=gcd", "env.options.dataset=lcm"], "env.args and env.options are the same setting"),
+        # a bare AssertionError of the dataset's own config check is named as one
+        (["env.args.dataset=composite"], r"refused its config \(AssertionError: Must specify at least one dataset"),
     ],
 )
 def test_bad_settings_fail_before_anything_starts(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(GRPOConfig, None, ["env.name=reasoning_gym", *overrides])
+
+
+def test_a_dataset_that_is_not_deterministic_is_refused_before_anything_starts(monkeypatch):
+    """A dataset whose entry for an index changes from one read to the next (reasoning-gym 0.1.x's list_functions
+    draws from more than its per-index seed) could not score a stored row: refused when the config loads."""
+    import itertools
+
+    from llmrl_core.builtin_data import reasoning_gym_data
+
+    class Drifting(list):
+        draws = itertools.count()
+
+        def __getitem__(self, index):
+            return {"question": f"q{index}-{next(self.draws)}", "answer": "1", "metadata": {}}
+
+    monkeypatch.setattr(reasoning_gym_data, "_cached_dataset", lambda *args: Drifting([None] * 4))
+    with pytest.raises(ConfigError, match=r"env.args.dataset: reasoning-gym's 'chain_sum' gives two different"):
+        load_config(GRPOConfig, None, ["env.name=reasoning_gym", "env.args.dataset=chain_sum"])
 
 
 def test_the_cli_main_job_gives_another_env_its_own_prompts(tmp_path, monkeypatch):

@@ -91,13 +91,20 @@ class ReasoningGymSpec:
             hint = f"; did you mean {close}?" if close else f"; known: {names}"
             raise ValueError(f"{setting}.dataset: {self.dataset!r} is not a reasoning-gym dataset{hint}")
         try:
-            dataset(self, "train")[0]
+            first = dataset(self, "train")[0]
         except (TypeError, ValueError, AssertionError, KeyError) as err:
             sizes = f"{self.split_size('train')} train / {self.split_size('test')} test rows"
             sizes += f": {setting}.size / test_size"
+            why = f"{type(err).__name__}: {err}" if isinstance(err, AssertionError) else str(err)
             raise ValueError(
-                f"{setting}.config: reasoning-gym {self.dataset!r} refused its config ({err}; split sizes {sizes})"
+                f"{setting}.config: reasoning-gym {self.dataset!r} refused its config ({why}; split sizes {sizes})"
             ) from err
+        if str(first["question"]) != str(dataset(self, "train")[0]["question"]):
+            raise ValueError(
+                f"{setting}.dataset: reasoning-gym's {self.dataset!r} gives two different entries for the same index "
+                "(it is not deterministic), so a stored row could not be scored against its entry; pick another "
+                "dataset"
+            )
 
 
 def _freeze(value: Any) -> Any:
