@@ -171,11 +171,25 @@ def _factory_that_raises(tokenizer=None, input_mode="tokens"):
     raise RuntimeError("the dataset is not there")
 
 
+def _factory_with_a_tensordict_reward(tokenizer=None, input_mode="tokens"):
+    """A TorchRL user's reward: a TensorDict transform, which only env.step(td) runs (the flows step slot by slot)."""
+    from llmrl_core.envs import ChatEnv
+    from llmrl_core.envs.transforms.td_base import Transform
+
+    class LengthReward(Transform):
+        def _step(self, tensordict, next_tensordict):
+            return next_tensordict
+
+    env = ChatEnv(tokenizer=tokenizer, input_mode=input_mode, system_prompt="Answer.")
+    return env.append_transform(LengthReward())
+
+
 @pytest.mark.parametrize(
     ("factory", "message"),
     [
         ("_factory_returning_a_number", "env.factory 'tests.test_task_config:_factory_returning_a_number' returned"),
         ("_factory_that_raises", "raised RuntimeError: the dataset is not there"),
+        ("_factory_with_a_tensordict_reward", r"has TensorDict transforms \['LengthReward'\] .* slot transform"),
     ],
 )
 def test_a_failing_env_factory_is_named_as_the_users_code(tokenizer, factory, message):
