@@ -73,11 +73,15 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Stop the temporary Prefect API that flows run in this process started, while the output it logs to still
-    exists (Prefect's own exit hook ran after pytest closed it: a "--- Logging error ---" traceback ended the run)."""
+    """Send the flow runs' queued log lines, then stop the temporary Prefect API that flows run in this process
+    started, while the output it logs to still exists (Prefect's own exit hook ran after pytest closed it: a
+    "--- Logging error ---" traceback ended the run)."""
     import sys
 
     server_module = sys.modules.get("prefect.server.api.server")
+    handlers = sys.modules.get("prefect.logging.handlers")
+    if handlers is not None:  # the runs' last log lines go to the API first ("Error logging to API" after it stopped)
+        handlers.APILogWorker.drain_all(timeout=10)
     if server_module is not None:
         for server in list(server_module.SubprocessASGIServer._instances.values()):
             server.stop()
