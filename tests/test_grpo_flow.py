@@ -311,7 +311,11 @@ def test_a_hung_rollout_worker_is_named_within_a_minute(tmp_path, default_model_
     try:
         code = proc.wait(timeout=600)
     finally:
-        left = [(p, _describe(p)) for p in psutil.process_iter() if _in_group(p, proc.pid)]
+        # multiprocessing's resource tracker outlives its clients by the moment it takes to clean up after them (the
+        # killed worker's semaphore): what is still there after a few seconds was left behind
+        members = [p for p in psutil.process_iter() if _in_group(p, proc.pid)]
+        psutil.wait_procs(members, timeout=15)
+        left = [(p, _describe(p)) for p in members if _in_group(p, proc.pid)]
         for p, _ in left:
             p.send_signal(signal.SIGKILL)
     took = time.monotonic() - start
