@@ -328,7 +328,8 @@ def test_responses_input_items_become_the_chat_messages():
 def test_settings_that_would_reshape_sampling_are_accepted_counted_and_named_once(endpoint, client, caplog):
     """An agent written for OpenAI may ask for JSON mode, a forced tool, penalties or top log-probs: the call is
     served (sampling stays what the trainer scores), every such call is counted by setting, and the first of each
-    kind is logged with the reason. The Responses API's text.format counts as response_format."""
+    kind is logged with the reason. The Responses API's text.format counts as response_format; completions count
+    too."""
     import logging
 
     tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
@@ -355,8 +356,11 @@ def test_settings_that_would_reshape_sampling_are_accepted_counted_and_named_onc
         client.responses.create(
             model="smol", input="hi", max_output_tokens=2, text={"format": {"type": "json_object"}}, user="ignored-r"
         )
+        client.completions.create(model="smol", prompt="2+3=", max_tokens=2, logit_bias={"42": -100}, user="ignored-c")
     counted = {k: v - before.get(k, 0) for k, v in endpoint.ignored.items() if v - before.get(k, 0)}
-    assert counted == {"response_format": 3, "tool_choice": 2, "presence_penalty": 2, "top_logprobs": 2}
+    assert counted == {
+        "response_format": 3, "tool_choice": 2, "presence_penalty": 2, "top_logprobs": 2, "logit_bias": 1
+    }  # fmt: skip
     warned = [r.getMessage() for r in caplog.records if r.name == "llmrl.agents"]
     assert len(warned) == sum(1 for k in counted if not before.get(k))  # once per setting per endpoint
     if not before.get("response_format"):

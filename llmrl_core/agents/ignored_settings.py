@@ -30,7 +30,8 @@ WHY = {
 
 
 def ignored_settings(body: Mapping[str, Any]) -> list[str]:
-    """The settings of a chat-completions request ``body`` that the endpoint accepts and does not honour."""
+    """The settings of a chat-completions or completions request ``body`` that the endpoint accepts and does not
+    honour."""
     found = []
     response_format = body.get("response_format")
     if isinstance(response_format, Mapping) and response_format.get("type", "text") != "text":

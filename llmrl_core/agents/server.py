@@ -230,6 +230,7 @@ class AgentEndpoint:
         top_p = _number(body, "top_p", 1.0, 0.0, 1.0) if policy.top_p is None else policy.top_p
         if top_p <= 0:
             raise RequestError("top_p must be > 0", param="top_p")
+        self._note_ignored(body)  # every generation route: chat, completions, and responses through chat
         seed = body.get("seed") if policy.seed is None else None
         if policy.seed is not None:
             seed = zlib.crc32(f"{policy.seed}/{log.episode_id}/{len(log.calls)}".encode()) & 0x7FFFFFFF
@@ -267,7 +268,6 @@ class AgentEndpoint:
 
     async def _chat(self, body: Mapping[str, Any], episode: Any) -> dict[str, Any]:
         log = self._episode(episode)
-        self._note_ignored(body)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise RequestError("messages must be a non-empty list", param="messages")
