@@ -7,8 +7,11 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from llmrl_core.data import History
+from llmrl_core.collectors import LLMCollector
+from llmrl_core.collectors.tensordict_batches import rows as episodes
+from llmrl_core.data import History, LLMData
 from llmrl_core.envs import ChatEnv
+from llmrl_core.envs.transforms.td_base import Transform as TensorDictTransform
 from llmrl_core.modules.policies import ChatHistory
 
 SYSTEM = "You are a helpful assistant."
@@ -88,10 +91,7 @@ def test_torchrl_argument_errors():
 
 def test_tensordict_transforms_run_on_the_tensordict_calls():
     """A TorchRL TensorDict transform appended to a ChatEnv runs as in a TransformedEnv: ``_reset`` on reset(td),
-    ``_inv_call`` on the action, ``_step`` on the "next" data; the collector (slot transforms only) refuses it."""
-    from llmrl_core.collectors import LLMCollector
-    from llmrl_core.envs.transforms.td_base import Transform as TensorDictTransform
-
+    ``_inv_call`` on the action, ``_step`` on the "next" data; the list calls run ``_reset`` and ``_step``."""
     calls = []
 
     class Tag(TensorDictTransform):
@@ -116,8 +116,77 @@ def test_tensordict_transforms_run_on_the_tensordict_calls():
     action.set("text_response", ["x", "y"])
     out = env.step(action)
     assert calls == ["reset", "inv", "step"] and out["next", "reward"].tolist() == [[1.0], [1.0]]
-    with pytest.raises(ValueError, match=r"TensorDict transforms \['Tag'\]"):
-        LLMCollector(env, policy=lambda data: data, dialog_turns_per_batch=2)
+
+    # the list calls (the collector's and the flows') run the same hooks once each: no _inv_call (the answers are
+    # given), the reward written back becomes the slots' and is kept as the transform's component
+    calls.clear()
+    env.reset(["a", "b"])
+    out = env.step(["x", "y"])
+    assert calls == ["reset", "step"] and out.reward.tolist() == [1.0, 1.0]
+    assert out.reward_components == [{"Tag": 1.0}, {"Tag": 1.0}]
+    calls.clear()  # TorchRL's step_and_maybe_reset: each hook once (the inner partial reset adds no second _reset)
+    env.step_and_maybe_reset(TensorDict({"text_response": ["x", "y"]}, batch_size=(2,)))
+    assert calls == ["inv", "step", "reset"]
+
+
+class AnswerCheck(TensorDictTransform):
+    """A TorchRL user's reward: 1 when the answer equals the row's ``answer`` field, which ends the episode;
+    -0.01 per character of the answer's text otherwise (reads ``("history", "response")`` and ``("text", ...)``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[dict] = []
+
+    def _step(self, tensordict, next_tensordict):
+        answers = [h.to_messages()[-1].text for h in tensordict["history"].response.unbind(0)]
+        expected = tensordict.get("answer").tolist()
+        self.seen.append({"answers": answers, "text": tensordict.get(("text", "response")).tolist()})
+        right = torch.tensor([[a == e] for a, e in zip(answers, expected, strict=True)])
+        penalty = torch.tensor([[-0.01 * len(a)] for a in answers])
+        next_tensordict.set("reward", next_tensordict["reward"] + torch.where(right, 1.0, penalty))
+        next_tensordict.set("terminated", next_tensordict["terminated"] | right)
+        return next_tensordict.set("done", next_tensordict["done"] | right)
+
+
+def test_a_tensordict_reward_transform_rewards_and_ends_episodes_under_the_collector():
+    """LLMCollector steps the env with list calls: a TorchRL-style ``_step`` transform still decides the reward and
+    when an episode ends, with the prompt row's fields beside the answer."""
+    check = AnswerCheck()
+    env = ChatEnv(batch_size=2, chat_template_name="chatml", max_turns=3).append_transform(check)
+    replies = iter([["7", "no"], ["4"]])
+
+    def policy(data: LLMData) -> LLMData:
+        text = next(replies)
+        return LLMData(text_response=text, finish_reasons=["stop"] * len(text))
+
+    prompts = [{"query": "3+4?", "answer": "7"}, {"query": "2+2?", "answer": "4"}]
+    collector = LLMCollector(env, policy, prompts=prompts, total_trajectories=2, rolling_reset=True)
+    trajectories = sorted(episodes(collector.collect()), key=lambda t: t.data["query"])
+    assert [(t.data["query"], t.num_turns, round(t.reward, 4)) for t in trajectories] == [
+        ("2+2?", 2, round(-0.02 + 1.0, 4)),
+        ("3+4?", 1, 1.0),
+    ]
+    assert check.seen[0] == {"answers": ["7", "no"], "text": ["7", "no"]}
+    assert check.seen[1]["answers"] == ["4"]  # only the slot still running is stepped
+
+
+def test_a_per_token_reward_counts_as_its_sum_and_a_lost_reward_is_named():
+    class PerToken(TensorDictTransform):
+        def _step(self, tensordict, next_tensordict):
+            return next_tensordict.set("reward", torch.full((next_tensordict.batch_size[0], 3, 1), 0.5))
+
+    env = ChatEnv(batch_size=1, chat_template_name="chatml", max_turns=1).append_transform(PerToken())
+    env.reset(["q"])
+    assert env.step(["a"]).reward.tolist() == [1.5]
+
+    class Drops(TensorDictTransform):
+        def _step(self, tensordict, next_tensordict):
+            return next_tensordict.exclude("reward")
+
+    env = ChatEnv(batch_size=1, chat_template_name="chatml").append_transform(Drops())
+    env.reset(["q"])
+    with pytest.raises(KeyError, match="no 'reward' after Drops._step"):
+        env.step(["a"])
 
 
 def test_retrieve_kl_appended_to_a_chat_env(hf_model_fp32):

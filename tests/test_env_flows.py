@@ -83,16 +83,27 @@ def test_grpo_with_the_python_tool_stores_tool_turns_and_trains_on_the_policy_ma
 
 @pytest.mark.slow
 def test_grpo_with_a_users_env_factory_and_reward_function(tmp_path, monkeypatch):
+    """A factory env with a TorchRL-style TensorDict reward transform, plus reward functions (one failing once)."""
     module = tmp_path / "my_env_pkg.py"
     module.write_text(
         textwrap.dedent(
             """
+            import torch
+
             from llmrl_core.envs import ChatEnv
+            from llmrl_core.envs.transforms.td_base import Transform
 
             CALLS = []
 
+            class Bonus(Transform):  # a TorchRL-style reward: a quarter point for every answer with sampled ids
+                def _step(self, tensordict, next_tensordict):
+                    sampled = [len(t.response) > 0 for t in tensordict["tokens"].unbind(0)]
+                    bonus = torch.tensor([[0.25 * s] for s in sampled])
+                    return next_tensordict.set("reward", next_tensordict["reward"] + bonus)
+
             def make_env(tokenizer=None, input_mode="history", max_turns=1, greeting="Say hi"):
-                return ChatEnv(tokenizer=tokenizer, input_mode=input_mode, system_prompt=greeting, max_turns=1)
+                env = ChatEnv(tokenizer=tokenizer, input_mode=input_mode, system_prompt=greeting, max_turns=1)
+                return env.append_transform(Bonus())
 
             def short_answer(prompt, completion, row):
                 return 1.0 if len(completion) < 40 else 0.0
@@ -122,8 +133,9 @@ def test_grpo_with_a_users_env_factory_and_reward_function(tmp_path, monkeypatch
     assert rows[0].messages[0] == {"role": "system", "content": "Answer in one word."}
     for r in rows:
         completion = r.messages[-1]["content"]
-        assert r.reward_components == {"short_answer": 2.0 * (len(completion) < 40), "first_fails": 0.5}
-        assert r.reward == pytest.approx(2.0 * (len(completion) < 40) + 0.5)
+        short = 2.0 * (len(completion) < 40)
+        assert r.reward_components == {"short_answer": short, "first_fails": 0.5, "Bonus": 0.25}
+        assert r.reward == pytest.approx(short + 0.5 + 0.25)
     sys.modules.pop("my_env_pkg", None)
 
 

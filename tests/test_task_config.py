@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 from llmrl_core.builtin_data.arithmetic import arithmetic_rows, parse_arithmetic_source, problem_split
@@ -172,16 +173,43 @@ def _factory_that_raises(tokenizer=None, input_mode="tokens"):
 
 
 def _factory_with_a_tensordict_reward(tokenizer=None, input_mode="tokens"):
-    """A TorchRL user's reward: a TensorDict transform, which only env.step(td) runs (the flows step slot by slot)."""
+    """A TorchRL user's reward: a TensorDict transform that pays 1 for an answer containing the row's ``answer``."""
     from llmrl_core.envs import ChatEnv
     from llmrl_core.envs.transforms.td_base import Transform
 
-    class LengthReward(Transform):
+    class ContainsAnswer(Transform):
         def _step(self, tensordict, next_tensordict):
-            return next_tensordict
+            texts = tensordict.get(("text", "response")).tolist()
+            answers = tensordict.get("answer").tolist()
+            right = [[float(str(a) in t)] for t, a in zip(texts, answers, strict=True)]
+            return next_tensordict.set("reward", next_tensordict["reward"] + torch.tensor(right))
 
-    env = ChatEnv(tokenizer=tokenizer, input_mode=input_mode, system_prompt="Answer.")
-    return env.append_transform(LengthReward())
+    env = ChatEnv(tokenizer=tokenizer, input_mode=input_mode, system_prompt="Answer.", max_turns=1)
+    return env.append_transform(ContainsAnswer())
+
+
+def test_a_factory_env_with_a_tensordict_reward_scores_the_flows_slot_steps(tokenizer):
+    """The flows step a factory's env slot by slot in tokens mode: its TensorDict reward transform still scores
+    each answer (sampled ids and all), with the prompt row's fields beside it."""
+    from llmrl_core.data.llm_data import Response
+    from llmrl_core.pipeline.env_config import EnvConfig
+
+    env = make_task_env(
+        TaskConfig(),
+        tokenizer,
+        env=EnvConfig(factory=f"tests.test_task_config:{_factory_with_a_tensordict_reward.__name__}"),
+    )
+    env.reset([{"query": "3+4?", "answer": 7}, {"query": "2+2?", "answer": 4}])
+    answers = ["It is 7.<|im_end|>", "It is 5.<|im_end|>"]
+    ids = [tokenizer(a, add_special_tokens=False)["input_ids"] for a in answers]
+    out = env.step(
+        [
+            Response(a, token_ids=i, log_probs=[-0.5] * len(i), finish_reason="stop")
+            for a, i in zip(answers, ids, strict=True)
+        ]
+    )
+    assert out.reward.tolist() == [1.0, 0.0] and out.done.tolist() == [True, True]
+    assert out.reward_components == [{"ContainsAnswer": 1.0}, {}]
 
 
 @pytest.mark.parametrize(
@@ -189,7 +217,6 @@ def _factory_with_a_tensordict_reward(tokenizer=None, input_mode="tokens"):
     [
         ("_factory_returning_a_number", "env.factory 'tests.test_task_config:_factory_returning_a_number' returned"),
         ("_factory_that_raises", "raised RuntimeError: the dataset is not there"),
-        ("_factory_with_a_tensordict_reward", r"has TensorDict transforms \['LengthReward'\] .* slot transform"),
     ],
 )
 def test_a_failing_env_factory_is_named_as_the_users_code(tokenizer, factory, message):

@@ -131,14 +131,6 @@ class LLMCollector(PolicyWeights):
         self.envs = list(env) if isinstance(env, Sequence) else [env]
         if not self.envs:
             raise ValueError("LLMCollector needs at least one env")
-        with_td = [t for e in self.envs for t in getattr(e, "td_transforms", [])]
-        if with_td:
-            names = sorted({type(t).__name__ for t in with_td})
-            raise ValueError(
-                f"LLMCollector drives the env's slot transforms; its TensorDict transforms {names} run on "
-                "env.reset(td)/env.step(td) only. Apply them to the collector's batches instead "
-                "(postproc=..., or call the transform on each batch)"
-            )
         if not async_envs and len(self.envs) != 1:
             raise ValueError("several envs need async_envs=True (the sync collector steps one batched env)")
         self.policy = policy

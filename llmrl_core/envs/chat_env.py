@@ -38,7 +38,15 @@ from torch.utils.data import DataLoader, RandomSampler
 from llmrl_core.data.chat_templates import assistant_char_spans, resolve_template
 from llmrl_core.data.conversation import Conversation, ConversationBatch, Message
 from llmrl_core.data.llm_data import LLMData, Response
-from llmrl_core.envs.tensordict_io import actions_from_tensordict, output_to_tensordict, rows_from_tensordict
+from llmrl_core.envs.tensordict_io import (
+    Turn,
+    actions_from_tensordict,
+    add_row_fields,
+    output_to_tensordict,
+    per_slot_reward,
+    rows_from_tensordict,
+    turns_to_tensordict,
+)
 from llmrl_core.envs.transforms.base import Transform, run_hook
 from llmrl_core.envs.types import EnvOutput, PromptRow, SlotState
 
@@ -237,18 +245,20 @@ class ChatEnv:
         if isinstance(prompts, TensorDictBase):
             # An empty TensorDict (TorchRL's ``env.reset()`` on an env with a primer) draws from the primer.
             given = rows_from_tensordict(prompts, self.data_key) if not prompts.is_empty() else None
-            out = self.reset(given)
+            out = self._reset_rows(given)
             rows = given if given is not None else [dict(data) for data in out.data]
-            result = output_to_tensordict(out, self.input_mode, with_reward=False)
-            for name in rows[0]:  # the prompt fields, one entry per row (a stack, as TorchRL writes them)
-                if name not in result.keys():  # a field named like the layout (text) is in the layout already
-                    result.set(name, [row.get(name) for row in rows])
+            result = add_row_fields(output_to_tensordict(out, self.input_mode, with_reward=False), rows)
             if prompts.batch_size != result.batch_size:
                 prompts = prompts.expand(result.batch_size).clone() if not prompts.batch_dims else prompts
             prompts = prompts.update(result)  # as TorchRL: the reset TensorDict is filled in and returned
             for transform in self.td_transforms:
                 prompts = transform._reset(prompts, prompts)
             return prompts
+        out = self._reset_rows(prompts)
+        self._td_reset(self.slots)
+        return out
+
+    def _reset_rows(self, prompts: Sequence[Any] | None) -> EnvOutput:
         rows = self._collect_prompts(prompts)
         self.slots = [self._make_slot(i, row) for i, row in enumerate(rows)]
         for transform in self.transforms:
@@ -265,6 +275,13 @@ class ChatEnv:
         ``on_reset`` sees the new slots only. Any slot may be reset (a running episode is abandoned). The
         output covers all slots; the others' ``reward``/``done`` are those of their last step.
         """
+        out, new_slots = self._reset_slot_rows(indices, prompts)
+        self._td_reset(new_slots)
+        return out
+
+    def _reset_slot_rows(
+        self, indices: Sequence[int], prompts: Sequence[Any] | None
+    ) -> tuple[EnvOutput, list[SlotState]]:
         if not self.slots:
             raise RuntimeError("reset_slots() called before reset()")
         index_list = [int(i) for i in indices]
@@ -274,7 +291,7 @@ class ChatEnv:
             if not 0 <= i < len(self.slots):
                 raise IndexError(f"reset_slots(): slot {i} out of range for {len(self.slots)} slots")
         if not index_list:
-            return self._output()
+            return self._output(), []
         if prompts is None:
             rows = self._draw_rows(len(index_list), "reset_slots()")
         else:
@@ -289,7 +306,7 @@ class ChatEnv:
         for transform in self.transforms:
             run_hook(transform, "on_reset", new_slots)
         self._start_tokens(new_slots)
-        return self._output()
+        return self._output(), new_slots
 
     def step_and_maybe_reset(
         self, actions: LLMData | Sequence[Action] | TensorDictBase, prompts: Sequence[Any] | None = None
@@ -305,7 +322,7 @@ class ChatEnv:
         if isinstance(actions, TensorDictBase):
             stepped = self.step(actions)
             done = [i for i, d in enumerate(stepped.get(("next", "done")).reshape(-1).tolist()) if d]
-            following = self._output() if not done else self.reset_slots(done, prompts)
+            following = self._output() if not done else self._reset_slot_rows(done, prompts)[0]
             reset_td = output_to_tensordict(following, self.input_mode, with_reward=False)
             for transform in self.td_transforms:
                 reset_td = transform._reset(reset_td, reset_td)
@@ -431,7 +448,8 @@ class ChatEnv:
 
             for transform in self.td_transforms:
                 actions = transform._inv_call(actions)
-            out = self.step(actions_from_tensordict(actions, self.policy_role))
+            self._apply_actions(actions_from_tensordict(actions, self.policy_role))
+            out = self._output()
             bare = actions.get("history", None)
             if isinstance(bare, History):
                 actions.set("history", ChatHistory(prompt=bare, full=bare, batch_size=actions.batch_size))
@@ -439,12 +457,19 @@ class ChatEnv:
             for transform in self.td_transforms:
                 next_td = transform._step(actions, next_td)
             return actions.set("next", next_td)
+        turns = self._apply_actions(actions)
+        self._td_step(turns)
+        return self._output()
+
+    def _apply_actions(self, actions: LLMData | Sequence[Action]) -> list[Turn]:
+        """Append the answers, run the slot transforms and the turn limits; the turns of the active slots."""
         if not self.slots:
             raise RuntimeError("step() called before reset()")
         responses = actions.responses() if isinstance(actions, LLMData) else list(actions)
         if len(responses) != len(self.slots):
             raise ValueError(f"step() got {len(responses)} actions for {len(self.slots)} slots")
         active = []
+        turns = []
         for slot, action in zip(self.slots, responses, strict=True):
             slot.reward = 0.0
             slot.reward_components = {}
@@ -453,8 +478,10 @@ class ChatEnv:
             if action is None:
                 raise ValueError(f"step(): slot {slot.index} is not done but its action is None")
             response = action if isinstance(action, Response) else Response(str(action))
+            prompt_text = slot.prompt_text
             self._apply_response(slot, response)
             active.append(slot)
+            turns.append(Turn(slot, len(slot.history.messages), response, prompt_text))
         for transform in self.transforms:
             run_hook(transform, "on_step", active)
         for slot in active:
@@ -467,7 +494,52 @@ class ChatEnv:
                 if limit is not None and not slot.done and sum(len(t) for t in slot.token_segments) > limit:
                     slot.info["context_full"] = True  # e.g. a tool printed pages: the next prompt would not fit
                     slot.truncate()
-        return self._output()
+        return turns
+
+    # --- TorchRL TensorDict transforms on the list calls ----------------------------------------------
+    def _td_reset(self, slots: list[SlotState]) -> None:
+        """List calls: each TensorDict transform's ``_reset`` sees the new slots in TorchRL's layout (its result
+        cannot change a slot: a reset's prompts are the rows')."""
+        if not self.td_transforms or not slots:
+            return
+        td = output_to_tensordict(self._output_of(slots), self.input_mode, with_reward=False)
+        td = add_row_fields(td, [slot.data for slot in slots])
+        for transform in self.td_transforms:
+            td = transform._reset(td, td)
+
+    def _td_step(self, turns: list[Turn]) -> None:
+        """List calls: the TensorDict transforms' ``_step`` runs on this step's active slots, as TorchRL's
+        ``TransformedEnv`` runs it after the base env's step; what they write back under ``reward``,
+        ``terminated``, ``truncated`` and ``done`` becomes the slots' (a change of reward is kept in
+        ``reward_components`` under the transform's class name; a per-token reward ``(T, 1)`` counts as its sum).
+        The action data is built from the answers: ``history`` (``prompt``/``response``/``full``), ``text``
+        (``response``; ``prompt``/``full`` in tokens mode), ``tokens``/``log_probs`` (``response``) when the
+        sampler gave them, and the prompt row's fields. ``_inv_call`` does not run here: the answers were given
+        already (it runs on ``step(td)``)."""
+        if not self.td_transforms or not turns:
+            return
+        slots = [turn.slot for turn in turns]
+        action_td = add_row_fields(turns_to_tensordict(turns), [slot.data for slot in slots])
+        next_td = output_to_tensordict(self._output_of(slots), self.input_mode, with_reward=True)
+        for transform in self.td_transforms:
+            before = per_slot_reward(next_td, transform)
+            next_td = transform._step(action_td, next_td)
+            after = per_slot_reward(next_td, transform)
+            for slot, old, new in zip(slots, before, after, strict=True):
+                if new != old:
+                    name = type(transform).__name__
+                    slot.reward_components[name] = slot.reward_components.get(name, 0.0) + new - old
+        for slot, reward in zip(slots, per_slot_reward(next_td, None), strict=True):
+            slot.episode_reward += reward - slot.reward
+            slot.reward = reward
+        flags = {key: next_td.get(key, None) for key in ("terminated", "truncated", "done")}
+        for i, slot in enumerate(slots):
+            if slot.done:
+                continue
+            if flags["truncated"] is not None and bool(flags["truncated"][i].any()):
+                slot.truncate()
+            elif any(flags[key] is not None and bool(flags[key][i].any()) for key in ("terminated", "done")):
+                slot.terminate()
 
     def _apply_response(self, slot: SlotState, response: Response) -> None:
         content, ended = self._strip_end(response.text)
@@ -536,14 +608,19 @@ class ChatEnv:
         slot.prompt_text = consumed + glue
 
     def _output(self) -> EnvOutput:
-        slots = self.slots
+        out = self._output_of(self.slots)
+        for transform in self.transforms:
+            run_hook(transform, "on_output", out)
+        return out
+
+    def _output_of(self, slots: list[SlotState]) -> EnvOutput:
         text = tokens = None
         if self.input_mode == "text":
             text = [self._render(s.history, add_generation_prompt=not s.done) for s in slots]
         elif self.input_mode == "tokens":
             text = [s.prompt_text or "" for s in slots]
             tokens = [s.all_tokens() for s in slots]
-        out = EnvOutput(
+        return EnvOutput(
             history=ConversationBatch([s.history for s in slots]),
             reward=torch.tensor([s.reward for s in slots], dtype=torch.float32),
             done=torch.tensor([s.done for s in slots], dtype=torch.bool),
@@ -559,9 +636,6 @@ class ChatEnv:
             group_id=[s.group_id for s in slots],
             sample_index=[s.sample_index for s in slots],
         )
-        for transform in self.transforms:
-            run_hook(transform, "on_output", out)
-        return out
 
     # --- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

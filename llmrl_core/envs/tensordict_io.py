@@ -13,13 +13,19 @@ key is absent.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase, is_tensor_collection, lazy_stack
 
+from llmrl_core.data.conversation import Conversation
 from llmrl_core.data.history import History
-from llmrl_core.envs.types import EnvOutput
+from llmrl_core.data.llm_data import Response
+from llmrl_core.envs.types import EnvOutput, SlotState
+
+_LAYOUT_KEYS = ("history", "text", "tokens", "log_probs", "done", "terminated", "truncated", "reward", "next")
 
 
 def _plain(value: Any) -> Any:
@@ -37,7 +43,7 @@ def rows_from_tensordict(td: TensorDictBase, data_key: str) -> list[dict[str, An
     size = td.batch_size[0]
     fields: dict[str, list[Any]] = {}
     for key in td.keys():
-        if key in ("history", "text", "tokens", "done", "terminated", "truncated", "reward", "next"):
+        if key in _LAYOUT_KEYS:
             continue
         values = _plain(td.get(key))
         if isinstance(values, list) and len(values) == size:
@@ -105,3 +111,71 @@ def output_to_tensordict(out: EnvOutput, input_mode: str, with_reward: bool) -> 
     if with_reward:
         fields["reward"] = out.reward.reshape(size, 1).to(torch.float32)
     return TensorDict(fields, batch_size=(size,))
+
+
+def add_row_fields(td: TensorDictBase, rows: Sequence[Mapping[str, Any]]) -> TensorDictBase:
+    """Write the prompt rows' fields (``query``, ``answer``, ...) into ``td``, one entry per row (a stack, as TorchRL
+    writes them), except a field named like a layout entry (``text``), which the layout holds already."""
+    for name in rows[0] if rows else ():
+        if name not in _LAYOUT_KEYS and name not in td.keys():
+            td.set(name, [row.get(name) for row in rows])
+    return td
+
+
+@dataclass
+class Turn:
+    """One slot's answer in a list-call step: the slot, how many messages its conversation had once the answer was
+    appended (tools may add more after), the answer, and the tokens-mode prompt text it answered."""
+
+    slot: SlotState
+    messages_with_answer: int
+    response: Response
+    prompt_text: str | None
+
+
+def turns_to_tensordict(turns: Sequence[Turn]) -> TensorDict:
+    """The action data of a step made by a list call, in TorchRL's layout (see ``ChatEnv._td_step``)."""
+    from llmrl_core.modules.policies.common import ChatHistory, LogProbs, Text, Tokens
+
+    size = len(turns)
+    messages = [turn.slot.history.messages[: turn.messages_with_answer] for turn in turns]
+    fields: dict[str, Any] = {
+        "history": ChatHistory(
+            prompt=History.from_conversations([Conversation(list(m[:-1])) for m in messages]),
+            response=History.from_conversations([Conversation([m[-1]]) for m in messages]),
+            full=History.from_conversations([Conversation(list(m)) for m in messages]),
+            batch_size=(size,),
+        )
+    }
+    answers = [turn.response.text for turn in turns]
+    if all(turn.prompt_text is not None for turn in turns):
+        prompts = [str(turn.prompt_text) for turn in turns]
+        fields["text"] = Text(
+            prompt=prompts,
+            response=answers,
+            full=[p + a for p, a in zip(prompts, answers, strict=True)],
+            batch_size=(size,),
+        )
+    else:
+        fields["text"] = Text(response=answers, batch_size=(size,))
+    if all(turn.response.token_ids is not None for turn in turns):
+        fields["tokens"] = lazy_stack(
+            [Tokens(response=turn.response.token_ids, padded=False, batch_size=()) for turn in turns]
+        )
+    if all(turn.response.log_probs is not None for turn in turns):
+        fields["log_probs"] = lazy_stack(
+            [LogProbs(response=turn.response.log_probs, padded=False, batch_size=()) for turn in turns]
+        )
+    return TensorDict(fields, batch_size=(size,))
+
+
+def per_slot_reward(td: TensorDictBase, transform: Any) -> list[float]:
+    """The ``reward`` entry of a step's ``"next"`` data as one number per slot (a per-token reward ``(T, 1)``
+    counts as its sum); ``transform`` is named when it left no reward behind."""
+    reward = td.get("reward", None)
+    if reward is None:
+        after = f" after {type(transform).__name__}._step" if transform is not None else ""
+        raise KeyError(f"ChatEnv.step: the step data has no 'reward'{after}; keys {sorted(map(str, td.keys()))}")
+    if isinstance(reward, torch.Tensor) and not reward.is_nested:
+        return reward.reshape(td.batch_size[0], -1).sum(-1).tolist()
+    return [float(torch.as_tensor(row).sum()) for row in reward.unbind(0)]

@@ -415,14 +415,6 @@ def build_env(cfg: EnvConfig, task: Any, tokenizer: Any, *, input_mode: str = "t
             raise EnvFactoryError(
                 f"env.factory {cfg.factory!r}: the env is in {env.input_mode!r} mode, need {input_mode!r}"
             )
-        if env.td_transforms:  # TorchRL's TensorDict transforms run on env.reset(td)/env.step(td) calls only
-            names = sorted({type(t).__name__ for t in env.td_transforms})
-            raise EnvFactoryError(
-                f"env.factory {cfg.factory!r}: the env has TensorDict transforms {names} (_step/_call on "
-                "TensorDicts), which the flows do not run: they step the env slot by slot. Write the reward as a "
-                "slot transform (llmrl_core.envs.Transform: step_slot(slot) with slot.add_reward(...)) or as a "
-                "reward function (env.rewards)"
-            )
         if cfg.max_turns is not None:
             env.max_turns = cfg.max_turns
     else:
