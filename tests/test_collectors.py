@@ -412,3 +412,30 @@ def test_update_policy_weights_pushes_through_the_weight_updater():
         local.update_policy_weights_({"w": 1})
     with pytest.raises(TypeError, match="push_weights"):
         LLMCollector(env, scripted_policy, weight_updater=object())
+
+
+def test_a_torchrl_wrapper_in_history_mode_answers_with_its_own_text(hf_model_fp32):
+    """A TorchRL-style policy (``TransformersWrapper``, history mode) returns a lazily stacked TensorDict: its
+    sampled texts become the conversations' answers as they are (they once arrived as "NonTensorData(data=...)").
+    Greedy decoding, so the wrapper called by hand on the same prompts gives the expected answers."""
+    from tensordict import TensorDict
+
+    from llmrl_core.modules import TransformersWrapper
+
+    model, tokenizer = hf_model_fp32
+    policy = TransformersWrapper(
+        model,
+        tokenizer=tokenizer,
+        input_mode="history",
+        generate=True,
+        generate_kwargs={"max_new_tokens": 5, "do_sample": False},
+    )
+    queries = ["What is 2+3?", "Name a colour."]
+    by_hand = policy(ChatEnv(batch_size=(2,)).reset(TensorDict({"query": queries}, batch_size=(2,))))
+    expected = [h.to_messages()[-1].text for h in by_hand["history", "full"].unbind(0)]
+    env = ChatEnv(batch_size=(2,), tokenizer=tokenizer, max_turns=1)
+    prompts = [{"query": q} for q in queries]
+    batch = next(iter(LLMCollector(env, policy=policy, prompts=prompts, total_trajectories=2)))
+    answers = [h.to_messages()[-1] for h in batch["history", "full"].unbind(0)]
+    assert [a.role for a in answers] == ["assistant", "assistant"]
+    assert [a.text for a in answers] == expected and all(e and "NonTensorData" not in e for e in expected)

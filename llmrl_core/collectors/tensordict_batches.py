@@ -28,6 +28,7 @@ from llmrl_core.collectors.trajectory import DialogTurn, Trajectory
 from llmrl_core.data.conversation import Conversation, episode_start
 from llmrl_core.data.history import History
 from llmrl_core.data.llm_data import LLMData, Response
+from llmrl_core.envs.tensordict_io import plain_value
 
 
 def _history(conversation: Conversation) -> History | None:
@@ -258,5 +259,6 @@ def responses_from_tensordict(td: TensorDictBase, tokenizer: Any = None) -> list
         lps = log_probs[i] if log_probs is not None else None
         if ids is not None and lps is not None and len(lps) != len(ids):
             lps = None
-        out.append(Response(str(texts[i]), token_ids=ids, log_probs=lps))
+        # a lazily stacked output (one row per prompt) gives its texts as NonTensorData items
+        out.append(Response(str(plain_value(texts[i])), token_ids=ids, log_probs=lps))
     return out

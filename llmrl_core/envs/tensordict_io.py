@@ -28,7 +28,9 @@ from llmrl_core.envs.types import EnvOutput, SlotState
 _LAYOUT_KEYS = ("history", "text", "tokens", "log_probs", "done", "terminated", "truncated", "reward", "next")
 
 
-def _plain(value: Any) -> Any:
+def plain_value(value: Any) -> Any:
+    """A TensorDict leaf as plain Python: a ``NonTensorData``'s value, a ``NonTensorStack``'s list, other values as
+    they are (a tensor stays a tensor)."""
     if isinstance(value, NonTensorData | NonTensorStack):
         return value.tolist()
     if hasattr(value, "tolist") and not isinstance(value, torch.Tensor):
@@ -45,11 +47,11 @@ def rows_from_tensordict(td: TensorDictBase, data_key: str) -> list[dict[str, An
     for key in td.keys():
         if key in _LAYOUT_KEYS:
             continue
-        values = _plain(td.get(key))
+        values = plain_value(td.get(key))
         if isinstance(values, list) and len(values) == size:
             fields[key] = values
     if data_key not in fields and isinstance(td.get("text", None), NonTensorData | NonTensorStack):
-        fields[data_key] = _plain(td.get("text"))  # TorchRL's older calls: reset(TensorDict(text=...))
+        fields[data_key] = plain_value(td.get("text"))  # TorchRL's older calls: reset(TensorDict(text=...))
         if not isinstance(fields[data_key], list):
             fields[data_key] = [fields[data_key]] * size
     if data_key not in fields:
@@ -84,8 +86,8 @@ def actions_from_tensordict(td: TensorDictBase, policy_role: str) -> list[str | 
     if text is None:
         text = td.get("text_response", None)  # TorchRL's older key for the sampled text
     if text is not None:
-        values = _plain(text)
-        return [str(t) for t in (values if isinstance(values, list) else [values])]
+        values = plain_value(text)
+        return [str(plain_value(t)) for t in (values if isinstance(values, list) else [values])]
     raise KeyError(
         "ChatEnv.step: no action found; expected ('history', 'full'), ('history', 'response'), a History under "
         f"'history' or ('text', 'response'); got keys {sorted(str(k) for k in td.keys(True, True))}"
