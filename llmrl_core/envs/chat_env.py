@@ -333,6 +333,15 @@ class ChatEnv:
             return out, out
         return out, self.reset_slots(done, prompts)
 
+    def rollout(self, max_steps: int, policy: Any = None, callback: Any = None, **kwargs: Any) -> TensorDictBase:
+        """TorchRL's ``env.rollout``: up to ``max_steps`` turns of ``policy`` (a TensorDict module) from a reset,
+        stacked as ``(B, T)``; the keywords are TorchRL's (``tensordict=`` the reset data, ``auto_reset``,
+        ``break_when_any_done``, ``break_when_all_done``, ``return_contiguous``, ``set_truncated``, ``actions``, ...).
+        See :mod:`llmrl_core.envs.rollout`."""
+        from llmrl_core.envs.rollout import rollout
+
+        return rollout(self, max_steps, policy, callback, **kwargs)
+
     def set_seed(self, seed: int | None = None) -> int:
         """Seed the prompt order: every primer restarts its stream in the order of ``seed``; returns the seed.
 
