@@ -77,6 +77,52 @@ def test_tokens_mode_gives_ragged_prompt_ids(default_model_path):
     assert [tokenizer.decode(i) for i in ids] == list(obs["text"].prompt)
 
 
+@pytest.mark.parametrize("pad_output", [False, True])
+def test_a_tokens_mode_policy_steps_the_env_with_its_exact_ids(hf_model_fp32, pad_output):
+    """A tokens-mode ``TransformersWrapper`` writes only ``("tokens", "response")`` (no text): the env decodes it and
+    the next prompt's ids are the prompt's, then the sampled ids as they are (padding removed), then the template's
+    glue. (TorchRL 0.14.1's own ChatEnv fails at this reset: "Failed to stack tensors within a tensordict".)"""
+    from llmrl_core.modules import TransformersWrapper
+
+    model, tokenizer = hf_model_fp32
+    env = ChatEnv(system_prompt=SYSTEM, input_mode="tokens", tokenizer=tokenizer, batch_size=(2,))
+    obs = env.reset(TensorDict({"query": ["Hi", "What is the capital of France?"]}, batch_size=(2,)))
+    prompts = [p.clone() for p in obs.get(("tokens", "prompt"), as_list=True)]
+    policy = TransformersWrapper(
+        model,
+        tokenizer=tokenizer,
+        input_mode="tokens",
+        generate=True,
+        return_log_probs=True,
+        pad_output=pad_output,
+        generate_kwargs={"max_new_tokens": 5, "do_sample": False},
+    )
+    out = env.step(policy(obs))
+    sampled = out.get(("tokens", "response"), as_list=True)
+    following = out.get(("next", "tokens", "prompt"), as_list=True)
+    for prompt, ids, nxt in zip(prompts, sampled, following, strict=True):
+        ids = ids[ids.ne(tokenizer.pad_token_id)] if pad_output else ids
+        assert nxt[: len(prompt)].tolist() == prompt.tolist()
+        assert nxt[len(prompt) : len(prompt) + len(ids)].tolist() == ids.tolist()
+        answer = tokenizer.decode(ids.tolist(), skip_special_tokens=True)
+    assert [h.to_messages()[-1].text for h in out["next", "history"].prompt.unbind(0)][-1] == answer
+
+
+def test_an_answer_marked_incomplete_stays_incomplete():
+    """TorchRL's next prompt is the action's ``("history", "full")`` as it is: a last message marked
+    ``is_complete=False`` (cut by the token limit) keeps that mark."""
+    env = ChatEnv(system_prompt=SYSTEM, batch_size=(1,))
+    obs = env.reset(TensorDict({"query": ["Count to ten."]}, batch_size=(1,)))
+    chat = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "Count to ten."},
+        {"role": "assistant", "content": "One, two, thr", "is_complete": False},
+    ]
+    obs.set("history", ChatHistory(prompt=obs["history"].prompt, full=History.from_chats([chat]), batch_size=(1,)))
+    out = env.step(obs)
+    assert list(out["next", "history"].prompt[0].is_complete) == [True, True, False]
+
+
 def test_torchrl_argument_errors():
     with pytest.raises(ValueError, match="at least one dimension"):
         ChatEnv(batch_size=())
@@ -85,7 +131,7 @@ def test_torchrl_argument_errors():
     with pytest.raises(KeyError, match="'query'"):
         env.reset(TensorDict({"prompt": ["x"]}, batch_size=(1,)))
     env.reset(TensorDict({"query": ["x"]}, batch_size=(1,)))
-    with pytest.raises(KeyError, match="no action found"):
+    with pytest.raises(KeyError, match="no answer found"):
         env.step(TensorDict({}, batch_size=(1,)))
 
 

@@ -42,11 +42,12 @@ from tensordict.nn import TensorDictModuleBase
 
 from llmrl_core.collectors.env_tracker import EnvTracker, select_slots
 from llmrl_core.collectors.policy_weights import PolicyWeights, Version
-from llmrl_core.collectors.tensordict_batches import llm_data_to_tensordict, responses_from_tensordict, to_tensordict
+from llmrl_core.collectors.tensordict_batches import llm_data_to_tensordict, to_tensordict
 from llmrl_core.collectors.trajectory import DialogTurn, Trajectory
 from llmrl_core.data.conversation import ConversationBatch
 from llmrl_core.data.llm_data import LLMData
 from llmrl_core.envs.chat_env import ChatEnv
+from llmrl_core.envs.tensordict_io import responses_from_tensordict
 from llmrl_core.envs.transforms.policy_version import PolicyVersion
 from llmrl_core.envs.types import EnvOutput
 
@@ -290,7 +291,7 @@ class LLMCollector(PolicyWeights):
     def _generate(self, data: LLMData) -> list[Any]:
         if isinstance(self.policy, TensorDictModuleBase):  # a TorchRL-style wrapper: TensorDict in, out
             out = self.policy(llm_data_to_tensordict(data))
-            return responses_from_tensordict(out, getattr(self.policy, "tokenizer", None))
+            return responses_from_tensordict(out, getattr(self.policy, "tokenizer", None), text_first=True)
         return self.policy(data).responses()
 
     def _snapshot(self, out: EnvOutput, active: Sequence[int]) -> list[Any] | None:

@@ -27,8 +27,7 @@ from tensordict import TensorDict, TensorDictBase, lazy_stack
 from llmrl_core.collectors.trajectory import DialogTurn, Trajectory
 from llmrl_core.data.conversation import Conversation, episode_start
 from llmrl_core.data.history import History
-from llmrl_core.data.llm_data import LLMData, Response
-from llmrl_core.envs.tensordict_io import plain_value
+from llmrl_core.data.llm_data import LLMData
 
 
 def _history(conversation: Conversation) -> History | None:
@@ -238,27 +237,3 @@ def llm_data_to_tensordict(data: LLMData) -> TensorDict:
             row.set("tokens", Tokens(prompt=data.tokens[i], padded=False))
         per_row.append(row)
     return lazy_stack(per_row) if per_row else TensorDict(batch_size=(0,))
-
-
-def responses_from_tensordict(td: TensorDictBase, tokenizer: Any = None) -> list[Response]:
-    """The sampled responses a TensorDict policy wrote (``("text", "response")``, ``("tokens", "response")``,
-    ``("log_probs", "response")``), one :class:`Response` per row. A tokens-mode policy that wrote ids but no text
-    has its ids decoded with ``tokenizer`` (the env's)."""
-    size = td.batch_size[0]
-    keys = td.keys(include_nested=True)
-    texts = td.get(("text", "response")) if ("text", "response") in keys else None
-    tokens = td.get(("tokens", "response"), as_list=True) if ("tokens", "response") in keys else None
-    log_probs = td.get(("log_probs", "response"), as_list=True) if ("log_probs", "response") in keys else None
-    if texts is None and tokens is not None and tokenizer is not None:
-        texts = [tokenizer.decode(torch.as_tensor(ids).tolist(), skip_special_tokens=False) for ids in tokens]
-    if texts is None:
-        raise KeyError(f"the policy wrote no ('text', 'response'); its output keys: {sorted(map(str, keys))}")
-    out = []
-    for i in range(size):
-        ids = tokens[i] if tokens is not None else None
-        lps = log_probs[i] if log_probs is not None else None
-        if ids is not None and lps is not None and len(lps) != len(ids):
-            lps = None
-        # a lazily stacked output (one row per prompt) gives its texts as NonTensorData items
-        out.append(Response(str(plain_value(texts[i])), token_ids=ids, log_probs=lps))
-    return out

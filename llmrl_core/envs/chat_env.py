@@ -457,7 +457,7 @@ class ChatEnv:
 
             for transform in self.td_transforms:
                 actions = transform._inv_call(actions)
-            self._apply_actions(actions_from_tensordict(actions, self.policy_role))
+            self._apply_actions(actions_from_tensordict(actions, self.tokenizer))
             out = self._output()
             bare = actions.get("history", None)
             if isinstance(bare, History):

@@ -7,8 +7,9 @@ tokens mode), the data key (e.g. ``query``) and ``done``/``terminated`` of shape
 under ``"next"`` plus ``truncated`` and ``reward`` ``(B, 1)``. An action is read from ``("history", "full")``
 (the whole conversation: its last message is the answer), ``("history", "response")``, a bare ``History`` under
 ``"history"`` (taken as the full conversation), ``("text", "response")`` (or TorchRL's older
-``"text_response"``); a reset reads the data key (``query``), or TorchRL's older ``text=`` field when the data
-key is absent.
+``"text_response"``), or ``("tokens", "response")`` decoded with the env's tokenizer; the sampled ids and log-probs
+(``("tokens", "response")``, ``("log_probs", "response")``) ride along with the answer. A reset reads the data
+key (``query``), or TorchRL's older ``text=`` field when the data key is absent.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase, is_tensor_collection, lazy_stack
+from tensordict.utils import NestedKey
 
 from llmrl_core.data.conversation import Conversation
 from llmrl_core.data.history import History
@@ -62,36 +64,98 @@ def rows_from_tensordict(td: TensorDictBase, data_key: str) -> list[dict[str, An
     return [{name: values[i] for name, values in fields.items()} for i in range(size)]
 
 
-def _last_content(history: History) -> str:
-    messages = history.to_messages()
-    if not messages:
-        raise ValueError("ChatEnv.step: an action's conversation is empty")
-    return messages[-1].text
-
-
-def actions_from_tensordict(td: TensorDictBase, policy_role: str) -> list[str | None]:
-    """The answer of each slot in a step TensorDict (see the module docstring for the keys read)."""
+def _answer_texts(td: TensorDictBase, text_first: bool) -> tuple[list[str], list[bool]] | None:
+    """Each row's answer text from the conversation or the sampled text (that one first with ``text_first``), and
+    whether the answer's turn is complete (False: the conversation's last message says it was cut); None when the
+    data has neither."""
+    if text_first and (sampled := _sampled_texts(td)) is not None:
+        return sampled
+    size = td.batch_size[0]
     history = td.get("history", None)
-    if isinstance(history, History):
-        histories = [history[i] for i in range(td.batch_size[0])]
-        return [_last_content(h) for h in histories]
-    if history is not None:
-        full = getattr(history, "full", None)
-        if full is not None:
-            return [_last_content(full[i]) for i in range(td.batch_size[0])]
-        response = getattr(history, "response", None)
-        if response is not None:
-            return ["".join(m.text for m in response[i].to_messages()) for i in range(td.batch_size[0])]
+    full = history if isinstance(history, History) else getattr(history, "full", None)
+    if full is not None:
+        messages = [h.to_messages() for h in (full[i] for i in range(size))]
+        if any(not m for m in messages):
+            raise ValueError("ChatEnv.step: an action's conversation is empty")
+        return [m[-1].text for m in messages], [m[-1].is_complete is not False for m in messages]
+    response = getattr(history, "response", None) if history is not None else None
+    if response is not None:
+        messages = [response[i].to_messages() for i in range(size)]
+        return ["".join(m.text for m in row) for row in messages], [
+            all(m.is_complete is not False for m in row) for row in messages
+        ]
+    return _sampled_texts(td)
+
+
+def _sampled_texts(td: TensorDictBase) -> tuple[list[str], list[bool]] | None:
     text = td.get(("text", "response"), None) if is_tensor_collection(td.get("text", None)) else None
     if text is None:
         text = td.get("text_response", None)  # TorchRL's older key for the sampled text
-    if text is not None:
-        values = plain_value(text)
-        return [str(plain_value(t)) for t in (values if isinstance(values, list) else [values])]
-    raise KeyError(
-        "ChatEnv.step: no action found; expected ('history', 'full'), ('history', 'response'), a History under "
-        f"'history' or ('text', 'response'); got keys {sorted(str(k) for k in td.keys(True, True))}"
-    )
+    if text is None:
+        return None
+    values = plain_value(text)
+    texts = [str(plain_value(t)) for t in (values if isinstance(values, list) else [values])]
+    return texts, [True] * len(texts)
+
+
+def _sampled_rows(td: TensorDictBase, key: NestedKey) -> list[torch.Tensor] | None:
+    """The rows of a response entry (``("tokens", "response")``, ``("log_probs", "response")``) without padding:
+    a padded output keeps the positions its attention mask marks (the response is the mask's last columns)."""
+    if key not in td.keys(include_nested=True):
+        return None
+    value = td.get(key, as_list=True)
+    if not isinstance(value, torch.Tensor):
+        return [torch.as_tensor(row) for row in value]
+    rows = list(value.reshape(value.shape[0], -1).unbind(0))
+    attention = td.get(("masks", "all_attention_mask"), None) if "masks" in td.keys() else None
+    if isinstance(attention, torch.Tensor) and attention.ndim == 2 and attention.shape[-1] >= value.shape[-1]:
+        keep = attention[:, -value.shape[-1] :].bool()
+        rows = [row[k] for row, k in zip(rows, keep.unbind(0), strict=True)]
+    return rows
+
+
+def responses_from_tensordict(td: TensorDictBase, tokenizer: Any = None, text_first: bool = False) -> list[Response]:
+    """The answer of each row of a policy's output or a step's action data, as a :class:`Response`.
+
+    The text comes from the conversation (``("history", "full")``'s last message, ``("history", "response")``, a
+    bare ``History``), the sampled text (``("text", "response")``, ``"text_response"``), or, when neither is there,
+    the sampled ids decoded with ``tokenizer``. The sampled ids and log-probs (``("tokens", "response")``,
+    ``("log_probs", "response")``, padding removed) ride along, so a tokens-mode env keeps them exactly; a message
+    marked incomplete reads as cut by the token limit (``finish_reason="length"``). ``text_first`` (a policy's
+    fresh output) reads the sampled text before the conversation.
+    """
+    ids = _sampled_rows(td, ("tokens", "response"))
+    log_probs = _sampled_rows(td, ("log_probs", "response"))
+    answers = _answer_texts(td, text_first)
+    if answers is None:
+        if ids is None:
+            raise KeyError(
+                "no answer found; expected ('history', 'full'), ('history', 'response'), a History under 'history', "
+                "('text', 'response') or ('tokens', 'response'); got keys "
+                f"{sorted(str(k) for k in td.keys(True, True))}"
+            )
+        if tokenizer is None:
+            raise ValueError("the answers are token ids only (('tokens', 'response')): decoding them needs a tokenizer")
+        answers = ([tokenizer.decode(row.tolist(), skip_special_tokens=False) for row in ids], [True] * len(ids))
+    texts, complete = answers
+    out = []
+    for i, (text, whole) in enumerate(zip(texts, complete, strict=True)):
+        row_ids = ids[i].to(torch.long) if ids is not None else None
+        row_lps = log_probs[i] if log_probs is not None else None
+        if row_ids is not None and row_lps is not None and row_lps.shape != row_ids.shape:
+            row_lps = None
+        out.append(Response(text, token_ids=row_ids, log_probs=row_lps, finish_reason=None if whole else "length"))
+    return out
+
+
+def actions_from_tensordict(td: TensorDictBase, tokenizer: Any = None) -> list[Response]:
+    """The answer of each slot in a step TensorDict (:func:`responses_from_tensordict`, named as the env's)."""
+    try:
+        return responses_from_tensordict(td, tokenizer)
+    except KeyError as err:
+        raise KeyError(f"ChatEnv.step: {err.args[0]}") from None
+    except ValueError as err:
+        raise ValueError(f"ChatEnv.step: {err}") from None
 
 
 def output_to_tensordict(out: EnvOutput, input_mode: str, with_reward: bool) -> TensorDict:
