@@ -439,3 +439,21 @@ def test_a_torchrl_wrapper_in_history_mode_answers_with_its_own_text(hf_model_fp
     answers = [h.to_messages()[-1] for h in batch["history", "full"].unbind(0)]
     assert [a.role for a in answers] == ["assistant", "assistant"]
     assert [a.text for a in answers] == expected and all(e and "NonTensorData" not in e for e in expected)
+
+
+@pytest.mark.parametrize("whole_episodes", [True, False])
+def test_batches_carry_torchrls_next_entry_and_the_prompt_rows_fields(whole_episodes):
+    """TorchRL's collector hands out ``("next", "reward")``, ``("next", "done")``, ``("next", "history").prompt`` (the
+    conversation so far) and the prompt row's fields at the root and under "next"; llmrl's batch has them beside its
+    own root ``reward``/``done``."""
+    env, _ = _scripted_env()
+    rows = [{"query": "long", "turns": 2, "answer": "A"}, {"query": "short", "answer": "B"}]
+    kwargs = {"total_trajectories": 2} if whole_episodes else {"dialog_turns_per_batch": 2, "total_dialog_turns": 2}
+    batch = next(iter(LLMCollector(env, scripted_policy, prompts=rows, **kwargs)))
+    assert torch.equal(batch["next", "reward"], batch["reward"]) and torch.equal(batch["next", "done"], batch["done"])
+    assert batch["next", "truncated"].shape == batch["next", "terminated"].shape == (2, 1)
+    assert sorted(batch["answer"]) == sorted(batch["next", "answer"]) == ["A", "B"]
+    for i in range(2):
+        following = [m.text for m in batch[i]["next", "history"].prompt.to_messages()]
+        assert following == [m.text for m in batch[i]["history", "full"].to_messages()]
+        assert following[-1] == "ok" and batch[i]["query"] in following

@@ -339,6 +339,7 @@ class LLMCollector(PolicyWeights):
                         prompt_id=out.prompt_id[i],
                         group_id=out.group_id[i],
                         sample_index=out.sample_index[i],
+                        data=dict(out.data[i]),
                     )
                 )
             if self.yield_only_last_steps:

@@ -7,7 +7,9 @@ turn), and in tokens mode ``tokens`` (``prompt``/``response``/``full`` ids exact
 (``all_assistant_mask``: True on the tokens the policy sampled) and ``log_probs`` (the sampler's log-probs;
 ``full`` holds 0 where the policy did not sample; a dialog-turn row has the same over its prompt + answer) —
 plus ``reward``, ``done``, ``terminated``, ``truncated``
-(shape ``(1,)``), ``policy_version`` when versions are tracked, and llmrl's bookkeeping as non-tensor fields:
+(shape ``(1,)``), TorchRL's ``"next"`` (the same flags and reward, ``history`` whose ``prompt`` is the conversation
+so far, and the prompt row's fields, which also sit at the root: ``query``, ``answer``, ...), ``policy_version``
+when versions are tracked, and llmrl's bookkeeping as non-tensor fields:
 ``prompt_id``, ``group_id``, ``sample_index``, ``turn``/``num_turns``, ``finish_reason``, ``reward_components``,
 ``policy_versions``, ``data`` (the prompt row) and ``info``.
 
@@ -47,6 +49,9 @@ def _version(value: int | str | None) -> Any:
     return torch.tensor(value) if isinstance(value, int) else value
 
 
+_FLAG_KEYS = ("reward", "done", "terminated", "truncated")
+
+
 def _flags(reward: float, done: bool, terminated: bool, truncated: bool) -> dict[str, torch.Tensor]:
     return {
         "reward": torch.tensor([float(reward)]),
@@ -83,7 +88,7 @@ def trajectory_row(t: Trajectory, policy_role: str = "assistant") -> TensorDict:
             row.set("log_probs", LogProbs(response=full[first:], full=full, padded=False))
     if t.policy_version is not None:
         row.set("policy_version", _version(t.policy_version))
-    return _with_bookkeeping(
+    row = _with_bookkeeping(
         row,
         prompt_id=t.prompt_id,
         group_id=t.group_id,
@@ -96,6 +101,7 @@ def trajectory_row(t: Trajectory, policy_role: str = "assistant") -> TensorDict:
         data=dict(t.data),
         info=dict(t.info),
     )
+    return _with_torchrl_step(row, t.data)
 
 
 def turn_row(d: DialogTurn) -> TensorDict:
@@ -123,7 +129,7 @@ def turn_row(d: DialogTurn) -> TensorDict:
         row.set("log_probs", LogProbs(response=sampled.to(torch.float32), full=full, padded=False))
     if d.policy_version is not None:
         row.set("policy_version", _version(d.policy_version))
-    return _with_bookkeeping(
+    row = _with_bookkeeping(
         row,
         prompt_id=d.prompt_id,
         group_id=d.group_id,
@@ -132,6 +138,25 @@ def turn_row(d: DialogTurn) -> TensorDict:
         finish_reason=d.response.finish_reason,
         reward_components=dict(d.reward_components),
     )
+    return _with_torchrl_step(row, d.data)
+
+
+def _with_torchrl_step(row: TensorDict, data: dict[str, Any]) -> TensorDict:
+    """TorchRL's collector layout beside llmrl's: the prompt row's fields (``query``, ``answer``, ...) at the root
+    and under ``"next"``, which also holds the step's ``reward``/``done``/``terminated``/``truncated`` and the
+    conversation so far as the next prompt (``("next", "history").prompt``). A field named like an entry the row
+    has already (``text``, ``data``, ...) is left out of the root."""
+    from llmrl_core.modules.policies.common import ChatHistory
+
+    following = TensorDict({key: row.get(key).clone() for key in _FLAG_KEYS}, batch_size=())
+    following.set("history", ChatHistory(prompt=row.get("history").full, batch_size=()))
+    for name, value in data.items():
+        if name not in row.keys():
+            row.set_non_tensor(name, value)
+        if name not in following.keys():
+            following.set_non_tensor(name, value)
+    row.set("next", following)
+    return row
 
 
 def _with_bookkeeping(row: TensorDict, **fields: Any) -> TensorDict:

@@ -27,6 +27,7 @@ class DialogTurn:
     group_id: int | None = None
     sample_index: int = 0
     prompt_tokens: torch.Tensor | None = None  # tokens mode: the prompt's ids as the engine saw them
+    data: dict[str, Any] = field(default_factory=dict)  # the prompt row's fields (query, answer, ...)
 
 
 @dataclass
