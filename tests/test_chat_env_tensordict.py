@@ -257,3 +257,29 @@ def test_retrieve_kl_appended_to_a_chat_env(hf_model_fp32):
     out = env.step(policy(obs))
     kl = out["next", "kl_penalty"]
     assert kl.shape[0] == 2 and kl.ndim == 2 and float(kl.abs().max()) < 1e-4
+
+
+def test_an_episode_a_tensordict_transform_ends_keeps_no_next_prompt_ids(default_model_path):
+    """Tokens mode: ended by a TensorDict transform or by the turn limit, an episode's ids end with the sampled ids
+    (the template's glue for a next turn is not kept)."""
+    from transformers import AutoTokenizer
+
+    from llmrl_core.data.llm_data import Response
+
+    class Stop(TensorDictTransform):
+        def _step(self, tensordict, next_tensordict):
+            next_tensordict.set("terminated", torch.ones_like(next_tensordict["terminated"]))
+            return next_tensordict.set("done", torch.ones_like(next_tensordict["done"]))
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
+    ids = tokenizer("Hello<|im_end|>", add_special_tokens=False)["input_ids"]
+    ends = []
+    for env in (
+        ChatEnv(tokenizer=tokenizer, input_mode="tokens", max_turns=1),
+        ChatEnv(tokenizer=tokenizer, input_mode="tokens", max_turns=5).append_transform(Stop()),
+    ):
+        env.reset(["Hi"])
+        out = env.step([Response("Hello<|im_end|>", token_ids=ids, log_probs=[-0.1] * len(ids), finish_reason="stop")])
+        assert out.done.tolist() == [True] and out.tokens[0][-len(ids) :].tolist() == ids
+        ends.append((out.tokens[0].tolist(), out.text[0], env.slots[0].segment_is_policy))
+    assert ends[0] == ends[1]

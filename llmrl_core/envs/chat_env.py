@@ -549,6 +549,19 @@ class ChatEnv:
                 slot.truncate()
             elif any(flags[key] is not None and bool(flags[key][i].any()) for key in ("terminated", "done")):
                 slot.terminate()
+            if slot.done:
+                self._drop_next_prompt(slot)
+
+    def _drop_next_prompt(self, slot: SlotState) -> None:
+        """Tokens mode: an episode a TensorDict transform ended has no next prompt, so the ids the template added
+        after its last answer go, as when a slot transform ends it (the episode's ids end with the sampled ones)."""
+        if self.input_mode != "tokens" or not slot.segment_is_policy or slot.segment_is_policy[-1]:
+            return
+        glue = slot.token_segments.pop()
+        slot.segment_is_policy.pop()
+        text = self.tokenizer.decode(glue.tolist(), skip_special_tokens=False)
+        if slot.prompt_text is not None and slot.prompt_text.endswith(text):
+            slot.prompt_text = slot.prompt_text[: len(slot.prompt_text) - len(text)]
 
     def _apply_response(self, slot: SlotState, response: Response) -> None:
         content, ended = self._strip_end(response.text)
