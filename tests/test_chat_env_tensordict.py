@@ -259,6 +259,73 @@ def test_retrieve_kl_appended_to_a_chat_env(hf_model_fp32):
     assert kl.shape[0] == 2 and kl.ndim == 2 and float(kl.abs().max()) < 1e-4
 
 
+def test_a_reward_widened_to_tokens_changes_the_slot_by_the_per_token_differences():
+    """A transform that spreads the answer's reward over its tokens and takes a penalty from each (as TorchRL's KL
+    transforms do: reward - coeff * kl per token) changes the slot's reward by the sum of those differences, not by
+    the number of tokens times the reward; what it adds to the "next" data is kept per slot."""
+    from llmrl_core.envs.transforms.base import Transform as SlotTransform
+
+    class Parser(SlotTransform):
+        def on_step(self, slots):
+            for slot in slots:
+                slot.add_reward(1.0, name="answer")
+
+    class PerToken(TensorDictTransform):
+        def _step(self, tensordict, next_tensordict):
+            reward = next_tensordict["reward"]  # (B, 1): one value per answer
+            penalty = torch.full((reward.shape[0], 3), 0.1)
+            next_tensordict.set("penalty", penalty)
+            return next_tensordict.set("reward", (reward - penalty).unsqueeze(-1))  # per token: (B, 3, 1)
+
+    env = ChatEnv(batch_size=2, chat_template_name="chatml").append_transform(Parser()).append_transform(PerToken())
+    env.reset(["q1", "q2"])
+    out = env.step(["a", "b"])
+    assert out.reward.tolist() == pytest.approx([0.7, 0.7])
+    assert out.reward_components[0] == pytest.approx({"answer": 1.0, "PerToken": -0.3})
+    assert env.slots[1].episode_reward == pytest.approx(0.7)
+    assert [f["penalty"].tolist() for f in out.next_fields] == [pytest.approx([0.1] * 3)] * 2
+
+
+def test_retrieve_kl_in_a_collectors_env_hands_out_the_kl_and_takes_it_from_the_reward(hf_model_fp32):
+    """TorchRL's RetrieveKL (its default add_to_reward=True) in the env of an LLMCollector: every dialog-turn row
+    carries the per-token ("next", "kl_penalty") and the ref log-probs, and the row's reward is the answer's reward
+    minus the summed KL (0 - sum(kl) here: the bare env gives no reward). TorchRL 0.14.1's own collector refuses this
+    env (its spec check does not know ("log_probs", "full")); RetrieveKL's documentation is the spec."""
+    import copy
+
+    from llmrl_core.envs.transforms.kl import RetrieveKL
+    from llmrl_core.modules import TransformersWrapper
+
+    model, tokenizer = hf_model_fp32
+    ref_model = copy.deepcopy(model)
+    with torch.no_grad():
+        ref_model.model.norm.weight.mul_(1.05)  # another model: the KL is not 0
+    env = ChatEnv(batch_size=2, tokenizer=tokenizer, system_prompt="Be brief.", max_turns=1)
+    env.append_transform(
+        RetrieveKL(
+            TransformersWrapper(model, tokenizer=tokenizer, generate=False, pad_output=False),
+            TransformersWrapper(
+                ref_model, tokenizer=tokenizer, generate=False, pad_output=False, log_probs_key="ref_log_probs"
+            ),
+            assistant_only=True,
+            tokenizer=tokenizer,
+        )
+    )
+    rows = [{"query": "What is 2+3?"}, {"query": "Name a colour."}]
+    policy = TransformersWrapper(
+        model, tokenizer=tokenizer, input_mode="history", generate=True, generate_kwargs={"max_new_tokens": 5}
+    )
+    collector = LLMCollector(env, policy=policy, prompts=rows, dialog_turns_per_batch=2, total_dialog_turns=2)
+    batch = next(iter(collector))
+    for i in range(2):
+        kl = batch[i]["next", "kl_penalty"]
+        assert kl.ndim == 1 and kl.abs().sum() > 1e-4  # per token of the whole conversation, 0 off the answer
+        assert batch[i]["next", "ref_log_probs", "full"].shape == kl.shape
+        reward = float(batch[i]["next", "reward"].sum())
+        assert reward == pytest.approx(-float(kl.sum()), abs=1e-4)
+        assert batch[i]["reward_components"] == pytest.approx({"RetrieveKL": reward}, abs=1e-6)
+
+
 def test_an_episode_a_tensordict_transform_ends_keeps_no_next_prompt_ids(default_model_path):
     """Tokens mode: ended by a TensorDict transform or by the turn limit, an episode's ids end with the sampled ids
     (the template's glue for a next turn is not kept)."""

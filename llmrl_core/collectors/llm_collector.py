@@ -340,6 +340,7 @@ class LLMCollector(PolicyWeights):
                         group_id=out.group_id[i],
                         sample_index=out.sample_index[i],
                         data=dict(out.data[i]),
+                        next_fields=dict(out.next_fields[i]) if out.next_fields else {},
                     )
                 )
             if self.yield_only_last_steps:

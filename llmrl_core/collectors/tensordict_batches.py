@@ -138,14 +138,15 @@ def turn_row(d: DialogTurn) -> TensorDict:
         finish_reason=d.response.finish_reason,
         reward_components=dict(d.reward_components),
     )
-    return _with_torchrl_step(row, d.data)
+    return _with_torchrl_step(row, d.data, d.next_fields)
 
 
-def _with_torchrl_step(row: TensorDict, data: dict[str, Any]) -> TensorDict:
+def _with_torchrl_step(row: TensorDict, data: dict[str, Any], added: dict[Any, Any] | None = None) -> TensorDict:
     """TorchRL's collector layout beside llmrl's: the prompt row's fields (``query``, ``answer``, ...) at the root
     and under ``"next"``, which also holds the step's ``reward``/``done``/``terminated``/``truncated`` and the
-    conversation so far as the next prompt (``("next", "history").prompt``). A field named like an entry the row
-    has already (``text``, ``data``, ...) is left out of the root."""
+    conversation so far as the next prompt (``("next", "history").prompt``), and what the env's TensorDict
+    transforms added to it (``added``: ``kl_penalty``, ...). A field named like an entry the row has already
+    (``text``, ``data``, ...) is left out of the root."""
     from llmrl_core.modules.policies.common import ChatHistory
 
     following = TensorDict({key: row.get(key).clone() for key in _FLAG_KEYS}, batch_size=())
@@ -155,6 +156,11 @@ def _with_torchrl_step(row: TensorDict, data: dict[str, Any]) -> TensorDict:
             row.set_non_tensor(name, value)
         if name not in following.keys():
             following.set_non_tensor(name, value)
+    for key, value in (added or {}).items():
+        if isinstance(value, torch.Tensor):
+            following.set(key, value)
+        else:
+            following.set_non_tensor(key, value)
     row.set("next", following)
     return row
 

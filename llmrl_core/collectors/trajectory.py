@@ -28,6 +28,8 @@ class DialogTurn:
     sample_index: int = 0
     prompt_tokens: torch.Tensor | None = None  # tokens mode: the prompt's ids as the engine saw them
     data: dict[str, Any] = field(default_factory=dict)  # the prompt row's fields (query, answer, ...)
+    # what the env's TorchRL TensorDict transforms added to the step's "next" data (kl_penalty, ...)
+    next_fields: dict[Any, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -42,8 +42,10 @@ from llmrl_core.envs.tensordict_io import (
     Turn,
     actions_from_tensordict,
     add_row_fields,
+    entry_rows,
     output_to_tensordict,
-    per_slot_reward,
+    reward_change,
+    reward_rows,
     rows_from_tensordict,
     turns_to_tensordict,
 )
@@ -482,6 +484,7 @@ class ChatEnv:
         for slot, action in zip(self.slots, responses, strict=True):
             slot.reward = 0.0
             slot.reward_components = {}
+            slot.next_fields = {}
             if slot.done:
                 continue
             if action is None:
@@ -521,6 +524,8 @@ class ChatEnv:
         ``TransformedEnv`` runs it after the base env's step; what they write back under ``reward``,
         ``terminated``, ``truncated`` and ``done`` becomes the slots' (a change of reward is kept in
         ``reward_components`` under the transform's class name; a per-token reward ``(T, 1)`` counts as its sum).
+        Entries they add (``kl_penalty``, ``("ref_log_probs", "full")``, ...) are kept per slot in
+        ``next_fields`` (the collector hands them out under ``"next"``).
         The action data is built from the answers: ``history`` (``prompt``/``response``/``full``), ``text``
         (``response``; ``prompt``/``full`` in tokens mode), ``tokens``/``log_probs`` (``response``) when the
         sampler gave them, and the prompt row's fields. ``_inv_call`` does not run here: the answers were given
@@ -530,17 +535,26 @@ class ChatEnv:
         slots = [turn.slot for turn in turns]
         action_td = add_row_fields(turns_to_tensordict(turns), [slot.data for slot in slots])
         next_td = output_to_tensordict(self._output_of(slots), self.input_mode, with_reward=True)
+        base_keys = set(next_td.keys(include_nested=True, leaves_only=True))
+        rewards = reward_rows(next_td, None)
+        totals = [float(row.sum()) for row in rewards]
         for transform in self.td_transforms:
-            before = per_slot_reward(next_td, transform)
             next_td = transform._step(action_td, next_td)
-            after = per_slot_reward(next_td, transform)
-            for slot, old, new in zip(slots, before, after, strict=True):
-                if new != old:
+            after = reward_rows(next_td, transform)
+            for i, (slot, old, new) in enumerate(zip(slots, rewards, after, strict=True)):
+                change = reward_change(old, new)
+                if change != 0.0:
                     name = type(transform).__name__
-                    slot.reward_components[name] = slot.reward_components.get(name, 0.0) + new - old
-        for slot, reward in zip(slots, per_slot_reward(next_td, None), strict=True):
+                    slot.reward_components[name] = slot.reward_components.get(name, 0.0) + change
+                    totals[i] += change
+            rewards = after
+        for slot, reward in zip(slots, totals, strict=True):
             slot.episode_reward += reward - slot.reward
             slot.reward = reward
+        for key in next_td.keys(include_nested=True, leaves_only=True):
+            if key not in base_keys and key != "reward":
+                for slot, value in zip(slots, entry_rows(next_td, key), strict=True):
+                    slot.next_fields[key] = value
         flags = {key: next_td.get(key, None) for key in ("terminated", "truncated", "done")}
         for i, slot in enumerate(slots):
             if slot.done:
@@ -652,6 +666,7 @@ class ChatEnv:
             text=text,
             tokens=tokens,
             reward_components=[dict(s.reward_components) for s in slots],
+            next_fields=[dict(s.next_fields) for s in slots],
             info=[s.info for s in slots],
             data=[s.data for s in slots],
             prompt_id=[s.prompt_id for s in slots],

@@ -4,7 +4,8 @@ TensorDict, and writing an env output back as TorchRL lays it out.
 Layout (TorchRL's ``ChatEnv``): a reset returns ``history`` (a ``ChatHistory`` whose ``prompt`` is each slot's
 conversation so far), ``text`` (``Text(prompt=...)``, text and tokens modes), ``tokens`` (``Tokens(prompt=...)``,
 tokens mode), the data key (e.g. ``query``) and ``done``/``terminated`` of shape ``(B, 1)``; a step writes the same
-under ``"next"`` plus ``truncated`` and ``reward`` ``(B, 1)``. An action is read from ``("history", "full")``
+under ``"next"`` plus ``truncated`` and ``reward`` ``(B, 1)`` (one value for the answer; a transform may widen it
+to one value per token, ``(B, T, 1)``, as TorchRL's KL transforms do). An action is read from ``("history", "full")``
 (the whole conversation: its last message is the answer), ``("history", "response")``, a bare ``History`` under
 ``"history"`` (taken as the full conversation), ``("text", "response")`` (or TorchRL's older
 ``"text_response"``), or ``("tokens", "response")`` decoded with the env's tokenizer; the sampled ids and log-probs
@@ -235,13 +236,33 @@ def turns_to_tensordict(turns: Sequence[Turn]) -> TensorDict:
     return TensorDict(fields, batch_size=(size,))
 
 
-def per_slot_reward(td: TensorDictBase, transform: Any) -> list[float]:
-    """The ``reward`` entry of a step's ``"next"`` data as one number per slot (a per-token reward ``(T, 1)``
-    counts as its sum); ``transform`` is named when it left no reward behind."""
+def reward_rows(td: TensorDictBase, transform: Any) -> list[torch.Tensor]:
+    """The ``reward`` entry of a step's ``"next"`` data, one tensor per slot; ``transform`` is named when it left no
+    reward behind."""
     reward = td.get("reward", None)
     if reward is None:
         after = f" after {type(transform).__name__}._step" if transform is not None else ""
         raise KeyError(f"ChatEnv.step: the step data has no 'reward'{after}; keys {sorted(map(str, td.keys()))}")
     if isinstance(reward, torch.Tensor) and not reward.is_nested:
-        return reward.reshape(td.batch_size[0], -1).sum(-1).tolist()
-    return [float(torch.as_tensor(row).sum()) for row in reward.unbind(0)]
+        return list(reward.detach().to(torch.float32).unbind(0))
+    return [torch.as_tensor(row).detach().to(torch.float32) for row in reward.unbind(0)]
+
+
+def reward_change(before: torch.Tensor, after: torch.Tensor) -> float:
+    """How much a transform changed one slot's reward. A one-value reward widened to one value per token (TorchRL's
+    KL transforms: each token carries the answer's reward minus its KL) changed it by the sum of the per-token
+    differences; otherwise the reward counts as its sum (a per-token ``(T, 1)`` reward is the sum of its tokens)."""
+    if before.numel() == 1 and after.numel() > 1:
+        return float((after - before.reshape(())).sum())
+    return float(after.sum() - before.sum())
+
+
+def entry_rows(td: TensorDictBase, key: NestedKey) -> list[Any]:
+    """One value per row of ``td``'s entry ``key``: a tensor per row (ragged rows of a lazy stack or a nested
+    tensor come back at their own lengths), the plain value of a non-tensor entry."""
+    value = td.get(key, as_list=True)
+    if isinstance(value, torch.Tensor):
+        return [row.detach() for row in value.unbind(0)]
+    if isinstance(value, list):
+        return [row.detach() if isinstance(row, torch.Tensor) else plain_value(row) for row in value]
+    return [plain_value(row) for row in value.unbind(0)]

@@ -63,6 +63,8 @@ class SlotState:
     token_segments: list[torch.Tensor] = field(default_factory=list)
     segment_is_policy: list[bool] = field(default_factory=list)
     prompt_text: str | None = None
+    # what TorchRL TensorDict transforms added to this step's "next" data (kl_penalty, ...), this slot's row of each
+    next_fields: dict[Any, Any] = field(default_factory=dict)
 
     @property
     def done(self) -> bool:
@@ -136,6 +138,7 @@ class EnvOutput:
     text: list[str] | None = None
     tokens: list[torch.Tensor] | None = None
     reward_components: list[dict[str, float]] = field(default_factory=list)
+    next_fields: list[dict[Any, Any]] = field(default_factory=list)  # see SlotState.next_fields
     info: list[dict[str, Any]] = field(default_factory=list)
     data: list[dict[str, Any]] = field(default_factory=list)
     prompt_id: list[str | int | None] = field(default_factory=list)

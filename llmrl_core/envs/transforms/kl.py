@@ -45,7 +45,7 @@ from llmrl_core.envs.transforms import kl_rows
 from llmrl_core.envs.transforms.kl_computation import KLComputation
 from llmrl_core.envs.transforms.kl_math import kl_reward_penalty, token_kl
 from llmrl_core.envs.transforms.log_prob import RetrieveLogProb
-from llmrl_core.envs.transforms.td_base import Compose, Transform, set_missing_tolerance
+from llmrl_core.envs.transforms.td_base import Compose, Transform, in_chat_env, set_missing_tolerance
 
 __all__ = [
     "KLComputation",
@@ -461,10 +461,11 @@ class KLRewardTransform(_HostedVariant, Transform):
                 reward_rows = [torch.zeros_like(k) for k in token_kl_rows]
             else:
                 reward_rows = kl_rows.rows_of(reward)
-                if not self.pad_output and all(
+                if (not self.pad_output or in_chat_env(self)) and all(
                     r.ndim == k.ndim - 1 for r, k in zip(reward_rows, token_kl_rows, strict=True)
                 ):
-                    # one reward per sample: spread over the tokens, as TorchRL does for unpadded log-probs
+                    # one reward per sample: spread over the tokens, as TorchRL does for unpadded log-probs (and
+                    # for a ChatEnv's reward, one value per answer, whatever the padding)
                     reward_rows = [r.expand(k.shape) for r, k in zip(reward_rows, token_kl_rows, strict=True)]
                 for r, k in zip(reward_rows, token_kl_rows, strict=True):
                     if r.ndim != k.ndim:

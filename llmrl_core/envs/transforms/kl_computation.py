@@ -14,7 +14,7 @@ from llmrl_core.envs.transforms.kl_rows import (
     rows_of,
     write_rows,
 )
-from llmrl_core.envs.transforms.td_base import Transform, forward_as_step
+from llmrl_core.envs.transforms.td_base import Transform, forward_as_step, in_chat_env
 
 
 # --- KLComputation -----------------------------------------------------------------------------------
@@ -38,7 +38,10 @@ class KLComputation(Transform):
 
     Keyword Args:
         kl_key: where the KL ``gen - ref`` is written (default ``"kl_penalty"``).
-        add_to_reward: subtract ``coeff * kl`` from ``"reward"`` (shape ``(T, 1)`` per sample) when present.
+        add_to_reward: subtract ``coeff * kl`` from ``"reward"`` (shape ``(T, 1)`` per sample) when present. In a
+            ``ChatEnv`` (appended to it, alone or inside ``RetrieveKL``) the env's reward, one value per answer
+            ``(B, 1)``, is spread over the tokens first; elsewhere a reward with as many dimensions as the KL is
+            refused as TorchRL refuses it.
         coeff: the KL coefficient (default 1.0; also accepted as ``coef``).
         padding_side: kept for TorchRL compatibility.
 
@@ -135,6 +138,10 @@ class KLComputation(Transform):
             write_rows(next_tensordict, self.kl_key, kl_rows)
         if self.add_to_reward and "reward" in next_tensordict.keys():
             reward = next_tensordict.get("reward", as_list=True)
+            if is_dense(reward) and reward.ndim == 2 and reward.shape[-1] == 1 and in_chat_env(self):
+                # a ChatEnv's reward: one value per answer (B, 1), spread over the tokens as TorchRL's reward
+                # parsers' (B, 1, 1) is (each token: the answer's reward minus its KL)
+                reward = reward.unsqueeze(-1)
             if dense and is_dense(reward):
                 if reward.ndim != kl.ndim + 1:
                     raise ValueError(

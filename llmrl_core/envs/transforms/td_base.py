@@ -474,3 +474,11 @@ class Compose(Transform):
             return f"{type(self).__name__}()"
         body = ",\n".join(indent(str(t), 4 * " ") for t in self.transforms)
         return f"{type(self).__name__}(\n{body})"
+
+
+def in_chat_env(transform: Transform) -> bool:
+    """True when ``transform`` (or the ``Compose`` holding it, e.g. ``RetrieveKL``) is appended to a ChatEnv."""
+    container = transform.container
+    while isinstance(container, Transform):
+        container = container.container
+    return container is not None and hasattr(container, "td_transforms")
