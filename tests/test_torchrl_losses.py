@@ -178,6 +178,60 @@ def test_a_torchrl_style_grpo_iteration_runs_end_to_end(hf_model_fp32):
     assert changed
 
 
+def test_a_torchrl_grpo_step_takes_the_reference_kl_from_retrieve_kl_in_the_env(hf_model_fp32):
+    """TorchRL's way to a KL-to-reference term: ``RetrieveKL`` in a tokens-mode env, the collector, MCAdvantage
+    grouping rows by their query (the prompts carry no group ids), ``GRPOLoss(kl_to_ref_coeff=...)`` reading
+    ``("next", "ref_log_probs", "full")``. The reference log-probs of each answer equal the reference model's own
+    teacher-forced scores, and the loss's KL term is the mean of k3 over the answer tokens."""
+    import copy
+
+    from llmrl_core.collectors import LLMCollector
+    from llmrl_core.envs import ChatEnv
+    from llmrl_core.envs.transforms.kl import RetrieveKL
+    from llmrl_core.objectives import MCAdvantage
+
+    model, tokenizer = hf_model_fp32
+    ref_model = copy.deepcopy(model)
+    with torch.no_grad():
+        ref_model.model.norm.weight.mul_(1.05)  # another model: the KL is not 0
+
+    def scorer(m, key):
+        return TransformersWrapper(
+            m, tokenizer=tokenizer, input_mode="tokens", generate=False, return_log_probs=True, log_probs_key=key
+        )
+
+    env = ChatEnv(batch_size=4, tokenizer=tokenizer, input_mode="tokens", system_prompt="Be brief.", max_turns=1)
+    env.append_transform(
+        RetrieveKL(scorer(model, "log_probs"), scorer(ref_model, "ref_log_probs"), assistant_only=False)
+    )
+    policy = TransformersWrapper(
+        model, tokenizer=tokenizer, input_mode="tokens", generate=True, return_log_probs=True,
+        generate_kwargs={"max_new_tokens": 6, "do_sample": True},
+    )  # fmt: skip
+    prompts = [{"query": "What is 2+3?"}] * 2 + [{"query": "Name a colour."}] * 2
+    collector = LLMCollector(env, policy=policy, prompts=prompts, dialog_turns_per_batch=4, total_dialog_turns=4)
+    batch = MCAdvantage(grpo_size=2)(next(iter(collector)))  # groups: the two queries
+    assert batch.get("advantage").shape == (4, 1)
+
+    k3, mask_sizes = [], []
+    for i in range(4):
+        ids = batch[i]["tokens", "full"]
+        start = len(batch[i]["tokens", "prompt"])
+        with torch.no_grad():
+            logits = ref_model(ids[None]).logits[0, start - 1 : -1]
+        expected = torch.log_softmax(logits.float(), -1).gather(-1, ids[start:, None]).squeeze(-1)
+        ref = batch[i]["next", "ref_log_probs", "full"]
+        assert ref.shape == ids.shape
+        torch.testing.assert_close(ref[start:], expected, atol=1e-4, rtol=0)
+        gen = batch[i]["log_probs", "full"][start:]
+        diff = ref[start:] - gen
+        k3.append(torch.exp(diff) - diff - 1)
+        mask_sizes.append(len(diff))
+    out = GRPOLoss(policy, kl_to_ref_coeff=0.1)(batch)
+    assert float(out.kl_to_ref) > 0
+    assert float(out.kl_to_ref) == pytest.approx(float(torch.cat(k3).mean()), rel=1e-3)
+
+
 def test_logits_only_and_get_dist_agree_with_the_wrappers_log_probs(actor, scored):
     """``logits_only=True`` gives per-token logits aligned with the tokens; ``get_dist`` is the masked categorical
     over them: its log-probs of the sequences are the wrapper's scores, masked by ``mask_key``."""

@@ -491,9 +491,11 @@ class ChatEnv:
                 raise ValueError(f"step(): slot {slot.index} is not done but its action is None")
             response = action if isinstance(action, Response) else Response(str(action))
             prompt_text = slot.prompt_text
+            # tokens mode, for the TensorDict transforms' ("tokens", "prompt"/"full"): the ids the answer followed
+            prompt_ids = slot.all_tokens() if self.td_transforms and self.input_mode == "tokens" else None
             self._apply_response(slot, response)
             active.append(slot)
-            turns.append(Turn(slot, len(slot.history.messages), response, prompt_text))
+            turns.append(Turn(slot, len(slot.history.messages), response, prompt_text, prompt_ids))
         for transform in self.transforms:
             run_hook(transform, "on_step", active)
         for slot in active:

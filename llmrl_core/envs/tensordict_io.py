@@ -192,12 +192,13 @@ def add_row_fields(td: TensorDictBase, rows: Sequence[Mapping[str, Any]]) -> Ten
 @dataclass
 class Turn:
     """One slot's answer in a list-call step: the slot, how many messages its conversation had once the answer was
-    appended (tools may add more after), the answer, and the tokens-mode prompt text it answered."""
+    appended (tools may add more after), the answer, and the tokens-mode prompt text and ids it answered."""
 
     slot: SlotState
     messages_with_answer: int
     response: Response
     prompt_text: str | None
+    prompt_ids: torch.Tensor | None = None
 
 
 def turns_to_tensordict(turns: Sequence[Turn]) -> TensorDict:
@@ -225,7 +226,20 @@ def turns_to_tensordict(turns: Sequence[Turn]) -> TensorDict:
         )
     else:
         fields["text"] = Text(response=answers, batch_size=(size,))
-    if all(turn.response.token_ids is not None for turn in turns):
+    if all(turn.response.token_ids is not None and turn.prompt_ids is not None for turn in turns):
+        fields["tokens"] = lazy_stack(
+            [
+                Tokens(
+                    prompt=turn.prompt_ids,
+                    response=turn.response.token_ids.to(torch.long),
+                    full=torch.cat([turn.prompt_ids, turn.response.token_ids.to(torch.long)]),
+                    padded=False,
+                    batch_size=(),
+                )
+                for turn in turns
+            ]
+        )
+    elif all(turn.response.token_ids is not None for turn in turns):
         fields["tokens"] = lazy_stack(
             [Tokens(response=turn.response.token_ids, padded=False, batch_size=()) for turn in turns]
         )

@@ -259,18 +259,23 @@ class MCAdvantage:
         """A collector batch of finished episodes (one row each) with ``advantage_key`` ``(B, 1)`` set.
 
         The return of a row is ``rewards_key`` (TorchRL's ``("next", "reward")``; a batch that keeps the reward at
-        its root, as llmrl's collector does, is read at ``"reward"``); groups are the rows' ``group_key`` (else
-        their ``prompt_key``). With ``grpo_size`` every group must be complete in the batch; groups outside
-        ``keep_return_bounds`` are dropped from the returned batch.
+        its root, as llmrl's collector does, is read at ``"reward"``); groups are the rows' ``group_key``, or their
+        ``prompt_key`` when a row has no group id (as TorchRL groups them). With ``grpo_size`` every group must be
+        complete in the batch; groups outside ``keep_return_bounds`` are dropped from the returned batch.
         """
         size = td.batch_size[0]
         rewards = td.get(self._td_rewards_key(td), None)
         if rewards is None:
             raise KeyError(f"MCAdvantage: the batch has no reward at {self._rewards_td_key!r} (nor 'reward')")
         rewards = torch.as_tensor(rewards, dtype=torch.float32).reshape(size, -1).sum(-1)
-        groups = _column(td, self.group_key) or _column(td, self.prompt_key)
+        groups = _column(td, self.group_key)
+        if not groups or any(g is None for g in groups):  # rows without group ids: TorchRL's grouping, by prompt
+            groups = _column(td, self.prompt_key)
         if groups is None:
-            raise KeyError(f"MCAdvantage: the batch has neither {self.group_key!r} nor {self.prompt_key!r} to group by")
+            raise KeyError(
+                f"MCAdvantage: the batch has neither {self.group_key!r} (on every row) nor {self.prompt_key!r} to "
+                "group by"
+            )
         groups = [g if isinstance(g, Hashable) else repr(g) for g in groups]
         if self.grpo_size is not None:
             counts: dict[Hashable, int] = {}
