@@ -38,16 +38,13 @@ from torch.utils.data import DataLoader, RandomSampler
 from llmrl_core.data.chat_templates import assistant_char_spans, resolve_template
 from llmrl_core.data.conversation import Conversation, ConversationBatch, Message
 from llmrl_core.data.llm_data import LLMData, Response
+from llmrl_core.envs.td_list_calls import run_td_reset, run_td_step
 from llmrl_core.envs.tensordict_io import (
     Turn,
     actions_from_tensordict,
     add_row_fields,
-    entry_rows,
     output_to_tensordict,
-    reward_change,
-    reward_rows,
     rows_from_tensordict,
-    turns_to_tensordict,
 )
 from llmrl_core.envs.transforms.base import Transform, run_hook
 from llmrl_core.envs.types import EnvOutput, PromptRow, SlotState
@@ -257,7 +254,7 @@ class ChatEnv:
                 prompts = transform._reset(prompts, prompts)
             return prompts
         out = self._reset_rows(prompts)
-        self._td_reset(self.slots)
+        run_td_reset(self, self.slots)
         return out
 
     def _reset_rows(self, prompts: Sequence[Any] | None) -> EnvOutput:
@@ -278,7 +275,7 @@ class ChatEnv:
         output covers all slots; the others' ``reward``/``done`` are those of their last step.
         """
         out, new_slots = self._reset_slot_rows(indices, prompts)
-        self._td_reset(new_slots)
+        run_td_reset(self, new_slots)
         return out
 
     def _reset_slot_rows(
@@ -469,7 +466,7 @@ class ChatEnv:
                 next_td = transform._step(actions, next_td)
             return actions.set("next", next_td)
         turns = self._apply_actions(actions)
-        self._td_step(turns)
+        run_td_step(self, turns)
         return self._output()
 
     def _apply_actions(self, actions: LLMData | Sequence[Action]) -> list[Turn]:
@@ -509,75 +506,6 @@ class ChatEnv:
                     slot.info["context_full"] = True  # e.g. a tool printed pages: the next prompt would not fit
                     slot.truncate()
         return turns
-
-    # --- TorchRL TensorDict transforms on the list calls ----------------------------------------------
-    def _td_reset(self, slots: list[SlotState]) -> None:
-        """List calls: each TensorDict transform's ``_reset`` sees the new slots in TorchRL's layout (its result
-        cannot change a slot: a reset's prompts are the rows')."""
-        if not self.td_transforms or not slots:
-            return
-        td = output_to_tensordict(self._output_of(slots), self.input_mode, with_reward=False)
-        td = add_row_fields(td, [slot.data for slot in slots])
-        for transform in self.td_transforms:
-            td = transform._reset(td, td)
-
-    def _td_step(self, turns: list[Turn]) -> None:
-        """List calls: the TensorDict transforms' ``_step`` runs on this step's active slots, as TorchRL's
-        ``TransformedEnv`` runs it after the base env's step; what they write back under ``reward``,
-        ``terminated``, ``truncated`` and ``done`` becomes the slots' (a change of reward is kept in
-        ``reward_components`` under the transform's class name; a per-token reward ``(T, 1)`` counts as its sum).
-        Entries they add (``kl_penalty``, ``("ref_log_probs", "full")``, ...) are kept per slot in
-        ``next_fields`` (the collector hands them out under ``"next"``).
-        The action data is built from the answers: ``history`` (``prompt``/``response``/``full``), ``text``
-        (``response``; ``prompt``/``full`` in tokens mode), ``tokens``/``log_probs`` (``response``) when the
-        sampler gave them, and the prompt row's fields. ``_inv_call`` does not run here: the answers were given
-        already (it runs on ``step(td)``)."""
-        if not self.td_transforms or not turns:
-            return
-        slots = [turn.slot for turn in turns]
-        action_td = add_row_fields(turns_to_tensordict(turns), [slot.data for slot in slots])
-        next_td = output_to_tensordict(self._output_of(slots), self.input_mode, with_reward=True)
-        base_keys = set(next_td.keys(include_nested=True, leaves_only=True))
-        rewards = reward_rows(next_td, None)
-        totals = [float(row.sum()) for row in rewards]
-        for transform in self.td_transforms:
-            next_td = transform._step(action_td, next_td)
-            after = reward_rows(next_td, transform)
-            for i, (slot, old, new) in enumerate(zip(slots, rewards, after, strict=True)):
-                change = reward_change(old, new)
-                if change != 0.0:
-                    name = type(transform).__name__
-                    slot.reward_components[name] = slot.reward_components.get(name, 0.0) + change
-                    totals[i] += change
-            rewards = after
-        for slot, reward in zip(slots, totals, strict=True):
-            slot.episode_reward += reward - slot.reward
-            slot.reward = reward
-        for key in next_td.keys(include_nested=True, leaves_only=True):
-            if key not in base_keys and key != "reward":
-                for slot, value in zip(slots, entry_rows(next_td, key), strict=True):
-                    slot.next_fields[key] = value
-        flags = {key: next_td.get(key, None) for key in ("terminated", "truncated", "done")}
-        for i, slot in enumerate(slots):
-            if slot.done:
-                continue
-            if flags["truncated"] is not None and bool(flags["truncated"][i].any()):
-                slot.truncate()
-            elif any(flags[key] is not None and bool(flags[key][i].any()) for key in ("terminated", "done")):
-                slot.terminate()
-            if slot.done:
-                self._drop_next_prompt(slot)
-
-    def _drop_next_prompt(self, slot: SlotState) -> None:
-        """Tokens mode: an episode a TensorDict transform ended has no next prompt, so the ids the template added
-        after its last answer go, as when a slot transform ends it (the episode's ids end with the sampled ones)."""
-        if self.input_mode != "tokens" or not slot.segment_is_policy or slot.segment_is_policy[-1]:
-            return
-        glue = slot.token_segments.pop()
-        slot.segment_is_policy.pop()
-        text = self.tokenizer.decode(glue.tolist(), skip_special_tokens=False)
-        if slot.prompt_text is not None and slot.prompt_text.endswith(text):
-            slot.prompt_text = slot.prompt_text[: len(slot.prompt_text) - len(text)]
 
     def _apply_response(self, slot: SlotState, response: Response) -> None:
         content, ended = self._strip_end(response.text)

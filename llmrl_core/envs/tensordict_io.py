@@ -202,7 +202,8 @@ class Turn:
 
 
 def turns_to_tensordict(turns: Sequence[Turn]) -> TensorDict:
-    """The action data of a step made by a list call, in TorchRL's layout (see ``ChatEnv._td_step``)."""
+    """The action data of a step made by a list call, in TorchRL's layout (see
+    :func:`llmrl_core.envs.td_list_calls.run_td_step`)."""
     from llmrl_core.modules.policies.common import ChatHistory, LogProbs, Text, Tokens
 
     size = len(turns)

@@ -1,0 +1,94 @@
+"""TorchRL TensorDict transforms on ChatEnv's list calls (``reset(prompts)``, ``reset_slots``, ``step(answers)``,
+the calls ``LLMCollector`` and the flows make): each transform's ``_reset``/``_step`` sees the slots in TorchRL's
+layout, and what its ``_step`` writes back (reward, end flags, new entries) becomes the slots'. The TensorDict calls
+(``reset(td)``/``step(td)``) run the transforms in :mod:`llmrl_core.envs.chat_env` itself."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from llmrl_core.envs.tensordict_io import (
+    Turn,
+    add_row_fields,
+    entry_rows,
+    output_to_tensordict,
+    reward_change,
+    reward_rows,
+    turns_to_tensordict,
+)
+from llmrl_core.envs.types import SlotState
+
+if TYPE_CHECKING:
+    from llmrl_core.envs.chat_env import ChatEnv
+
+
+def run_td_reset(env: ChatEnv, slots: list[SlotState]) -> None:
+    """List calls: each TensorDict transform's ``_reset`` sees the new slots in TorchRL's layout (its result
+    cannot change a slot: a reset's prompts are the rows')."""
+    if not env.td_transforms or not slots:
+        return
+    td = output_to_tensordict(env._output_of(slots), env.input_mode, with_reward=False)
+    td = add_row_fields(td, [slot.data for slot in slots])
+    for transform in env.td_transforms:
+        td = transform._reset(td, td)
+
+
+def run_td_step(env: ChatEnv, turns: list[Turn]) -> None:
+    """List calls: the TensorDict transforms' ``_step`` runs on this step's active slots, as TorchRL's
+    ``TransformedEnv`` runs it after the base env's step; what they write back under ``reward``,
+    ``terminated``, ``truncated`` and ``done`` becomes the slots' (a change of reward is kept in
+    ``reward_components`` under the transform's class name, measured by :func:`reward_change`: a per-token
+    reward ``(T, 1)`` counts as its sum, a one-value reward spread over the tokens by the per-token differences).
+    Entries they add (``kl_penalty``, ``("ref_log_probs", "full")``, ...) are kept per slot in
+    ``next_fields`` (the collector hands them out under ``"next"``).
+    The action data is built from the answers: ``history`` (``prompt``/``response``/``full``), ``text``
+    (``response``; ``prompt``/``full`` in tokens mode), ``tokens`` (``response``, and ``prompt``/``full`` in
+    tokens mode) and ``log_probs`` (``response``) when the sampler gave them, and the prompt row's fields.
+    ``_inv_call`` does not run here: the answers were given already (it runs on ``step(td)``)."""
+    if not env.td_transforms or not turns:
+        return
+    slots = [turn.slot for turn in turns]
+    action_td = add_row_fields(turns_to_tensordict(turns), [slot.data for slot in slots])
+    next_td = output_to_tensordict(env._output_of(slots), env.input_mode, with_reward=True)
+    base_keys = set(next_td.keys(include_nested=True, leaves_only=True))
+    rewards = reward_rows(next_td, None)
+    totals = [float(row.sum()) for row in rewards]
+    for transform in env.td_transforms:
+        next_td = transform._step(action_td, next_td)
+        after = reward_rows(next_td, transform)
+        for i, (slot, old, new) in enumerate(zip(slots, rewards, after, strict=True)):
+            change = reward_change(old, new)
+            if change != 0.0:
+                name = type(transform).__name__
+                slot.reward_components[name] = slot.reward_components.get(name, 0.0) + change
+                totals[i] += change
+        rewards = after
+    for slot, reward in zip(slots, totals, strict=True):
+        slot.episode_reward += reward - slot.reward
+        slot.reward = reward
+    for key in next_td.keys(include_nested=True, leaves_only=True):
+        if key not in base_keys and key != "reward":
+            for slot, value in zip(slots, entry_rows(next_td, key), strict=True):
+                slot.next_fields[key] = value
+    flags = {key: next_td.get(key, None) for key in ("terminated", "truncated", "done")}
+    for i, slot in enumerate(slots):
+        if slot.done:
+            continue
+        if flags["truncated"] is not None and bool(flags["truncated"][i].any()):
+            slot.truncate()
+        elif any(flags[key] is not None and bool(flags[key][i].any()) for key in ("terminated", "done")):
+            slot.terminate()
+        if slot.done:
+            _drop_next_prompt(env, slot)
+
+
+def _drop_next_prompt(env: ChatEnv, slot: SlotState) -> None:
+    """Tokens mode: an episode a TensorDict transform ended has no next prompt, so the ids the template added
+    after its last answer go, as when a slot transform ends it (the episode's ids end with the sampled ones)."""
+    if env.input_mode != "tokens" or not slot.segment_is_policy or slot.segment_is_policy[-1]:
+        return
+    glue = slot.token_segments.pop()
+    slot.segment_is_policy.pop()
+    text = env.tokenizer.decode(glue.tolist(), skip_special_tokens=False)
+    if slot.prompt_text is not None and slot.prompt_text.endswith(text):
+        slot.prompt_text = slot.prompt_text[: len(slot.prompt_text) - len(text)]
