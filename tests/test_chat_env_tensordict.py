@@ -286,11 +286,14 @@ def test_a_reward_widened_to_tokens_changes_the_slot_by_the_per_token_difference
     assert [f["penalty"].tolist() for f in out.next_fields] == [pytest.approx([0.1] * 3)] * 2
 
 
-def test_retrieve_kl_in_a_collectors_env_hands_out_the_kl_and_takes_it_from_the_reward(hf_model_fp32):
+@pytest.mark.parametrize("gen", ["wrapper", "from_collector"])
+def test_retrieve_kl_in_a_collectors_env_hands_out_the_kl_and_takes_it_from_the_reward(hf_model_fp32, gen):
     """TorchRL's RetrieveKL (its default add_to_reward=True) in the env of an LLMCollector: every dialog-turn row
     carries the per-token ("next", "kl_penalty") and the ref log-probs, and the row's reward is the answer's reward
-    minus the summed KL (0 - sum(kl) here: the bare env gives no reward). TorchRL 0.14.1's own collector refuses this
-    env (its spec check does not know ("log_probs", "full")); RetrieveKL's documentation is the spec."""
+    minus the summed KL (0 - sum(kl) here: the bare env gives no reward). With ``gen_model="from_collector"`` (its
+    default) the scoring copy of the policy comes from the collector the env was registered with. TorchRL 0.14.1's
+    own collector refuses this env (its spec check does not know ("log_probs", "full"); "The collector is not set"
+    with "from_collector"); RetrieveKL's documentation is the spec."""
     import copy
 
     from llmrl_core.envs.transforms.kl import RetrieveKL
@@ -303,7 +306,9 @@ def test_retrieve_kl_in_a_collectors_env_hands_out_the_kl_and_takes_it_from_the_
     env = ChatEnv(batch_size=2, tokenizer=tokenizer, system_prompt="Be brief.", max_turns=1)
     env.append_transform(
         RetrieveKL(
-            TransformersWrapper(model, tokenizer=tokenizer, generate=False, pad_output=False),
+            TransformersWrapper(model, tokenizer=tokenizer, generate=False, pad_output=False)
+            if gen == "wrapper"
+            else "from_collector",
             TransformersWrapper(
                 ref_model, tokenizer=tokenizer, generate=False, pad_output=False, log_probs_key="ref_log_probs"
             ),
@@ -316,6 +321,7 @@ def test_retrieve_kl_in_a_collectors_env_hands_out_the_kl_and_takes_it_from_the_
         model, tokenizer=tokenizer, input_mode="history", generate=True, generate_kwargs={"max_new_tokens": 5}
     )
     collector = LLMCollector(env, policy=policy, prompts=rows, dialog_turns_per_batch=2, total_dialog_turns=2)
+    assert env.collector is collector and policy.collector is collector
     batch = next(iter(collector))
     for i in range(2):
         kl = batch[i]["next", "kl_penalty"]

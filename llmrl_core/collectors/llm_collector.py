@@ -159,6 +159,11 @@ class LLMCollector(PolicyWeights):
         self.turns_collected = 0
         self.trajectories_collected = 0
         self.episodes_started = 0
+        # as TorchRL's collectors: the env and the policy know their collector (RetrieveKL(gen_model="from_collector"))
+        for owner in (*self.envs, self.policy):
+            register = getattr(owner, "register_collector", None)
+            if register is not None:
+                register(self)
 
     def set_postproc(self, postproc: Callable[[Any], Any]) -> None:
         """Set the function every batch goes through before it is handed out (once: TorchRL's rule)."""

@@ -28,6 +28,7 @@ re-tokenization drift enters the log-probs; ``SlotState.policy_mask()`` marks th
 from __future__ import annotations
 
 import secrets
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -104,6 +105,7 @@ class ChatEnv:
         self.max_prompt_tokens: int | None = None
         self.transforms: list[Transform] = []
         self.td_transforms: list[Any] = []  # TorchRL TensorDict transforms (td_base.Transform): the TensorDict calls
+        self._collector: weakref.ReferenceType[Any] | None = None  # set by register_collector
         self.slots: list[SlotState] = []
         self._template = resolve_template(tokenizer, chat_template_name=chat_template_name)
         # Rows a primer supplied for a partial reset but no slot has taken yet (see ``reset_slots``).
@@ -199,6 +201,16 @@ class ChatEnv:
         self.num_slots = _flat_batch_size(value, type(self).__name__)
 
     # --- composition -----------------------------------------------------------------------------
+    def register_collector(self, collector: Any) -> None:
+        """Keep a weak reference to the collector driving this env (``LLMCollector`` calls it, as TorchRL's
+        collectors do): ``RetrieveKL(gen_model="from_collector")`` builds its scoring copy of the policy from it."""
+        self._collector = weakref.ref(collector)
+
+    @property
+    def collector(self) -> Any:
+        """The collector this env was registered with, or None."""
+        return self._collector() if self._collector is not None else None
+
     def append_transform(self, transform: Any) -> ChatEnv:
         """Add a transform at the end of the chain; returns the env (chainable).
 
