@@ -335,6 +335,21 @@ def test_track_policy_version_options():
     assert LLMCollector(env, scripted_policy, policy_version=given).policy_version_tracker is given
 
 
+def test_the_collector_registers_with_its_env_and_they_still_pickle():
+    """TorchRL's ``register_collector``: the collector's env knows it (``env.collector``, which
+    ``RetrieveKL(gen_model="from_collector")`` reads); the reference is weak and left out of a pickled env."""
+    import pickle
+
+    env, _ = _scripted_env()
+    assert env.collector is None
+    collector = LLMCollector(env, scripted_policy, dialog_turns_per_batch=1)
+    assert env.collector is collector
+    copy = pickle.loads(pickle.dumps(env))
+    assert copy.collector is None and env.collector is collector
+    del collector
+    assert env.collector is None  # a weak reference: the env does not keep its collector alive
+
+
 def test_torchrl_arguments_and_errors():
     rows = [{"query": f"q{i}"} for i in range(4)]
     env, _ = _scripted_env()

@@ -211,6 +211,11 @@ class ChatEnv:
         """The collector this env was registered with, or None."""
         return self._collector() if self._collector is not None else None
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_collector"] = None  # a weak reference: a copied or shipped env is registered again by its collector
+        return state
+
     def append_transform(self, transform: Any) -> ChatEnv:
         """Add a transform at the end of the chain; returns the env (chainable).
 

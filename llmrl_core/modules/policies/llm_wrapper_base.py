@@ -287,6 +287,11 @@ class LLMWrapperBase(TensorDictModuleBase):
         """The collector this policy was registered with, or None."""
         return self._collector() if self._collector is not None else None
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_collector"] = None  # a weak reference: a shipped policy is registered again by its collector
+        return state
+
     @property
     def log_prob_keys(self) -> list[NestedKey]:
         return getattr(self, "_log_prob_keys", ["log_probs"])
