@@ -28,7 +28,6 @@ re-tokenization drift enters the log-probs; ``SlotState.policy_mask()`` marks th
 from __future__ import annotations
 
 import secrets
-import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -36,6 +35,7 @@ import torch
 from tensordict import TensorDictBase
 from torch.utils.data import DataLoader, RandomSampler
 
+from llmrl_core.collector_registration import CollectorRegistration
 from llmrl_core.data.chat_templates import assistant_char_spans, resolve_template
 from llmrl_core.data.conversation import Conversation, ConversationBatch, Message
 from llmrl_core.data.llm_data import LLMData, Response
@@ -62,7 +62,7 @@ class ChatEnvInputError(ValueError, RuntimeError):
     has caught them as ``ValueError``: both work)."""
 
 
-class ChatEnv:
+class ChatEnv(CollectorRegistration):
     """A batched multi-turn chat env with composable transforms (TorchRL's ``ChatEnv`` semantics)."""
 
     def __init__(
@@ -105,7 +105,6 @@ class ChatEnv:
         self.max_prompt_tokens: int | None = None
         self.transforms: list[Transform] = []
         self.td_transforms: list[Any] = []  # TorchRL TensorDict transforms (td_base.Transform): the TensorDict calls
-        self._collector: weakref.ReferenceType[Any] | None = None  # set by register_collector
         self.slots: list[SlotState] = []
         self._template = resolve_template(tokenizer, chat_template_name=chat_template_name)
         # Rows a primer supplied for a partial reset but no slot has taken yet (see ``reset_slots``).
@@ -201,21 +200,6 @@ class ChatEnv:
         self.num_slots = _flat_batch_size(value, type(self).__name__)
 
     # --- composition -----------------------------------------------------------------------------
-    def register_collector(self, collector: Any) -> None:
-        """Keep a weak reference to the collector driving this env (``LLMCollector`` calls it, as TorchRL's
-        collectors do): ``RetrieveKL(gen_model="from_collector")`` builds its scoring copy of the policy from it."""
-        self._collector = weakref.ref(collector)
-
-    @property
-    def collector(self) -> Any:
-        """The collector this env was registered with, or None."""
-        return self._collector() if self._collector is not None else None
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_collector"] = None  # a weak reference: a copied or shipped env is registered again by its collector
-        return state
-
     def append_transform(self, transform: Any) -> ChatEnv:
         """Add a transform at the end of the chain; returns the env (chainable).
 

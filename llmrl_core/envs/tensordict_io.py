@@ -204,7 +204,7 @@ class Turn:
 def turns_to_tensordict(turns: Sequence[Turn]) -> TensorDict:
     """The action data of a step made by a list call, in TorchRL's layout (see
     :func:`llmrl_core.envs.td_list_calls.run_td_step`)."""
-    from llmrl_core.modules.policies.common import ChatHistory, LogProbs, Text, Tokens
+    from llmrl_core.modules.policies.common import ChatHistory, LogProbs, Text
 
     size = len(turns)
     messages = [turn.slot.history.messages[: turn.messages_with_answer] for turn in turns]
@@ -227,28 +227,30 @@ def turns_to_tensordict(turns: Sequence[Turn]) -> TensorDict:
         )
     else:
         fields["text"] = Text(response=answers, batch_size=(size,))
-    if all(turn.response.token_ids is not None and turn.prompt_ids is not None for turn in turns):
-        fields["tokens"] = lazy_stack(
-            [
-                Tokens(
-                    prompt=turn.prompt_ids,
-                    response=turn.response.token_ids.to(torch.long),
-                    full=torch.cat([turn.prompt_ids, turn.response.token_ids.to(torch.long)]),
-                    padded=False,
-                    batch_size=(),
-                )
-                for turn in turns
-            ]
-        )
-    elif all(turn.response.token_ids is not None for turn in turns):
-        fields["tokens"] = lazy_stack(
-            [Tokens(response=turn.response.token_ids, padded=False, batch_size=()) for turn in turns]
-        )
+    if all(turn.response.token_ids is not None for turn in turns):
+        with_prompt = all(turn.prompt_ids is not None for turn in turns)
+        fields["tokens"] = lazy_stack([_turn_tokens(turn, with_prompt) for turn in turns])
     if all(turn.response.log_probs is not None for turn in turns):
         fields["log_probs"] = lazy_stack(
             [LogProbs(response=turn.response.log_probs, padded=False, batch_size=()) for turn in turns]
         )
     return TensorDict(fields, batch_size=(size,))
+
+
+def _turn_tokens(turn: Turn, with_prompt: bool) -> Any:
+    """One turn's ``Tokens``: the answer's ids, and with ``with_prompt`` the ids it followed and the two joined."""
+    from llmrl_core.modules.policies.common import Tokens
+
+    response = turn.response.token_ids.to(torch.long)
+    if not with_prompt:
+        return Tokens(response=response, padded=False, batch_size=())
+    return Tokens(
+        prompt=turn.prompt_ids,
+        response=response,
+        full=torch.cat([turn.prompt_ids, response]),
+        padded=False,
+        batch_size=(),
+    )
 
 
 def reward_rows(td: TensorDictBase, transform: Any) -> list[torch.Tensor]:

@@ -34,7 +34,6 @@ as in SmolLM2 and many chat models, or a value TorchRL leaves undefined):
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -51,6 +50,7 @@ from tensordict import (
 from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 
+from llmrl_core.collector_registration import CollectorRegistration
 from llmrl_core.data.history import History
 from llmrl_core.data.tensors import as_padded_tensor
 from llmrl_core.modules.policies.common import ChatHistory, LogProbs, Masks, Text, Tokens
@@ -60,7 +60,7 @@ __all__ = ["LLMWrapperBase"]
 InputMode = Literal["history", "text", "tokens"]
 
 
-class LLMWrapperBase(TensorDictModuleBase):
+class LLMWrapperBase(CollectorRegistration, TensorDictModuleBase):
     """Base class of the TensorDict LLM policy wrappers (TorchRL's ``LLMWrapperBase``).
 
     Subclasses set the attributes in their constructor through :meth:`_setup` and implement
@@ -83,8 +83,6 @@ class LLMWrapperBase(TensorDictModuleBase):
         "skip_special_tokens",
         "logprobs",
     }
-
-    _collector: Any = None
 
     # --- generate_kwargs ---------------------------------------------------------------------------
     @classmethod
@@ -277,20 +275,6 @@ class LLMWrapperBase(TensorDictModuleBase):
     def batching(self) -> bool:
         """Whether batching was requested (llmrl runs every call as its own batch)."""
         return self._min_batch_size is not None or self._max_batch_size is not None
-
-    def register_collector(self, collector: Any) -> None:
-        """Keep a weak reference to the collector driving this policy (called by ``LLMCollector``)."""
-        self._collector = weakref.ref(collector)
-
-    @property
-    def collector(self) -> Any:
-        """The collector this policy was registered with, or None."""
-        return self._collector() if self._collector is not None else None
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_collector"] = None  # a weak reference: a shipped policy is registered again by its collector
-        return state
 
     @property
     def log_prob_keys(self) -> list[NestedKey]:
