@@ -186,7 +186,8 @@ class AnswerCheck(TensorDictTransform):
     def _step(self, tensordict, next_tensordict):
         answers = [h.to_messages()[-1].text for h in tensordict["history"].response.unbind(0)]
         expected = tensordict.get("answer").tolist()
-        self.seen.append({"answers": answers, "text": tensordict.get(("text", "response")).tolist()})
+        text = tensordict.get(("text", "response"), None)  # text-mode envs only
+        self.seen.append({"answers": answers, "text": None if text is None else text.tolist()})
         right = torch.tensor([[a == e] for a, e in zip(answers, expected, strict=True)])
         penalty = torch.tensor([[-0.01 * len(a)] for a in answers])
         next_tensordict.set("reward", next_tensordict["reward"] + torch.where(right, 1.0, penalty))
@@ -214,6 +215,32 @@ def test_a_tensordict_reward_transform_rewards_and_ends_episodes_under_the_colle
     ]
     assert check.seen[0] == {"answers": ["7", "no"], "text": ["7", "no"]}
     assert check.seen[1]["answers"] == ["4"]  # only the slot still running is stepped
+
+
+def test_what_a_tensordict_transform_writes_on_step_td_becomes_the_slots():
+    """TorchRL's own call, ``step(td)``: the reward and end flags a ``_step`` transform writes under "next" are the
+    env's too (its slots' reward, components and done), as on the list calls; a row done before the step keeps
+    its state."""
+    check = AnswerCheck()
+    env = ChatEnv(batch_size=(2,), chat_template_name="chatml", max_turns=3).append_transform(check)
+
+    def answered(td, texts):  # what a history-mode policy writes: ("history", "prompt"/"response"/"full")
+        prompt = td["history"].prompt
+        full = prompt.append(History(role=["assistant"] * 2, content=texts, batch_size=(2,)), inplace=False)
+        return td.set("history", ChatHistory(prompt=prompt, response=full[..., -1:], full=full, batch_size=(2,)))
+
+    td = env.reset(TensorDict({"query": ["3+4?", "2+2?"], "answer": ["7", "4"]}, batch_size=(2,)))
+    out = env.step(answered(td, ["7", "no"]))
+    assert out["next", "reward"].flatten().tolist() == pytest.approx([1.0, -0.02])
+    assert out["next", "done"].tolist() == [[True], [False]]
+    right, wrong = env.slots
+    assert right.done and right.reward == 1.0 and right.reward_components == {"AnswerCheck": 1.0}
+    assert not wrong.done and wrong.reward == pytest.approx(-0.02) and wrong.episode_reward == pytest.approx(-0.02)
+    nxt = out["next"].clone().set("answer", td["answer"])  # the row's field, carried over as step_mdp does
+    env.step(answered(nxt, ["ignored", "4"]))
+    assert right.episode_reward == 1.0 and right.turn == 1
+    assert wrong.done and wrong.episode_reward == pytest.approx(0.98)
+    assert wrong.reward_components == {"AnswerCheck": 1.0}
 
 
 def test_a_per_token_reward_counts_as_its_sum_and_a_lost_reward_is_named():

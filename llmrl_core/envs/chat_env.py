@@ -39,7 +39,7 @@ from llmrl_core.collector_registration import CollectorRegistration
 from llmrl_core.data.chat_templates import assistant_char_spans, resolve_template
 from llmrl_core.data.conversation import Conversation, ConversationBatch, Message
 from llmrl_core.data.llm_data import LLMData, Response
-from llmrl_core.envs.td_list_calls import run_td_reset, run_td_step
+from llmrl_core.envs.td_list_calls import run_step_transforms, run_td_reset, run_td_step
 from llmrl_core.envs.tensordict_io import (
     Turn,
     actions_from_tensordict,
@@ -457,14 +457,17 @@ class ChatEnv(CollectorRegistration):
 
             for transform in self.td_transforms:
                 actions = transform._inv_call(actions)
-            self._apply_actions(actions_from_tensordict(actions, self.tokenizer))
+            turns = self._apply_actions(actions_from_tensordict(actions, self.tokenizer))
             out = self._output()
             bare = actions.get("history", None)
             if isinstance(bare, History):
                 actions.set("history", ChatHistory(prompt=bare, full=bare, batch_size=actions.batch_size))
             next_td = output_to_tensordict(out, self.input_mode, with_reward=True)
-            for transform in self.td_transforms:
-                next_td = transform._step(actions, next_td)
+            if self.td_transforms:
+                slots = [turn.slot for turn in turns]
+                position = {id(slot): i for i, slot in enumerate(self.slots)}
+                rows = [position[id(slot)] for slot in slots]
+                next_td = run_step_transforms(self, slots, rows, actions, next_td)
             return actions.set("next", next_td)
         turns = self._apply_actions(actions)
         run_td_step(self, turns)

@@ -19,6 +19,8 @@ from llmrl_core.envs.tensordict_io import (
 from llmrl_core.envs.types import SlotState
 
 if TYPE_CHECKING:
+    from tensordict import TensorDictBase
+
     from llmrl_core.envs.chat_env import ChatEnv
 
 
@@ -50,28 +52,39 @@ def run_td_step(env: ChatEnv, turns: list[Turn]) -> None:
     slots = [turn.slot for turn in turns]
     action_td = add_row_fields(turns_to_tensordict(turns), [slot.data for slot in slots])
     next_td = output_to_tensordict(env._output_of(slots), env.input_mode, with_reward=True)
+    run_step_transforms(env, slots, list(range(len(slots))), action_td, next_td)
+
+
+def run_step_transforms(
+    env: ChatEnv, slots: list[SlotState], rows: list[int], action_td: TensorDictBase, next_td: TensorDictBase
+) -> TensorDictBase:
+    """Run each TensorDict transform's ``_step`` on ``(action_td, next_td)`` and write what they changed back to
+    ``slots``, the active slots of this step, found at ``rows`` of the two TensorDicts: the reward (its changes
+    in ``reward_components`` under the transform's class name), the entries they added (``next_fields``) and
+    the end flags. Returns the transformed ``next_td``."""
     base_keys = set(next_td.keys(include_nested=True, leaves_only=True))
     rewards = reward_rows(next_td, None)
-    totals = [float(row.sum()) for row in rewards]
+    totals = {i: float(rewards[i].sum()) for i in rows}
     for transform in env.td_transforms:
         next_td = transform._step(action_td, next_td)
         after = reward_rows(next_td, transform)
-        for i, (slot, old, new) in enumerate(zip(slots, rewards, after, strict=True)):
-            change = reward_change(old, new)
+        for slot, i in zip(slots, rows, strict=True):
+            change = reward_change(rewards[i], after[i])
             if change != 0.0:
                 name = type(transform).__name__
                 slot.reward_components[name] = slot.reward_components.get(name, 0.0) + change
                 totals[i] += change
         rewards = after
-    for slot, reward in zip(slots, totals, strict=True):
-        slot.episode_reward += reward - slot.reward
-        slot.reward = reward
+    for slot, i in zip(slots, rows, strict=True):
+        slot.episode_reward += totals[i] - slot.reward
+        slot.reward = totals[i]
     for key in next_td.keys(include_nested=True, leaves_only=True):
         if key not in base_keys and key != "reward":
-            for slot, value in zip(slots, entry_rows(next_td, key), strict=True):
-                slot.next_fields[key] = value
+            values = entry_rows(next_td, key)
+            for slot, i in zip(slots, rows, strict=True):
+                slot.next_fields[key] = values[i]
     flags = {key: next_td.get(key, None) for key in ("terminated", "truncated", "done")}
-    for i, slot in enumerate(slots):
+    for slot, i in zip(slots, rows, strict=True):
         if slot.done:
             continue
         if flags["truncated"] is not None and bool(flags["truncated"][i].any()):
@@ -80,6 +93,7 @@ def run_td_step(env: ChatEnv, turns: list[Turn]) -> None:
             slot.terminate()
         if slot.done:
             _drop_next_prompt(env, slot)
+    return next_td
 
 
 def _drop_next_prompt(env: ChatEnv, slot: SlotState) -> None:
