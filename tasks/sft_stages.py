@@ -141,7 +141,7 @@ def select_trajectories(cfg: SFTConfig, store_uri: str, layout: RunLayout) -> di
     t = cfg.trajectories
     source, selected_store = TrajectoryStore(store_uri), TrajectoryStore(layout.data_location("selected"))
     versions = source.chosen_versions(t.run_id, t.versions)
-    selector = TopKRewardSelector(t.topk, above_median=t.above_median)
+    selector = TopKRewardSelector(topk_size=t.topk, above_median=t.above_median)
     samples, kept = [], []
     for version in versions:
         table = source.read_table(t.run_id, version=version)

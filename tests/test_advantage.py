@@ -224,7 +224,7 @@ def test_top_k_selector_matches_torchrl():
     assert [(groups[i], rewards[i]) for i in kept] == [("a", 4), ("a", 3), ("d", 1)]
     rewards2 = [0.5, 0.9, 0.1, 0.9, 0.7, 0.2] + [0, 0, 0, 1, 0, 0] + [3, 1, 2, 5, 4, 0]
     groups2 = ["c"] * 6 + ["d"] * 6 + ["e"] * 6
-    kept2 = TopKRewardSelector(2, total_dialog_turns=6).select(rewards2, groups2)
+    kept2 = TopKRewardSelector(6, 2).select(rewards2, groups2)
     # TorchRL kept: ('c', 0.9), ('c', 0.9), ('d', 1.0), ('e', 5.0), ('e', 4.0)
     assert [(groups2[i], rewards2[i]) for i in kept2] == [("c", 0.9), ("c", 0.9), ("d", 1), ("e", 5), ("e", 4)]
     assert kept2[:2] == [1, 3]  # ties keep row order
@@ -232,11 +232,34 @@ def test_top_k_selector_matches_torchrl():
 
 def test_top_k_selector_table_and_errors():
     table = pa.table({"group_id": [1, 1, 1, 2, 2, 2], "reward": [0.2, 0.9, 0.5, 0.0, 0.0, 0.0], "id": list("uvwxyz")})
-    out = TopKRewardSelector(1).transform_table(table)
+    out = TopKRewardSelector(topk_size=1).transform_table(table)
     assert out.column("id").to_pylist() == ["v"]
     without_median = select_top_k([0.2, 0.9, 0.5], [1, 1, 1], 3, above_median=False)
     assert without_median == [1, 2, 0]
-    with pytest.raises(ValueError, match="topk_size"):
-        TopKRewardSelector(5, total_dialog_turns=4)
+    with pytest.raises(ValueError, match="topk_size must be smaller than or equal to total_dialog_turns"):
+        TopKRewardSelector(total_dialog_turns=4, topk_size=5)
     with pytest.raises(ValueError, match="group 2 has 3 rows"):
         select_top_k([0, 1, 0, 1, 2], [1, 1, 2, 2, 2], 1, group_size=2)
+
+
+def test_top_k_selector_takes_torchrls_arguments_and_a_tensordict_batch():
+    """TorchRL's order ``(total_dialog_turns, topk_size)``; rows grouped by ``("text", "prompt")``; a per-token
+    reward counts as its mean over tokens, as TorchRL aggregates it (by sums the choice would be row 2)."""
+    from tensordict import TensorDict, lazy_stack
+
+    rewards = [[[0.5]], [[2.0], [0.0]], [[3.0], [0.0], [0.0], [0.0]], [[1.0]], [[1.0]], [[1.0]]]
+    prompts = ["p", "p", "p", "q", "q", "q"]
+    batch = lazy_stack(
+        [
+            TensorDict({("next", "reward"): torch.tensor(r), ("text", "prompt"): p, "row": torch.tensor(i)})
+            for i, (r, p) in enumerate(zip(rewards, prompts, strict=True))
+        ]
+    )
+    selector = TopKRewardSelector(3, 2)
+    assert (selector.total_dialog_turns, selector.topk_size, selector.rewards_key) == (3, 2, ("next", "reward"))
+    kept = selector.transform_tensordict(batch)
+    assert kept["row"].tolist() == [1]  # means 0.5, 1.0, 0.75: median 0.75; group q is all equal: dropped
+    with pytest.raises(ValueError, match="group 'p' has 3 rows, expected group_size=2"):
+        TopKRewardSelector(2, 1).transform_tensordict(batch)
+    with pytest.raises(TypeError, match="needs topk_size"):
+        TopKRewardSelector(3)

@@ -270,3 +270,48 @@ def test_llm_on_device_rejects_unknown_devices():
 
     with pytest.raises(ValueError, match="device must be 'cpu' or 'cuda"):
         LLMOnDevice(device="tpu:0")
+
+
+def test_make_vllm_worker_takes_torchrls_arguments(monkeypatch, default_model_path):
+    """TorchRL's ``make_vllm_worker`` (keyword-only arguments) through the porting rule: its errors, and what a
+    local engine is built from (the engine class is replaced by a recorder: starting vLLM is tested elsewhere)."""
+    from llmrl_core.modules import make_vllm_worker
+    from llmrl_core.policies import vllm_worker
+
+    with pytest.raises(RuntimeError, match="llmrl has no Ray: pass make_ray_worker=False"):
+        make_vllm_worker(model_name=str(default_model_path))
+    with pytest.raises(ValueError, match="Cannot specify both num_devices and devices"):
+        make_vllm_worker(model_name="m", devices=[0], num_devices=1, make_ray_worker=False)
+    with pytest.raises(ValueError, match="enable_fp32_output"):
+        make_vllm_worker(model_name="m", make_ray_worker=False, enable_fp32_output=True)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="Invalid device index: 0"):
+            make_vllm_worker(model_name="m", devices=[0], make_ray_worker=False)
+        with pytest.raises(ValueError, match="num_devices=1, but this machine has 0 GPU"):
+            make_vllm_worker(model_name="m", num_devices=1, make_ray_worker=False)
+
+    class Recorder:
+        def __init__(self, config):
+            self.config = config
+
+    monkeypatch.setattr(vllm_worker, "vLLMWorker", Recorder)
+    worker = make_vllm_worker(
+        model_name=str(default_model_path), make_ray_worker=False, max_model_len=512, enable_prefix_caching=False
+    )
+    config = worker.config
+    assert config.model == str(default_model_path) and config.max_model_len == 512
+    assert config.extra == {"enable_prefix_caching": False} and config.tensor_parallel_size == 1
+
+
+def test_torchrls_module_names_import_by_the_porting_rule():
+    """``from torchrl.modules.llm import ...`` names of TorchRL's reference page, ported."""
+    from llmrl_core import modules
+    from llmrl_core.policies.distributions import CategoricalSequential
+    from llmrl_core.policies.vllm_worker import LLMOnDevice, vLLMWorker
+    from llmrl_core.weight_sync.process_group import stateless_init_process_group
+
+    assert modules.CategoricalSequential is CategoricalSequential and modules.vLLMWorker is vLLMWorker
+    assert modules.LLMOnDevice is LLMOnDevice and modules.stateless_init_process_group is stateless_init_process_group
+    if not torch.cuda.is_available():  # TorchRL's defaults: 127.0.0.1 (here), a free port, cuda:0
+        with pytest.raises(RuntimeError, match="NCCL weight sync needs CUDA"):
+            modules.stateless_init_process_group(None, None, 0, 1)

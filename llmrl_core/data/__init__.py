@@ -1,8 +1,9 @@
 """Data structures shared by envs, policies and trainers: conversations, content parts, env/policy batches.
 
 Public names follow TorchRL's LLM API: ``Conversation``, ``ContentBase``, ``LLMData``, ``as_padded_tensor``,
-``as_nested_tensor``; plus ``Message``, ``ConversationBatch`` (a ragged batch of conversations), ``Response``
-(one slot's sampled turn) and ``TokenizedChat`` (rendered + tokenized chat with assistant masks).
+``as_nested_tensor``, ``TopKRewardSelector``; plus ``Message``, ``ConversationBatch`` (a ragged batch of
+conversations), ``Response`` (one slot's sampled turn) and ``TokenizedChat`` (rendered + tokenized chat with
+assistant masks).
 """
 
 from llmrl_core.data.chat_templates import NAMED_TEMPLATES, resolve_template
@@ -11,6 +12,7 @@ from llmrl_core.data.conversation import Conversation, ConversationBatch, Messag
 from llmrl_core.data.history import History
 from llmrl_core.data.llm_data import LLMData, Response
 from llmrl_core.data.tensors import as_nested_tensor, as_padded_tensor
+from llmrl_core.data.topk import TopKRewardSelector
 
 __all__ = [
     "NAMED_TEMPLATES",
@@ -22,6 +24,7 @@ __all__ = [
     "Message",
     "Response",
     "TokenizedChat",
+    "TopKRewardSelector",
     "as_nested_tensor",
     "as_padded_tensor",
     "resolve_template",

@@ -3,5 +3,26 @@
 ``from torchrl.modules.llm import X`` becomes ``from llmrl_core.modules import X``.
 """
 
+from typing import Any
+
 from llmrl_core.modules.policies import *  # noqa: F403 - the same names as TorchRL's torchrl.modules.llm
-from llmrl_core.modules.policies import __all__  # noqa: F401
+from llmrl_core.modules.policies import __all__ as _POLICY_NAMES
+
+# TorchRL's backends and utilities of ``torchrl.modules.llm``; they load on first use (vLLM is heavy)
+_LAZY = {
+    "make_vllm_worker": "llmrl_core.policies.vllm_worker",
+    "vLLMWorker": "llmrl_core.policies.vllm_worker",
+    "LLMOnDevice": "llmrl_core.policies.vllm_worker",
+    "stateless_init_process_group": "llmrl_core.weight_sync.process_group",
+    "CategoricalSequential": "llmrl_core.policies.distributions",
+}
+
+__all__ = [*_POLICY_NAMES, *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

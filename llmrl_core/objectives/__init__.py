@@ -1,8 +1,8 @@
 """Objectives (TorchRL's LLM objective names and semantics): GRPO, Monte-Carlo advantages, SFT, top-k selection."""
 
+from llmrl_core.data.topk import TopKRewardSelector, select_top_k
 from llmrl_core.objectives.advantage import ADVANTAGE_METHODS, AdvantageResult, MCAdvantage, mc_advantage
 from llmrl_core.objectives.grpo import IMPORTANCE_LEVELS, TIS_LEVELS, GRPOLoss, GRPOLossOutput, grpo_loss
-from llmrl_core.objectives.selectors import TopKRewardSelector, select_top_k
 from llmrl_core.objectives.sft import SFTLoss, SFTLossOutput, sft_loss
 
 __all__ = [

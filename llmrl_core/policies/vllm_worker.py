@@ -169,10 +169,78 @@ def start_engine(config: EngineConfig) -> Any:
     return vLLMWorker(config)
 
 
-def make_vllm_worker(config: EngineConfig | None = None, **overrides: Any) -> vLLMWorker:
-    """Start a resident engine from ``config`` with field ``overrides`` (e.g. ``dtype="float32"``)."""
-    config = dataclasses.replace(config or EngineConfig(), **overrides)
-    return vLLMWorker(config)
+def make_vllm_worker(
+    *,
+    model_name: str | None = None,
+    devices: Sequence[torch.device | str | int] | None = None,
+    num_devices: int | None = None,
+    make_ray_worker: bool = True,
+    enforce_eager: bool = False,
+    enable_fp32_output: bool = False,
+    config: EngineConfig | None = None,
+    **kwargs: Any,
+) -> vLLMWorker:
+    """Start a resident vLLM engine in this process (TorchRL's ``make_vllm_worker`` arguments).
+
+    Args:
+        model_name: the model (anything :class:`EngineConfig` ``model`` takes; None: the packaged default).
+        devices / num_devices: GPU indices, or how many GPUs (tensor parallelism); not both. One device pins the
+            engine to that GPU (:class:`LLMOnDevice`); several must be the first visible ones. Without either, the
+            engine runs on the first GPU, or on the CPU when this machine has none (TorchRL needs a GPU).
+        make_ray_worker: TorchRL's default builds the engine in a Ray actor. llmrl has no Ray, so True is a
+            RuntimeError (TorchRL's error when Ray is not running) that says what to pass instead:
+            ``make_ray_worker=False`` for an engine here; Dask-hosted engines come with ``DaskLLMCollector``.
+        enforce_eager: vLLM's option (llmrl's CPU engine always runs eagerly).
+        enable_fp32_output: TorchRL's fp32 output head needs TorchRL's own vLLM model overrides: only False.
+        config: llmrl's :class:`EngineConfig` to start from; the arguments above and ``kwargs`` that name one of
+            its fields (``dtype``, ``max_model_len``, ``seed``, ``gpu_memory_utilization``, ...) override it,
+            other ``kwargs`` go to ``vllm.LLM``.
+    """
+    if num_devices is not None and devices is not None:
+        raise ValueError("Cannot specify both num_devices and devices")
+    if make_ray_worker:
+        raise RuntimeError(
+            "make_vllm_worker(make_ray_worker=True) builds the engine in a Ray actor, and llmrl has no Ray: pass "
+            "make_ray_worker=False for an engine in this process (hosted on Dask workers by DaskLLMCollector)"
+        )
+    if enable_fp32_output:
+        raise ValueError("enable_fp32_output=True needs TorchRL's vLLM model overrides; llmrl supports only False")
+    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    overrides: dict[str, Any] = {k: v for k, v in kwargs.items() if k in fields}
+    extra = {k: v for k, v in kwargs.items() if k not in fields}
+    config = config or EngineConfig()
+    overrides["extra"] = {**config.extra, **extra}
+    overrides["enforce_eager"] = enforce_eager or config.enforce_eager
+    if model_name is not None:
+        overrides["model"] = model_name
+    indices = _device_indices(devices)
+    if indices is not None and len(indices) == 1:
+        return LLMOnDevice(dataclasses.replace(config, **overrides), device=f"cuda:{indices[0]}")
+    if indices is not None:
+        if indices != list(range(len(indices))):
+            raise ValueError(
+                f"devices {indices}: a tensor-parallel engine uses the first visible GPUs; set CUDA_VISIBLE_DEVICES "
+                f"to {','.join(map(str, indices))} and pass num_devices={len(indices)}"
+            )
+        num_devices = len(indices)
+    if num_devices is not None:
+        if num_devices < 1 or num_devices > torch.cuda.device_count():
+            raise ValueError(f"num_devices={num_devices}, but this machine has {torch.cuda.device_count()} GPU(s)")
+        overrides.update(device="cuda", tensor_parallel_size=num_devices)
+    return vLLMWorker(dataclasses.replace(config, **overrides))
+
+
+def _device_indices(devices: Sequence[torch.device | str | int] | None) -> list[int] | None:
+    """GPU indices of ``devices``, each checked against the GPUs this machine has (TorchRL's ``ValueError``)."""
+    if devices is None:
+        return None
+    indices = []
+    for device in devices:
+        index = device if isinstance(device, int) else torch.device(device).index
+        if not isinstance(index, int) or index < 0 or index >= torch.cuda.device_count():
+            raise ValueError(f"Invalid device index: {device}")
+        indices.append(index)
+    return indices
 
 
 class LLMOnDevice(vLLMWorker):

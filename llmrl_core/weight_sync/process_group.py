@@ -7,7 +7,7 @@ over it. Every rank calls this function with the same address, port and world si
 calls block until all ranks joined.
 
 Same role and arguments as TorchRL's helper of this name. Differences: vLLM is imported lazily (this module
-imports on machines without vLLM or CUDA); the device is required and must be a CUDA device, and a machine
+imports on machines without vLLM or CUDA); the device must be a CUDA device (None: ``cuda:0``), a machine
 without CUDA gets a clear error up front instead of a communicator that silently disables itself; where the
 installed vLLM has ``unpinned_nccl_env`` the communicator is created inside it (as vLLM's own weight-transfer
 helper does) so a peer process need not copy the NCCL settings vLLM pins for its workers.
@@ -42,20 +42,21 @@ def _nccl_env() -> AbstractContextManager[Any]:
 
 
 def stateless_init_process_group(
-    master_address: str,
-    master_port: int,
+    master_address: str | None,
+    master_port: int | str | None,
     rank: int,
     world_size: int,
-    device: torch.device | str | int,
+    device: torch.device | str | int | None = None,
 ) -> Any:
     """Join (rank 0: host) a stateless process group and return a ``PyNcclCommunicator`` on ``device``.
 
     Args:
-        master_address: the host rank 0 listens on (reachable by every rank).
-        master_port: the TCP port of the rendezvous store.
+        master_address: the host rank 0 listens on (reachable by every rank); None: 127.0.0.1 (one machine).
+        master_port: the TCP port of the rendezvous store; None: a free port of this machine (one machine only:
+            the other ranks must be told it).
         rank: this process's rank, ``0 <= rank < world_size`` (the trainer is 0 by convention).
         world_size: number of ranks in the group.
-        device: this rank's CUDA device (``torch.device``, ``"cuda:1"`` or an index).
+        device: this rank's CUDA device (``torch.device``, ``"cuda:1"`` or an index); None: ``cuda:0``.
 
     Returns:
         vLLM's ``PyNcclCommunicator``: ``comm.broadcast(tensor, src=0, stream=...)`` etc. With
@@ -74,7 +75,13 @@ def stateless_init_process_group(
             f"{NCCL_NEEDS_CUDA}, and CUDA is not available on this machine; use the 'in_process', 'bytes' or "
             "'file' weight sync modes on CPU"
         )
-    cuda_device = _cuda_device(device)
+    cuda_device = _cuda_device(0 if device is None else device)
+    if master_address is None:
+        master_address = "127.0.0.1"
+    if master_port is None:
+        from llmrl_core.ports import free_port
+
+        master_port = free_port(master_address)
     try:
         from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
         from vllm.distributed.utils import StatelessProcessGroup

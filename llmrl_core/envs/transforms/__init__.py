@@ -10,6 +10,7 @@ from llmrl_core.envs.transforms.base import Transform
 from llmrl_core.envs.transforms.few_shot import FewShotExamples
 from llmrl_core.envs.transforms.kl import KLComputation, KLRewardTransform, RetrieveKL, RetrieveLogProb
 from llmrl_core.envs.transforms.policy_version import PolicyVersion
+from llmrl_core.envs.transforms.stacking import as_nested_tensor, as_padded_tensor
 from llmrl_core.envs.transforms.template import TemplateTransform, Tokenizer
 from llmrl_core.envs.transforms.thinking import AddThinkingPrompt
 
@@ -48,4 +49,6 @@ __all__ = [
     "TemplateTransform",
     "Tokenizer",
     "Transform",
+    "as_nested_tensor",
+    "as_padded_tensor",
 ]
