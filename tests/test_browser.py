@@ -126,3 +126,16 @@ def test_dead_proxy_blocks_traffic_that_interception_does_not_see():
             assert reply.get("errorText") == "net::ERR_PROXY_CONNECTION_FAILED", (url, reply)
     finally:
         browser.close()
+
+
+def test_torchrl_arguments_and_the_loopback_default():
+    # TorchRL: (allowed_domains, headless, timeout, tokenizer, tool_name); building starts no browser
+    transform = BrowserTransform(None, True, 12.0, "tok", "observation")
+    assert transform.allowed_domains == ("127.0.0.1", "localhost", "::1")  # None: loopback only (not "all")
+    assert transform.headless and transform.timeout == 12.0 and transform.tokenizer == "tok"
+    assert transform.tool_role == transform.tool_name == "observation"
+    assert BrowserTransform(["example.org"], tool_role="tool").allowed_domains == ("example.org",)
+    with pytest.raises(ValueError, match="headless=False is not supported"):
+        BrowserTransform(None, False)
+    with pytest.raises(ValueError, match="at least one host"):
+        BrowserTransform([])

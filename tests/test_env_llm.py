@@ -105,3 +105,9 @@ def test_hashing_env_checks_ids():
         env.step([10])
     with pytest.raises(TypeError, match="vocab_size or a tokenizer"):
         LLMHashingEnv()
+
+
+def test_as_llm_data_is_refused_by_name():
+    LLMEnv(as_llm_data=False)  # TorchRL's default, accepted
+    with pytest.raises(ValueError, match=r"as_llm_data=True\) .* is not supported"):
+        LLMEnv(as_llm_data=True)

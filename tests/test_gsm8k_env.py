@@ -134,7 +134,7 @@ def test_gsm8k_defaults_and_errors():
     assert len(env.primer.source) == 7473
     assert env.reset().batch_size == 2
     with pytest.raises(ValueError, match="must contain '\\{question\\}'"):
-        GSM8KPrepareQuestion("no placeholder")
+        GSM8KPrepareQuestion(template="no placeholder")
     bad = GSM8KEnv([{"question": "q", "solution": "4"}], chat_template_name="chatml")
     bad.reset()
     with pytest.raises(ValueError, match="row has no 'answer' field"):
@@ -177,3 +177,46 @@ def test_gsm8k_env_with_the_packaged_model(hf_model_fp32):
         sampled = slot.all_tokens()[slot.policy_mask()]
         assert sampled.tolist() == responses[i].token_ids.tolist()
         assert slot.all_tokens()[: len(prompts[i])].tolist() == prompts[i].tolist()
+
+
+# --- TorchRL 0.14.1 argument order ----------------------------------------------------------------------------
+def test_reward_parser_accepts_torchrl_positional_order():
+    # TorchRL: (tokenizer, in_keys, out_keys, eos_token, set_done_if_answer, input_mode, format_reward, correct_reward)
+    parser = GSM8KRewardParser(None, [("history", "full"), "answer"], None, "<|im_end|>", False, "history", 0.2, 2.0)
+    assert parser.eos_token == "<|im_end|>" and parser.set_done_if_answer is False and parser.input_mode == "history"
+    assert parser.score("<answer>18</answer><|im_end|>", "x\n#### 18")["reward"] == 2.0
+    assert parser.score("<answer>17</answer>", "x\n#### 18")["reward"] == 0.2
+    gold_field = GSM8KRewardParser(None, [("text", "response"), "gold"])  # the second in_key names the gold field
+    assert gold_field.answer_key == "gold"
+    env = GSM8KEnv([{"question": "What is 2+2?", "gold": "4"}], chat_template_name="chatml", compute_reward=False)
+    env.append_transform(GSM8KRewardParser(None, [("history", "full"), "gold"]))
+    env.reset()
+    assert env.step(["<answer>4</answer>"]).reward.tolist() == [1.0]
+
+
+def test_reward_parser_refuses_keys_it_cannot_honour():
+    with pytest.raises(ValueError, match="out_keys=.*not supported"):
+        GSM8KRewardParser(None, None, ["my_reward"])
+    with pytest.raises(ValueError, match="in_keys=.*not supported"):
+        GSM8KRewardParser(None, [("observation", "x"), "answer"])
+    with pytest.raises(ValueError, match="input_mode must be"):
+        GSM8KRewardParser(input_mode="images")
+
+
+def test_prepare_question_accepts_torchrl_keys():
+    default = GSM8KPrepareQuestion(["text"], ["text"])
+    assert default.in_keys == default.out_keys == ["text"] and "{question}" in default.template
+    assert GSM8KPrepareQuestion(None, None, template="Q: {question}").template == "Q: {question}"
+    with pytest.raises(ValueError, match="in_keys=\\['query'\\] is not supported"):
+        GSM8KPrepareQuestion(["query"])
+    with pytest.raises(ValueError, match="out_keys"):
+        GSM8KPrepareQuestion(["text"], ["prepared"])
+
+
+def test_make_gsm8k_env_torchrl_defaults_use_the_shipped_data():
+    # TorchRL positional order: dataset, num_envs, repeats, batch_size_dl, seed, group_repeats, tokenizer
+    env = make_gsm8k_env("openai/gsm8k", 1, 2, 1, 5, True, None, batch_size=2, chat_template_name="chatml")
+    assert len(env.primer.source) == 7473
+    out = env.reset()
+    assert out.batch_size == 4 and out.group_id == [0, 0, 1, 1]
+    assert len(make_gsm8k_env(split="test").primer.source) == 1319  # seed=None (TorchRL's default): a random order

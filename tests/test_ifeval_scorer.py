@@ -170,3 +170,18 @@ def test_scorer_errors_name_the_instruction():
 
 def _row(row):
     return row["instruction_id_list"], row["kwargs"]
+
+
+def test_scorer_takes_torchrl_keywords_and_logs_when_verbose(caplog):
+    scorer = IfEvalScorer(prompt_key="prompt", response_column=("text", "response"), verbose=True)
+    assert scorer.prompt_key == "prompt" and scorer.response_key == ("text", "response") and scorer.verbose
+    assert IfEvalScorer().prompt_key == "text" and IfEvalScorer().response_key == "text_response"
+    from llmrl_core.envs import ChatEnv
+
+    row = ROWS[1001]
+    env = ChatEnv().append_transform(scorer)
+    env.reset([{"query": row["prompt"], "instruction_id_list": row["instruction_id_list"], "kwargs": row["kwargs"]}])
+    with caplog.at_level("INFO", logger="llmrl_core.envs.ifeval"):
+        out = env.step(["<answer>Go forth to Kyoto</answer>"])
+    assert out.reward.tolist() == pytest.approx([1.1])
+    assert any("IfEvalScorer: slot 0" in r.getMessage() for r in caplog.records)

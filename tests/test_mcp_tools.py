@@ -13,7 +13,7 @@ import pytest
 from llmrl_core.envs.chat_env import ChatEnv
 from llmrl_core.ports import free_port
 from llmrl_core.tools.mcp_client import MCPClientPool, MCPConnectionError
-from llmrl_core.tools.mcp_transform import MCPToolTransform
+from llmrl_core.tools.mcp_transform import MCPToolTransform, compile_tool_call_pattern, parse_pattern_calls
 from llmrl_core.tools.servers.calculator import convert, evaluate_expression
 from llmrl_core.tools.tool_calls import parse_tool_calls
 
@@ -188,5 +188,38 @@ def test_transform_appends_tool_messages_for_each_slot():
         assert out.info[0]["num_tool_calls"] == 2 and out.info[1]["tool_errors"] == 2
         out = env.step(["The answers are in.", "No tools this time."])
         assert out.history[0].messages[-1].role == "assistant"
+    finally:
+        transform.close()
+
+
+# --- TorchRL 0.14.1 arguments ------------------------------------------------------------------
+def test_tool_call_pattern_parsing_and_errors():
+    pattern = compile_tool_call_pattern(r"<call:([\w.]+)>(.*?)</call>")
+    calls = parse_pattern_calls(
+        'a <call:calc.add>{"a": 2, "b": 3}</call> <call:calc.list></call> <call:x>[1]</call>', pattern
+    )
+    assert [(c.name, c.arguments, c.error) for c in calls] == [
+        ("calc.add", {"a": 2, "b": 3}, None),
+        ("calc.list", {}, None),
+        ("x", {}, "arguments must be a JSON object, got list"),
+    ]
+    with pytest.raises(ValueError, match="exactly 2 groups"):
+        compile_tool_call_pattern(r"<call>(.*?)</call>")
+    with pytest.raises(ValueError, match="not a valid regex"):
+        compile_tool_call_pattern(r"<call>(")
+    with pytest.raises(ValueError, match="exactly 2 groups"):  # checked before any server starts
+        MCPToolTransform({"calc": CALC}, r"(only one group)")
+
+
+def test_transform_takes_torchrl_positional_arguments():
+    # TorchRL: (servers, tool_call_pattern, tool_name, timeout); tool_name is the role of the result messages
+    transform = MCPToolTransform({"calc": CALC}, r"<call:([\w.]+)>\n?(.*?)</call>", "observation", 10.0)
+    try:
+        assert transform.tool_role == transform.tool_name == "observation" and transform.timeout == 10.0
+        env = ChatEnv(batch_size=1).append_transform(transform)
+        env.reset(["q"])
+        out = env.step(['<call:calc.add>{"a": 2, "b": 3}</call> <tool_call>{"name": "calc.add"}</tool_call>'])
+        results = [m.text for m in out.history[0].messages if m.role == "observation"]
+        assert results == ["Tool calc.add executed successfully:\n5.0"]  # only the pattern's form is parsed
     finally:
         transform.close()

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 from llmrl_core.data import ConversationBatch
 from llmrl_core.envs import ChatEnv, MLGymWrapper, PromptRow, make_mlgym
@@ -518,3 +519,18 @@ def test_collector_plays_guess_number_with_vllm(vllm_engine_fp32):
         for message in t.messages:
             if message["role"] == "user":
                 assert f"user\n{message['content']}" in env_text
+
+
+def test_make_mlgym_takes_torchrl_device(monkeypatch, tmp_path):
+    _install_fake_mlgym(monkeypatch, tmp_path)
+    env = make_mlgym(task="prisonersDilemma", tokenizer=None, device="cpu", chat_template_name="chatml")
+    assert env.device == torch.device("cpu")
+    env.close()
+    env = make_mlgym(task="prisonersDilemma", device=None, chat_template_name="chatml")
+    assert env.device is None
+    env.close()
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="asks for CUDA, which is not available"):
+            make_mlgym(task="prisonersDilemma", device="cuda:0")
+    with pytest.raises(ValueError, match="not a torch device"):
+        make_mlgym(task="prisonersDilemma", device="gpu-please")

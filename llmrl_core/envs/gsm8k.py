@@ -8,9 +8,11 @@ answer, so the format bonus cannot be earned by copying an example number.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from llmrl_core.builtin_data import gsm8k_path
 from llmrl_core.envs.chat_env import InputMode
@@ -29,13 +31,44 @@ GSM8K_QUESTION_TEMPLATE = (
 )
 
 
-class GSM8KPrepareQuestion(Transform):
-    """Rewrites the user question at reset with a format instruction (``template`` with ``{question}``)."""
+def _text_keys(keys: Sequence[Any] | None, name: str) -> list[str]:
+    """TorchRL's default key list ``["text"]``; any other key list raises ``ValueError``."""
+    if keys is None:
+        return ["text"]
+    keys = [keys] if isinstance(keys, (str, tuple)) else list(keys)
+    if keys != ["text"]:
+        raise ValueError(
+            f"GSM8KPrepareQuestion: {name}={keys!r} is not supported; llmrl rewrites the last user message, "
+            "which matches TorchRL's default ['text'] (pass None or ['text'])"
+        )
+    return keys
 
-    def __init__(self, template: str = GSM8K_QUESTION_TEMPLATE, role: str = "user") -> None:
+
+class GSM8KPrepareQuestion(Transform):
+    """Rewrites the user question at reset with a format instruction (``template`` with ``{question}``).
+
+    ``in_keys`` / ``out_keys`` come first as in TorchRL, where they name the text entries rewritten at reset.
+    Here the question is always the last ``role`` message of the new conversation, so only TorchRL's default
+    (None, or ``["text"]`` read and written in place) is accepted; other keys raise ``ValueError``.
+    """
+
+    def __init__(
+        self,
+        in_keys: Sequence[Any] | None = None,
+        out_keys: Sequence[Any] | None = None,
+        *,
+        template: str = GSM8K_QUESTION_TEMPLATE,
+        role: str = "user",
+    ) -> None:
         super().__init__()
+        in_keys = _text_keys(in_keys, "in_keys")
+        out_keys = in_keys if out_keys is None else _text_keys(out_keys, "out_keys")
+        if out_keys != in_keys:
+            raise ValueError("GSM8KPrepareQuestion: out_keys must equal in_keys (the text is rewritten in place)")
         if "{question}" not in template:
             raise ValueError("GSM8KPrepareQuestion template must contain '{question}'")
+        self.in_keys = in_keys
+        self.out_keys = out_keys
         self.template = template
         self.role = role
 
@@ -55,25 +88,32 @@ class GSM8KEnv(DatasetChatEnv):
 
     def __init__(
         self,
-        dataset: Any = None,
+        dataset: Any = "openai/gsm8k",
         *,
         batch_size: int | None = None,
         repeats: int | None = None,
         group_repeats: bool = False,
         shuffle: bool = True,
-        seed: int | None = 0,
+        seed: int | None = None,
         tokenizer: Any = None,
         input_mode: InputMode = "history",
         system_prompt: str | None = GSM8K_SYSTEM_PROMPT,
         question_template: str | None = GSM8K_QUESTION_TEMPLATE,
         compute_reward: bool = True,
-        max_turns: int | None = 1,
+        max_turns: int | None = None,
         template_kwargs: dict[str, Any] | None = None,
         chat_template_name: str | None = None,
         format_reward: float = 0.1,
         correct_reward: float = 1.0,
         few_shot: Sequence[Mapping[str, Any]] = (),
-        max_steps: int | None = None,
+        max_steps: int = 1,
+        num_envs: int = 1,
+        batch_size_dl: int = 1,
+        device: torch.device | str | None = None,
+        apply_template: bool | None = False,
+        collate_fn: Callable[[Any], Any] | None = None,
+        ray_backend: bool = False,
+        dataloader_actor_name: str | None = None,
         **torchrl_kwargs: Any,
     ) -> None:
         if dataset == "openai/gsm8k":  # TorchRL's default hub id: the copy shipped in the package (offline)
@@ -92,7 +132,14 @@ class GSM8KEnv(DatasetChatEnv):
             input_mode=input_mode,
             template_kwargs=template_kwargs,
             chat_template_name=chat_template_name,
-            max_turns=max_steps if max_steps is not None else max_turns,
+            max_turns=max_turns if max_turns is not None else max_steps,
+            num_envs=num_envs,
+            batch_size_dl=batch_size_dl,
+            device=device,
+            apply_template=apply_template,
+            collate_fn=collate_fn,
+            ray_backend=ray_backend,
+            dataloader_actor_name=dataloader_actor_name,
             **torchrl_kwargs,
         )
         if few_shot:
@@ -108,7 +155,7 @@ class GSM8KEnv(DatasetChatEnv):
             ]
             self.append_transform(FewShotExamples(shots, user_role=self.user_role))
         if question_template is not None:
-            self.append_transform(GSM8KPrepareQuestion(question_template, role=self.user_role))
+            self.append_transform(GSM8KPrepareQuestion(template=question_template, role=self.user_role))
         if compute_reward:
             self.append_transform(
                 GSM8KRewardParser(tokenizer=tokenizer, format_reward=format_reward, correct_reward=correct_reward)
@@ -116,11 +163,11 @@ class GSM8KEnv(DatasetChatEnv):
 
 
 def make_gsm8k_env(
-    dataset: Any = None,
+    dataset: Any = "openai/gsm8k",
     num_envs: int = 1,
     repeats: int | None = None,
     batch_size_dl: int = 1,
-    seed: int | None = 0,
+    seed: int | None = None,
     group_repeats: bool = False,
     tokenizer: Any = None,
     *,
@@ -129,8 +176,12 @@ def make_gsm8k_env(
     input_mode: InputMode = "history",
     **kwargs: Any,
 ) -> GSM8KEnv:
-    """Build a :class:`GSM8KEnv`; ``dataset`` may be a path, a ``datasets.Dataset`` or rows, else the shipped
-    ``split`` (``train`` or ``test``) is used."""
+    """Build a :class:`GSM8KEnv` (TorchRL's arguments and defaults first).
+
+    ``dataset`` may be a path, a ``datasets.Dataset`` or rows; None or TorchRL's default hub id
+    ``"openai/gsm8k"`` means the copy shipped with llmrl (nothing is downloaded), its ``split`` (``train`` or
+    ``test``). ``seed=None`` (TorchRL's default) draws a random prompt order; pass an int to reproduce one.
+    """
     if dataset is None or dataset == "openai/gsm8k":
         dataset = gsm8k_path(split)
     elif isinstance(dataset, str) and not Path(dataset).exists():

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from llmrl_core.envs.transforms.base import Transform
@@ -47,19 +48,63 @@ def gold_answer(answer_field: str) -> str:
     return answer_field.rsplit("####", 1)[1] if "####" in answer_field else answer_field
 
 
+_RESPONSE_ROOTS = ("history", "text", "tokens", "text_response")
+_DEFAULT_OUT_KEYS = ("reward_answer", "reward_think", "reward_right", "reward", "success")
+_INPUT_MODES = ("history", "text", "tokens")
+
+
+def _key_root(key: Any) -> Any:
+    """The first element of a (possibly nested) TorchRL key."""
+    return key[0] if isinstance(key, tuple) and key else key
+
+
 class GSM8KRewardParser(Transform):
-    """Scores the policy's answer against the row's gold ``answer`` (TorchRL's GSM8K reward scheme)."""
+    """Scores the policy's answer against the row's gold ``answer`` (TorchRL's GSM8K reward scheme).
+
+    The arguments follow TorchRL's order. ``in_keys`` is ``[response_key, answer_key]`` as in TorchRL: the
+    response is always the slot's last policy message here (any TorchRL response key rooted at ``history``,
+    ``text``, ``tokens`` or ``text_response`` is accepted), and a string second key names the row field holding
+    the gold answer (it overrides ``answer_key``). ``out_keys`` must be None or TorchRL's default list: the
+    outputs always go to ``reward_components`` / ``info["success"]``. ``input_mode`` is checked and stored; the
+    message text is scored in every mode. ``answer_key`` (llmrl only) names the gold answer field.
+    """
 
     def __init__(
         self,
         tokenizer: Any = None,
+        in_keys: Sequence[Any] | None = None,
+        out_keys: Sequence[Any] | None = None,
         eos_token: str | None = None,
         set_done_if_answer: bool = True,
+        input_mode: str | None = None,
         format_reward: float = 0.1,
         correct_reward: float = 1.0,
+        *,
         answer_key: str = "answer",
     ) -> None:
         super().__init__()
+        if in_keys is not None:
+            in_keys = [in_keys] if isinstance(in_keys, (str, tuple)) else list(in_keys)
+            if not 1 <= len(in_keys) <= 2 or _key_root(in_keys[0]) not in _RESPONSE_ROOTS:
+                raise ValueError(
+                    f"GSM8KRewardParser: in_keys={in_keys!r} is not supported; pass None or "
+                    f"[response_key, answer_key] with a response key rooted at one of {_RESPONSE_ROOTS}"
+                )
+            if len(in_keys) == 2:
+                if not isinstance(in_keys[1], str):
+                    raise ValueError(f"GSM8KRewardParser: the answer key must be a row field name, got {in_keys[1]!r}")
+                answer_key = in_keys[1]
+        if out_keys is not None and tuple(out_keys) != _DEFAULT_OUT_KEYS:
+            raise ValueError(
+                f"GSM8KRewardParser: out_keys={list(out_keys)!r} is not supported; the outputs are fixed to "
+                f"{list(_DEFAULT_OUT_KEYS)} (reward_components and info['success'])"
+            )
+        if input_mode is not None and input_mode not in _INPUT_MODES:
+            raise ValueError(f"GSM8KRewardParser: input_mode must be None or one of {_INPUT_MODES}, got {input_mode!r}")
+        self.tokenizer = tokenizer
+        self.in_keys = in_keys
+        self.out_keys = list(_DEFAULT_OUT_KEYS)
+        self.input_mode = input_mode
         self.eos_token = eos_token if eos_token is not None else getattr(tokenizer, "eos_token", None)
         self.set_done_if_answer = set_done_if_answer
         self.format_reward = float(format_reward)

@@ -51,12 +51,18 @@ class LLMEnv(ChatEnv):
         assign_reward: bool = False,
         assign_done: bool = False,
         batch_size: int | Sequence[int] | torch.Size | None = None,
+        as_llm_data: bool = False,
         eos_token_id: int | None = None,
         tokenizer: Any = None,
         max_length: int | None = None,
         primer: DataLoadingPrimer | None = None,
         max_turns: int | None = None,
     ) -> None:
+        if as_llm_data:
+            raise ValueError(
+                "LLMEnv(as_llm_data=True) (TorchRL's LLMData-shaped observations) is not supported: the env hands out "
+                "TensorDicts in TorchRL's layout; leave as_llm_data=False"
+            )
         if not from_text and tokenizer is None:
             raise ValueError("LLMEnv(from_text=False) needs a tokenizer: token observations are kept beside their text")
         if max_length is not None and from_text:

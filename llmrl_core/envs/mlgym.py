@@ -19,6 +19,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from llmrl_core.envs.chat_env import InputMode
 from llmrl_core.envs.gym_wrapper import (
     GymEnvTransform,
@@ -292,6 +294,8 @@ def make_mlgym(
     *,
     tasks: Sequence[str] | None = None,
     tokenizer: Any = None,
+    device: torch.device | str | None = "cpu",
+    reward_wrong_format: float | None = None,
     input_mode: InputMode = "history",
     batch_size: int = 1,
     repeats: int = 1,
@@ -302,7 +306,6 @@ def make_mlgym(
     devices: Sequence[str] = ("cpu_0",),
     agent_config: str | Path | None = None,
     aliases_file: str | None = None,
-    reward_wrong_format: float | None = None,
     **wrapper_kwargs: Any,
 ) -> MLGymWrapper:
     """An MLGym task (``task``, e.g. ``"prisonersDilemma"``) or a set of tasks drawn per reset (``tasks``) as an
@@ -313,8 +316,11 @@ def make_mlgym(
     checkout's ``docker/aliases.sh`` or ``dockerfiles/aliases.sh``) go to MLGym's ``EnvironmentArguments``,
     ``agent_config`` names the agent config with the prompt templates and tools (default:
     ``configs/agents/default.yaml``), ``reward_wrong_format`` is the reward of an unparsable reply, and the
-    remaining keywords go to :class:`MLGymWrapper`. ``tokenizer`` may be a model path.
+    remaining keywords go to :class:`MLGymWrapper`. ``tokenizer`` may be a model path. ``device`` (TorchRL's,
+    default ``"cpu"``) is the env's ``device``, where its TensorDict outputs are placed; a CUDA device on a
+    machine without CUDA raises ValueError. The task containers use ``devices`` (MLGym's own device names).
     """
+    env_device = _env_device(device)
     mlgym, _gymnasium = _import_mlgym()
     if (task is None) == (tasks is None) or (tasks is not None and not tasks):
         raise ValueError(
@@ -345,7 +351,7 @@ def make_mlgym(
     def factory() -> MLGymTaskEnv:
         return MLGymTaskEnv(task_ids, config, devices=devices, reward_wrong_format=reward_wrong_format)
 
-    return MLGymWrapper(
+    env = MLGymWrapper(
         factory,
         tokenizer=tokenizer,
         input_mode=input_mode,
@@ -355,3 +361,18 @@ def make_mlgym(
         max_turns=max_turns,
         **wrapper_kwargs,
     )
+    env.device = env_device
+    return env
+
+
+def _env_device(device: torch.device | str | None) -> torch.device | None:
+    """``device`` as a ``torch.device`` (None stays None); ValueError for a CUDA device without CUDA."""
+    if device is None:
+        return None
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"make_mlgym: device {device!r} is not a torch device ({err})") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"make_mlgym: device {device!r} asks for CUDA, which is not available on this machine")
+    return resolved

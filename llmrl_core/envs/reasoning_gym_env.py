@@ -96,7 +96,7 @@ class ReasoningGymEnv(DatasetChatEnv):
         if few_shot:  # worked examples as earlier turns (``{question, response | turns}``), as in GSM8KEnv
             self.append_transform(FewShotExamples(list(few_shot), user_role=self.user_role))
         if question_template is not None:
-            self.append_transform(GSM8KPrepareQuestion(question_template, role=self.user_role))
+            self.append_transform(GSM8KPrepareQuestion(template=question_template, role=self.user_role))
         self.append_transform(
             ReasoningGymReward(
                 self.spec, tokenizer=tokenizer, format_reward=format_reward, correct_reward=correct_reward

@@ -60,35 +60,60 @@ class ToolFailure(Exception):
 class BrowserTransform(Transform):
     """Run ``browser`` tool calls from the assistant's message in headless Chromium; append the results.
 
+    The first five arguments are TorchRL's, in its order; the others are llmrl's (keyword-only).
+
     Args:
-        allowed_domains: hosts the browser may load (and their subdomains); loopback only by default.
-        timeout: seconds per action (page loads included). max_chars: page text kept per result.
-        tool_role: role of the result messages. tool_call_format: ``"auto"``, ``"json"`` or ``"xml"``.
+        allowed_domains: hosts the browser may load (and their subdomains). ``None`` (the default, as in
+            TorchRL) means loopback only (``127.0.0.1``, ``localhost``, ``::1``), unlike TorchRL where it allows
+            every domain: model-written browsing must not reach the internet unless hosts are named. An empty
+            list raises ``ValueError``.
+        headless: must be True (TorchRL's default): llmrl only runs Chromium headless; False raises ``ValueError``.
+        timeout: seconds per action (page loads included).
+        tokenizer: accepted and stored as in TorchRL (which does not use it either).
+        tool_name: role of the result messages (TorchRL's name for it); ``tool_role`` overrides it.
+        max_chars: page text kept per result. tool_call_format: ``"auto"``, ``"json"`` or ``"xml"``.
         binary: the Chromium executable (found on PATH by default).
+
+    The model calls the tool by the name in ``browser_tool_name`` (``"browser"``).
     """
 
-    tool_name = "browser"
+    browser_tool_name = "browser"
 
     def __init__(
         self,
-        allowed_domains: Sequence[str] = LOOPBACK_HOSTS,
+        allowed_domains: Sequence[str] | None = None,
+        headless: bool = True,
         timeout: float = 30.0,
+        tokenizer: Any = None,
+        tool_name: str = "tool",
+        *,
         max_chars: int = 4000,
-        tool_role: str = "tool",
+        tool_role: str | None = None,
         tool_call_format: ToolCallFormat = "auto",
         binary: str | None = None,
     ) -> None:
         super().__init__()
+        if allowed_domains is None:
+            allowed_domains = LOOPBACK_HOSTS
         if not allowed_domains:
-            raise ValueError("allowed_domains must name at least one host (default: loopback only)")
+            raise ValueError("allowed_domains must name at least one host (None: loopback only)")
+        if not headless:
+            raise ValueError("BrowserTransform: headless=False is not supported; llmrl runs Chromium headless only")
         self.allowed_domains = tuple(allowed_domains)
+        self.headless = headless
         self.timeout = timeout
+        self.tokenizer = tokenizer
         self.max_chars = max_chars
-        self.tool_role = tool_role
+        self.tool_role = tool_role if tool_role is not None else tool_name
         self.tool_call_format: ToolCallFormat = tool_call_format
         self.binary = binary
         self._browser: ChromiumBrowser | None = None
         self._pages: dict[int, str] = {}
+
+    @property
+    def tool_name(self) -> str:
+        """TorchRL's name for the role of the result messages (the same as ``tool_role``)."""
+        return self.tool_role
 
     # --- browser and pages -----------------------------------------------------------------------
     def _ensure_browser(self) -> ChromiumBrowser:
@@ -215,9 +240,9 @@ class BrowserTransform(Transform):
     def _browser_calls(self, text: str) -> list[ToolCall]:
         calls = []
         for call in parse_tool_calls(text, self.tool_call_format):
-            if call.name == self.tool_name:
+            if call.name == self.browser_tool_name:
                 calls.append(call)
-            elif call.name.startswith(self.tool_name + "."):  # browser.navigate {"url": ...}
+            elif call.name.startswith(self.browser_tool_name + "."):  # browser.navigate {"url": ...}
                 call.arguments = {"action": call.name.split(".", 1)[1], **call.arguments}
                 calls.append(call)
         return calls
@@ -232,7 +257,7 @@ class BrowserTransform(Transform):
             for call in self._browser_calls(message.text):
                 ok, text = (False, call.error) if call.error else self.run_action(slot.index, call.arguments)
                 verdict = "executed successfully" if ok else "failed"
-                slot.add_message(self.tool_role, f"Tool {self.tool_name} {verdict}:\n{text}")
+                slot.add_message(self.tool_role, f"Tool {self.browser_tool_name} {verdict}:\n{text}")
                 slot.info["num_tool_calls"] = slot.info.get("num_tool_calls", 0) + 1
                 if not ok:
                     slot.info["tool_errors"] = slot.info.get("tool_errors", 0) + 1

@@ -20,6 +20,7 @@ An unknown tool, arguments that are not JSON, a server error, a timeout or a cra
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -38,25 +39,66 @@ def format_tool_result(result: MCPCallResult, max_chars: int) -> str:
     return f"Tool {result.tool} {verdict}:\n{body}"
 
 
+def compile_tool_call_pattern(pattern: str) -> re.Pattern[str]:
+    """TorchRL's ``tool_call_pattern``: a regex with two groups, the tool name and its JSON arguments."""
+    try:
+        compiled = re.compile(pattern, re.DOTALL)
+    except re.error as err:
+        raise ValueError(f"tool_call_pattern {pattern!r} is not a valid regex ({err})") from None
+    if compiled.groups != 2:
+        raise ValueError(
+            f"tool_call_pattern must have exactly 2 groups (tool name, JSON arguments), {pattern!r} has "
+            f"{compiled.groups}"
+        )
+    return compiled
+
+
+def parse_pattern_calls(text: str, pattern: re.Pattern[str]) -> list[ToolCall]:
+    """The calls ``pattern`` finds in ``text``; arguments that are not a JSON object set the call's ``error``."""
+    calls = []
+    for match in pattern.finditer(text):
+        name, body = (match.group(1) or "").strip(), (match.group(2) or "").strip()
+        args: Any = {}
+        error = None
+        if body:
+            try:
+                args = json.loads(body)
+            except json.JSONDecodeError as exc:
+                args, error = {}, f"arguments are not valid JSON ({exc.msg})"
+        if not isinstance(args, dict):
+            args, error = {}, f"arguments must be a JSON object, got {type(args).__name__}"
+        calls.append(ToolCall(name, args, None, "pattern", error, match.start()))
+    return calls
+
+
 class MCPToolTransform(Transform):
     """Call MCP tools named in the assistant's message and append the results as ``tool`` messages.
+
+    The first four arguments are TorchRL's, in its order; the others are llmrl's (keyword-only).
 
     Args:
         servers: ``{name: {"command": ..., "args": [...], "env": {...}}}`` for stdio servers, or
             ``{name: {"url": "http://127.0.0.1:PORT/mcp"}}`` for Streamable HTTP (TorchRL's ``servers``).
+        tool_call_pattern: as in TorchRL, a regex with two groups (``server.tool`` name, JSON arguments),
+            searched with ``re.DOTALL``; when given it replaces ``tool_call_format``. None (default): the
+            forms of ``tool_call_format``, which include TorchRL's default ``<tool>name\nargs</tool>``.
+        tool_name: role of the result messages (TorchRL's name for it); ``tool_role`` overrides it.
+        timeout: seconds per tool call.
         tool_call_format: ``"auto"`` (JSON and XML forms), ``"json"`` or ``"xml"``.
-        timeout: seconds per tool call. connect_timeout: seconds to start/connect each server.
-        tool_role: role of the result messages. max_calls: calls honoured per message (others fail).
-        max_result_chars: result text kept per call.
+        connect_timeout: seconds to start/connect each server. max_calls: calls honoured per message (others
+            fail). max_result_chars: result text kept per call.
     """
 
     def __init__(
         self,
         servers: Mapping[str, Mapping[str, Any] | MCPServerSpec],
-        tool_call_format: ToolCallFormat = "auto",
+        tool_call_pattern: str | None = None,
+        tool_name: str = "tool",
         timeout: float = 10.0,
+        *,
+        tool_call_format: ToolCallFormat = "auto",
         connect_timeout: float = 30.0,
-        tool_role: str = "tool",
+        tool_role: str | None = None,
         max_calls: int = 8,
         max_result_chars: int = 4000,
     ) -> None:
@@ -65,12 +107,25 @@ class MCPToolTransform(Transform):
             raise ValueError(f"tool_call_format must be 'auto', 'json' or 'xml', got {tool_call_format!r}")
         if timeout <= 0 or max_calls < 1 or max_result_chars < 1:
             raise ValueError("timeout, max_calls and max_result_chars must be positive")
+        self.tool_call_pattern = tool_call_pattern
+        self._pattern = compile_tool_call_pattern(tool_call_pattern) if tool_call_pattern is not None else None
         self.tool_call_format: ToolCallFormat = tool_call_format
         self.timeout = timeout
-        self.tool_role = tool_role
+        self.tool_role = tool_role if tool_role is not None else tool_name
         self.max_calls = max_calls
         self.max_result_chars = max_result_chars
         self.pool = MCPClientPool(servers, connect_timeout=connect_timeout, call_timeout=timeout)
+
+    @property
+    def tool_name(self) -> str:
+        """TorchRL's name for the role of the result messages (the same as ``tool_role``)."""
+        return self.tool_role
+
+    def parse_calls(self, text: str) -> list[ToolCall]:
+        """The tool calls in one assistant message (``tool_call_pattern`` if set, else ``tool_call_format``)."""
+        if self._pattern is not None:
+            return parse_pattern_calls(text, self._pattern)
+        return parse_tool_calls(text, self.tool_call_format)
 
     @property
     def tools(self) -> dict[str, MCPToolInfo]:
@@ -99,7 +154,7 @@ class MCPToolTransform(Transform):
             message = slot.last_message()
             if message is None or message.role != role:
                 continue
-            calls = parse_tool_calls(message.text, self.tool_call_format)
+            calls = self.parse_calls(message.text)
             if calls:
                 per_slot.append((slot, calls))
         if not per_slot:

@@ -15,8 +15,10 @@ with its source, row number and key instead of in the middle of a rollout.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import torch
 
 from llmrl_core.builtin_data.ifeval_data import check_ifeval_row, load_ifeval
 from llmrl_core.envs.chat_env import InputMode
@@ -39,7 +41,7 @@ class IFEvalPrepareQuestion(GSM8KPrepareQuestion):
     """Appends the format line to the user request at reset (``template`` must contain ``{question}``)."""
 
     def __init__(self, template: str = IFEVAL_QUESTION_TEMPLATE, role: str = "user") -> None:
-        super().__init__(template, role=role)
+        super().__init__(template=template, role=role)
 
 
 class IFEvalEnv(DatasetChatEnv):
@@ -51,13 +53,13 @@ class IFEvalEnv(DatasetChatEnv):
 
     def __init__(
         self,
-        dataset: Any = None,
+        dataset: Any = "google/IFeval",
         *,
         batch_size: int | None = None,
         repeats: int | None = None,
         group_repeats: bool = False,
         shuffle: bool = True,
-        seed: int | None = 0,
+        seed: int | None = None,
         tokenizer: Any = None,
         input_mode: InputMode = "history",
         system_prompt: str | None = IFEVAL_SYSTEM_PROMPT,
@@ -66,14 +68,21 @@ class IFEvalEnv(DatasetChatEnv):
         format_weights: Sequence[float] | None = None,
         answer_only: bool = True,
         set_done_if_answer: bool = True,
-        max_turns: int | None = 1,
+        max_turns: int | None = None,
         template_kwargs: dict[str, Any] | None = None,
         chat_template_name: str | None = None,
-        max_steps: int | None = None,
+        max_steps: int = 1,
+        num_envs: int = 1,
+        batch_size_dl: int = 1,
+        device: torch.device | str | None = None,
+        apply_template: bool | None = False,
+        collate_fn: Callable[[Any], Any] | None = None,
+        ray_backend: bool = False,
+        dataloader_actor_name: str | None = None,
         **torchrl_kwargs: Any,
     ) -> None:
         super().__init__(
-            dataset if dataset is not None else load_ifeval(),
+            dataset if dataset not in (None, "google/IFeval", "google/IFEval") else load_ifeval(),
             batch_size=batch_size,
             repeats=repeats,
             group_repeats=group_repeats,
@@ -87,7 +96,14 @@ class IFEvalEnv(DatasetChatEnv):
             input_mode=input_mode,
             template_kwargs=template_kwargs,
             chat_template_name=chat_template_name,
-            max_turns=max_steps if max_steps is not None else max_turns,
+            max_turns=max_turns if max_turns is not None else max_steps,
+            num_envs=num_envs,
+            batch_size_dl=batch_size_dl,
+            device=device,
+            apply_template=apply_template,
+            collate_fn=collate_fn,
+            ray_backend=ray_backend,
+            dataloader_actor_name=dataloader_actor_name,
             **torchrl_kwargs,
         )
         self._validate_rows()

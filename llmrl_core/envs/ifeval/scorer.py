@@ -17,6 +17,7 @@ Semantics follow TorchRL 0.14.1's ``IfEvalScorer``:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,6 +26,7 @@ from llmrl_core.envs.ifeval.reward import IFEVAL_WEIGHTS, extract_blocks, ifeval
 from llmrl_core.envs.transforms.base import Transform
 from llmrl_core.envs.types import SlotState
 
+_LOG = logging.getLogger("llmrl_core.envs.ifeval")
 RewardAggregator = Callable[..., float]
 METRIC_NAMES: tuple[str, ...] = (
     "prompt_level_strict_acc",
@@ -35,25 +37,37 @@ METRIC_NAMES: tuple[str, ...] = (
 
 
 class IfEvalScorer(Transform):
-    """Scores IFEval responses and turns the four metrics into a reward (see the module docstring)."""
+    """Scores IFEval responses and turns the four metrics into a reward (see the module docstring).
+
+    The keyword arguments are TorchRL's, in its order, then llmrl's ``answer_only``. ``prompt_key`` and
+    ``response_column`` name TorchRL's prompt / response entries; here the response is always the slot's last
+    policy message and the prompt is not scored, so both are only stored (as ``prompt_key`` / ``response_key``).
+    ``verbose=True`` logs each slot's score and reward at INFO level on the ``llmrl_core.envs.ifeval`` logger.
+    """
 
     def __init__(
         self,
         *,
         instruction_ids_key: str = "instruction_id_list",
+        prompt_key: str | tuple[str, ...] = "text",
         keyword_args_key: str = "kwargs",
         id_key: str = "key",
+        response_column: str | tuple[str, ...] = "text_response",
         score_key: str = "ifeval_score",
         aggregate_reward: bool | RewardAggregator = True,
         format_weights: Sequence[float] | None = None,
-        answer_only: bool = True,
+        verbose: bool = False,
         set_done_if_answer: bool = True,
+        answer_only: bool = True,
     ) -> None:
         super().__init__()
         weights = tuple(format_weights) if format_weights is not None else IFEVAL_WEIGHTS
         if len(weights) != 4:
             raise ValueError(f"format_weights must have 4 entries, got {weights}")
         self.instruction_ids_key = instruction_ids_key
+        self.prompt_key = prompt_key
+        self.response_key = response_column
+        self.verbose = verbose
         self.keyword_args_key = keyword_args_key
         self.id_key = id_key
         self.score_key = score_key
@@ -114,8 +128,11 @@ class IfEvalScorer(Transform):
             slot.reward_components[name] = value
         slot.reward_components["answer_block"] = float(len(answer_blocks) == 1)
         slot.reward_components["think_block"] = float(len(think_blocks) == 1)
+        reward = self._reward(score, think_blocks, answer_blocks, complete=message.is_complete)
         if self.aggregate_reward:
-            slot.add_reward(self._reward(score, think_blocks, answer_blocks, complete=message.is_complete))
+            slot.add_reward(reward)
+        if self.verbose:
+            _LOG.info("IfEvalScorer: slot %d prompt %r: %s, reward %.4f", slot.index, slot.prompt_id, score, reward)
         if self.set_done_if_answer and answer_blocks:
             slot.terminate()
 
