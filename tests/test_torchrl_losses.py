@@ -102,6 +102,16 @@ def test_grpo_loss_on_a_tensordict_matches_torchrl(actor, scored):
     grads = [p.grad for p in actor.model.parameters() if p.grad is not None]
     assert grads and any(g.abs().sum() > 0 for g in grads)
     actor.model.zero_grad(set_to_none=True)
+    # TorchRL's idiom: the output is a tensorclass, summed over its fields; the diagnostics are detached, so the
+    # gradient is the loss terms' alone
+    out = GRPOLoss(actor, masking_strategy="rlhf")(collector_batch(scored))
+    assert set(out.to_dict()) >= {"loss_objective", "clip_fraction", "kl_approx", "ESS"}
+    out.sum(reduce=True).backward()
+    summed = [p.grad for p in actor.model.parameters() if p.grad is not None]
+    assert len(summed) == len(grads)
+    for a, b in zip(grads, summed, strict=True):
+        torch.testing.assert_close(a, b)
+    actor.model.zero_grad(set_to_none=True)
 
 
 def test_grpo_loss_takes_a_sequence_advantage_and_says_what_is_missing(actor, scored):

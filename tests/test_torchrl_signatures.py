@@ -23,8 +23,6 @@ NOT_PORTED = {"History.default_spec", "ChatHistory.default_spec"}
 DEPARTURES = {
     "ContentBase": "a dataclass here; TorchRL's a tensorclass (batch_size/device/names) with size, function_* fields",
     "IFEvalScoreData": "a dataclass of the scores here (instruction_id_list first), a tensorclass in TorchRL",
-    "GRPOLossOutput": "an output users read: a dataclass here, a tensorclass in TorchRL (llmrl has more terms)",
-    "SFTLossOutput": "an output users read: a dataclass here, a tensorclass in TorchRL",
     "LLMHashingEnv": "a list-based env of chained integer hashes here; TorchRL's hashes tensors with a hashing_module",
     "Tokenizer": "a slot transform here (tokenizer, add_special_tokens); TorchRL's a generic key-mapping transform",
 }

@@ -61,10 +61,11 @@ from __future__ import annotations
 
 import inspect
 import math
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any, Literal
 
 import torch
+from tensordict import TensorClass
 from torch import nn
 
 from llmrl_core.objectives.reductions import (
@@ -77,11 +78,13 @@ from llmrl_core.objectives.reductions import (
 )
 
 
-@dataclass
-class GRPOLossOutput:
+class GRPOLossOutput(TensorClass["nocast"]):
     """Loss terms (``loss_*``, differentiable) and detached diagnostics of one GRPO evaluation.
 
-    Terms that were not requested are ``None``. :attr:`loss` is the sum of the present ``loss_*`` terms.
+    A tensorclass with TorchRL's fields in TorchRL's order (then llmrl's diagnostics), so TorchRL's idioms work:
+    ``out.loss_objective``, ``out.sum(reduce=True)`` (every field: the diagnostics are detached, so the gradient
+    is the loss terms'), ``out.detach()``, ``out.to_dict()``. Terms that were not requested are ``None``.
+    :attr:`loss` is the sum of the present ``loss_*`` terms only.
     """
 
     loss_objective: torch.Tensor
@@ -90,10 +93,10 @@ class GRPOLossOutput:
     ESS: torch.Tensor
     entropy: torch.Tensor | None = None
     loss_entropy: torch.Tensor | None = None
-    kl_to_ref: torch.Tensor | None = None
     loss_kl_to_ref: torch.Tensor | None = None
-    kl_to_inference: torch.Tensor | None = None
+    kl_to_ref: torch.Tensor | None = None
     loss_kl_to_inference: torch.Tensor | None = None
+    kl_to_inference: torch.Tensor | None = None
     num_tokens: torch.Tensor | None = None
     sampler_abs_diff_mean: torch.Tensor | None = None
     sampler_abs_diff_max: torch.Tensor | None = None

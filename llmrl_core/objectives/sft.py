@@ -23,19 +23,20 @@ Differences from TorchRL, where it counts tokens outside the mask:
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+from tensordict import TensorClass
 from torch import nn
 
 from llmrl_core.objectives.reductions import check_token_tensor, kl_estimate, masked_mean, masked_zero
 
 
-@dataclass
-class SFTLossOutput:
-    """SFT loss terms (``loss_*``, differentiable) and the detached KL to the reference."""
+class SFTLossOutput(TensorClass["nocast"]):
+    """SFT loss terms (``loss_*``, differentiable) and the detached KL to the reference: a tensorclass with
+    TorchRL's fields (``out.sum(reduce=True)`` is the total loss, as in TorchRL), then llmrl's ``num_tokens``."""
 
     loss_sft: torch.Tensor
     loss_kl_to_ref: torch.Tensor | None = None
