@@ -17,6 +17,8 @@ import torch
 from tensordict import LazyStackedTensorDict
 from tensordict.utils import NestedKey
 
+from llmrl_core.data.batch_groups import row_groups
+
 
 def select_top_k(
     rewards: Sequence[float] | torch.Tensor,
@@ -130,8 +132,6 @@ class TopKRewardSelector:
     def transform_tensordict(self, td: Any) -> Any:
         """The selected rows of a TensorDict batch of finished rows (a collector's batch of whole groups), grouped,
         best first. Rows are grouped by ``group_key``, or by ``prompt_key`` when a row has none."""
-        from llmrl_core.objectives.advantage import _column  # objectives import data: a late import
-
         size = td.batch_size[0]
         keys = set(td.keys(include_nested=True, leaves_only=True))
         key = self.rewards_key if self.rewards_key in keys else "reward"
@@ -143,14 +143,6 @@ class TopKRewardSelector:
         else:
             rows = list(torch.as_tensor(td.get(key), dtype=torch.float64).reshape(size, -1))
         rewards = [float(r.mean()) for r in rows]
-        groups = _column(td, self.group_key)
-        if not groups or any(g is None for g in groups):
-            groups = _column(td, self.prompt_key)
-        if groups is None:
-            raise KeyError(
-                f"TopKRewardSelector: the batch has neither {self.group_key!r} (on every row) nor "
-                f"{self.prompt_key!r} to group by"
-            )
-        groups = [g if isinstance(g, Hashable) else repr(g) for g in groups]
+        groups = row_groups(td, self.group_key, self.prompt_key, "TopKRewardSelector")
         kept = self.select(rewards, groups)
         return td[torch.tensor(kept, dtype=torch.long)] if kept else td[:0]

@@ -34,6 +34,8 @@ from typing import Any, Literal
 
 import torch
 
+from llmrl_core.data.batch_groups import row_groups
+
 TrajectoryReturn = Literal["sum", "mean", "max"]
 AdvantageMethod = Literal["grpo", "dr_grpo", "rloo"]
 
@@ -268,15 +270,7 @@ class MCAdvantage:
         if rewards is None:
             raise KeyError(f"MCAdvantage: the batch has no reward at {self._rewards_td_key!r} (nor 'reward')")
         rewards = torch.as_tensor(rewards, dtype=torch.float32).reshape(size, -1).sum(-1)
-        groups = _column(td, self.group_key)
-        if not groups or any(g is None for g in groups):  # rows without group ids: TorchRL's grouping, by prompt
-            groups = _column(td, self.prompt_key)
-        if groups is None:
-            raise KeyError(
-                f"MCAdvantage: the batch has neither {self.group_key!r} (on every row) nor {self.prompt_key!r} to "
-                "group by"
-            )
-        groups = [g if isinstance(g, Hashable) else repr(g) for g in groups]
+        groups = row_groups(td, self.group_key, self.prompt_key, "MCAdvantage")
         if self.grpo_size is not None:
             counts: dict[Hashable, int] = {}
             for g in groups:
@@ -296,13 +290,3 @@ class MCAdvantage:
     def _td_rewards_key(self, td: Any) -> Any:
         key = self._rewards_td_key
         return key if td.get(key, None) is not None else "reward"
-
-
-def _column(td: Any, key: Any) -> list[Any] | None:
-    """A per-row field of a batch as a list (non-tensor stacks and tensors alike), or None."""
-    value = td.get(key, None)
-    if value is None:
-        return None
-    if isinstance(value, torch.Tensor):
-        return value.reshape(td.batch_size[0], -1)[:, 0].tolist()
-    return list(value.tolist() if hasattr(value, "tolist") else value)
