@@ -131,6 +131,7 @@ def ui(
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)  # Ctrl-C, also when started with SIGINT ignored (`cmd &` in a script)
     try:
         typer.echo(f"starting the Prefect server ({env['PREFECT_HOME']}) and the MLflow UI ({runs_root / 'mlflow.db'})")
         services.start(

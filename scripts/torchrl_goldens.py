@@ -10,8 +10,8 @@ executed with the global ``DEFAULT_MODEL`` (the model folder, standing in for ev
 captured. ``<out>/<name>.json`` records whether it ran, the error (type, message, the example's line that raised,
 the innermost frame) and a summary of the globals it created (see ``tests/torchrl_golden_format.py``).
 ``<out>/api_probes.json`` records the signatures of the LLM API names, where they import from, the errors TorchRL
-raises for the misuses its sources document, and how ``History.apply_chat_template`` renders and masks chats
-with the packaged tokenizer.
+raises for the misuses its sources document, how ``History.apply_chat_template`` renders and masks chats
+with the packaged tokenizer, and the shapes of the collector's dialog-turn batches.
 """
 
 from __future__ import annotations
@@ -431,15 +431,45 @@ def _history_probes(model_path: str) -> dict[str, Any]:
     return out
 
 
+def _collector_layout_probes(model_path: str) -> dict[str, Any]:
+    """The shapes of TorchRL's dialog-turn batches: a ``ChatEnv`` of batch size 2 fed by a DataLoader, a history-
+    mode ``TransformersWrapper``, ``dialog_turns_per_batch=4``; by default and with ``flatten_data=True``."""
+    from torch.utils.data import DataLoader
+    from torchrl.collectors.llm import LLMCollector
+    from torchrl.envs.llm import ChatEnv
+    from torchrl.modules.llm import TransformersWrapper
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path).eval()
+    policy = TransformersWrapper(
+        model, tokenizer=tokenizer, input_mode="history", generate=True, generate_kwargs={"max_new_tokens": 4}
+    )
+    out: dict[str, Any] = {}
+    for label, kwargs in (("default", {}), ("flatten_data", {"flatten_data": True})):
+        prompts = DataLoader([{"query": f"Say {i}."} for i in range(8)], batch_size=2)
+        env = ChatEnv.from_dataloader(prompts, tokenizer=tokenizer, batch_size=(2,))
+        collector = LLMCollector(env, policy=policy, dialog_turns_per_batch=4, total_dialog_turns=8, **kwargs)
+        batch = next(iter(collector))
+        out[label] = {
+            "batch_size": list(batch.batch_size),
+            "done": list(batch["done"].shape),
+            "next_done": list(batch["next", "done"].shape),
+            "flatten_data": collector.flatten_data,
+        }
+    return out
+
+
 def run_probes(model: str, result_path: Path) -> None:
     torch.manual_seed(0)
     record: dict[str, Any] = {"versions": _versions(), "model": Path(model).name}
     record["signatures"] = {label: _signature_record(label, mod, attr) for label, mod, attr in SIGNATURE_TARGETS}
     record["error_probes"] = _error_probes(model)
-    try:
-        record["history"] = _history_probes(model)
-    except Exception as err:
-        record["history"] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-3000:]}
+    for key, probes in (("history", _history_probes), ("collector_layout", _collector_layout_probes)):
+        try:
+            record[key] = probes(model)
+        except Exception as err:
+            record[key] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-3000:]}
     result_path.write_text(_scrub(dumps(to_jsonable(record)), model))
 
 

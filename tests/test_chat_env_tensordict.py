@@ -350,6 +350,8 @@ def test_retrieve_kl_in_a_collectors_env_hands_out_the_kl_and_takes_it_from_the_
     collector = LLMCollector(env, policy=policy, prompts=rows, dialog_turns_per_batch=2, total_dialog_turns=2)
     assert env.collector is collector and policy.collector is collector
     batch = next(iter(collector))
+    assert batch.batch_size == (2, 1)  # (env slots, steps), as TorchRL's collector hands dialog turns out
+    batch = batch.view(-1)
     for i in range(2):
         kl = batch[i]["next", "kl_penalty"]
         assert kl.ndim == 1 and kl.abs().sum() > 1e-4  # per token of the whole conversation, 0 off the answer

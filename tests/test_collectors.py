@@ -79,17 +79,43 @@ def test_dialog_turn_batches_and_sink(policy):
         sink=sink,
     )
     batches = list(collector)
-    assert [len(b) for b in batches] == [4, 4, 4]
-    turns = [b[i] for b in batches for i in range(len(b))]
+    # TorchRL's layout: whole env steps (4 turns asked, 3 slots: 2 steps), shaped (slots, steps)
+    assert [b.batch_size for b in batches] == [(3, 2), (3, 2)]
+    turns = [b[i, j] for b in batches for i in range(3) for j in range(2)]
     assert all(t["reward"].shape == (1,) and t.get(("tokens", "response")).dtype == torch.long for t in turns)
-    # 2 turns per conversation: the second turn's prompt holds the first answer
-    assert sorted(t["turn"] for t in turns) == [1] * 6 + [2] * 6
-    # the second turn's prompt is the whole conversation so far: the query and the first answer
-    first_answers = {t["text"].response.strip() for t in turns if t["turn"] == 1}
-    for t in (t for t in turns if t["turn"] == 2):
-        assert list(t["history"].prompt.role) == ["user", "assistant"]
-        assert t["history"].prompt.content[-1].strip() in first_answers
-    assert sink.qsize() == 3 and sink.get() is batches[0]
+    for b in batches:  # row i is slot i's conversation: its second turn's prompt holds its first answer
+        assert [b[i, j]["turn"] for i in range(3) for j in range(2)] == [1, 2] * 3
+        for i in range(3):
+            assert list(b[i, 1]["history"].prompt.role) == ["user", "assistant"]
+            assert b[i, 1]["history"].prompt.content[-1].strip() == b[i, 0]["text"].response.strip()
+            assert b[i, 1]["history"].prompt.content[0] == b[i, 0]["history"].prompt.content[0]
+    assert sorted(b[i, 0]["query"] for b in batches for i in range(3)) == sorted(p["query"] for p in prompts)
+    assert sink.qsize() == 2 and sink.get() is batches[0]
+
+
+def test_flatten_data_views_the_dialog_turn_batch_slot_after_slot():
+    """flatten_data=True (TorchRL's default with a replay buffer) hands out ``(slots * steps,)``: slot 0's turns,
+    then slot 1's; a partial last step (the prompts ran out) makes a flat batch, step after step."""
+    env, _ = _scripted_env(batch_size=2)
+    rows = [{"query": "a", "turns": 2}, {"query": "b", "turns": 1}, {"query": "c"}]
+
+    class Buffer(list):
+        def extend(self, batch):  # a replay buffer: anything with extend
+            self.append(batch)
+
+    buffer = Buffer()
+    collector = LLMCollector(env, scripted_policy, prompts=rows, dialog_turns_per_batch=4, replay_buffer=buffer)
+    assert collector.flatten_data is True and collector.rolling_reset is True
+    batches = list(collector)
+    assert batches[0].batch_size == (4,) and buffer == batches
+    # slot 0 plays "a" for two turns; slot 1 plays "b" and, reset on its own at once, "c"
+    assert [(t["query"], t["turn"]) for t in batches[0]] == [("a", 1), ("a", 2), ("b", 1), ("c", 1)]
+    unflat = list(LLMCollector(_scripted_env(batch_size=2)[0], scripted_policy, prompts=rows, dialog_turns_per_batch=4))
+    assert collector.flatten_data is True and len(unflat) == 1
+    assert unflat[0].batch_size == (2, 2) and [unflat[0][1, j]["query"] for j in range(2)] == ["b", "c"]
+    # no prompt left for slot 1 after its first step: the second step is slot 0's alone, a flat batch
+    partial = list(LLMCollector(_scripted_env(batch_size=2)[0], scripted_policy, prompts=rows[:2]))
+    assert [b.batch_size for b in partial] == [(2, 1), (1,)] and partial[1][0]["turn"] == 2
 
 
 class StuckTool(Transform):
@@ -465,6 +491,8 @@ def test_batches_carry_torchrls_next_entry_and_the_prompt_rows_fields(whole_epis
     rows = [{"query": "long", "turns": 2, "answer": "A"}, {"query": "short", "answer": "B"}]
     kwargs = {"total_trajectories": 2} if whole_episodes else {"dialog_turns_per_batch": 2, "total_dialog_turns": 2}
     batch = next(iter(LLMCollector(env, scripted_policy, prompts=rows, **kwargs)))
+    assert batch.batch_size == ((2,) if whole_episodes else (2, 1))  # dialog turns: (slots, steps), as TorchRL
+    batch = batch.view(-1)
     assert torch.equal(batch["next", "reward"], batch["reward"]) and torch.equal(batch["next", "done"], batch["done"])
     assert batch["next", "truncated"].shape == batch["next", "terminated"].shape == (2, 1)
     assert sorted(batch["answer"]) == sorted(batch["next", "answer"]) == ["A", "B"]
@@ -472,3 +500,33 @@ def test_batches_carry_torchrls_next_entry_and_the_prompt_rows_fields(whole_epis
         following = [m.text for m in batch[i]["next", "history"].prompt.to_messages()]
         assert following == [m.text for m in batch[i]["history", "full"].to_messages()]
         assert following[-1] == "ok" and batch[i]["query"] in following
+
+
+def test_dialog_turn_batch_shapes_match_torchrls_golden(hf_model_fp32):
+    """The shapes TorchRL 0.14.1's own collector gives (``api_probes.json`` ``collector_layout``, recorded by
+    ``scripts/torchrl_goldens.py`` on the same set-up): ``(slots, steps)`` by default, ``(slots * steps,)`` with
+    ``flatten_data=True``, the flags one more dimension."""
+    import json
+    from pathlib import Path
+
+    from torch.utils.data import DataLoader
+
+    from llmrl_core.modules import TransformersWrapper
+
+    golden = json.loads((Path(__file__).parent / "goldens/torchrl/api_probes.json").read_text())["collector_layout"]
+    model, tokenizer = hf_model_fp32
+    policy = TransformersWrapper(
+        model, tokenizer=tokenizer, input_mode="history", generate=True, generate_kwargs={"max_new_tokens": 4}
+    )
+    for label, kwargs in (("default", {}), ("flatten_data", {"flatten_data": True})):
+        prompts = DataLoader([{"query": f"Say {i}."} for i in range(8)], batch_size=2)
+        env = ChatEnv.from_dataloader(prompts, tokenizer=tokenizer, batch_size=(2,))
+        collector = LLMCollector(env, policy=policy, dialog_turns_per_batch=4, total_dialog_turns=8, **kwargs)
+        batch = next(iter(collector))
+        ours = {
+            "batch_size": list(batch.batch_size),
+            "done": list(batch["done"].shape),
+            "next_done": list(batch["next", "done"].shape),
+            "flatten_data": collector.flatten_data,
+        }
+        assert ours == golden[label], label

@@ -28,4 +28,5 @@ def test_the_torchrl_block_runs():
     kl = namespace["kl"]
     assert kl.shape[0] == 2 and float(kl.abs().max()) == 0.0  # same weights on both sides
     versions = [line.split()[0] for line in printed[2:]]
-    assert versions == ["tensor([0,", "tensor([1,"]  # two batches of two dialog turns, one weight update between
+    # two batches of two dialog turns, (2 slots, 1 step) each as TorchRL lays them out, one weight update between
+    assert versions == ["tensor([[0],", "tensor([[1],"]

@@ -182,7 +182,8 @@ def test_000_policy_version(default_model_path):
     ns, printed = run_example("000_policy_version", default_model_path, max_prints=3)
     assert golden("000_policy_version")["error"]["type"] == "TypeError"  # TorchRL needs dialog_turns_per_batch
     assert printed[0] == "1"  # the version after one weight update
-    assert printed[1:] == ["tensor([1])", "tensor([1])"]  # every dialog turn stamped with that version
+    # every dialog turn stamped with that version; a batch is (env slots, steps) = (1, 1), as TorchRL's collector's
+    assert printed[1:] == ["tensor([[1]])", "tensor([[1]])"]
 
 
 def test_000_python_interpreter(default_model_path):
@@ -237,17 +238,18 @@ def test_002_llm_collector(default_model_path, mocking_classes):
     env, data = ns["env"], ns["data"]
     assert type(env).__name__ == "LLMEnv" and env.batch_size == (1,) and ns["i"] == 2
     assert len(printed) == 1 and "TensorDict" in printed[0]
-    assert data.batch_size == (1,)
+    assert data.batch_size == (1, 1)  # (env slots, steps): one slot, one turn per batch, as TorchRL lays it out
+    data = data[0, 0]
     history = data["history"]
-    prompt, full = history.prompt[0].to_messages(), history.full[0].to_messages()
+    prompt, full = history.prompt.to_messages(), history.full.to_messages()
     word = prompt[0].text
     assert prompt[0].role == "user" and word.isalpha() and word.islower()  # one of the loader's random words
     # no EOS rule was given, so the episode goes on: the third turn continues the first two answers
     assert [m.role for m in prompt] == ["user", "assistant", "assistant"]
     assert full[: len(prompt)] == prompt and full[-1].role == "assistant" and full[-1].text.strip()
     tokens = data.get(("tokens", "response"), None)
-    assert tokens is not None and len(tokens[0]) > 0  # the engine's sampled ids travel with the turn
-    assert torch.isfinite(data.get(("log_probs", "response"))[0]).all()
+    assert tokens is not None and len(tokens) > 0  # the engine's sampled ids travel with the turn
+    assert torch.isfinite(data.get(("log_probs", "response"))).all()
 
 
 @pytest.mark.parametrize(

@@ -167,11 +167,17 @@ def test_a_torchrl_style_grpo_iteration_runs_end_to_end(hf_model_fp32):
     )  # fmt: skip
     collector = LLMCollector(env, policy=policy, dialog_turns_per_batch=6, total_dialog_turns=6)
     batch = next(iter(collector))
+    assert batch.batch_size == (6, 1)  # TorchRL's layout: (env slots: 2 prompts x 3 repeats, steps)
+    batch = MCAdvantage(grpo_size=3)(batch)  # read flattened, slot after slot
     assert batch.batch_size == (6,)
-    batch = MCAdvantage(grpo_size=3)(batch)
-    rewards = batch.get("reward").reshape(2, 3)
-    expected = (rewards - rewards.mean(-1, keepdim=True)) / (rewards.std(-1, keepdim=True) + 1e-6)
-    torch.testing.assert_close(batch.get("advantage").reshape(2, 3), expected, atol=1e-5, rtol=0)
+    by_group = {}
+    for i in range(6):
+        by_group.setdefault(batch[i]["group_id"], []).append(i)
+    assert sorted(len(rows) for rows in by_group.values()) == [3, 3]
+    for rows in by_group.values():
+        rewards = batch.get("reward")[rows].reshape(-1)
+        expected = (rewards - rewards.mean()) / (rewards.std() + 1e-6)
+        torch.testing.assert_close(batch.get("advantage")[rows].reshape(-1), expected, atol=1e-5, rtol=0)
 
     before = [p.detach().clone() for p in model.parameters()]
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)

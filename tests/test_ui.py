@@ -12,6 +12,7 @@ UI's server (the one-home logic of :mod:`llmrl_cli.prefect_home`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -79,6 +80,7 @@ def test_llmrl_ui_runs_a_custom_grpo_run_and_shows_it_in_both_uis(tmp_path):
     prefect_port, mlflow_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "LLMRL_RUNS_DIR"}
     env["LLMRL_HOME"] = str(home)
+    env["PYTHONUNBUFFERED"] = "1"  # ui.out shows what `llmrl ui` printed up to a hang
     out = tmp_path / "ui.out"
     with open(out, "wb") as sink:
         ui = subprocess.Popen(
@@ -88,6 +90,8 @@ def test_llmrl_ui_runs_a_custom_grpo_run_and_shows_it_in_both_uis(tmp_path):
             stdout=sink,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            # as a script's `llmrl ui &` starts it: Ctrl-C must stop it all the same
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
         )
     browser = None
     try:
@@ -147,11 +151,9 @@ def test_llmrl_ui_runs_a_custom_grpo_run_and_shows_it_in_both_uis(tmp_path):
         assert page.eval("document.querySelector('[data-llmrl-field]:invalid') !== null")
         page.set_field("group_size", CHANGED["data.group_size"])
         _shot(page, shots, "prefect-custom-run")
-        page.click_text("Submit")
-        page.wait_for("!location.pathname.endsWith('/run')", 180, "the form to be submitted")
-
         deployment = _post(f"{state['prefect_api_url']}/deployments/filter", {})
         grpo_dep = next(d for d in deployment if d["name"] == "grpo-arithmetic")
+        _submit(page, state["prefect_api_url"], grpo_dep["id"])
         deadline = time.monotonic() + 180
         while not (
             runs := _post(
@@ -205,11 +207,46 @@ def test_llmrl_ui_runs_a_custom_grpo_run_and_shows_it_in_both_uis(tmp_path):
         try:
             ui.wait(timeout=120)
         except subprocess.TimeoutExpired:
+            stacks = _stacks(ui.pid)
             os.killpg(ui.pid, signal.SIGKILL)
-            raise
+            for member in family:  # the services live in sessions of their own
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    member.kill()
+            raise AssertionError(f"llmrl ui still running 120 s after Ctrl-C:\n{out.read_text()}\n{stacks}") from None
     _, alive = psutil.wait_procs(family, timeout=30)
     assert not alive, f"left running after Ctrl-C: {[p.pid for p in alive]}\n{out.read_text()}"
     assert ui.returncode == 0 and not (home / "ui.json").exists()
+
+
+FORM_STATE = """JSON.stringify({
+    path: location.pathname,
+    invalid: [...document.querySelectorAll(':invalid')].filter(e => e.tagName !== 'FORM').map(
+        e => (e.closest('.schema-form-property')?.querySelector('.schema-form-property__label')?.innerText
+              || e.name || e.tagName) + '=' + e.value),
+    submit: [...document.querySelectorAll('button')].filter(b => b.innerText.trim() === 'Submit').map(
+        b => ({disabled: b.disabled, busy: b.getAttribute('aria-busy')})),
+    errors: [...document.querySelectorAll('[class*=error], [class*=invalid], [role=alert], .p-toast')].map(
+        e => e.innerText.trim()).filter(t => t).slice(0, 10)})"""
+
+
+def _submit(page: PageDriver, api_url: str, deployment_id: str, tries: int = 3) -> None:
+    """Click the run form's Submit until the page leaves the form (a click that lands while the long form
+    re-renders is lost, as a user's would be: they click again). Never clicks again once the server has the flow
+    run, so one click makes one run; fails with what the form shows (invalid fields, errors, the button)."""
+    created = {"deployments": {"id": {"any_": [deployment_id]}}}
+    seen = []
+    for _ in range(tries):
+        page.click_text("Submit")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if page.eval("!location.pathname.endsWith('/run')"):
+                return
+            if _post(f"{api_url}/flow_runs/filter", created):  # submitted: the page is only slow to move on
+                page.wait_for("!location.pathname.endsWith('/run')", 180, "the page after the submitted form")
+                return
+            page.browser.pump(1.0)
+        seen.append(page.eval(FORM_STATE))
+    raise AssertionError(f"the run form was not submitted after {tries} clicks on Submit; the form showed: {seen}")
 
 
 def _post(url: str, body: dict) -> list[dict]:
@@ -225,6 +262,13 @@ def _listening(proc: psutil.Process) -> list:
         return [c for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return []
+
+
+def _stacks(pid: int) -> str:
+    """The Python stacks of ``pid`` when py-spy is installed (to see where a process hangs), else ''."""
+    if shutil.which("py-spy") is None:
+        return ""
+    return subprocess.run(["py-spy", "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60).stdout
 
 
 def _family(proc: subprocess.Popen) -> list[psutil.Process]:

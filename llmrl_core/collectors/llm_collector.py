@@ -12,21 +12,25 @@ Resets: by default a batch of slots is reset only when all of its slots are done
 ``rolling_reset=True`` each slot is reset on its own (``ChatEnv.reset_slots``) as soon as its episode is done
 and handed out, so one slot in a long multi-turn episode or a slow tool call does not hold back the others'
 next prompts. That is what TorchRL's collector always does (``env.step_and_maybe_reset`` after every step);
-here it is an option so the batch schedule (all slots of a GRPO group sampled in the same steps, with the
-same weights) stays the default. With a total, rolling resets draw only the prompts still needed.
+here it is the default only for dialog turns of one fixed-size env (see below), so for whole episodes the batch
+schedule (all slots of a GRPO group sampled in the same steps, with the same weights) stays the default. With a
+total, rolling resets draw only the prompts still needed.
 
-Every sampled turn is stamped with the policy version current when it was sampled
-(``track_policy_version``, on by default; False stamps None). The version lives in a
+Every sampled turn can be stamped with the policy version current when it was sampled
+(``track_policy_version``, off by default as in TorchRL; off stamps None). The version lives in a
 :class:`~llmrl_core.envs.transforms.policy_version.PolicyVersion` (the env's own, if it has one), which
 :meth:`LLMCollector.increment_version`, :meth:`LLMCollector.update_policy_weights_` or a ``vLLMUpdater`` it is
 registered with advances.
 
 Batches are TensorDicts in TorchRL's layout (:mod:`llmrl_core.collectors.tensordict_batches`): one row per
-finished episode (``yield_completed_trajectories``, the default) or per dialog turn (every sampled turn, or with
-``yield_only_last_steps`` only the last turn of each finished episode). With a ``queue`` (anything with ``put``)
-or a ``replay_buffer`` (anything with ``extend``), every batch is also delivered there. The policy is a TorchRL-
-style wrapper (:mod:`llmrl_core.modules`, TensorDict in and out) or a rollout engine callable on
-:class:`~llmrl_core.data.llm_data.LLMData` (:mod:`llmrl_core.policies`).
+finished episode (``yield_completed_trajectories``) or per dialog turn (every sampled turn, or with
+``yield_only_last_steps`` only the last turn of each finished episode). Dialog turns of one env with a fixed
+batch size ``B`` come as TorchRL's collector hands them out: whole env steps, every slot answering at each step (a
+finished slot is reset on its own at once), shaped ``(B, steps)`` (row ``b``: slot ``b``'s turns in order), or with
+``flatten_data`` (TorchRL's default when a ``replay_buffer`` is given) viewed as ``(B * steps,)``. With a
+``queue`` (anything with ``put``) or a ``replay_buffer`` (anything with ``extend``), every batch is also delivered
+there. The policy is a TorchRL-style wrapper (:mod:`llmrl_core.modules`, TensorDict in and out) or a rollout
+engine callable on :class:`~llmrl_core.data.llm_data.LLMData` (:mod:`llmrl_core.policies`).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from tensordict.nn import TensorDictModuleBase
 from llmrl_core.collectors.env_tracker import EnvTracker, select_slots
 from llmrl_core.collectors.policy_weights import PolicyWeights, Version
 from llmrl_core.collectors.tensordict_batches import llm_data_to_tensordict, to_tensordict
-from llmrl_core.collectors.trajectory import DialogTurn, Trajectory
+from llmrl_core.collectors.trajectory import DialogTurn
 from llmrl_core.data.conversation import ConversationBatch
 from llmrl_core.data.llm_data import LLMData
 from llmrl_core.envs.chat_env import ChatEnv
@@ -67,7 +71,8 @@ class LLMCollector(PolicyWeights):
     TorchRL's options: ``env`` may be a factory (TorchRL's ``create_env_fn``), ``policy_factory`` builds the policy
     (exactly one of ``policy``/``policy_factory``), ``queue`` (anything with ``put``) or ``replay_buffer``
     (anything with ``extend``) receives every batch (not both: RuntimeError), ``postproc`` maps each batch,
-    ``total_dialog_turns=-1`` means no limit, ``flatten_data``/``verbose``/``reset_at_each_iter`` are accepted.
+    ``total_dialog_turns=-1`` means no limit, ``flatten_data`` (default: True with a ``replay_buffer``) flattens
+    ``(B, steps)`` dialog-turn batches, ``verbose``/``reset_at_each_iter`` are accepted.
     Items are dialog turns by default (TorchRL's ``yield_completed_trajectories=None``), whole episodes with
     ``yield_completed_trajectories=True`` or when a ``total_trajectories`` is given;
     ``yield_only_last_steps`` hands out only the last turn of each finished episode
@@ -78,7 +83,8 @@ class LLMCollector(PolicyWeights):
     keeps its shape and async envs work); a ``PolicyVersion`` is used as given; False stamps None.
     ``weight_updater`` (e.g. a ``vLLMUpdater``, any object with ``push_weights(weights)``, or a callable) is
     what :meth:`update_policy_weights_` pushes through. ``rolling_reset`` resets each finished slot on its own
-    (see the module docstring).
+    (see the module docstring); its default is on for dialog turns of one fixed-size env (TorchRL's
+    ``step_and_maybe_reset``), off otherwise.
     """
 
     def __init__(
@@ -104,7 +110,7 @@ class LLMCollector(PolicyWeights):
         policy_version: PolicyVersion | None = None,
         track_policy_version: bool | PolicyVersion = False,
         weight_updater: Any = None,
-        rolling_reset: bool = False,
+        rolling_reset: bool | None = None,
         async_envs: bool | None = None,
     ) -> None:
         if queue is not None and replay_buffer is not None:
@@ -126,7 +132,7 @@ class LLMCollector(PolicyWeights):
         total_dialog_turns = None if total_dialog_turns is not None and total_dialog_turns < 0 else total_dialog_turns
         self.postproc = postproc
         self.reset_at_each_iter = reset_at_each_iter
-        self.flatten_data = flatten_data
+        self.flatten_data = replay_buffer is not None if flatten_data is None else flatten_data  # TorchRL's default
         self.verbose = verbose
         sink = sink if sink is not None else (queue if queue is not None else replay_buffer)
         self.envs = list(env) if isinstance(env, Sequence) else [env]
@@ -136,7 +142,6 @@ class LLMCollector(PolicyWeights):
             raise ValueError("several envs need async_envs=True (the sync collector steps one batched env)")
         self.policy = policy
         self.async_envs = async_envs
-        self.rolling_reset = rolling_reset
         self.yield_only_last_steps = bool(yield_only_last_steps)
         if yield_completed_trajectories is None:  # TorchRL: dialog turns unless only last steps are asked for;
             # llmrl: a total counted in trajectories asks for whole episodes
@@ -144,6 +149,15 @@ class LLMCollector(PolicyWeights):
         self.yield_completed_trajectories = yield_completed_trajectories
         # What the items are: whole trajectories, or dialog turns (all, or the last of each episode).
         self._yield_trajectories = yield_completed_trajectories and not yield_only_last_steps
+        # TorchRL's dialog-turn batches: whole env steps, (batch, steps) or flattened slot by slot. Needs one env
+        # of a fixed batch size whose slots all answer at every step: a finished slot is reset on its own at once.
+        self._step_layout = (
+            not self._yield_trajectories
+            and not self.yield_only_last_steps
+            and not async_envs
+            and self.envs[0].num_slots is not None
+        )
+        self.rolling_reset = self._step_layout if rolling_reset is None else rolling_reset
         self.dialog_turns_per_batch = dialog_turns_per_batch
         self.total_dialog_turns = total_dialog_turns
         self.total_trajectories = total_trajectories
@@ -177,19 +191,36 @@ class LLMCollector(PolicyWeights):
 
     # --- iteration -------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[TensorDictBase]:
-        for items in self._item_batches():
-            batch = to_tensordict(items, self.envs[0].policy_role)
+        for units in self._item_batches():
+            batch = self._to_tensordict(units)
             batch = self.postproc(batch) if self.postproc is not None else batch
             self._deliver(batch)
             yield batch
 
-    def _item_batches(self) -> Iterator[list[Trajectory] | list[DialogTurn]]:
-        """The batches as the env slots' snapshots (episodes or turns), before they become TensorDicts."""
+    def _to_tensordict(self, units: list[Any]) -> TensorDictBase:
+        """One batch as a TensorDict. Dialog turns of whole env steps come as TorchRL lays them out: ``(batch,
+        steps)``, row ``b`` slot ``b``'s turns in order, or with ``flatten_data`` that viewed as ``(batch * steps,)``
+        slot after slot. A batch with a step that not every slot answered (the prompts ran out, or the total left
+        room for fewer turns than slots) is flat, step after step."""
+        role = self.envs[0].policy_role
+        if not self._step_layout:
+            return to_tensordict(units, role)
+        if units and all(len(step) == self.envs[0].num_slots for step in units):
+            batch = lazy_stack([to_tensordict(step, role) for step in units], -1)
+            return batch.view(-1) if self.flatten_data else batch
+        return to_tensordict([turn for step in units for turn in step], role)
+
+    def _item_batches(self) -> Iterator[list[Any]]:
+        """The batches as the env slots' snapshots before they become TensorDicts: episodes, dialog turns, or (step
+        layout) lists of one env step's dialog turns."""
         stream = self._run_async() if self.async_envs else self._run_sync()
         buffer: list[Any] = []
         try:
             for items in stream:
-                buffer.extend(items)
+                if not self._step_layout:
+                    buffer.extend(items)
+                elif items:
+                    buffer.append(items)
                 while buffer and self._batch_ready(buffer):
                     batch, buffer = self._split_batch(buffer)
                     yield batch
@@ -204,11 +235,18 @@ class LLMCollector(PolicyWeights):
         """Run to the configured total and return everything as one TensorDict of rows (needs a total)."""
         if self.total_dialog_turns is None and self.total_trajectories is None:
             raise ValueError("collect() needs total_dialog_turns or total_trajectories")
-        rows = [batch[i] for batch in self for i in range(batch.batch_size[0])]
+        flat = (batch.view(-1) if batch.batch_dims > 1 else batch for batch in self)
+        rows = [batch[i] for batch in flat for i in range(batch.batch_size[0])]
         return lazy_stack(rows) if rows else to_tensordict([])
 
+    def _unit_turns(self, unit: Any) -> int:
+        """Dialog turns in one buffered unit: an episode, one env step's turns (step layout), or one turn."""
+        if self._yield_trajectories:
+            return unit.num_turns
+        return len(unit) if self._step_layout else 1
+
     def _turns(self, items: list[Any]) -> int:
-        return sum(t.num_turns for t in items) if self._yield_trajectories else len(items)
+        return sum(self._unit_turns(unit) for unit in items)
 
     def _batch_ready(self, buffer: list[Any]) -> bool:
         if self.dialog_turns_per_batch is None:
@@ -218,12 +256,12 @@ class LLMCollector(PolicyWeights):
     def _split_batch(self, buffer: list[Any]) -> tuple[list[Any], list[Any]]:
         if self.dialog_turns_per_batch is None:
             return buffer, []
-        if not self._yield_trajectories:
+        if not self._yield_trajectories and not self._step_layout:
             n = self.dialog_turns_per_batch
             return buffer[:n], buffer[n:]
-        taken, turns = 0, 0
+        taken, turns = 0, 0  # whole episodes / whole steps, as many as reach the batch size
         while taken < len(buffer) and turns < self.dialog_turns_per_batch:
-            turns += buffer[taken].num_turns
+            turns += self._unit_turns(buffer[taken])
             taken += 1
         return buffer[:taken], buffer[taken:]
 

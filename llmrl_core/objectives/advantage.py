@@ -263,8 +263,12 @@ class MCAdvantage:
         The return of a row is ``rewards_key`` (TorchRL's ``("next", "reward")``; a batch that keeps the reward at
         its root, as llmrl's collector does, is read at ``"reward"``); groups are the rows' ``group_key``, or their
         ``prompt_key`` when a row has no group id (as TorchRL groups them). With ``grpo_size`` every group must be
-        complete in the batch; groups outside ``keep_return_bounds`` are dropped from the returned batch.
+        complete in the batch; groups outside ``keep_return_bounds`` are dropped from the returned batch. A batch of
+        dialog turns shaped ``(slots, steps)`` is read flattened, slot after slot (as TorchRL reads it), and returned
+        so.
         """
+        if td.batch_dims > 1:
+            td = td.view(-1)
         size = td.batch_size[0]
         rewards = td.get(self._td_rewards_key(td), None)
         if rewards is None:
