@@ -202,7 +202,7 @@ def test_grpo_on_ifeval(tmp_path):
         blocks = extract_blocks(sample.text, "answer")
         row = rows3[q.index]
         scored = score_response(row["instruction_id_list"], row["kwargs"], blocks[0] if blocks else "")
-        assert sample.correct == scored.prompt_level_strict_acc
+        assert sample.correct == bool(scored.prompt_level_strict_acc)
 
 
 @pytest.mark.parametrize(

@@ -52,8 +52,8 @@ def test_one_scored_batch_goes_through_the_env():
         "think_block": 1.0,
     }
     score = out.info[1]["ifeval_score"]
-    assert score.instruction_id_list == tuple(ROWS[142]["instruction_id_list"])
-    assert score.inst_level_strict_acc == (False, True, True)
+    assert score.instruction_id_list == list(ROWS[142]["instruction_id_list"])
+    assert score.inst_level_strict_acc.tolist() == [False, True, True]
     assert env.scorer is not None and isinstance(env.scorer, IfEvalScorer)
 
 
@@ -144,7 +144,7 @@ def test_the_packaged_model_generates_and_the_env_scores_it(hf_model_fp32):
         text = slot.last_message("assistant").text
         _, expected = scorer.score_text(text, slot.data["instruction_id_list"], slot.data["kwargs"])
         assert reward == pytest.approx(expected) and 0.0 <= reward <= 1.15
-        assert slot.info["ifeval_score"].instruction_id_list == tuple(slot.data["instruction_id_list"])
+        assert slot.info["ifeval_score"].instruction_id_list == list(slot.data["instruction_id_list"])
 
 
 def test_scorer_on_a_plain_chat_env_and_rows_without_instructions():

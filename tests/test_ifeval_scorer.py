@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from llmrl_core.builtin_data.ifeval_data import load_ifeval
 from llmrl_core.envs.ifeval import (
@@ -50,10 +51,10 @@ TORCHRL_CASES = [
 def test_scorer_matches_torchrl(key, response, p_strict, i_strict, p_loose, i_loose, reward):
     row = ROWS[key]
     score, got = IfEvalScorer().score_text(response, row["instruction_id_list"], row["kwargs"])
-    assert score.prompt_level_strict_acc is p_strict
-    assert list(score.inst_level_strict_acc) == i_strict
-    assert score.prompt_level_loose_acc is p_loose
-    assert list(score.inst_level_loose_acc) == i_loose
+    assert score.prompt_level_strict_acc.tolist() == [p_strict]  # TorchRL's shape: (1,) for one row
+    assert score.inst_level_strict_acc.tolist() == i_strict
+    assert score.prompt_level_loose_acc.tolist() == [p_loose]
+    assert score.inst_level_loose_acc.tolist() == i_loose
     assert got == pytest.approx(reward, abs=1e-6)
 
 
@@ -95,8 +96,8 @@ def test_loose_variants_are_ifevals_eight():
 )
 def test_loose_forgives_what_strict_does_not(instruction_id, kwargs, response):
     score = score_response([instruction_id], [kwargs], response)
-    assert score.inst_level_strict_acc == (False,)
-    assert score.inst_level_loose_acc == (True,)
+    assert score.inst_level_strict_acc.tolist() == [False]
+    assert score.inst_level_loose_acc.tolist() == [True]
     assert not score.prompt_level_strict_acc and score.prompt_level_loose_acc
 
 
@@ -105,14 +106,14 @@ def test_empty_response_follows_nothing_even_negative_instructions():
     kwargs = [{}, {"forbidden_words": ["rock"]}]
     for response in ("", "  \n "):
         score = score_response(ids, kwargs, response)
-        assert score.inst_level_strict_acc == (False, False) and score.inst_level_loose_acc == (False, False)
-    assert score_response(ids, kwargs, "No rocks.").inst_level_strict_acc == (True, True)
+        assert score.inst_level_strict_acc.tolist() == score.inst_level_loose_acc.tolist() == [False, False]
+    assert score_response(ids, kwargs, "No rocks.").inst_level_strict_acc.tolist() == [True, True]
 
 
 def test_summary_pools_instruction_level_over_instructions():
     scores = [
-        IFEvalScoreData(("a", "b", "c"), False, (True, True, False), True, (True, True, True)),
-        IFEvalScoreData(("a",), True, (True,), True, (True,)),
+        IFEvalScoreData(False, [True, True, False], True, [True, True, True], ["a", "b", "c"], batch_size=()),
+        IFEvalScoreData(True, [True], True, [True], ["a"], batch_size=()),
     ]
     summary = summarize_scores(scores)
     # by hand: prompt level = mean over 2 prompts; instruction level = 3 of 4 (pooled), not mean(2/3, 1)
@@ -122,13 +123,21 @@ def test_summary_pools_instruction_level_over_instructions():
         "prompt_level_loose_acc": 1.0,
         "inst_level_loose_acc": 1.0,
     }
-    assert scores[0].to_dict()["inst_level_strict_acc"] == [True, True, False]
+    assert scores[0].to_plain() == {
+        "instruction_id_list": ["a", "b", "c"],
+        "prompt_level_strict_acc": False,
+        "inst_level_strict_acc": [True, True, False],
+        "prompt_level_loose_acc": True,
+        "inst_level_loose_acc": [True, True, True],
+    }
     with pytest.raises(ValueError, match="at least one"):
         summarize_scores([])
 
 
 def test_reward_weights_and_format_bonus_by_hand():
-    score = IFEvalScoreData(("a", "b", "c", "d"), False, (True, False, False, False), True, (True, True, False, True))
+    score = IFEvalScoreData(
+        False, [True, False, False, False], True, [True, True, False, True], ["a", "b", "c", "d"], batch_size=()
+    )
     # 0.4*0 + 0.3*0.25 + 0.2*1 + 0.1*0.75 = 0.35
     assert ifeval_reward(score) == pytest.approx(0.35)
     assert ifeval_reward(score, ["t"], ["a"]) == pytest.approx(0.5)
@@ -185,3 +194,30 @@ def test_scorer_takes_torchrl_keywords_and_logs_when_verbose(caplog):
         out = env.step(["<answer>Go forth to Kyoto</answer>"])
     assert out.reward.tolist() == pytest.approx([1.1])
     assert any("IfEvalScorer: slot 0" in r.getMessage() for r in caplog.records)
+
+
+def test_the_score_is_torchrls_tensorclass_so_a_torchrl_aggregator_runs_on_it():
+    """TorchRL's ``IFEvalScoreData``: bool tensors, prompt-level ``(1,)``, instruction-level one per instruction, a
+    missing metric filled with zeros; an aggregator written for TorchRL (tensor arithmetic on the fields) runs as
+    ``aggregate_reward`` and its value is the reward."""
+    from tensordict import TensorClass
+
+    empty = IFEvalScoreData(None, None, None, None, batch_size=())
+    assert isinstance(empty, TensorClass) and empty.prompt_level_loose_acc.shape == (1,)
+    assert not empty.inst_level_strict_acc.any()
+    batched = IFEvalScoreData(
+        torch.tensor([True, False]), torch.tensor([[True, False], [False, False]]), None, None, batch_size=(2,)
+    )
+    assert batched.prompt_level_strict_acc.shape == (2, 1) and batched[1].inst_level_strict_acc.tolist() == [False] * 2
+
+    def torchrl_style(score, think_blocks=None, answer_blocks=None, complete=None):
+        score = score.to(torch.get_default_dtype())  # as TorchRL's default aggregator starts
+        return float(score.prompt_level_strict_acc.sum(-1) + score.inst_level_loose_acc.mean(-1))
+
+    row = ROWS[1843]
+    response = '<answer>Sure:\n"sunny shores estates"</answer>'
+    score, reward = IfEvalScorer(aggregate_reward=torchrl_style).score_text(
+        response, row["instruction_id_list"], row["kwargs"]
+    )
+    assert reward == pytest.approx(0.0 + 1.0)  # strict fails (the preamble), both instructions pass loosely
+    assert score.to_plain()["inst_level_loose_acc"] == [True, True]

@@ -22,7 +22,6 @@ NOT_PORTED = {"History.default_spec", "ChatHistory.default_spec"}
 # still differ (the test below fails once one matches, so the list stays true).
 DEPARTURES = {
     "ContentBase": "a dataclass here; TorchRL's a tensorclass (batch_size/device/names) with size, function_* fields",
-    "IFEvalScoreData": "a dataclass of the scores here (instruction_id_list first), a tensorclass in TorchRL",
     "LLMHashingEnv": "a list-based env of chained integer hashes here; TorchRL's hashes tensors with a hashing_module",
     "Tokenizer": "a slot transform here (tokenizer, add_special_tokens); TorchRL's a generic key-mapping transform",
 }

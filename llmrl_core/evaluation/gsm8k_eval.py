@@ -266,7 +266,7 @@ def evaluate_ifeval(
         row = rows[int(index)]
         result, reward = scorer.score_text(text, row["instruction_id_list"], row["kwargs"])
         return {
-            "success": result.prompt_level_strict_acc,
+            "success": bool(result.prompt_level_strict_acc),
             "reward_answer": len(extract_blocks(text, "answer")) == 1,
             "reward": reward,
             "extra": dict(zip(METRIC_NAMES, metric_components(result), strict=True)),

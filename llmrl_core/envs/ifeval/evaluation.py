@@ -14,39 +14,62 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
 from typing import Any
+
+import torch
+from tensordict import TensorClass
 
 from llmrl_core.envs.ifeval.registry import check_instruction, validate_instructions
 
 
-@dataclass(frozen=True)
-class IFEvalScoreData:
-    """The IFEval result of one response to one prompt (the four metrics, per instruction where it applies).
+class IFEvalScoreData(TensorClass):
+    """The IFEval result of one response to one prompt, as TorchRL's tensorclass of the same name: the four metrics as
+    bool tensors, ``prompt_level_*_acc`` of shape ``batch_size + (1,)``, ``inst_level_*_acc`` one entry per
+    instruction (``batch_size + (n,)``), so a TorchRL reward aggregator's tensor arithmetic runs on it
+    (``score.inst_level_strict_acc.float().mean(-1)``).
 
-    ``inst_level_*_acc`` holds one bool per instruction, in the order of ``instruction_id_list``; the
-    ``*_fraction`` properties give their mean, which is what the reward weights.
+    Built from tensors or plain Python (bools, lists of bools); a missing metric is ``zeros(batch_size + (1,))``,
+    as TorchRL fills it. llmrl adds ``instruction_id_list`` (the instructions the flags belong to, keyword or fifth
+    argument), ``*_fraction`` (a single score's instruction-level means as floats) and :meth:`to_plain`.
     """
 
-    instruction_id_list: tuple[str, ...]
-    prompt_level_strict_acc: bool
-    inst_level_strict_acc: tuple[bool, ...]
-    prompt_level_loose_acc: bool
-    inst_level_loose_acc: tuple[bool, ...]
+    prompt_level_strict_acc: torch.Tensor | None = None
+    inst_level_strict_acc: torch.Tensor | None = None
+    prompt_level_loose_acc: torch.Tensor | None = None
+    inst_level_loose_acc: torch.Tensor | None = None
+    instruction_id_list: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        for name in _METRICS:
+            value = getattr(self, name)
+            if value is None:
+                value = torch.zeros(self.batch_size + (1,), dtype=torch.bool)
+            elif not isinstance(value, torch.Tensor):  # plain flags; a tensor keeps its dtype (``score.to(float)``)
+                value = torch.as_tensor(value, dtype=torch.bool)
+            if value.ndim == self.ndim:  # one flag per row: TorchRL keeps a trailing dimension of 1
+                value = value.unsqueeze(-1)
+            setattr(self, name, value)
 
     @property
     def inst_level_strict_fraction(self) -> float:
         """Fraction of this prompt's instructions followed strictly (0.0 when there are none)."""
-        return _mean(self.inst_level_strict_acc)
+        return _mean(self.inst_level_strict_acc.tolist())
 
     @property
     def inst_level_loose_fraction(self) -> float:
         """Fraction of this prompt's instructions followed loosely (0.0 when there are none)."""
-        return _mean(self.inst_level_loose_acc)
+        return _mean(self.inst_level_loose_acc.tolist())
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-Python form (lists instead of tuples), e.g. for a Parquet ``reward_components`` column."""
-        return {key: list(value) if isinstance(value, tuple) else value for key, value in asdict(self).items()}
+    def to_plain(self) -> dict[str, Any]:
+        """One score as plain Python (bools and lists of bools), e.g. for JSON or a Parquet column."""
+        out: dict[str, Any] = {"instruction_id_list": list(self.instruction_id_list or [])}
+        for name in _METRICS:
+            flags = getattr(self, name).tolist()
+            out[name] = bool(flags[0]) if name.startswith("prompt_level") else flags
+        return out
+
+
+_METRICS = ("prompt_level_strict_acc", "inst_level_strict_acc", "prompt_level_loose_acc", "inst_level_loose_acc")
 
 
 def _mean(flags: Sequence[bool]) -> float:
@@ -82,11 +105,12 @@ def score_response(
     strict = tuple(follows_strict(iid, response, kw) for iid, kw in zip(instruction_id_list, kwargs_list, strict=True))
     loose = tuple(follows_loose(iid, variants, kw) for iid, kw in zip(instruction_id_list, kwargs_list, strict=True))
     return IFEvalScoreData(
-        instruction_id_list=tuple(instruction_id_list),
         prompt_level_strict_acc=all(strict),
-        inst_level_strict_acc=strict,
+        inst_level_strict_acc=list(strict),
         prompt_level_loose_acc=all(loose),
-        inst_level_loose_acc=loose,
+        inst_level_loose_acc=list(loose),
+        instruction_id_list=list(instruction_id_list),
+        batch_size=(),
     )
 
 
@@ -95,11 +119,10 @@ def summarize_scores(scores: Iterable[IFEvalScoreData]) -> dict[str, float]:
     scores = list(scores)
     if not scores:
         raise ValueError("summarize_scores needs at least one score")
-    strict_flags = [flag for score in scores for flag in score.inst_level_strict_acc]
-    loose_flags = [flag for score in scores for flag in score.inst_level_loose_acc]
+    plain = [score.to_plain() for score in scores]
     return {
-        "prompt_level_strict_acc": _mean([score.prompt_level_strict_acc for score in scores]),
-        "inst_level_strict_acc": _mean(strict_flags),
-        "prompt_level_loose_acc": _mean([score.prompt_level_loose_acc for score in scores]),
-        "inst_level_loose_acc": _mean(loose_flags),
+        name: _mean(
+            [s[name] for s in plain] if name.startswith("prompt_level") else [f for s in plain for f in s[name]]
+        )
+        for name in _METRICS
     }
