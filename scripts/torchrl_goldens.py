@@ -460,12 +460,115 @@ def _collector_layout_probes(model_path: str) -> dict[str, Any]:
     return out
 
 
+def _reset_layout_probes(model_path: str) -> dict[str, Any]:
+    """What TorchRL's ``env.reset()`` (no argument) answers on a ``ChatEnv`` of batch size 2 fed by a DataLoader,
+    in history and text modes: the TensorDict's keys, batch size, the prompt's roles and text."""
+    from torch.utils.data import DataLoader
+    from torchrl.envs.llm import ChatEnv
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    out: dict[str, Any] = {}
+    for mode in ("history", "text"):
+        prompts = DataLoader([{"query": f"Say {i}."} for i in range(4)], batch_size=2)
+        env = ChatEnv.from_dataloader(prompts, tokenizer=tokenizer, batch_size=(2,), input_mode=mode)
+        td = env.reset()
+        record: dict[str, Any] = {
+            "type": type(td).__name__,
+            "batch_size": list(td.batch_size),
+            "keys": sorted(td.keys()),
+            "tensors": {str(k): [list(td[k].shape), str(td[k].dtype)] for k in sorted(td.keys(True, True), key=str)},
+            "query": list(td["query"]),
+        }
+        if mode == "history":
+            prompt = td["history"].prompt
+            record["history_type"] = type(td["history"]).__name__
+            record["prompt_roles"] = [list(prompt[i].role) for i in range(2)]
+        else:
+            record["prompt_text"] = list(td["text", "prompt"])
+        out[mode] = record
+    return out
+
+
+def _tokenizer_probes(model_path: str) -> dict[str, Any]:
+    """TorchRL's ``Tokenizer`` transform called on a TensorDict: a batch of strings (padded ids and attention mask),
+    one string, ``return_attention_mask=False``, ``max_length``, and the inverse (ids back to text)."""
+    from tensordict import NonTensorData, NonTensorStack, TensorDict
+    from torchrl.envs.llm.transforms import Tokenizer
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    out: dict[str, Any] = {}
+    batch = TensorDict(text=NonTensorStack("Hello there", "Hi"), batch_size=(2,))
+    done = Tokenizer(in_keys=["text"], out_keys=["tokens"], tokenizer=tokenizer)(batch.clone())
+    out["batch"] = {"tokens": done["tokens"].tolist(), "attention_mask": done["attention_mask"].tolist()}
+    single = TensorDict(text=NonTensorData("Hello there"), batch_size=())
+    done = Tokenizer(in_keys=["text"], out_keys=[("tokens", "ids")], tokenizer=tokenizer)(single)
+    out["single"] = {"ids": done["tokens", "ids"].tolist(), "attention_mask": done["tokens", "attention_mask"].tolist()}
+    no_mask = Tokenizer(in_keys=["text"], out_keys=["ids"], tokenizer=tokenizer, return_attention_mask=False)
+    done = no_mask(batch.clone())
+    out["no_mask"] = {"ids": done["ids"].tolist(), "keys": sorted(done.keys())}
+    capped = Tokenizer(in_keys=["text"], out_keys=["ids"], tokenizer=tokenizer, max_length=6)(batch.clone())
+    out["max_length"] = {"ids": capped["ids"].tolist(), "attention_mask": capped["attention_mask"].tolist()}
+    inverse = Tokenizer(in_keys_inv=["text"], out_keys_inv=["ids"], tokenizer=tokenizer)
+    ids = TensorDict(ids=torch.tensor(tokenizer(["Hello there", "Hi you"])["input_ids"]), batch_size=(2,))
+    out["inverse"] = {"text": list(inverse.inv(ids)["text"])}
+    return out
+
+
+def position_weighted_sum(x: torch.Tensor) -> torch.Tensor:
+    """A deterministic stand-in hashing module for ``LLMHashingEnv`` probes (TorchRL's default, ``SipHash``, depends
+    on ``PYTHONHASHSEED``): each row's entries weighted by their 1-based position, summed."""
+    return (x.long() * torch.arange(1, x.shape[-1] + 1)).sum(-1)
+
+
+def _hashing_env_probes(model_path: str) -> dict[str, Any]:
+    """TorchRL's ``LLMHashingEnv``: a reset from token ids and one step, with a deterministic hashing module (the
+    values) and with the default one (the layout only)."""
+    from tensordict import TensorDict
+    from torchrl.envs.llm import LLMHashingEnv
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    ids = torch.tensor(tokenizer(["Check out TorchRL!", "Well, hello there you!"])["input_ids"])
+
+    def layout(td: TensorDict) -> dict[str, Any]:
+        return {str(k): [list(td[k].shape), str(td[k].dtype)] for k in sorted(td.keys(True, True), key=str)}
+
+    out: dict[str, Any] = {"prompt": ids.tolist()}
+    for label, kwargs in (("weighted", {"hashing_module": position_weighted_sum}), ("default", {})):
+        env = LLMHashingEnv(tokenizer=tokenizer, **kwargs)
+        reset = env.reset(TensorDict(observation=ids, batch_size=[2]))
+        stepped = env.step(reset.clone().set("action", torch.tensor([[28], [29]])))
+        record = {
+            "reset_keys": sorted(reset.keys()),
+            "reset_layout": layout(reset),
+            "reset_text": list(reset["text"]),
+            "step_next_keys": sorted(stepped["next"].keys()),
+            "step_layout": layout(stepped["next"]),
+            "step_text": list(stepped["next", "text"]),
+            "step_observation": stepped["next", "observation"].tolist(),
+        }
+        if label == "weighted":
+            record["reset_hashing"] = reset["hashing"].tolist()
+            record["step_hashing"] = stepped["next", "hashing"].tolist()
+        out[label] = record
+    return out
+
+
 def run_probes(model: str, result_path: Path) -> None:
     torch.manual_seed(0)
     record: dict[str, Any] = {"versions": _versions(), "model": Path(model).name}
     record["signatures"] = {label: _signature_record(label, mod, attr) for label, mod, attr in SIGNATURE_TARGETS}
     record["error_probes"] = _error_probes(model)
-    for key, probes in (("history", _history_probes), ("collector_layout", _collector_layout_probes)):
+    probe_sets = (
+        ("history", _history_probes),
+        ("collector_layout", _collector_layout_probes),
+        ("reset_layout", _reset_layout_probes),
+        ("tokenizer", _tokenizer_probes),
+        ("hashing_env", _hashing_env_probes),
+    )
+    for key, probes in probe_sets:
         try:
             record[key] = probes(model)
         except Exception as err:

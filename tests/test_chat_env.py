@@ -162,14 +162,26 @@ def test_tokens_mode_requires_a_tokenizer():
 
 def test_template_and_tokenizer_transforms(tokenizer):
     env = ChatEnv(system_prompt="S")
-    env.append_transform(TemplateTransform(tokenizer)).append_transform(Tokenizer(tokenizer))
+    env.append_transform(TemplateTransform(tokenizer))
     out = env.reset(["hello"])
     assert out.text[0] == tokenizer.apply_chat_template(
         [{"role": "system", "content": "S"}, {"role": "user", "content": "hello"}],
         tokenize=False,
         add_generation_prompt=True,
     )
-    assert out.tokens[0].tolist() == tokenizer(out.text[0], add_special_tokens=False)["input_ids"]
+    # TorchRL's Tokenizer in a text-mode env: the reset's and each step's prompt text tokenized beside it
+    from tensordict import TensorDict
+
+    env = ChatEnv(system_prompt="S", input_mode="text", tokenizer=tokenizer, batch_size=(2,))
+    env.append_transform(Tokenizer(in_keys=[("text", "prompt")], out_keys=[("ids", "prompt")], tokenizer=tokenizer))
+    reset = env.reset(TensorDict({"query": ["hello", "a longer question"]}, batch_size=(2,)))
+    texts = list(reset["text", "prompt"])
+    padded = tokenizer(texts, add_special_tokens=False, padding=True, return_tensors="pt")
+    assert reset["ids", "prompt"].tolist() == padded["input_ids"].tolist()
+    assert reset["ids", "attention_mask"].tolist() == padded["attention_mask"].tolist()
+    stepped = env.step(reset.set(("text", "response"), ["hi", "yes"]))
+    following = list(stepped["next", "text", "prompt"])
+    assert stepped["next", "ids", "prompt"].tolist() == tokenizer(following, padding=True)["input_ids"]
 
 
 def test_policy_version_stamped_and_incremented():
@@ -279,7 +291,7 @@ def test_reset_slots_restarts_only_the_given_slots():
 def test_reset_slots_draws_from_the_primer_without_skipping_rows():
     primer = DataLoadingPrimer(_rows(10), batch_size=1, repeats=2, group_repeats=True, shuffle=False)
     env = ChatEnv(batch_size=2, chat_template_name="chatml").append_transform(primer)
-    out = env.reset()
+    out = env.reset_batch()
     assert list(zip(out.prompt_id, out.group_id, out.sample_index, strict=True)) == [("p0", 0, 0), ("p0", 0, 1)]
     out = env.reset_slots([1])  # the primer serves a whole group; slot 1 takes its first copy
     assert (out.prompt_id[1], out.group_id[1], out.sample_index[1]) == ("p1", 1, 0)
@@ -296,7 +308,7 @@ def test_reset_slots_draws_from_the_primer_without_skipping_rows():
         DataLoadingPrimer(_rows(10), batch_size=1, repeats=2, group_repeats=True, shuffle=False)
     )
     fresh.load_state_dict(state)
-    out = fresh.reset()
+    out = fresh.reset_batch()
     assert list(zip(out.prompt_id, out.group_id, out.sample_index, strict=True)) == [("p1", 1, 1), ("p2", 2, 0)]
 
 
@@ -314,7 +326,7 @@ def test_reset_slots_in_tokens_mode_tokenizes_the_new_prompt(tokenizer):
 def test_step_and_maybe_reset_returns_the_step_and_the_next_prompts():
     primer = DataLoadingPrimer(_rows(10), batch_size=2, shuffle=False)
     env = ChatEnv(batch_size=2, chat_template_name="chatml").append_transform(RecordResets()).append_transform(primer)
-    out = env.reset()
+    out = env.reset_batch()
     step_out, next_out = env.step_and_maybe_reset(["go on", "go on"])
     assert step_out is next_out and next_out.active == [0, 1]  # nothing finished: nothing reset
     step_out, next_out = env.step_and_maybe_reset(["stop", "go on"])
@@ -331,7 +343,7 @@ def test_set_seed_restarts_the_prompt_order():
     env = DatasetChatEnv(_rows(20), batch_size=2, seed=0)
 
     def draw(n):
-        return [pid for _ in range(n) for pid in env.reset().prompt_id]
+        return [pid for _ in range(n) for pid in env.reset_batch().prompt_id]
 
     assert env.set_seed(7) == 7
     first = draw(4)
@@ -363,7 +375,7 @@ def test_from_dataloader_builds_a_primed_env(tmp_path):
     )
     assert isinstance(env, DatasetChatEnv) and env.batch_size == (4,) and env.max_turns == 2
     assert env.transforms == [env.primer]
-    out = env.reset()
+    out = env.reset_batch()
     assert out.prompt_id == [0, 0, 1, 1] and out.group_id == [0, 0, 1, 1] and out.sample_index == [0, 1, 0, 1]
     assert [m.content for m in out.history[2]] == ["S", "q1"]
     out = env.step(["a"] * 4)
@@ -373,9 +385,9 @@ def test_from_dataloader_builds_a_primed_env(tmp_path):
     loader = DataLoader([{"query": f"row {i}"} for i in range(6)], batch_size=3, shuffle=False)
     env = ChatEnv.from_dataloader(loader, chat_template_name="chatml")
     assert env.batch_size == (3,) and env.primer.shuffle is False
-    assert [h[0].content for h in env.reset().history] == ["row 0", "row 1", "row 2"]
+    assert [h[0].content for h in env.reset_batch().history] == ["row 0", "row 1", "row 2"]
     ungrouped = ChatEnv.from_dataloader(_rows(4), batch_size=3, repeats=2, group_repeats=False)
-    assert ungrouped.batch_size == (3,) and ungrouped.reset().sample_index == [0, 1, 0]
+    assert ungrouped.batch_size == (3,) and ungrouped.reset_batch().sample_index == [0, 1, 0]
 
 
 def test_a_transform_that_raises_is_named_as_the_users_code():

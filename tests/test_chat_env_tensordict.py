@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
 
 from llmrl_core.collectors import LLMCollector
 from llmrl_core.collectors.tensordict_batches import rows as episodes
@@ -74,7 +74,10 @@ def test_tokens_mode_gives_ragged_prompt_ids(default_model_path):
     obs = env.reset(TensorDict({"query": ["Hi", "What is the capital of France?"]}, batch_size=(2,)))
     ids = obs.get(("tokens", "prompt"), as_list=True)
     assert [len(i) for i in ids][0] < [len(i) for i in ids][1]
-    assert [tokenizer.decode(i) for i in ids] == list(obs["text"].prompt)
+    rendered = [tokenizer.decode(i) for i in ids]
+    assert rendered[1].endswith("What is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
+    assert rendered == [slot.prompt_text for slot in env.slots]
+    assert "text" not in obs.keys() and "history" not in obs.keys()  # TorchRL: the tokens-mode prompt only
 
 
 @pytest.mark.parametrize("pad_output", [False, True])
@@ -105,7 +108,7 @@ def test_a_tokens_mode_policy_steps_the_env_with_its_exact_ids(hf_model_fp32, pa
         assert nxt[: len(prompt)].tolist() == prompt.tolist()
         assert nxt[len(prompt) : len(prompt) + len(ids)].tolist() == ids.tolist()
         answer = tokenizer.decode(ids.tolist(), skip_special_tokens=True)
-    assert [h.to_messages()[-1].text for h in out["next", "history"].prompt.unbind(0)][-1] == answer
+    assert env.slots[-1].history.messages[-1].content == answer
 
 
 def test_an_answer_marked_incomplete_stays_incomplete():
@@ -385,3 +388,38 @@ def test_an_episode_a_tensordict_transform_ends_keeps_no_next_prompt_ids(default
         assert out.done.tolist() == [True] and out.tokens[0][-len(ids) :].tolist() == ids
         ends.append((out.tokens[0].tolist(), out.text[0], env.slots[0].segment_is_policy))
     assert ends[0] == ends[1]
+
+
+def test_a_bare_reset_answers_torchrls_tensordict(default_model_path):
+    """``env.reset()`` (TorchRL's call on an env fed by a DataLoader) returns a TensorDict laid out as TorchRL
+    0.14.1's (``api_probes.json`` ``reset_layout``, recorded by ``scripts/torchrl_goldens.py``): the same keys (the
+    prompt only in the env's input mode), batch size, ``done``/``terminated`` shapes and dtypes, rows and roles.
+    One departure, recorded here: with no system prompt and no ``chat_template_name``, llmrl renders text with the
+    tokenizer's own template (SmolLM2's adds its default system turn) where TorchRL renders plain ChatML."""
+    import json
+    from pathlib import Path
+
+    from torch.utils.data import DataLoader
+    from transformers import AutoTokenizer
+
+    golden = json.loads((Path(__file__).parent / "goldens/torchrl/api_probes.json").read_text())["reset_layout"]
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
+    for mode in ("history", "text"):
+        prompts = DataLoader([{"query": f"Say {i}."} for i in range(4)], batch_size=2)
+        env = ChatEnv.from_dataloader(prompts, tokenizer=tokenizer, batch_size=(2,), input_mode=mode)
+        td = env.reset()
+        expected = golden[mode]
+        assert isinstance(td, TensorDictBase)  # TorchRL: a lazy stack of the rows, ours one TensorDict
+        assert list(td.batch_size) == expected["batch_size"]
+        assert sorted(td.keys()) == expected["keys"]
+        tensors = {str(k): [list(td[k].shape), str(td[k].dtype)] for k in sorted(td.keys(True, True), key=str)}
+        assert tensors == expected["tensors"]
+        assert list(td["query"]) == expected["query"]
+        if mode == "history":
+            assert type(td["history"]).__name__ == expected["history_type"]
+            assert [list(td["history"].prompt[i].role) for i in range(2)] == expected["prompt_roles"]
+        else:
+            default_system = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False)
+            default_system = default_system[: default_system.index("<|im_start|>user")]
+            assert default_system.startswith("<|im_start|>system\n")
+            assert list(td["text", "prompt"]) == [default_system + text for text in expected["prompt_text"]]

@@ -181,6 +181,26 @@ def test_content_parts():
         )
 
 
+def test_content_parts_are_torchrls_tensorclass():
+    """As TorchRL's ``ContentBase``: a tensorclass whose parts stack (the docstring's ``lazy_stack`` example), with
+    the ``size`` and ``function_*`` fields; a copied message keeps its parts."""
+    import copy
+
+    from tensordict import TensorClass, lazy_stack
+
+    text = ContentBase(type="text", text="Hello, world!")
+    image = ContentBase(type="image", url="https://example.com/image.jpg", size=3)
+    assert isinstance(text, TensorClass) and text.batch_size == () and image.size == 3
+    stacked = lazy_stack([text, image])
+    assert stacked.batch_size == (2,) and list(stacked.type) == ["text", "image"]
+    call = ContentBase("tool_call", function_name="add", function_args={"a": 1})
+    assert call.to_dict() == {"type": "tool_call", "function_name": "add", "function_args": {"a": 1}}
+    message = Message("user", [text, {"type": "text", "text": " again"}])
+    assert copy.deepcopy(message).text == "Hello, world! again"
+    with pytest.raises(ValueError, match="unknown field"):
+        ContentBase.from_dict({"type": "text", "text": "a", "colour": "red"})
+
+
 def test_as_padded_and_nested_tensor():
     items = [torch.tensor([1, 2, 3]), torch.tensor([4]), [5, 6]]
     right, mask = as_padded_tensor(items, padding_value=-1, return_mask=True)

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from llmrl_core.envs import DataLoadingPrimer, LLMEnv, LLMHashingEnv
-from llmrl_core.envs.hashing_env import blake2b_chain
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +48,7 @@ def test_llm_env_token_mode_keeps_ids_and_max_length(tokenizer):
 def test_llm_env_from_primer():
     primer = DataLoadingPrimer([{"query": "a"}, {"query": "b"}], batch_size=2, shuffle=False)
     env = LLMEnv(primer=primer, str_key="query")
-    assert env.reset().text == ["a", "b"]
+    assert env.reset_batch().text == ["a", "b"]
 
 
 def test_llm_env_from_an_endless_loader_as_torchrl():
@@ -71,40 +70,90 @@ def test_llm_env_from_an_endless_loader_as_torchrl():
     loader = Words()
     env = LLMEnv.from_dataloader(loader, batch_size=2, repeats=2)  # group_repeats=True: 2 prompts x 2 copies
     assert env.batch_size == (4,) and loader.n == 0
-    out = env.reset()
+    out = env.reset_batch()
     assert out.text == ["w1", "w1", "w2", "w2"] and out.group_id == [0, 0, 1, 1] and loader.n == 2
     td = env.reset(TensorDict())
     assert td.batch_size == (4,) and td["text"].prompt == ["w3", "w3", "w4", "w4"]
-    assert td["history"].prompt[0].to_messages()[0].role == "user"
+    assert "history" not in td.keys()  # a text-mode env hands out the text prompt only, as TorchRL's
+    assert env.slots[0].history.messages[0].role == "user"
     with pytest.raises(ValueError, match="primers= takes TorchRL specs"):
         LLMEnv.from_dataloader(loader, primers={"x": 1})
 
 
-def test_hashing_env_reset_and_step_agree(tokenizer):
+def position_weighted_sum(x: torch.Tensor) -> torch.Tensor:
+    """The probe's deterministic hashing module (``scripts/torchrl_goldens.py``): entries times their position."""
+    return (x.long() * torch.arange(1, x.shape[-1] + 1)).sum(-1)
+
+
+def test_hashing_env_matches_torchrls(tokenizer):
+    """TorchRL 0.14.1's ``LLMHashingEnv`` on the same ids (``api_probes.json`` ``hashing_env``): the reset's and the
+    step's keys, shapes, dtypes, text and ids; the hashes equal with the same hashing module."""
+    import json
+    from pathlib import Path
+
+    from tensordict import TensorDict
+
+    golden = json.loads((Path(__file__).parent / "goldens/torchrl/api_probes.json").read_text())["hashing_env"]
+    ids = torch.tensor(golden["prompt"])
+    assert ids.tolist() == tokenizer(["Check out TorchRL!", "Well, hello there you!"])["input_ids"]
+
+    def layout(td):
+        return {str(k): [list(td[k].shape), str(td[k].dtype)] for k in sorted(td.keys(True, True), key=str)}
+
+    for label, kwargs in (("weighted", {"hashing_module": position_weighted_sum}), ("default", {})):
+        env = LLMHashingEnv(tokenizer=tokenizer, **kwargs)
+        assert env.vocab_size == tokenizer.vocab_size
+        reset = env.reset(TensorDict(observation=ids, batch_size=[2]))
+        stepped = env.step(reset.clone().set("action", torch.tensor([[28], [29]])))
+        expected = golden[label]
+        assert sorted(reset.keys()) == expected["reset_keys"] and layout(reset) == expected["reset_layout"]
+        assert list(reset["text"]) == expected["reset_text"]
+        assert sorted(stepped["next"].keys()) == expected["step_next_keys"]
+        assert layout(stepped["next"]) == expected["step_layout"]
+        assert list(stepped["next", "text"]) == expected["step_text"]
+        assert stepped["next", "observation"].tolist() == expected["step_observation"]
+        if label == "weighted":
+            assert reset["hashing"].tolist() == expected["reset_hashing"]
+            assert stepped["next", "hashing"].tolist() == expected["step_hashing"]
+
+
+def test_hashing_env_default_hash_is_stable_and_tells_chains_apart(tokenizer):
+    from tensordict import TensorDict
+
+    from llmrl_core.envs.hashing_env import blake2b_rows
+
     env = LLMHashingEnv(tokenizer=tokenizer)
-    assert env.vocab_size == len(tokenizer)
-    prompt = tokenizer("Check out llmrl", add_special_tokens=False)["input_ids"]
-    out = env.reset([prompt[:-1], prompt[:-1]])
-    assert out.text[0] == tokenizer.decode(prompt[:-1])
-    stepped = env.step(torch.tensor([[prompt[-1]], [prompt[-2]]]))
-    direct = LLMHashingEnv(tokenizer=tokenizer).reset([prompt])
-    assert stepped.hashing[0] == direct.hashing[0]  # same chain, same id
-    assert stepped.hashing[1] != stepped.hashing[0]  # different last token, different id
-    assert stepped.observation[0].tolist() == prompt and stepped.text[0] == tokenizer.decode(prompt)
-    # the chain is the fold of the step function over the tokens
-    value = 0
-    for t in prompt:
-        value = blake2b_chain(value, t)
-    assert direct.hashing.tolist() == [value] and direct.hashing.dtype == torch.int64
+    prompt = torch.tensor([tokenizer("Check out llmrl", add_special_tokens=False)["input_ids"]] * 2)
+    reset = env.reset(TensorDict(observation=prompt, batch_size=[2]))
+    assert reset["hashing"][0] == reset["hashing"][1]  # same ids, same hash
+    stepped = env.step(reset.set("action", torch.tensor([[5], [6]])))
+    assert stepped["next", "hashing"][0] != stepped["next", "hashing"][1]  # different token, different hash
+    # by hand: BLAKE2b-64 of [previous hash, token] as int64 bytes
+    import hashlib
+
+    row = torch.tensor([int(reset["hashing"][0]), 5], dtype=torch.int64).numpy().tobytes()
+    by_hand = int.from_bytes(hashlib.blake2b(row, digest_size=8).digest(), "little", signed=True)
+    assert int(stepped["next", "hashing"][0]) == by_hand == int(blake2b_rows(torch.tensor([[reset["hashing"][0], 5]])))
+    single = env.make_tensordict("Check out llmrl")
+    assert single.batch_size == () and single["hashing"].shape == (1,) and single["text"] == "Check out llmrl"
+    assert int(single["hashing"]) == int(reset["hashing"][0])
 
 
-def test_hashing_env_checks_ids():
-    env = LLMHashingEnv(10, text_output=False)
-    env.reset([[1, 2]])
-    with pytest.raises(ValueError, match=r"token ids must be in \[0, 10\)"):
-        env.step([10])
-    with pytest.raises(TypeError, match="vocab_size or a tokenizer"):
+def test_hashing_env_errors():
+    from tensordict import TensorDict
+
+    with pytest.raises(TypeError, match="vocab_size integer if tokenizer is `None`"):
         LLMHashingEnv()
+    env = LLMHashingEnv(10)  # text_output=True without a tokenizer fails when there is text to decode
+    with pytest.raises(ValueError, match="needs a tokenizer"):
+        env.reset(TensorDict(observation=torch.tensor([[1, 2]]), batch_size=[1]))
+    quiet = LLMHashingEnv(10, text_output=False)
+    reset = quiet.reset(TensorDict(observation=torch.tensor([[1, 2]]), batch_size=[1]))
+    assert "text" not in reset.keys()
+    with pytest.raises(RuntimeError, match="requires a prompt"):
+        quiet.reset(TensorDict(batch_size=[1]))
+    with pytest.raises(KeyError, match="no 'action'"):
+        quiet.step(reset)
 
 
 def test_as_llm_data_is_refused_by_name():

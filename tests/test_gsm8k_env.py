@@ -95,7 +95,7 @@ def test_gsm8k_env_on_the_packaged_test_set():
     env = make_gsm8k_env(
         str(GSM8K_TEST), batch_size=3, repeats=2, group_repeats=True, seed=0, chat_template_name="chatml"
     )
-    out = env.reset()
+    out = env.reset_batch()
     assert out.batch_size == 6 and out.group_id == [0, 0, 1, 1, 2, 2]
     user = out.history[0][1].content
     assert out.history[0][0].role == "system" and "<answer>" in out.history[0][0].content
@@ -121,7 +121,7 @@ def test_gsm8k_env_on_the_packaged_test_set():
 def test_gsm8k_multi_turn_keeps_going_until_an_answer():
     rows = [{"question": "What is 2+2?", "answer": "2+2=4\n#### 4"}]
     env = GSM8KEnv(rows, max_turns=3, chat_template_name="chatml", question_template=None)
-    out = env.reset()
+    out = env.reset_batch()
     assert out.history[0][1].content == "What is 2+2?"
     out = env.step(["Let me think."])
     assert not out.done.any() and out.reward.tolist() == [0.0]
@@ -132,7 +132,7 @@ def test_gsm8k_multi_turn_keeps_going_until_an_answer():
 def test_gsm8k_defaults_and_errors():
     env = GSM8KEnv(batch_size=2)  # the shipped train split
     assert len(env.primer.source) == 7473
-    assert env.reset().batch_size == 2
+    assert env.reset().batch_size == (2,)  # TorchRL's call answers a TensorDict
     with pytest.raises(ValueError, match="must contain '\\{question\\}'"):
         GSM8KPrepareQuestion(template="no placeholder")
     bad = GSM8KEnv([{"question": "q", "solution": "4"}], chat_template_name="chatml")
@@ -148,7 +148,7 @@ def test_gsm8k_env_with_the_packaged_model(hf_model_fp32):
     env = make_gsm8k_env(
         str(GSM8K_TEST), batch_size=1, repeats=2, group_repeats=True, tokenizer=tokenizer, input_mode="tokens", seed=3
     )
-    out = env.reset()
+    out = env.reset_batch()
     prompts = out.tokens
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), tokenizer.pad_token_id)
@@ -190,7 +190,7 @@ def test_reward_parser_accepts_torchrl_positional_order():
     assert gold_field.answer_key == "gold"
     env = GSM8KEnv([{"question": "What is 2+2?", "gold": "4"}], chat_template_name="chatml", compute_reward=False)
     env.append_transform(GSM8KRewardParser(None, [("history", "full"), "gold"]))
-    env.reset()
+    env.reset_batch()
     assert env.step(["<answer>4</answer>"]).reward.tolist() == [1.0]
 
 
@@ -217,6 +217,6 @@ def test_make_gsm8k_env_torchrl_defaults_use_the_shipped_data():
     # TorchRL positional order: dataset, num_envs, repeats, batch_size_dl, seed, group_repeats, tokenizer
     env = make_gsm8k_env("openai/gsm8k", 1, 2, 1, 5, True, None, batch_size=2, chat_template_name="chatml")
     assert len(env.primer.source) == 7473
-    out = env.reset()
+    out = env.reset_batch()
     assert out.batch_size == 4 and out.group_id == [0, 0, 1, 1]
     assert len(make_gsm8k_env(split="test").primer.source) == 1319  # seed=None (TorchRL's default): a random order

@@ -24,7 +24,7 @@ def _rows(*keys):
 
 def test_one_scored_batch_goes_through_the_env():
     env = IFEvalEnv(_rows(142, 1001), batch_size=2, repeats=2, group_repeats=True, shuffle=False)
-    out = env.reset()
+    out = env.reset_batch()
     assert out.batch_size == 4
     assert out.prompt_id == [142, 142, 1001, 1001] and out.group_id == [0, 0, 1, 1] and out.sample_index == [0, 1, 0, 1]
     for history, key in zip(out.history, out.prompt_id, strict=True):
@@ -59,19 +59,19 @@ def test_one_scored_batch_goes_through_the_env():
 
 def test_default_env_reads_the_shipped_prompts_in_seeded_order():
     env = IFEvalEnv(batch_size=3, seed=5)
-    keys = env.reset().prompt_id
+    keys = env.reset_batch().prompt_id
     assert len(set(keys)) == 3 and set(keys) <= set(ROWS)
     again = IFEvalEnv(batch_size=3, seed=5)
-    assert again.reset().prompt_id == keys
+    assert again.reset_batch().prompt_id == keys
     state = env.state_dict()
     resumed = IFEvalEnv(batch_size=3, seed=5)
     resumed.load_state_dict(state)
-    assert resumed.reset().prompt_id == env.reset().prompt_id
+    assert resumed.reset_batch().prompt_id == env.reset_batch().prompt_id
 
 
 def test_plain_ifeval_evaluation_mode_scores_the_whole_response():
     env = IFEvalEnv(_rows(1001), shuffle=False, system_prompt=None, question_template=None, answer_only=False)
-    out = env.reset()
+    out = env.reset_batch()
     assert [m.text for m in out.history[0].messages] == [ROWS[1001]["prompt"]]
     out = env.step(["Thou shalt go to Tokyo and then to Kyoto"])
     assert out.reward.tolist() == pytest.approx([1.0])  # all four metrics, no format bonus
@@ -85,7 +85,7 @@ def test_hugging_face_dataset_rows_with_none_kwargs(tmp_path):
     first_kwargs = ds[0]["kwargs"][0]
     assert set(first_kwargs) >= {"keyword", "language", "relation"} and set(first_kwargs.values()) == {None}
     env = IFEvalEnv(ds, batch_size=3, shuffle=False)
-    out = env.reset()
+    out = env.reset_batch()
     assert out.prompt_id == [142, 1001, 1739]
     out = env.step(
         [
@@ -118,7 +118,7 @@ def test_text_mode_renders_the_packaged_models_chat_template(default_model_path)
 
     tokenizer = AutoTokenizer.from_pretrained(default_model_path)
     env = IFEvalEnv(_rows(1001), tokenizer=tokenizer, input_mode="text", shuffle=False)
-    text = env.reset().text[0]
+    text = env.reset_batch().text[0]
     assert ROWS[1001]["prompt"] in text and IFEVAL_SYSTEM_PROMPT in text
     assert text.rstrip().endswith("assistant")  # ends with the generation prompt
     out = env.step(["<answer>Go forth to Kyoto</answer>" + tokenizer.eos_token])
@@ -134,7 +134,7 @@ def test_the_packaged_model_generates_and_the_env_scores_it(hf_model_fp32):
     model, tokenizer = hf_model_fp32
     env = IFEvalEnv(_rows(1001, 2422), batch_size=2, shuffle=False)
     policy = TransformersWrapper(model, tokenizer, sampling=SamplingConfig(max_new_tokens=24, temperature=0))
-    out = env.reset()
+    out = env.reset_batch()
     torch.manual_seed(0)
     generated = policy(out.as_llm_data())
     out = env.step(generated)

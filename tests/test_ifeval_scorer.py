@@ -221,3 +221,42 @@ def test_the_score_is_torchrls_tensorclass_so_a_torchrl_aggregator_runs_on_it():
     )
     assert reward == pytest.approx(0.0 + 1.0)  # strict fails (the preamble), both instructions pass loosely
     assert score.to_plain()["inst_level_loose_acc"] == [True, True]
+
+
+def test_the_step_tensordict_and_the_collectors_rows_carry_the_score_as_torchrl_writes_it():
+    """TorchRL's ``IfEvalScorer`` writes the score under ``("next", score_key)``: here too, stacked over the slots
+    (instruction-level flags ragged: one per instruction of each row), equal to the score the slot keeps; a slot
+    that was done before the step gets a zeroed score, and each collector dialog-turn row carries its own."""
+    from tensordict import TensorDict
+
+    from llmrl_core.collectors import LLMCollector
+    from llmrl_core.data import LLMData
+    from llmrl_core.envs import ChatEnv
+
+    rows = [ROWS[1001], ROWS[142]]
+    prompts = [
+        {"query": r["prompt"], "instruction_id_list": r["instruction_id_list"], "kwargs": r["kwargs"]} for r in rows
+    ]
+    env = ChatEnv(batch_size=(2,), chat_template_name="chatml").append_transform(IfEvalScorer())
+    env.reset_batch(prompts)
+    first = env.step(TensorDict({("text", "response"): ["<answer>Go forth to Kyoto</answer>", "no tags"]}, (2,)))
+    score = first["next", "ifeval_score"]
+    assert isinstance(score, IFEvalScoreData) and score.batch_size == (2,)
+    assert score.prompt_level_strict_acc.tolist() == [[True], [False]]
+    assert [t.tolist() for t in score.get("inst_level_strict_acc", as_list=True)] == [[True], [False] * 3]
+    assert first["next", "reward"].flatten().tolist() == pytest.approx([1.1, 0.0])
+    assert first["next", "done"].flatten().tolist() == [True, False]  # an answer ends the episode
+    second = env.step(TensorDict({("text", "response"): ["unused", "<answer>still no joke</answer>"]}, (2,)))
+    score = second["next", "ifeval_score"]
+    assert score[0].prompt_level_loose_acc.tolist() == [False] and not score[0].inst_level_loose_acc.any()  # done
+    assert score[1].inst_level_loose_acc.tolist() == env.slots[1].info["ifeval_score"].inst_level_loose_acc.tolist()
+
+    def answers(data: LLMData) -> LLMData:
+        return LLMData(text_response=["<answer>Go forth</answer>"] * data.batch_size, finish_reasons=["stop"] * 2)
+
+    env = ChatEnv(batch_size=(2,), chat_template_name="chatml").append_transform(IfEvalScorer())
+    collector = LLMCollector(env, answers, prompts=prompts * 2, dialog_turns_per_batch=2, total_dialog_turns=4)
+    batch = next(iter(collector)).view(-1)
+    scores = batch["next", "ifeval_score"]
+    assert scores.batch_size == (2,) and scores.prompt_level_strict_acc.tolist() == [[True], [False]]
+    assert [len(t) for t in scores.get("inst_level_strict_acc", as_list=True)] == [1, 3]

@@ -62,7 +62,7 @@ def play(env: ChatEnv, policy, **reset_kwargs):
         out.history = ConversationBatch([h.copy() for h in out.history])  # the env keeps changing its own
         return out
 
-    outputs = [frozen(env.reset(**reset_kwargs))]
+    outputs = [frozen(env.reset_batch(**reset_kwargs))]
     while outputs[-1].active:
         outputs.append(frozen(env.step(policy(outputs[-1]))))
     return outputs
@@ -156,35 +156,35 @@ def test_seeds_differ_per_slot_and_repeat_across_runs():
         return [g.secret for g in env.gym_envs]
 
     env = make_guess_number_env(batch_size=3, chat_template_name="chatml")
-    out = env.reset()
+    out = env.reset_batch()
     assert [d["seed"] for d in out.data] == [0, 1, 2] and out.prompt_id == [0, 1, 2]
     first = secrets(env)
     assert first == [_secret(s) for s in (0, 1, 2)]
-    out = env.reset()  # the next reset plays new games
+    out = env.reset_batch()  # the next reset plays new games
     assert [d["seed"] for d in out.data] == [3, 4, 5] and out.group_id == [3, 4, 5]
     assert secrets(env) == [_secret(s) for s in (3, 4, 5)]
-    out = env.reset(seed=0)  # reset(seed=...) restarts the count: the same games again
+    out = env.reset_batch(seed=0)  # reset(seed=...) restarts the count: the same games again
     assert [d["seed"] for d in out.data] == [0, 1, 2] and secrets(env) == first
     other = make_guess_number_env(batch_size=3, chat_template_name="chatml")
     other.reset()
     assert secrets(other) == first  # a new env with the same seed plays the same games
     shifted = make_guess_number_env(batch_size=3, seed=100, chat_template_name="chatml")
-    assert [d["seed"] for d in shifted.reset().data] == [100, 101, 102]
+    assert [d["seed"] for d in shifted.reset_batch().data] == [100, 101, 102]
     # GRPO groups: the copies of one game share seed, secret and group id
     grouped = make_guess_number_env(batch_size=2, repeats=3, chat_template_name="chatml")
-    out = grouped.reset()
+    out = grouped.reset_batch()
     assert out.group_id == [0, 0, 0, 1, 1, 1] and out.sample_index == [0, 1, 2] * 2
     assert secrets(grouped) == [_secret(0)] * 3 + [_secret(1)] * 3
     # a resumed env continues with unseen games
     restored = make_guess_number_env(batch_size=3, chat_template_name="chatml")
     restored.load_state_dict(env.state_dict())
-    assert [d["seed"] for d in restored.reset().data] == [3, 4, 5]
+    assert [d["seed"] for d in restored.reset_batch().data] == [3, 4, 5]
 
 
 @pytest.mark.skipif(not hasattr(ChatEnv, "reset_slots"), reason="this ChatEnv has no partial resets")
 def test_partial_resets_start_new_games_in_finished_slots():
     env = make_guess_number_env(batch_size=3, chat_template_name="chatml")
-    env.reset()
+    env.reset_batch()
     secret = env.gym_envs[0].secret
     step_out, next_out = env.step_and_maybe_reset([f"<answer>{secret}</answer>", "<answer>0</answer>", "0"])
     assert step_out.done.tolist() == [True, False, False] and step_out.reward.tolist() == [1.0, 0.0, 0.0]
@@ -195,8 +195,8 @@ def test_partial_resets_start_new_games_in_finished_slots():
     assert [d["seed"] for d in env.reset_slots([1, 2]).data] == [3, 4, 5]
     assert [g.secret for g in env.gym_envs] == [_secret(s) for s in (3, 4, 5)]
     env.reset_slots([0])
-    assert [d["seed"] for d in env.reset().data] == [7, 8, 9]
-    assert [d["seed"] for d in env.reset(seed=0).data] == [0, 1, 2]
+    assert [d["seed"] for d in env.reset_batch().data] == [7, 8, 9]
+    assert [d["seed"] for d in env.reset_batch(seed=0).data] == [0, 1, 2]
 
 
 def _secret(seed: int) -> int:
@@ -227,13 +227,13 @@ def test_rows_passed_to_reset_carry_seeds_options_and_groups():
 
 def test_close_closes_the_games_and_a_single_instance_plays_one_slot():
     with make_guess_number_env(batch_size=3, chat_template_name="chatml") as env:
-        env.reset()
+        env.reset_batch()
         games = list(env.gym_envs)
         assert len(games) == 3 and not any(g.closed for g in games)
     assert all(g.closed for g in games) and env.gym_envs == []
     game = GuessNumberEnv()
     env = MLGymWrapper(game, chat_template_name="chatml")
-    env.reset()
+    env.reset_batch()
     assert env.gym_envs == [game]
     env.close()
     assert game.closed
@@ -265,7 +265,7 @@ class LegacyTextEnv:
 
 def test_legacy_shapes_system_prompt_and_observation_role():
     env = MLGymWrapper(LegacyTextEnv, batch_size=2, chat_template_name="chatml", observation_role="tool")
-    out = env.reset()
+    out = env.reset_batch()
     assert [h.role for h in out.history] == [["system", "user"]] * 2
     assert [h[0].content for h in out.history] == ["You are agent 0.", "You are agent 1."]
     assert all(h[1].content == "" for h in out.history) and "system_prompt" not in out.info[0]
@@ -277,7 +277,7 @@ def test_legacy_shapes_system_prompt_and_observation_role():
     assert out.reward.tolist() == [0.0, 0.5] and out.info[1] == {"task": "legacy", "steps": 1, "observation": ""}
     # a system prompt given to the wrapper is replaced by the game's
     env = MLGymWrapper(LegacyTextEnv, system_prompt="generic", chat_template_name="chatml")
-    assert env.reset().history[0][0].content == "You are agent 0."
+    assert env.reset_batch().history[0][0].content == "You are agent 0."
 
 
 # --- tokens mode ---------------------------------------------------------------------------------------------
@@ -285,7 +285,7 @@ def test_legacy_shapes_system_prompt_and_observation_role():
 def test_multi_turn_prompts_in_each_input_mode(tokenizer, input_mode):
     env = make_guess_number_env(tokenizer, input_mode=input_mode, batch_size=2, system_prompt="Guess well.")
     player = Bisector(suffix=EOT)
-    outputs = [env.reset()]
+    outputs = [env.reset_batch()]
     while outputs[-1].active:
         out = outputs[-1]
         for i in out.active:
@@ -454,7 +454,7 @@ def test_make_mlgym_plays_a_task_through_its_gymnasium_registration(monkeypatch,
     arguments = record["registered"][0]
     assert arguments.task_config_path == "tasks/prisonersDilemma.yaml"
     assert arguments.kwargs["aliases_file"] == "docker/aliases.sh" and arguments.kwargs["max_steps"] == 10
-    out = env.reset()
+    out = env.reset_batch()
     assert os.getcwd() == cwd  # MLGym runs from its checkout, the caller's directory is restored
     assert [m[0] for m in record["made"]] == ["mlgym/prisonersDilemma"] * 2
     assert all(made_in == str(tmp_path) for _, made_in in record["made"])
@@ -477,7 +477,7 @@ def test_make_mlgym_plays_a_task_through_its_gymnasium_registration(monkeypatch,
     assert out.reward.tolist() == pytest.approx([0.0, 0.25])  # evaluation minus baseline score
     out = env.step(["```submit```", "```submit```"])
     assert out.terminated.all() and out.info[1]["command"] == "submit"
-    env.reset()  # a second episode: fresh containers for the same task
+    env.reset_batch()  # a second episode: fresh containers for the same task
     assert "<reset container>" in container.sent and len(record["made"]) == 2
     env.close()
     assert container.closed and os.getcwd() == cwd

@@ -145,15 +145,15 @@ def test_dataset_chat_env_draws_groups_and_resumes(tmp_path):
         id_key=None,
     )
     env = make()
-    out = env.reset()
+    out = env.reset_batch()
     assert out.batch_size == 8 and out.group_id == [0] * 4 + [1] * 4
     assert out.history[0].role == ["system", "user"] and out.history[0][1].content.startswith("question ")
     assert out.history[0][1].content == out.history[3][1].content
     state = env.state_dict()
     next_env = make()
     next_env.load_state_dict(json.loads(json.dumps(state)))
-    expected = env.reset()
-    got = next_env.reset()
+    expected = env.reset_batch()
+    got = next_env.reset_batch()
     assert [h[1].content for h in got.history] == [h[1].content for h in expected.history]
     assert got.group_id == expected.group_id == [2] * 4 + [3] * 4
 

@@ -18,14 +18,6 @@ PROBES = json.loads((Path(__file__).parent / "goldens" / "torchrl" / "api_probes
 # Names whose TorchRL form needs TorchRL itself: ``default_spec`` builds a torchrl ``Composite`` spec.
 NOT_PORTED = {"History.default_spec", "ChatHistory.default_spec"}
 
-# Names of TorchRL's reference page whose constructor llmrl does not (yet) take as TorchRL does, and why. Each must
-# still differ (the test below fails once one matches, so the list stays true).
-DEPARTURES = {
-    "ContentBase": "a dataclass here; TorchRL's a tensorclass (batch_size/device/names) with size, function_* fields",
-    "LLMHashingEnv": "a list-based env of chained integer hashes here; TorchRL's hashes tensors with a hashing_module",
-    "Tokenizer": "a slot transform here (tokenizer, add_special_tokens); TorchRL's a generic key-mapping transform",
-}
-
 
 def ported(import_line: str) -> str:
     """``from torchrl.envs.llm import X`` -> ``llmrl_core.envs`` (the README's porting rule)."""
@@ -65,16 +57,10 @@ def signature_problems(name: str) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("name", sorted(set(PROBES) - NOT_PORTED - set(DEPARTURES)))
+@pytest.mark.parametrize("name", sorted(set(PROBES) - NOT_PORTED))
 def test_torchrl_arguments_are_accepted_with_torchrls_defaults(name):
     problems = signature_problems(name)
     assert not problems, f"{name}: " + "; ".join(problems)
-
-
-@pytest.mark.parametrize("name", sorted(DEPARTURES))
-def test_the_listed_departures_still_differ(name):
-    assert name in PROBES and "error" not in PROBES[name]
-    assert signature_problems(name), f"{name} now takes TorchRL's arguments: drop it from DEPARTURES"
 
 
 def test_the_names_not_ported_need_torchrl_itself():
@@ -82,3 +68,38 @@ def test_the_names_not_ported_need_torchrl_itself():
     for name in NOT_PORTED:
         owner, _, member = name.partition(".")
         assert not hasattr(ours(owner, PROBES[name]["import"]), member)
+
+
+def test_the_tokenizer_transform_gives_torchrls_ids_masks_and_text():
+    """TorchRL 0.14.1's ``Tokenizer`` on the same inputs (``api_probes.json`` ``tokenizer``): padded ids and
+    attention mask for a batch, 1-D for one string, no mask when not asked, ``max_length`` padding, the inverse."""
+    import json
+    from pathlib import Path
+
+    import torch
+    from tensordict import NonTensorData, NonTensorStack, TensorDict
+    from transformers import AutoTokenizer
+
+    from llmrl_core.envs.transforms import Tokenizer
+    from llmrl_core.model_store import ensure_default_model
+
+    golden = json.loads((Path(__file__).parent / "goldens/torchrl/api_probes.json").read_text())["tokenizer"]
+    tokenizer = AutoTokenizer.from_pretrained(str(ensure_default_model()))
+    batch = TensorDict(text=NonTensorStack("Hello there", "Hi"), batch_size=(2,))
+    done = Tokenizer(in_keys=["text"], out_keys=["tokens"], tokenizer=tokenizer)(batch.clone())
+    assert {"tokens": done["tokens"].tolist(), "attention_mask": done["attention_mask"].tolist()} == golden["batch"]
+    single = TensorDict(text=NonTensorData("Hello there"), batch_size=())
+    done = Tokenizer(in_keys=["text"], out_keys=[("tokens", "ids")], tokenizer=tokenizer)(single)
+    got = {"ids": done["tokens", "ids"].tolist(), "attention_mask": done["tokens", "attention_mask"].tolist()}
+    assert got == golden["single"]
+    done = Tokenizer(in_keys=["text"], out_keys=["ids"], tokenizer=tokenizer, return_attention_mask=False)(
+        batch.clone()
+    )
+    assert {"ids": done["ids"].tolist(), "keys": sorted(done.keys())} == golden["no_mask"]
+    capped = Tokenizer(in_keys=["text"], out_keys=["ids"], tokenizer=tokenizer, max_length=6)(batch.clone())
+    assert {"ids": capped["ids"].tolist(), "attention_mask": capped["attention_mask"].tolist()} == golden["max_length"]
+    inverse = Tokenizer(in_keys_inv=["text"], out_keys_inv=["ids"], tokenizer=tokenizer)
+    ids = TensorDict(ids=torch.tensor(tokenizer(["Hello there", "Hi you"])["input_ids"]), batch_size=(2,))
+    assert {"text": list(inverse.inv(ids)["text"])} == golden["inverse"]
+    with pytest.raises(TypeError, match="tokenizer=..."):
+        Tokenizer(tokenizer)  # llmrl's earlier positional call

@@ -33,7 +33,7 @@ class EnvTracker:
         self.components: dict[int, dict[str, float]] = {}
 
     def reset(self, prompts: list[Any] | None) -> EnvOutput:
-        self.out = self.env.reset(prompts) if prompts is not None else self.env.reset()
+        self.out = self.env.reset_batch(prompts)
         self.versions = {i: [] for i in range(self.out.batch_size)}
         self.components = {i: {} for i in range(self.out.batch_size)}
         return self.out

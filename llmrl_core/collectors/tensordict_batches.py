@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase, lazy_stack
+from tensordict import TensorDict, TensorDictBase, is_tensor_collection, lazy_stack
 
 from llmrl_core.collectors.trajectory import DialogTurn, Trajectory
 from llmrl_core.data.conversation import Conversation, episode_start
@@ -157,7 +157,7 @@ def _with_torchrl_step(row: TensorDict, data: dict[str, Any], added: dict[Any, A
         if name not in following.keys():
             following.set_non_tensor(name, value)
     for key, value in (added or {}).items():
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, torch.Tensor) or is_tensor_collection(value):
             following.set(key, value)
         else:
             following.set_non_tensor(key, value)

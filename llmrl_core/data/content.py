@@ -1,4 +1,4 @@
-"""Structured message content: the counterpart of TorchRL's ``ContentBase``.
+"""Structured message content: TorchRL's ``ContentBase`` tensorclass.
 
 A message's ``content`` is either a plain string or a list of :class:`ContentBase` parts (text, image,
 audio, file). Only text parts can be rendered by text-only chat templates; :func:`content_to_text` joins
@@ -7,31 +7,41 @@ them and refuses non-text parts with a clear error.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import copy
 from typing import Any, Literal
 
+from tensordict import TensorClass
+
 ContentType = Literal["text", "image", "audio", "video", "file"]
-_FIELDS = ("type", "text", "url", "data", "mime_type", "name")
+_FIELDS = ("type", "text", "url", "data", "mime_type", "name", "size", "function_name", "function_args")
 
 
-@dataclass
-class ContentBase:
-    """One part of a multi-part message content (same fields as TorchRL's ``ContentBase``)."""
+class ContentBase(TensorClass["nocast", "shadow"]):
+    """One part of a multi-part message content: TorchRL's tensorclass, with its fields in its order (``type``,
+    ``text``, ``url``, ``data``, ``mime_type``, ``name``, ``size``, ``function_name``, ``function_args``); parts
+    stack with ``lazy_stack``. A text part needs its ``text`` (checked for a single part)."""
 
-    type: ContentType
+    type: str
     text: str | None = None
     url: str | None = None
     data: str | None = None
     mime_type: str | None = None
     name: str | None = None
+    size: int | None = None
+    function_name: str | None = None
+    function_args: dict | None = None
 
     def __post_init__(self) -> None:
-        if self.type == "text" and self.text is None:
+        if not self.batch_dims and self.type == "text" and self.text is None:
             raise ValueError("ContentBase(type='text') needs a 'text' value")
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ContentBase:
+        return type(self).from_dict(copy.deepcopy(self.to_dict(), memo)) if not self.batch_dims else self.clone()
 
     def to_dict(self) -> dict[str, Any]:
         """The part as a dict without empty fields (the Hugging Face multimodal message format)."""
-        return {key: value for key, value in asdict(self).items() if value is not None}
+        values = ((name, getattr(self, name)) for name in _FIELDS)
+        return {name: value for name, value in values if value is not None}
 
     @classmethod
     def from_dict(cls, part: dict[str, Any]) -> ContentBase:

@@ -2,9 +2,10 @@
 
 Contract with the policy (one env holds B slots; each GRPO copy is its own slot with a group id):
 
-* ``out = env.reset(prompts)`` builds B conversations (system prompt + user query) and returns an
-  :class:`~llmrl_core.envs.types.EnvOutput`. Without ``prompts`` a primer transform (DataLoadingPrimer)
-  supplies them. The policy reads the prompt in the env's ``input_mode``:
+* ``out = env.reset_batch(prompts)`` (or ``env.reset(prompts)`` with a list) builds B conversations (system
+  prompt + user query) and returns an :class:`~llmrl_core.envs.types.EnvOutput`. Without ``prompts`` a primer
+  transform (DataLoadingPrimer) supplies them; ``env.reset()`` with no argument is TorchRL's call and answers a
+  TensorDict. The policy reads the prompt in the env's ``input_mode``:
   ``"history"`` -> ``out.history`` (a ConversationBatch; the policy applies the chat template),
   ``"text"`` -> ``out.text`` (rendered with the generation prompt), ``"tokens"`` -> ``out.tokens`` (ids).
 * ``out = env.step(actions)`` takes one action per slot: a :class:`~llmrl_core.data.llm_data.Response`
@@ -32,7 +33,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from torch.utils.data import DataLoader, RandomSampler
 
 from llmrl_core.collector_registration import CollectorRegistration
@@ -236,12 +237,16 @@ class ChatEnv(CollectorRegistration):
 
     # --- reset -----------------------------------------------------------------------------------
     def reset(self, prompts: Sequence[Any] | TensorDictBase | None = None) -> EnvOutput | TensorDictBase:
-        """Start B new conversations; ``prompts`` items: str, Conversation, list of messages, dict row or PromptRow.
+        """Start B new conversations and return them in TorchRL's layout, or as llmrl's slot view for a list.
 
-        Given a TensorDict (TorchRL's call: ``env.reset(TensorDict({"query": [...]}, batch_size=(B,)))``) the
-        rows come from its fields and it is filled in with TorchRL's layout and returned
-        (:mod:`llmrl_core.envs.tensordict_io`).
+        ``env.reset()`` (TorchRL's call on an env with a primer) draws the prompts from the primer and returns a
+        TensorDict, as TorchRL does. Given a TensorDict (``env.reset(TensorDict({"query": [...]},
+        batch_size=(B,)))``) the rows come from its fields and it is filled in with TorchRL's layout and returned
+        (:mod:`llmrl_core.envs.tensordict_io`). Given a sequence of prompts (str, Conversation, list of messages,
+        dict row or PromptRow: llmrl's own call) the answer is an :class:`EnvOutput`, as from :meth:`reset_batch`.
         """
+        if prompts is None:
+            prompts = TensorDict(batch_size=())
         if isinstance(prompts, TensorDictBase):
             # An empty TensorDict (TorchRL's ``env.reset()`` on an env with a primer) draws from the primer.
             given = rows_from_tensordict(prompts, self.data_key) if not prompts.is_empty() else None
@@ -254,6 +259,12 @@ class ChatEnv(CollectorRegistration):
             for transform in self.td_transforms:
                 prompts = transform._reset(prompts, prompts)
             return prompts
+        return self.reset_batch(prompts)
+
+    def reset_batch(self, prompts: Sequence[Any] | None = None) -> EnvOutput:
+        """llmrl's slot call: start B new conversations (from ``prompts``, else the primer) and return the batch as
+        an :class:`EnvOutput` (what the collector and the flows' rollout actors read); TensorDict transforms'
+        ``_reset`` runs on the new slots."""
         out = self._reset_rows(prompts)
         run_td_reset(self, self.slots)
         return out

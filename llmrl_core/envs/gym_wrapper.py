@@ -36,6 +36,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from tensordict import TensorDictBase
+
 from llmrl_core.data.conversation import Message
 from llmrl_core.envs.chat_env import ChatEnv, InputMode
 from llmrl_core.envs.transforms.base import Transform
@@ -320,16 +322,25 @@ class MLGymWrapper(ChatEnv):
         """The game instances, by slot (built on the first reset)."""
         return self.game.envs
 
-    def reset(self, prompts: Sequence[Any] | None = None, *, seed: int | None = None) -> EnvOutput:
-        """Start new games. ``seed`` restarts the seed count (game k gets ``seed + k``); ``prompts`` optionally
-        gives one row per slot (a dict or :class:`PromptRow`: ``seed`` / ``options`` for the game's reset, and
-        ``group_id`` / ``sample_index``); by default ``batch_size`` games x ``repeats`` copies are played."""
-        if seed is not None:
-            if callable(getattr(ChatEnv, "set_seed", None)):
-                self.set_seed(seed)  # also drops prompt rows a partial reset kept from the old count
-            else:
-                self.game.restart(seed)
+    def reset(
+        self, prompts: Sequence[Any] | TensorDictBase | None = None, *, seed: int | None = None
+    ) -> EnvOutput | TensorDictBase:
+        """Start new games, answered as :meth:`ChatEnv.reset` answers (a TensorDict for ``reset()`` or a
+        TensorDict, an :class:`EnvOutput` for a list). ``seed`` restarts the seed count (game k gets
+        ``seed + k``); ``prompts`` optionally gives one row per slot (a dict or :class:`PromptRow`: ``seed`` /
+        ``options`` for the game's reset, and ``group_id`` / ``sample_index``); by default ``batch_size`` games x
+        ``repeats`` copies are played."""
+        self._restart_seed(seed)
         return super().reset(prompts)
+
+    def reset_batch(self, prompts: Sequence[Any] | None = None, *, seed: int | None = None) -> EnvOutput:
+        """:meth:`reset` as llmrl's slot call: the new games as an :class:`EnvOutput`."""
+        self._restart_seed(seed)
+        return super().reset_batch(prompts)
+
+    def _restart_seed(self, seed: int | None) -> None:
+        if seed is not None:
+            self.set_seed(seed)  # also drops prompt rows a partial reset kept from the old count
 
     def _collect_prompts(self, prompts: Sequence[Any] | None) -> list[PromptRow]:
         if prompts is None:

@@ -1,106 +1,115 @@
-"""``LLMHashingEnv``: token-by-token generation where each state is identified by a hash of its token chain.
+"""``LLMHashingEnv``: token-by-token generation where each state is identified by a hash (TorchRL's env).
 
-Observation: the token ids so far; action: one token per slot; the new state's hash is
-``hashing_fn(previous_hash, token)``. The hash of a prompt folds the same function over its tokens from a
-fixed start value, so reaching a sequence by ``reset`` or by ``step`` gives the same id (useful to store a
-search tree, e.g. MCTS, by hash only, or to prune repeated chains). The default function is BLAKE2b over the
-two int64 values, as a signed int64.
+TensorDicts in and out, as TorchRL's: ``env.reset(TensorDict(observation=ids, batch_size=[B]))`` returns the
+prompt ids under ``observation_key``, their ``hashing`` ``(B, 1)`` int64 (the hashing module applied to each
+row of ids), the decoded ``text`` (``text_output``) and ``done``/``terminated`` ``(B, 1)``; ``env.step(td)`` reads
+one token per row under ``"action"`` ``(B, 1)`` and writes under ``"next"`` the ids with the token appended, the
+new hash (the hashing module applied to ``[previous hash, token]``), the text and the flags. With the hashes alone a
+search tree (e.g. MCTS) can store its nodes, or a data structure prune repeated chains.
+
+The hashing module takes a ``(B, N)`` tensor and returns ``(B,)`` int64. TorchRL's default (``SipHash``) hashes
+with Python's ``hash``, so its values change with ``PYTHONHASHSEED``; llmrl's default, :func:`blake2b_rows`, hashes
+each row's int64 bytes with BLAKE2b-64, the same in every process.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import torch
-
-HASH_START = 0
-
-
-def blake2b_chain(previous: int, token: int) -> int:
-    """Default chain step: BLAKE2b-64 of ``(previous, token)`` as signed int64."""
-    payload = int(previous).to_bytes(8, "little", signed=True) + int(token).to_bytes(8, "little", signed=True)
-    return int.from_bytes(hashlib.blake2b(payload, digest_size=8).digest(), "little", signed=True)
+from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
+from tensordict.utils import NestedKey
 
 
-@dataclass
-class HashingOutput:
-    """Per-slot token observations, their ``(B,)`` int64 hashes, decoded text (optional), done flags."""
-
-    observation: list[torch.Tensor]
-    hashing: torch.Tensor
-    done: torch.Tensor
-    text: list[str] | None = None
+def blake2b_rows(x: torch.Tensor) -> torch.Tensor:
+    """Default hashing module: BLAKE2b-64 of each row's int64 bytes, as a signed int64 per row (``(B, N) -> (B,)``)."""
+    rows = x.detach().to(torch.int64).cpu().reshape(-1, x.shape[-1]).numpy()
+    digests = [
+        int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=8).digest(), "little", signed=True) for row in rows
+    ]
+    return torch.tensor(digests, dtype=torch.int64).reshape(x.shape[:-1])
 
 
 class LLMHashingEnv:
-    """Batched token-level env whose states are identified by chained hashes."""
+    """Token-level env whose states are identified by hashes (TorchRL's arguments; see the module docstring)."""
 
     def __init__(
         self,
         vocab_size: int | None = None,
         *,
-        tokenizer: Any = None,
-        hashing_fn: Callable[[int, int], int] = blake2b_chain,
+        hashing_module: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        observation_key: NestedKey = "observation",
         text_output: bool = True,
+        tokenizer: Any = None,
+        text_key: NestedKey | None = "text",
     ) -> None:
         if vocab_size is None:
             if tokenizer is None:
-                raise TypeError("LLMHashingEnv needs vocab_size or a tokenizer")
-            vocab_size = len(tokenizer)
-        if text_output and tokenizer is None:
-            raise ValueError("text_output=True needs a tokenizer to decode observations")
+                raise TypeError("You must provide a vocab_size integer if tokenizer is `None`.")
+            vocab_size = tokenizer.vocab_size
         self.vocab_size = int(vocab_size)
-        self.tokenizer = tokenizer
-        self.hashing_fn = hashing_fn
+        self.hashing_module = hashing_module if hashing_module is not None else blake2b_rows
+        self.observation_key = observation_key
         self.text_output = text_output
-        self._obs: list[torch.Tensor] = []
-        self._hash: list[int] = []
+        self.text_key = (text_key if text_key is not None else "text") if text_output else None
+        self.tokenizer = tokenizer
 
-    def hash_tokens(self, tokens: Sequence[int] | torch.Tensor) -> int:
-        """The hash of a whole token chain (the same value stepping through it gives)."""
-        value = HASH_START
-        for token in torch.as_tensor(tokens).tolist():
-            value = self.hashing_fn(value, token)
-        return value
+    # --- TorchRL's calls -------------------------------------------------------------------------
+    def make_tensordict(self, input: str | list[str]) -> TensorDictBase:
+        """Tokenize a string (or a list of them, one row each) and reset from the ids."""
+        if self.tokenizer is None:
+            raise ValueError("LLMHashingEnv.make_tensordict needs the env's tokenizer")
+        texts = input if isinstance(input, list) else [input]
+        ids = self.tokenizer(texts, add_special_tokens=False, padding=True, return_tensors="pt")["input_ids"]
+        if isinstance(input, list):
+            return self.reset(TensorDict({self.observation_key: ids}, batch_size=[len(texts)]))
+        return self.reset(TensorDict({self.observation_key: ids[0]}, batch_size=[]))
 
-    def _check_tokens(self, tokens: torch.Tensor, where: str) -> None:
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
-            raise ValueError(f"{where}: token ids must be in [0, {self.vocab_size}), got {tokens.tolist()[:10]}")
+    def reset(self, tensordict: TensorDictBase | None = None) -> TensorDictBase:
+        """Start from the ids under ``observation_key``: their hash, text and flags are added and it is returned."""
+        obs = tensordict.get(self.observation_key, None) if tensordict is not None else None
+        if obs is None:
+            raise RuntimeError(f"Resetting the {type(self).__name__} environment requires a prompt.")
+        return tensordict.update(self._outcome(torch.as_tensor(obs), self._hash(torch.as_tensor(obs)), tensordict))
 
-    def reset(self, prompts: Sequence[str] | Sequence[Sequence[int]] | torch.Tensor) -> HashingOutput:
-        """Start from prompts (strings are tokenized; or token id lists / a 2-D tensor)."""
-        obs = []
-        for i, prompt in enumerate(prompts):
-            if isinstance(prompt, str):
-                if self.tokenizer is None:
-                    raise ValueError("string prompts need a tokenizer")
-                prompt = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-            tokens = torch.as_tensor(prompt, dtype=torch.long).reshape(-1)
-            self._check_tokens(tokens, f"prompt {i}")
-            obs.append(tokens)
-        self._obs = obs
-        self._hash = [self.hash_tokens(t) for t in obs]
-        return self._output()
+    def step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """Append the token under ``"action"`` to each row; the outcome goes under ``"next"`` and it is returned."""
+        action = tensordict.get("action", None)
+        if action is None:
+            raise KeyError(f"{type(self).__name__}.step: no 'action' (one token id per row, shape (B, 1))")
+        action = torch.as_tensor(action, dtype=torch.int64)
+        previous = tensordict.get(self.observation_key)
+        obs = torch.cat([previous, action.to(previous.dtype)], -1)
+        chained = torch.cat([tensordict.get("hashing"), action], -1)
+        return tensordict.set("next", self._outcome(obs, self._hash(chained), tensordict))
 
-    def step(self, action: torch.Tensor | Sequence[int]) -> HashingOutput:
-        """Append one token per slot (``(B,)`` or ``(B, 1)``) and chain the hashes."""
-        tokens = torch.as_tensor(action, dtype=torch.long).reshape(-1)
-        if tokens.numel() != len(self._obs):
-            raise ValueError(f"step() got {tokens.numel()} tokens for {len(self._obs)} slots")
-        self._check_tokens(tokens, "action")
-        for i, token in enumerate(tokens.tolist()):
-            self._obs[i] = torch.cat([self._obs[i], tokens[i : i + 1]])
-            self._hash[i] = self.hashing_fn(self._hash[i], token)
-        return self._output()
+    def set_seed(self, seed: int | None = None) -> int | None:
+        """The env has no randomness: the seed is returned unchanged."""
+        return seed
 
-    def _output(self) -> HashingOutput:
-        text = [self.tokenizer.decode(t.tolist()) for t in self._obs] if self.text_output else None
-        return HashingOutput(
-            observation=list(self._obs),
-            hashing=torch.tensor(self._hash, dtype=torch.int64),
-            done=torch.zeros(len(self._obs), dtype=torch.bool),
-            text=text,
+    # --- helpers ---------------------------------------------------------------------------------
+    def _hash(self, values: torch.Tensor) -> torch.Tensor:
+        """``(B, 1)`` hashes of ``(B, N)`` rows (``(1,)`` for one row)."""
+        if values.ndim > 1:
+            return self.hashing_module(values).unsqueeze(-1)
+        return self.hashing_module(values.unsqueeze(0)).transpose(0, -1)
+
+    def _outcome(self, obs: torch.Tensor, hashing: torch.Tensor, tensordict: TensorDictBase) -> TensorDict:
+        flags = torch.zeros((*tensordict.batch_size, 1), dtype=torch.bool)
+        out = TensorDict(
+            {self.observation_key: obs, "hashing": hashing, "done": flags, "terminated": flags.clone()},
+            batch_size=tensordict.batch_size,
         )
+        if self.text_key is not None:
+            if self.tokenizer is None:
+                raise ValueError("LLMHashingEnv: text_output=True needs a tokenizer to decode the ids (or pass False)")
+            if obs.ndim > 1:
+                out.set(self.text_key, NonTensorStack.from_list(self.tokenizer.batch_decode(obs)))
+            else:
+                out.set(self.text_key, NonTensorData(self.tokenizer.decode(obs)))
+        return out
+
+    def __repr__(self) -> str:
+        return f"LLMHashingEnv(vocab_size={self.vocab_size}, observation_key={self.observation_key!r})"

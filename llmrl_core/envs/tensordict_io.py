@@ -1,16 +1,16 @@
 """TorchRL's TensorDict door of :class:`~llmrl_core.envs.chat_env.ChatEnv`: reading prompts and actions out of a
 TensorDict, and writing an env output back as TorchRL lays it out.
 
-Layout (TorchRL's ``ChatEnv``): a reset returns ``history`` (a ``ChatHistory`` whose ``prompt`` is each slot's
-conversation so far), ``text`` (``Text(prompt=...)``, text and tokens modes), ``tokens`` (``Tokens(prompt=...)``,
-tokens mode), the data key (e.g. ``query``) and ``done``/``terminated`` of shape ``(B, 1)``; a step writes the same
-under ``"next"`` plus ``truncated`` and ``reward`` ``(B, 1)`` (one value for the answer; a transform may widen it
-to one value per token, ``(B, T, 1)``, as TorchRL's KL transforms do). An action is read from ``("history", "full")``
-(the whole conversation: its last message is the answer), ``("history", "response")``, a bare ``History`` under
-``"history"`` (taken as the full conversation), ``("text", "response")`` (or TorchRL's older
+Layout (TorchRL's ``ChatEnv``): a reset returns the prompt in the env's input mode only: ``history`` (a
+``ChatHistory`` whose ``prompt`` is each slot's conversation so far), ``text`` (``Text(prompt=...)``) or ``tokens``
+(``Tokens(prompt=...)``); then the data key (e.g. ``query``) and ``done``/``terminated`` of shape ``(B, 1)``; a step
+writes the same under ``"next"`` plus ``truncated`` and ``reward`` ``(B, 1)`` (one value for the answer; a transform
+may widen it to one value per token, ``(B, T, 1)``, as TorchRL's KL transforms do). An action is read from
+``("history", "full")`` (the whole conversation: its last message is the answer), ``("history", "response")``, a bare
+``History`` under ``"history"`` (taken as the full conversation), ``("text", "response")`` (or TorchRL's older
 ``"text_response"``), or ``("tokens", "response")`` decoded with the env's tokenizer; the sampled ids and log-probs
-(``("tokens", "response")``, ``("log_probs", "response")``) ride along with the answer. A reset reads the data
-key (``query``), or TorchRL's older ``text=`` field when the data key is absent.
+(``("tokens", "response")``, ``("log_probs", "response")``) ride along with the answer. A reset reads the data key
+(``query``), or TorchRL's older ``text=`` field when the data key is absent.
 """
 
 from __future__ import annotations
@@ -165,19 +165,39 @@ def output_to_tensordict(out: EnvOutput, input_mode: str, with_reward: bool) -> 
 
     size = out.batch_size
     fields: dict[str, Any] = {
-        "history": ChatHistory(prompt=History.from_conversations(list(out.history)), batch_size=(size,)),
         "done": out.done.reshape(size, 1).clone(),
         "terminated": out.terminated.reshape(size, 1).clone(),
     }
     if with_reward:  # TorchRL's reset carries done/terminated only; a step may also be cut short (max_turns)
         fields["truncated"] = out.truncated.reshape(size, 1).clone()
-    if out.text is not None and input_mode in ("text", "tokens"):
+    if input_mode == "history":  # as TorchRL: one prompt entry, the one of the env's input mode
+        fields["history"] = ChatHistory(prompt=History.from_conversations(list(out.history)), batch_size=(size,))
+    if out.text is not None and input_mode == "text":
         fields["text"] = Text(prompt=list(out.text), batch_size=(size,))
     if out.tokens is not None and input_mode == "tokens":  # ragged ids: one Tokens per slot, lazily stacked
         fields["tokens"] = lazy_stack([Tokens(prompt=ids, padded=False, batch_size=()) for ids in out.tokens])
     if with_reward:
         fields["reward"] = out.reward.reshape(size, 1).to(torch.float32)
+        fields.update(stack_next_fields(out.next_fields))
     return TensorDict(fields, batch_size=(size,))
+
+
+def stack_next_fields(rows: Sequence[Mapping[Any, Any]]) -> dict[Any, Any]:
+    """What slot transforms wrote for the step's ``"next"`` data (e.g. ``IfEvalScorer``'s score), one entry per key
+    stacked over the slots; a slot without the entry (it was done before the step) gets a zeroed copy of another
+    slot's. Entries that are neither tensors nor tensor collections stay out (they live in ``slot.info``)."""
+    keys = {key for row in rows for key in row}
+    stacked: dict[Any, Any] = {}
+    for key in sorted(keys, key=str):
+        values = [row.get(key) for row in rows]
+        template = next(value for value in values if value is not None)
+        if not (isinstance(template, torch.Tensor) or is_tensor_collection(template)):
+            continue
+        filled = [value if value is not None else template.clone().zero_() for value in values]
+        ragged = isinstance(template, torch.Tensor) and len({tuple(value.shape) for value in filled}) > 1
+        # ragged tensors as a nested tensor, as TorchRL's KL transforms write theirs
+        stacked[key] = torch.nested.nested_tensor(filled, layout=torch.strided) if ragged else lazy_stack(filled)
+    return stacked
 
 
 def add_row_fields(td: TensorDictBase, rows: Sequence[Mapping[str, Any]]) -> TensorDictBase:

@@ -64,7 +64,7 @@ def gsm8k_prompt_ids(
         compute_reward=False,
         few_shot=few_shot,
     )
-    out = env.reset()
+    out = env.reset_batch()
     assert out.tokens is not None
     return [t.tolist() for t in out.tokens]
 
@@ -257,7 +257,7 @@ def evaluate_ifeval(
         input_mode="tokens",
         compute_reward=False,
     )
-    out = env.reset()
+    out = env.reset_batch()
     assert out.tokens is not None
     prompt_ids = [t.tolist() for t in out.tokens]
     scorer = IfEvalScorer()

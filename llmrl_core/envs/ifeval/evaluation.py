@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
-from tensordict import TensorClass
+from tensordict import LazyStackedTensorDict, TensorClass
 
 from llmrl_core.envs.ifeval.registry import check_instruction, validate_instructions
 
@@ -40,7 +40,15 @@ class IFEvalScoreData(TensorClass):
     instruction_id_list: list[str] | None = None
 
     def __post_init__(self) -> None:
+        stacked = isinstance(self._tensordict, LazyStackedTensorDict)  # a stack of scores of unequal lengths
         for name in _METRICS:
+            if stacked:  # read padded, as TorchRL does; only a missing or flat metric is rewritten
+                value = self.get(name, as_padded_tensor=True) if name in self._tensordict.keys() else None
+                if value is None:
+                    setattr(self, name, torch.zeros(self.batch_size + (1,), dtype=torch.bool))
+                elif value.ndim == self.ndim:
+                    setattr(self, name, value.unsqueeze(-1))
+                continue
             value = getattr(self, name)
             if value is None:
                 value = torch.zeros(self.batch_size + (1,), dtype=torch.bool)

@@ -6,7 +6,8 @@ Semantics follow TorchRL 0.14.1's ``IfEvalScorer``:
   (an empty string when there is none, which follows no instruction). ``answer_only=False`` scores the whole
   message instead, which is plain IFEval evaluation of a model that is not asked for tags.
 * The row's ``instruction_id_list`` and ``kwargs`` (keys configurable) give the instructions; the result is
-  an :class:`~llmrl_core.envs.ifeval.evaluation.IFEvalScoreData` stored in ``slot.info[score_key]``.
+  an :class:`~llmrl_core.envs.ifeval.evaluation.IFEvalScoreData` stored in ``slot.info[score_key]`` and, as
+  TorchRL writes it, under ``("next", score_key)`` of the step's TensorDict (and of the collector's rows).
 * With ``aggregate_reward=True`` the step reward is :func:`~llmrl_core.envs.ifeval.reward.ifeval_reward`
   (weights ``format_weights``, default 0.4/0.3/0.2/0.1, plus 0.1/0.05 for exactly one answer/think block).
   A callable replaces it: ``fn(score, think_blocks=..., answer_blocks=..., complete=...) -> float``.
@@ -124,6 +125,7 @@ class IfEvalScorer(Transform):
             where = f"prompt {slot.data.get(self.id_key, slot.prompt_id)!r}"
             raise type(err)(f"IfEvalScorer: {where}: {err}") from None
         slot.info[self.score_key] = score
+        slot.next_fields[self.score_key] = score  # TorchRL writes it in the step's "next" data
         for name, value in zip(METRIC_NAMES, metric_components(score), strict=True):
             slot.reward_components[name] = value
         slot.reward_components["answer_block"] = float(len(answer_blocks) == 1)

@@ -11,8 +11,9 @@ from llmrl_core.envs.transforms.few_shot import FewShotExamples
 from llmrl_core.envs.transforms.kl import KLComputation, KLRewardTransform, RetrieveKL, RetrieveLogProb
 from llmrl_core.envs.transforms.policy_version import PolicyVersion
 from llmrl_core.envs.transforms.stacking import as_nested_tensor, as_padded_tensor
-from llmrl_core.envs.transforms.template import TemplateTransform, Tokenizer
+from llmrl_core.envs.transforms.template import TemplateTransform
 from llmrl_core.envs.transforms.thinking import AddThinkingPrompt
+from llmrl_core.envs.transforms.tokenizer import Tokenizer
 
 _LAZY = {
     "PythonInterpreter": "llmrl_core.tools.python_interpreter",
