@@ -1,6 +1,7 @@
 """Collectors: run environments and a policy together and hand out TensorDict batches (TorchRL's ``LLMCollector``,
-and ``RayLLMCollector``, which runs one in a Dask actor). The slots' own records (``Trajectory``, ``DialogTurn``)
-stay internal, in :mod:`llmrl_core.collectors.trajectory`; ``rows(batch)`` reads a batch back episode by episode.
+and ``RayLLMCollector``, which runs one in a Dask actor). Each finished episode or sampled turn becomes a TensorDict
+row as it happens (:mod:`llmrl_core.collectors.tensordict_batches`); ``rows(batch)`` reads a batch back episode by
+episode.
 ``vLLMUpdater`` is importable from here as from TorchRL's ``torchrl.collectors.llm``."""
 
 from llmrl_core.collectors.llm_collector import LLMCollector

@@ -1,13 +1,16 @@
 """Per-env bookkeeping of a running collector: each slot's versions and summed reward components over its
-episode, turned into :class:`~llmrl_core.collectors.trajectory.Trajectory` rows when the episode ends."""
+episode, turned into TensorDict rows (:func:`~llmrl_core.collectors.tensordict_batches.episode_row`) when the episode
+ends."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
+from tensordict import TensorDict
+
 from llmrl_core.collectors.policy_weights import Version
-from llmrl_core.collectors.trajectory import Trajectory
+from llmrl_core.collectors.tensordict_batches import episode_row
 from llmrl_core.data.conversation import ConversationBatch
 from llmrl_core.data.llm_data import LLMData
 from llmrl_core.envs.chat_env import ChatEnv
@@ -52,10 +55,11 @@ class EnvTracker:
                 self.components[i][name] = self.components[i].get(name, 0.0) + value
         self.out = out
 
-    def trajectories(self, indices: Sequence[int] | None = None) -> list[Trajectory]:
+    def trajectories(self, indices: Sequence[int] | None = None) -> list[TensorDict]:
+        """The finished episodes of ``indices`` (all slots by default) as collector rows."""
         tokens_mode = self.env.input_mode == "tokens"
         slots = self.env.slots if indices is None else [self.env.slots[i] for i in indices]
         return [
-            Trajectory.from_slot(slot, self.versions[slot.index], self.components[slot.index], tokens_mode)
+            episode_row(slot, self.versions[slot.index], self.components[slot.index], tokens_mode, self.env.policy_role)
             for slot in slots
         ]

@@ -46,8 +46,7 @@ from tensordict.nn import TensorDictModuleBase
 
 from llmrl_core.collectors.env_tracker import EnvTracker, select_slots
 from llmrl_core.collectors.policy_weights import PolicyWeights, Version
-from llmrl_core.collectors.tensordict_batches import llm_data_to_tensordict, to_tensordict
-from llmrl_core.collectors.trajectory import DialogTurn
+from llmrl_core.collectors.tensordict_batches import llm_data_to_tensordict, stack_rows, turn_row
 from llmrl_core.data.conversation import ConversationBatch
 from llmrl_core.data.llm_data import LLMData
 from llmrl_core.envs.chat_env import ChatEnv
@@ -202,17 +201,16 @@ class LLMCollector(PolicyWeights):
         steps)``, row ``b`` slot ``b``'s turns in order, or with ``flatten_data`` that viewed as ``(batch * steps,)``
         slot after slot. A batch with a step that not every slot answered (the prompts ran out, or the total left
         room for fewer turns than slots) is flat, step after step."""
-        role = self.envs[0].policy_role
         if not self._step_layout:
-            return to_tensordict(units, role)
+            return stack_rows(units)
         if units and all(len(step) == self.envs[0].num_slots for step in units):
-            batch = lazy_stack([to_tensordict(step, role) for step in units], -1)
+            batch = lazy_stack([stack_rows(step) for step in units], -1)
             return batch.view(-1) if self.flatten_data else batch
-        return to_tensordict([turn for step in units for turn in step], role)
+        return stack_rows([turn for step in units for turn in step])
 
     def _item_batches(self) -> Iterator[list[Any]]:
-        """The batches as the env slots' snapshots before they become TensorDicts: episodes, dialog turns, or (step
-        layout) lists of one env step's dialog turns."""
+        """The batches as lists of rows before they are stacked: episodes, dialog turns, or (step layout) lists of
+        one env step's dialog turns."""
         stream = self._run_async() if self.async_envs else self._run_sync()
         buffer: list[Any] = []
         try:
@@ -237,12 +235,12 @@ class LLMCollector(PolicyWeights):
             raise ValueError("collect() needs total_dialog_turns or total_trajectories")
         flat = (batch.view(-1) if batch.batch_dims > 1 else batch for batch in self)
         rows = [batch[i] for batch in flat for i in range(batch.batch_size[0])]
-        return lazy_stack(rows) if rows else to_tensordict([])
+        return stack_rows(rows)
 
     def _unit_turns(self, unit: Any) -> int:
         """Dialog turns in one buffered unit: an episode, one env step's turns (step layout), or one turn."""
         if self._yield_trajectories:
-            return unit.num_turns
+            return int(unit["num_turns"])
         return len(unit) if self._step_layout else 1
 
     def _turns(self, items: list[Any]) -> int:
@@ -370,20 +368,20 @@ class LLMCollector(PolicyWeights):
                 if self.yield_only_last_steps and not bool(out.done[i]):
                     continue
                 items.append(
-                    DialogTurn(
-                        prompt=prompt,
+                    turn_row(
+                        prompt,
+                        response,
                         prompt_tokens=prompt_tokens,
-                        response=response,
                         reward=float(out.reward[i]),
-                        reward_components=dict(out.reward_components[i]),
+                        reward_components=out.reward_components[i],
                         done=bool(out.done[i]),
                         turn=int(out.turn[i]),
                         policy_version=version,
                         prompt_id=out.prompt_id[i],
                         group_id=out.group_id[i],
                         sample_index=out.sample_index[i],
-                        data=dict(out.data[i]),
-                        next_fields=dict(out.next_fields[i]) if out.next_fields else {},
+                        data=out.data[i],
+                        next_fields=out.next_fields[i] if out.next_fields else None,
                     )
                 )
             if self.yield_only_last_steps:

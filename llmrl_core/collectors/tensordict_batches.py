@@ -26,10 +26,10 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase, is_tensor_collection, lazy_stack
 
-from llmrl_core.collectors.trajectory import DialogTurn, Trajectory
 from llmrl_core.data.conversation import Conversation, episode_start
 from llmrl_core.data.history import History
-from llmrl_core.data.llm_data import LLMData
+from llmrl_core.data.llm_data import LLMData, Response
+from llmrl_core.envs.types import SlotState
 
 
 def _history(conversation: Conversation) -> History | None:
@@ -61,84 +61,107 @@ def _flags(reward: float, done: bool, terminated: bool, truncated: bool) -> dict
     }
 
 
-def trajectory_row(t: Trajectory, policy_role: str = "assistant") -> TensorDict:
-    """One finished episode as a TensorDict row (see the module docstring)."""
+def episode_row(
+    slot: SlotState,
+    versions: Sequence[int | str | None],
+    components: dict[str, float],
+    tokens_mode: bool,
+    policy_role: str = "assistant",
+) -> TensorDict:
+    """A finished env slot's episode as a TensorDict row (see the module docstring). Everything is copied out of
+    the slot, which the env reuses on its next reset. ``versions`` holds the version that sampled each turn and
+    ``components`` the episode's summed named rewards."""
     from llmrl_core.modules.policies.common import LogProbs, Masks, Text, Tokens
 
-    messages = t.history.messages
-    start = episode_start(messages, policy_role, t.num_turns)
-    row = TensorDict(
-        _flags(t.reward, True, t.terminated, t.truncated),
-        batch_size=(),
-    )
+    messages = slot.history.copy().messages
+    responses = list(slot.responses)
+    start = episode_start(messages, policy_role, len(responses))
+    row = TensorDict(_flags(slot.episode_reward, True, slot.terminated, slot.truncated), batch_size=())
     row.set(
         "history",
         _chat_history(Conversation(messages[:start]), Conversation(messages[start:]), Conversation(messages)),
     )
-    row.set("text", Text(response=t.responses[-1].text if t.responses else "", batch_size=()))
-    if t.tokens is not None and t.policy_mask is not None:
-        mask = t.policy_mask.bool()
+    row.set("text", Text(response=responses[-1].text if responses else "", batch_size=()))
+    if tokens_mode:
+        tokens, mask = slot.all_tokens().clone(), slot.policy_mask().clone()
         first = int(mask.nonzero()[0]) if bool(mask.any()) else len(mask)
-        row.set("tokens", Tokens(prompt=t.tokens[:first], response=t.tokens[first:], full=t.tokens, padded=False))
+        row.set("tokens", Tokens(prompt=tokens[:first], response=tokens[first:], full=tokens, padded=False))
         row.set("masks", Masks(all_assistant_mask=mask, all_attention_mask=torch.ones_like(mask), padded=False))
-        sampled = [r.log_probs for r in t.responses if r.log_probs is not None]
-        if sampled and int(mask.sum()) == sum(len(s) for s in sampled):
+        sampled = [r.log_probs for r in responses if r.log_probs is not None]
+        if sampled and int(mask.sum()) == sum(len(lp) for lp in sampled):
             full = torch.zeros(len(mask), dtype=torch.float32)
             full[mask] = torch.cat(sampled).to(torch.float32)
             row.set("log_probs", LogProbs(response=full[first:], full=full, padded=False))
-    if t.policy_version is not None:
-        row.set("policy_version", _version(t.policy_version))
+    if versions and versions[0] is not None:
+        row.set("policy_version", _version(versions[0]))
     row = _with_bookkeeping(
         row,
-        prompt_id=t.prompt_id,
-        group_id=t.group_id,
-        sample_index=t.sample_index,
-        num_turns=t.num_turns,
-        finish_reason=t.finish_reason,
-        reward_components=dict(t.reward_components),
-        policy_versions=list(t.policy_versions),
-        num_sampled_tokens=sum(len(r.token_ids) for r in t.responses if r.token_ids is not None),
-        data=dict(t.data),
-        info=dict(t.info),
+        prompt_id=slot.prompt_id,
+        group_id=slot.group_id,
+        sample_index=slot.sample_index,
+        num_turns=len(responses),
+        finish_reason=responses[-1].finish_reason if responses else None,
+        reward_components=dict(components),
+        policy_versions=list(versions),
+        num_sampled_tokens=sum(len(r.token_ids) for r in responses if r.token_ids is not None),
+        data=dict(slot.data),
+        info=dict(slot.info),
     )
-    return _with_torchrl_step(row, t.data)
+    return _with_torchrl_step(row, slot.data)
 
 
-def turn_row(d: DialogTurn) -> TensorDict:
-    """One sampled dialog turn as a TensorDict row (see the module docstring)."""
+def turn_row(
+    prompt: Conversation,
+    response: Response,
+    *,
+    reward: float,
+    reward_components: dict[str, float],
+    done: bool,
+    turn: int,
+    policy_version: int | str | None,
+    prompt_id: str | int | None = None,
+    group_id: int | None = None,
+    sample_index: int = 0,
+    prompt_tokens: torch.Tensor | None = None,
+    data: dict[str, Any] | None = None,
+    next_fields: dict[Any, Any] | None = None,
+) -> TensorDict:
+    """One sampled dialog turn as a TensorDict row (see the module docstring): the prompt it answered (its ids as
+    the engine saw them in tokens mode), the answer, what the env made of it (reward, named parts, done, the
+    entries its TensorDict transforms added for ``"next"``) and the prompt row's fields."""
     from llmrl_core.data.conversation import Message
     from llmrl_core.modules.policies.common import LogProbs, Masks, Text, Tokens
 
-    answer = Conversation([Message(role="assistant", content=d.response.text)])
-    full = Conversation([*d.prompt.messages, *answer.messages])
-    row = TensorDict(_flags(d.reward, d.done, d.done, False), batch_size=())
-    row.set("history", _chat_history(d.prompt, answer, full))
-    row.set("text", Text(response=d.response.text, batch_size=()))
-    ids, sampled = d.response.token_ids, d.response.log_probs
-    if ids is not None and d.prompt_tokens is not None:  # tokens mode: the whole sequence, as TorchRL's policy has it
-        prompt, full_ids = d.prompt_tokens.to(torch.long), torch.cat([d.prompt_tokens, ids]).to(torch.long)
-        row.set("tokens", Tokens(prompt=prompt, response=ids, full=full_ids, padded=False))
-        mask = torch.cat([torch.zeros(len(prompt), dtype=torch.bool), torch.ones(len(ids), dtype=torch.bool)])
+    answer = Conversation([Message(role="assistant", content=response.text)])
+    full = Conversation([*prompt.messages, *answer.messages])
+    row = TensorDict(_flags(reward, done, done, False), batch_size=())
+    row.set("history", _chat_history(prompt, answer, full))
+    row.set("text", Text(response=response.text, batch_size=()))
+    ids, sampled = response.token_ids, response.log_probs
+    if ids is not None and prompt_tokens is not None:  # tokens mode: the whole sequence, as TorchRL's policy has it
+        prompt_ids, full_ids = prompt_tokens.to(torch.long), torch.cat([prompt_tokens, ids]).to(torch.long)
+        row.set("tokens", Tokens(prompt=prompt_ids, response=ids, full=full_ids, padded=False))
+        mask = torch.cat([torch.zeros(len(prompt_ids), dtype=torch.bool), torch.ones(len(ids), dtype=torch.bool)])
         row.set("masks", Masks(all_assistant_mask=mask, all_attention_mask=torch.ones_like(mask), padded=False))
     elif ids is not None:
         row.set("tokens", Tokens(response=ids, padded=False))
     if sampled is not None:
-        full = None
-        if ids is not None and d.prompt_tokens is not None and len(sampled) == len(ids):
-            full = torch.cat([torch.zeros(len(d.prompt_tokens)), sampled.to(torch.float32)])
-        row.set("log_probs", LogProbs(response=sampled.to(torch.float32), full=full, padded=False))
-    if d.policy_version is not None:
-        row.set("policy_version", _version(d.policy_version))
+        full_lp = None
+        if ids is not None and prompt_tokens is not None and len(sampled) == len(ids):
+            full_lp = torch.cat([torch.zeros(len(prompt_tokens)), sampled.to(torch.float32)])
+        row.set("log_probs", LogProbs(response=sampled.to(torch.float32), full=full_lp, padded=False))
+    if policy_version is not None:
+        row.set("policy_version", _version(policy_version))
     row = _with_bookkeeping(
         row,
-        prompt_id=d.prompt_id,
-        group_id=d.group_id,
-        sample_index=d.sample_index,
-        turn=d.turn,
-        finish_reason=d.response.finish_reason,
-        reward_components=dict(d.reward_components),
+        prompt_id=prompt_id,
+        group_id=group_id,
+        sample_index=sample_index,
+        turn=turn,
+        finish_reason=response.finish_reason,
+        reward_components=dict(reward_components),
     )
-    return _with_torchrl_step(row, d.data, d.next_fields)
+    return _with_torchrl_step(row, dict(data or {}), next_fields)
 
 
 def _with_torchrl_step(row: TensorDict, data: dict[str, Any], added: dict[Any, Any] | None = None) -> TensorDict:
@@ -171,12 +194,11 @@ def _with_bookkeeping(row: TensorDict, **fields: Any) -> TensorDict:
     return row
 
 
-def to_tensordict(items: Sequence[Trajectory | DialogTurn], policy_role: str = "assistant") -> TensorDictBase:
-    """A batch of collector items as one lazily stacked TensorDict of shape ``(len(items),)``."""
-    rows = [trajectory_row(i, policy_role) if isinstance(i, Trajectory) else turn_row(i) for i in items]
+def stack_rows(rows: Sequence[TensorDict]) -> TensorDictBase:
+    """Collector rows as one lazily stacked TensorDict of shape ``(len(rows),)``."""
     if not rows:
         return TensorDict(batch_size=(0,))
-    return lazy_stack(rows)
+    return lazy_stack(list(rows))
 
 
 @dataclass
