@@ -423,3 +423,25 @@ def test_a_bare_reset_answers_torchrls_tensordict(default_model_path):
             default_system = default_system[: default_system.index("<|im_start|>user")]
             assert default_system.startswith("<|im_start|>system\n")
             assert list(td["text", "prompt"]) == [default_system + text for text in expected["prompt_text"]]
+
+
+def test_slot_next_fields_stack_as_torchrl_writes_them():
+    """``stack_next_fields``: equal-shaped tensors stack, ragged ones become one nested tensor (TorchRL's KL layout),
+    a slot without the entry gets zeros of another slot's shape, and non-tensor entries stay out."""
+    from llmrl_core.envs.tensordict_io import stack_next_fields
+
+    rows = [
+        {"score": torch.tensor([1.0]), "kl": torch.ones(3), "note": "kept in info"},
+        {"kl": torch.full((5,), 2.0)},
+        {"score": torch.tensor([3.0]), "kl": torch.zeros(2)},
+    ]
+    stacked = stack_next_fields(rows)
+    assert set(stacked) == {"score", "kl"}
+    assert torch.equal(torch.stack(list(stacked["score"].unbind(0))), torch.tensor([[1.0], [0.0], [3.0]]))
+    kl = stacked["kl"]
+    assert kl.is_nested and [tuple(t.shape) for t in kl.unbind()] == [(3,), (5,), (2,)]
+    assert torch.equal(kl.unbind()[1], torch.full((5,), 2.0))
+    td = TensorDict({"a": torch.arange(2)}, batch_size=())
+    both = stack_next_fields([{"td": td}, {}])
+    assert both["td"].batch_size == torch.Size([2])
+    assert torch.equal(both["td"]["a"][1], torch.zeros(2, dtype=torch.long))

@@ -8,11 +8,10 @@ them and refuses non-text parts with a clear error.
 from __future__ import annotations
 
 import copy
-from typing import Any, Literal
+from typing import Any
 
 from tensordict import TensorClass
 
-ContentType = Literal["text", "image", "audio", "video", "file"]
 _FIELDS = ("type", "text", "url", "data", "mime_type", "name", "size", "function_name", "function_args")
 
 
