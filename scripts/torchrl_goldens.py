@@ -490,6 +490,80 @@ def _reset_layout_probes(model_path: str) -> dict[str, Any]:
     return out
 
 
+def _step_layout_probes(model_path: str) -> dict[str, Any]:
+    """What TorchRL's bare ``ChatEnv`` (batch size 2, no transform) answers to a step, in history and text modes:
+    the keys at the top and under ``"next"``, the tensors' shapes and dtypes, and the next prompt."""
+    from tensordict import TensorDict
+    from torchrl.data.llm import History
+    from torchrl.envs.llm import ChatEnv
+    from torchrl.modules.llm.policies import ChatHistory, Text
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    out: dict[str, Any] = {}
+    for mode in ("history", "text"):
+        env = ChatEnv(input_mode=mode, batch_size=(2,), tokenizer=tokenizer, system_prompt="Be brief.")
+        td = env.reset(TensorDict({"query": ["Say 0.", "Say 1."]}, batch_size=(2,)))
+        if mode == "history":
+            answers = History(role=[["assistant"], ["assistant"]], content=[["0"], ["1"]], batch_size=(2, 1))
+            full = td["history"].prompt.extend(answers, inplace=False, dim=-1)
+            td.set("history", ChatHistory(prompt=td["history"].prompt, full=full, batch_size=(2,)))
+        else:
+            prompts = list(td["text", "prompt"])
+            full = [prompt + f"{i}<|im_end|>" for i, prompt in enumerate(prompts)]
+            td.set("text", Text(prompt=prompts, full=full, batch_size=(2,)))
+        stepped = env.step(td)
+        nxt = stepped["next"]
+        record: dict[str, Any] = {
+            "keys": sorted(stepped.keys()),
+            "next_keys": sorted(nxt.keys()),
+            "next_tensors": {
+                str(k): [list(nxt[k].shape), str(nxt[k].dtype)] for k in sorted(nxt.keys(True, True), key=str)
+            },
+        }
+        if mode == "history":
+            prompt = nxt["history"].prompt
+            record["next_history_type"] = type(nxt["history"]).__name__
+            record["next_prompt_roles"] = [list(prompt[i].role) for i in range(2)]
+            record["next_prompt_content"] = [list(prompt[i].content) for i in range(2)]
+        else:
+            record["next_prompt_text"] = list(nxt["text", "prompt"])
+        out[mode] = record
+    return out
+
+
+def _module_names_probes(model_path: str) -> dict[str, Any]:
+    """Every public module of TorchRL's LLM packages (``torchrl.<pkg>.llm...``) and the names it offers: its
+    ``__all__``, else the classes and functions defined in it (what a user imports from that path). A module that does
+    not import here (a missing optional dependency) records the error."""
+    import importlib
+    import pkgutil
+
+    out: dict[str, Any] = {}
+
+    def walk(name: str) -> None:
+        try:
+            module = importlib.import_module(name)
+        except Exception as err:  # an optional dependency TorchRL's module needs
+            out[name] = {"error": f"{type(err).__name__}: {err}"}
+            return
+        names = getattr(module, "__all__", None)
+        if names is None:
+            names = [
+                key
+                for key, value in vars(module).items()
+                if callable(value) and getattr(value, "__module__", None) == name
+            ]
+        out[name] = sorted(key for key in names if not key.startswith("_"))
+        for info in pkgutil.iter_modules(getattr(module, "__path__", [])):
+            if not info.name.startswith("_"):
+                walk(f"{name}.{info.name}")
+
+    for package in ("envs", "modules", "data", "collectors", "objectives"):
+        walk(f"torchrl.{package}.llm")
+    return out
+
+
 def _tokenizer_probes(model_path: str) -> dict[str, Any]:
     """TorchRL's ``Tokenizer`` transform called on a TensorDict: a batch of strings (padded ids and attention mask),
     one string, ``return_attention_mask=False``, ``max_length``, and the inverse (ids back to text)."""
@@ -565,6 +639,8 @@ def run_probes(model: str, result_path: Path) -> None:
         ("history", _history_probes),
         ("collector_layout", _collector_layout_probes),
         ("reset_layout", _reset_layout_probes),
+        ("step_layout", _step_layout_probes),
+        ("module_names", _module_names_probes),
         ("tokenizer", _tokenizer_probes),
         ("hashing_env", _hashing_env_probes),
     )

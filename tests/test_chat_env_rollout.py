@@ -92,7 +92,8 @@ def test_rollout_argument_errors_are_torchrls():
 
 def test_rollout_with_a_transformers_wrapper_has_torchrls_layout(hf_model_fp32):
     """TorchRL 0.14.1's own ``ChatEnv.rollout(3, TransformersWrapper(...history...))`` on the packaged model, run
-    in the side venv, leaves these root keys; llmrl's "next" adds the step's reward and truncated flags."""
+    in the side venv, leaves these root keys, and under "next" the done flags and the history (no reward, no
+    truncated: the bare env has no reward source and no turn limit)."""
     from llmrl_core.modules import TransformersWrapper
 
     model, tokenizer = hf_model_fp32
@@ -108,7 +109,7 @@ def test_rollout_with_a_transformers_wrapper_has_torchrls_layout(hf_model_fp32):
     assert r.batch_size == (2, 2)
     torchrl_root = ["done", "history", "log_probs", "masks", "next", "query", "terminated", "text", "tokens"]
     assert sorted(r.keys()) == torchrl_root
-    assert sorted(r["next"].keys()) == ["done", "history", "reward", "terminated", "truncated"]
+    assert sorted(r["next"].keys()) == ["done", "history", "terminated"]
     first = r[0, 0]["history"].full.to_messages()[-1].text
     second_prompt = [m.text for m in r[0, 1]["history"].prompt.to_messages()]
     assert first and second_prompt[-1] == first  # the sampled answer is the next turn's context

@@ -11,6 +11,7 @@ from llmrl_core.collectors import LLMCollector
 from llmrl_core.collectors.tensordict_batches import rows as episodes
 from llmrl_core.data import History, LLMData
 from llmrl_core.envs import ChatEnv
+from llmrl_core.envs.transforms import Transform
 from llmrl_core.envs.transforms.td_base import Transform as TensorDictTransform
 from llmrl_core.modules.policies import ChatHistory
 
@@ -37,7 +38,7 @@ def test_step_with_full_history_continues_the_conversation():
     )
     stepped = env.step(obs.set("history", ChatHistory(prompt=obs["history"].prompt, full=full, batch_size=(1,))))
     nxt = stepped["next"]
-    assert nxt["reward"].shape == (1, 1) and nxt["reward"].dtype == torch.float32
+    assert "reward" not in nxt.keys() and "truncated" not in nxt.keys()  # as TorchRL's: no reward source, no limit
     assert list(nxt["history"].prompt[0].role) == ["system", "user", "assistant"]
     assert list(nxt["history"].prompt[0].content)[-1] == "Fine, thanks."
 
@@ -154,7 +155,8 @@ def test_tensordict_transforms_run_on_the_tensordict_calls():
 
         def _step(self, tensordict, next_tensordict):
             calls.append("step")
-            return next_tensordict.set("reward", next_tensordict["reward"] + 1)
+            zero = torch.zeros(next_tensordict.batch_size[0], 1)  # a bare env writes no reward (TorchRL's)
+            return next_tensordict.set("reward", next_tensordict.get("reward", zero) + 1)
 
     tag = Tag()
     env = ChatEnv(batch_size=(2,)).append_transform(tag)
@@ -193,7 +195,8 @@ class AnswerCheck(TensorDictTransform):
         self.seen.append({"answers": answers, "text": None if text is None else text.tolist()})
         right = torch.tensor([[a == e] for a, e in zip(answers, expected, strict=True)])
         penalty = torch.tensor([[-0.01 * len(a)] for a in answers])
-        next_tensordict.set("reward", next_tensordict["reward"] + torch.where(right, 1.0, penalty))
+        reward = next_tensordict.get("reward", torch.zeros(len(answers), 1))  # none from a bare env, as TorchRL's
+        next_tensordict.set("reward", reward + torch.where(right, 1.0, penalty))
         next_tensordict.set("terminated", next_tensordict["terminated"] | right)
         return next_tensordict.set("done", next_tensordict["done"] | right)
 
@@ -246,6 +249,13 @@ def test_what_a_tensordict_transform_writes_on_step_td_becomes_the_slots():
     assert wrong.reward_components == {"AnswerCheck": 1.0}
 
 
+class ZeroReward(Transform):
+    """A reward source that pays 0: the env's step data then carries a ``reward`` (a bare env's has none)."""
+
+    def step_slot(self, slot):
+        slot.add_reward(0.0)
+
+
 def test_a_per_token_reward_counts_as_its_sum_and_a_lost_reward_is_named():
     class PerToken(TensorDictTransform):
         def _step(self, tensordict, next_tensordict):
@@ -259,7 +269,7 @@ def test_a_per_token_reward_counts_as_its_sum_and_a_lost_reward_is_named():
         def _step(self, tensordict, next_tensordict):
             return next_tensordict.exclude("reward")
 
-    env = ChatEnv(batch_size=1, chat_template_name="chatml").append_transform(Drops())
+    env = ChatEnv(batch_size=1, chat_template_name="chatml").append_transform(ZeroReward()).append_transform(Drops())
     env.reset(["q"])
     with pytest.raises(KeyError, match="no 'reward' after Drops._step"):
         env.step(["a"])
@@ -320,7 +330,8 @@ def test_a_reward_widened_to_tokens_changes_the_slot_by_the_per_token_difference
 def test_retrieve_kl_in_a_collectors_env_hands_out_the_kl_and_takes_it_from_the_reward(hf_model_fp32, gen):
     """TorchRL's RetrieveKL (its default add_to_reward=True) in the env of an LLMCollector: every dialog-turn row
     carries the per-token ("next", "kl_penalty") and the ref log-probs, and the row's reward is the answer's reward
-    minus the summed KL (0 - sum(kl) here: the bare env gives no reward). With ``gen_model="from_collector"`` (its
+    minus the summed KL (0 - sum(kl) here: the env's reward source pays 0; with no reward entry at all, TorchRL's
+    KL transforms, and llmrl's, leave the reward out and only write the KL). With ``gen_model="from_collector"`` (its
     default) the scoring copy of the policy comes from the collector the env was registered with. TorchRL 0.14.1's
     own collector refuses this env (its spec check does not know ("log_probs", "full"); "The collector is not set"
     with "from_collector"); RetrieveKL's documentation is the spec."""
@@ -334,6 +345,7 @@ def test_retrieve_kl_in_a_collectors_env_hands_out_the_kl_and_takes_it_from_the_
     with torch.no_grad():
         ref_model.model.norm.weight.mul_(1.05)  # another model: the KL is not 0
     env = ChatEnv(batch_size=2, tokenizer=tokenizer, system_prompt="Be brief.", max_turns=1)
+    env.append_transform(ZeroReward())
     env.append_transform(
         RetrieveKL(
             TransformersWrapper(model, tokenizer=tokenizer, generate=False, pad_output=False)
@@ -445,3 +457,89 @@ def test_slot_next_fields_stack_as_torchrl_writes_them():
     both = stack_next_fields([{"td": td}, {}])
     assert both["td"].batch_size == torch.Size([2])
     assert torch.equal(both["td"]["a"][1], torch.zeros(2, dtype=torch.long))
+
+
+def test_a_bare_step_answers_torchrls_tensordict(default_model_path):
+    """A step of a bare ``ChatEnv`` (no transform, no turn limit) is laid out as TorchRL 0.14.1's
+    (``api_probes.json`` ``step_layout``): the same keys at the top and under ``"next"`` (no ``reward`` and no
+    ``truncated``: nothing rewards or cuts short), ``done``/``terminated`` shapes and dtypes, and the next prompt
+    (history mode: the conversation with the answer). One departure, recorded here: in text mode TorchRL's next
+    prompt is the full text as the policy wrote it; llmrl renders the conversation again, with the generation prompt
+    of the next turn after it (what a policy answering the next turn needs)."""
+    import json
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from llmrl_core.modules.policies import Text
+
+    golden = json.loads((Path(__file__).parent / "goldens/torchrl/api_probes.json").read_text())["step_layout"]
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
+    for mode in ("history", "text"):
+        env = ChatEnv(input_mode=mode, batch_size=(2,), tokenizer=tokenizer, system_prompt="Be brief.")
+        td = env.reset(TensorDict({"query": ["Say 0.", "Say 1."]}, batch_size=(2,)))
+        if mode == "history":
+            answers = History(role=[["assistant"], ["assistant"]], content=[["0"], ["1"]], batch_size=(2, 1))
+            full = td["history"].prompt.extend(answers, inplace=False, dim=-1)
+            td.set("history", ChatHistory(prompt=td["history"].prompt, full=full, batch_size=(2,)))
+        else:
+            prompts = list(td["text", "prompt"])
+            full = [prompt + f"{i}<|im_end|>" for i, prompt in enumerate(prompts)]
+            td.set("text", Text(prompt=prompts, full=full, batch_size=(2,)))
+        stepped = env.step(td)
+        nxt, expected = stepped["next"], golden[mode]
+        assert sorted(stepped.keys()) == expected["keys"]
+        assert sorted(nxt.keys()) == expected["next_keys"]
+        tensors = {str(k): [list(nxt[k].shape), str(nxt[k].dtype)] for k in sorted(nxt.keys(True, True), key=str)}
+        assert tensors == expected["next_tensors"]
+        if mode == "history":
+            prompt = nxt["history"].prompt
+            assert type(nxt["history"]).__name__ == expected["next_history_type"]
+            assert [list(prompt[i].role) for i in range(2)] == expected["next_prompt_roles"]
+            assert [list(prompt[i].content) for i in range(2)] == expected["next_prompt_content"]
+        else:
+            generation_prompt = "\n<|im_start|>assistant\n"
+            assert list(nxt["text", "prompt"]) == [text + generation_prompt for text in expected["next_prompt_text"]]
+
+
+def test_a_step_carries_reward_and_truncated_when_the_env_has_their_sources():
+    """``reward`` appears under ``"next"`` once a transform may reward (TorchRL's reward transforms add it), and
+    ``truncated`` once the env can cut episodes short (``max_turns``, as TorchRL's ``StepCounter``); a transform
+    that only shapes prompts adds neither."""
+
+    class Pays(Transform):
+        def step_slot(self, slot):
+            slot.add_reward(2.0)
+
+    class Shapes(Transform):
+        writes_reward = False
+
+    def step_once(env):
+        td = env.reset(TensorDict({"query": ["Hi"]}, batch_size=(1,)))
+        answer = History(role=[["assistant"]], content=[["yo"]], batch_size=(1, 1))
+        full = td["history"].prompt.extend(answer, inplace=False, dim=-1)
+        return env.step(td.set("history", ChatHistory(prompt=td["history"].prompt, full=full, batch_size=(1,))))
+
+    shaped = ChatEnv(input_mode="history", batch_size=(1,))
+    shaped.append_transform(Shapes())
+    assert sorted(step_once(shaped)["next"].keys()) == ["done", "history", "terminated"]
+    paid = ChatEnv(input_mode="history", batch_size=(1,), max_turns=1)
+    paid.append_transform(Pays())
+    nxt = step_once(paid)["next"]
+    assert nxt["reward"].tolist() == [[2.0]] and nxt["truncated"].tolist() == [[True]]
+
+
+def test_a_text_full_action_needs_its_prompt():
+    """A text-mode action given as ``("text", "full")`` is cut after ``("text", "prompt")``; without the prompt, or
+    with a full text that does not start with it, the step says so."""
+    from llmrl_core.modules.policies import Text
+
+    env = ChatEnv(input_mode="text", batch_size=(1,), chat_template_name="chatml")
+    td = env.reset(TensorDict({"query": ["Hi"]}, batch_size=(1,)))
+    prompt = list(td["text", "prompt"])
+    with pytest.raises(ValueError, match=r"row 0: \('text', 'full'\) does not start"):
+        env.step(td.clone().set("text", Text(prompt=prompt, full=["other" + prompt[0]], batch_size=(1,))))
+    with pytest.raises(KeyError, match=r"without \('text', 'prompt'\)"):
+        env.step(td.clone().set("text", Text(full=[prompt[0] + "yo"], batch_size=(1,))))
+    out = env.step(td.set("text", Text(prompt=prompt, full=[prompt[0] + "yo"], batch_size=(1,))))
+    assert env.slots[0].history.messages[-1].text == "yo" and "next" in out.keys()

@@ -99,7 +99,8 @@ def test_grpo_with_a_users_env_factory_and_reward_function(tmp_path, monkeypatch
                 def _step(self, tensordict, next_tensordict):
                     sampled = [len(t.response) > 0 for t in tensordict["tokens"].unbind(0)]
                     bonus = torch.tensor([[0.25 * s] for s in sampled])
-                    return next_tensordict.set("reward", next_tensordict["reward"] + bonus)
+                    reward = next_tensordict.get("reward", torch.zeros_like(bonus))  # the reward functions' sum
+                    return next_tensordict.set("reward", reward + bonus)
 
             def make_env(tokenizer=None, input_mode="history", max_turns=1, greeting="Say hi"):
                 env = ChatEnv(tokenizer=tokenizer, input_mode=input_mode, system_prompt=greeting, max_turns=1)

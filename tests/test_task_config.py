@@ -182,7 +182,7 @@ def _factory_with_a_tensordict_reward(tokenizer=None, input_mode="tokens"):
             texts = tensordict.get(("text", "response")).tolist()
             answers = tensordict.get("answer").tolist()
             right = [[float(str(a) in t)] for t, a in zip(texts, answers, strict=True)]
-            return next_tensordict.set("reward", next_tensordict["reward"] + torch.tensor(right))
+            return next_tensordict.set("reward", torch.tensor(right))  # the env itself has no reward source
 
     env = ChatEnv(tokenizer=tokenizer, input_mode=input_mode, system_prompt="Answer.", max_turns=1)
     return env.append_transform(ContainsAnswer())

@@ -5,6 +5,8 @@
 ``LLMHashingEnv``, and the ``Transform`` base with the built-in transforms.
 """
 
+from typing import Any
+
 from llmrl_core.envs.chat_env import ChatEnv
 from llmrl_core.envs.dataset_chat_env import DatasetChatEnv
 from llmrl_core.envs.gsm8k import GSM8K_SYSTEM_PROMPT, GSM8KEnv, GSM8KPrepareQuestion, make_gsm8k_env
@@ -24,12 +26,28 @@ from llmrl_core.envs.transforms import (
     TemplateTransform,
     Tokenizer,
     Transform,
+    as_nested_tensor,
+    as_padded_tensor,
 )
 from llmrl_core.envs.types import EnvOutput, PromptRow, SlotState
+
+_FROM_TRANSFORMS = ("BrowserTransform", "MCPToolTransform", "PythonInterpreter")
+
+
+def __getattr__(name: str) -> Any:
+    """The tools TorchRL exports from ``torchrl.envs.llm`` load on first use, from :mod:`llmrl_core.envs.transforms`
+    (their modules pull in heavier dependencies)."""
+    if name in _FROM_TRANSFORMS:
+        from llmrl_core.envs import transforms
+
+        return getattr(transforms, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "GSM8K_SYSTEM_PROMPT",
     "AddThinkingPrompt",
+    "BrowserTransform",
     "ChatEnv",
     "DataLoadingPrimer",
     "DatasetChatEnv",
@@ -44,15 +62,19 @@ __all__ = [
     "KLRewardTransform",
     "LLMEnv",
     "LLMHashingEnv",
+    "MCPToolTransform",
     "MLGymWrapper",
     "PolicyVersion",
     "PromptRow",
+    "PythonInterpreter",
     "RetrieveKL",
     "RetrieveLogProb",
     "SlotState",
     "TemplateTransform",
     "Tokenizer",
     "Transform",
+    "as_nested_tensor",
+    "as_padded_tensor",
     "make_gsm8k_env",
     "make_mlgym",
 ]

@@ -252,7 +252,7 @@ class ChatEnv(CollectorRegistration):
             given = rows_from_tensordict(prompts, self.data_key) if not prompts.is_empty() else None
             out = self._reset_rows(given)
             rows = given if given is not None else [dict(data) for data in out.data]
-            result = add_row_fields(output_to_tensordict(out, self.input_mode, with_reward=False), rows)
+            result = add_row_fields(output_to_tensordict(out, self.input_mode), rows)
             if prompts.batch_size != result.batch_size:
                 prompts = prompts.expand(result.batch_size).clone() if not prompts.batch_dims else prompts
             prompts = prompts.update(result)  # as TorchRL: the reset TensorDict is filled in and returned
@@ -334,7 +334,7 @@ class ChatEnv(CollectorRegistration):
             stepped = self.step(actions)
             done = [i for i, d in enumerate(stepped.get(("next", "done")).reshape(-1).tolist()) if d]
             following = self._output() if not done else self._reset_slot_rows(done, prompts)[0]
-            reset_td = output_to_tensordict(following, self.input_mode, with_reward=False)
+            reset_td = output_to_tensordict(following, self.input_mode)
             for transform in self.td_transforms:
                 reset_td = transform._reset(reset_td, reset_td)
             return stepped, reset_td
@@ -473,7 +473,7 @@ class ChatEnv(CollectorRegistration):
             bare = actions.get("history", None)
             if isinstance(bare, History):
                 actions.set("history", ChatHistory(prompt=bare, full=bare, batch_size=actions.batch_size))
-            next_td = output_to_tensordict(out, self.input_mode, with_reward=True)
+            next_td = output_to_tensordict(out, self.input_mode, **self._step_layout(out))
             if self.td_transforms:
                 slots = [turn.slot for turn in turns]
                 position = {id(slot): i for i, slot in enumerate(self.slots)}
@@ -587,6 +587,18 @@ class ChatEnv(CollectorRegistration):
             slot.token_segments.append(self._encode(glue))
             slot.segment_is_policy.append(False)
         slot.prompt_text = consumed + glue
+
+    def _step_layout(self, out: EnvOutput) -> dict[str, bool]:
+        """Which entries a TensorDict step writes under ``"next"`` besides the prompt and done flags: ``reward``
+        when a transform may reward (``Transform.writes_reward``), ``truncated`` when the env can cut an episode
+        short (``max_turns``, ``max_prompt_tokens``) or a transform did. TorchRL's bare ``ChatEnv`` writes
+        neither; its ``DatasetChatEnv`` both (a reward parser, a step counter)."""
+        limits = self.max_turns is not None or self.max_prompt_tokens is not None
+        return {
+            "step": True,
+            "reward": any(transform.writes_reward for transform in self.transforms),
+            "truncated": limits or bool(out.truncated.any()),
+        }
 
     def _output(self) -> EnvOutput:
         out = self._output_of(self.slots)

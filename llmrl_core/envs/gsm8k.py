@@ -52,6 +52,8 @@ class GSM8KPrepareQuestion(Transform):
     (None, or ``["text"]`` read and written in place) is accepted; other keys raise ``ValueError``.
     """
 
+    writes_reward = False
+
     def __init__(
         self,
         in_keys: Sequence[Any] | None = None,

@@ -59,6 +59,8 @@ def _as_count(value: Any, name: str) -> int:
 class DataLoadingPrimer(Transform):
     """Draws prompt rows from a source in seeded order and expands them into GRPO groups."""
 
+    writes_reward = False
+
     def __init__(
         self,
         dataloader: Any = None,

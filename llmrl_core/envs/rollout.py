@@ -104,7 +104,9 @@ def rollout(
     else:
         result = LazyStackedTensorDict.maybe_dense_stack(steps, 1, out=out)
     if set_truncated:
-        truncated = result.get(("next", "truncated"))
+        done = result.get(("next", "done"))
+        truncated = result.get(("next", "truncated"), None)  # an env that cannot cut short has none: add it
+        truncated = torch.zeros_like(done) if truncated is None else truncated
         truncated[:, -1] = True
         result.set(("next", "truncated"), truncated)
         result.set(("next", "done"), result.get(("next", "done")) | truncated)

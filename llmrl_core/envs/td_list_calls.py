@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+
 from llmrl_core.envs.tensordict_io import (
     Turn,
     add_row_fields,
@@ -29,7 +31,7 @@ def run_td_reset(env: ChatEnv, slots: list[SlotState]) -> None:
     cannot change a slot: a reset's prompts are the rows')."""
     if not env.td_transforms or not slots:
         return
-    td = output_to_tensordict(env._output_of(slots), env.input_mode, with_reward=False)
+    td = output_to_tensordict(env._output_of(slots), env.input_mode)
     td = add_row_fields(td, [slot.data for slot in slots])
     for transform in env.td_transforms:
         td = transform._reset(td, td)
@@ -51,7 +53,8 @@ def run_td_step(env: ChatEnv, turns: list[Turn]) -> None:
         return
     slots = [turn.slot for turn in turns]
     action_td = add_row_fields(turns_to_tensordict(turns), [slot.data for slot in slots])
-    next_td = output_to_tensordict(env._output_of(slots), env.input_mode, with_reward=True)
+    out = env._output_of(slots)
+    next_td = output_to_tensordict(out, env.input_mode, **env._step_layout(out))
     run_step_transforms(env, slots, list(range(len(slots))), action_td, next_td)
 
 
@@ -63,11 +66,17 @@ def run_step_transforms(
     in ``reward_components`` under the transform's class name), the entries they added (``next_fields``) and
     the end flags. Returns the transformed ``next_td``."""
     base_keys = set(next_td.keys(include_nested=True, leaves_only=True))
-    rewards = reward_rows(next_td, None)
+    # no reward entry (the env has no reward source): the slots' rewards, until a transform writes one
+    baseline = [torch.zeros(1) for _ in range(next_td.batch_size[0])]
+    for slot, i in zip(slots, rows, strict=True):
+        baseline[i] = torch.tensor([slot.reward])
+    rewards = reward_rows(next_td, None, baseline)
+    had_reward = "reward" in next_td.keys()
     totals = {i: float(rewards[i].sum()) for i in rows}
     for transform in env.td_transforms:
         next_td = transform._step(action_td, next_td)
-        after = reward_rows(next_td, transform)
+        after = reward_rows(next_td, transform, None if had_reward else rewards)  # a reward taken away is named
+        had_reward = had_reward or "reward" in next_td.keys()
         for slot, i in zip(slots, rows, strict=True):
             change = reward_change(rewards[i], after[i])
             if change != 0.0:

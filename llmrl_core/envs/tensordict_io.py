@@ -4,11 +4,14 @@ TensorDict, and writing an env output back as TorchRL lays it out.
 Layout (TorchRL's ``ChatEnv``): a reset returns the prompt in the env's input mode only: ``history`` (a
 ``ChatHistory`` whose ``prompt`` is each slot's conversation so far), ``text`` (``Text(prompt=...)``) or ``tokens``
 (``Tokens(prompt=...)``); then the data key (e.g. ``query``) and ``done``/``terminated`` of shape ``(B, 1)``; a step
-writes the same under ``"next"`` plus ``truncated`` and ``reward`` ``(B, 1)`` (one value for the answer; a transform
-may widen it to one value per token, ``(B, T, 1)``, as TorchRL's KL transforms do). An action is read from
+writes the same under ``"next"``, plus ``reward`` ``(B, 1)`` when the env has a reward source (one value for the
+answer; a transform may widen it to one value per token, ``(B, T, 1)``, as TorchRL's KL transforms do) and
+``truncated`` when it can cut an episode short (``max_turns``, a prompt-token limit): a bare env writes neither,
+as TorchRL's. An action is read from
 ``("history", "full")`` (the whole conversation: its last message is the answer), ``("history", "response")``, a bare
 ``History`` under ``"history"`` (taken as the full conversation), ``("text", "response")`` (or TorchRL's older
-``"text_response"``), or ``("tokens", "response")`` decoded with the env's tokenizer; the sampled ids and log-probs
+``"text_response"``), what ``("text", "full")`` adds to ``("text", "prompt")`` (TorchRL's env reads ``full``),
+or ``("tokens", "response")`` decoded with the env's tokenizer; the sampled ids and log-probs
 (``("tokens", "response")``, ``("log_probs", "response")``) ride along with the answer. A reset reads the data key
 (``query``), or TorchRL's older ``text=`` field when the data key is absent.
 """
@@ -89,14 +92,36 @@ def _answer_texts(td: TensorDictBase, text_first: bool) -> tuple[list[str], list
 
 
 def _sampled_texts(td: TensorDictBase) -> tuple[list[str], list[bool]] | None:
-    text = td.get(("text", "response"), None) if is_tensor_collection(td.get("text", None)) else None
+    structured = is_tensor_collection(td.get("text", None))
+    text = td.get(("text", "response"), None) if structured else None
     if text is None:
         text = td.get("text_response", None)  # TorchRL's older key for the sampled text
+    if text is None and structured and td.get(("text", "full"), None) is not None:
+        prompt = td.get(("text", "prompt"), None)
+        full = _text_rows(td.get(("text", "full")))
+        return _answers_after_prompts(full, None if prompt is None else _text_rows(prompt))
     if text is None:
         return None
-    values = plain_value(text)
-    texts = [str(plain_value(t)) for t in (values if isinstance(values, list) else [values])]
+    texts = _text_rows(text)
     return texts, [True] * len(texts)
+
+
+def _text_rows(value: Any) -> list[str]:
+    values = plain_value(value)
+    return [str(plain_value(t)) for t in (values if isinstance(values, list) else [values])]
+
+
+def _answers_after_prompts(full: list[str], prompts: list[str] | None) -> tuple[list[str], list[bool]]:
+    """Text mode with only ``("text", "full")`` (TorchRL's env reads that one): each answer is what follows its
+    prompt, ``("text", "prompt")``."""
+    if prompts is None or len(prompts) != len(full):
+        raise KeyError("('text', 'full') is given without ('text', 'prompt') of the same rows: no answer to cut out")
+    answers = []
+    for i, (whole, prompt) in enumerate(zip(full, prompts, strict=True)):
+        if not whole.startswith(prompt):
+            raise ValueError(f"row {i}: ('text', 'full') does not start with its ('text', 'prompt')")
+        answers.append(whole[len(prompt) :])
+    return answers, [True] * len(answers)
 
 
 def _sampled_rows(td: TensorDictBase, key: NestedKey) -> list[torch.Tensor] | None:
@@ -132,8 +157,8 @@ def responses_from_tensordict(td: TensorDictBase, tokenizer: Any = None, text_fi
         if ids is None:
             raise KeyError(
                 "no answer found; expected ('history', 'full'), ('history', 'response'), a History under 'history', "
-                "('text', 'response') or ('tokens', 'response'); got keys "
-                f"{sorted(str(k) for k in td.keys(True, True))}"
+                "('text', 'response'), ('text', 'full') or ('tokens', 'response'); got keys "
+                f"{sorted(str(k) for k in td.keys(True))}"
             )
         if tokenizer is None:
             raise ValueError("the answers are token ids only (('tokens', 'response')): decoding them needs a tokenizer")
@@ -159,8 +184,13 @@ def actions_from_tensordict(td: TensorDictBase, tokenizer: Any = None) -> list[R
         raise ValueError(f"ChatEnv.step: {err}") from None
 
 
-def output_to_tensordict(out: EnvOutput, input_mode: str, with_reward: bool) -> TensorDict:
-    """An :class:`EnvOutput` as TorchRL's ChatEnv TensorDict (see the module docstring)."""
+def output_to_tensordict(
+    out: EnvOutput, input_mode: str, *, step: bool = False, reward: bool = False, truncated: bool = False
+) -> TensorDict:
+    """An :class:`EnvOutput` as TorchRL's ChatEnv TensorDict (see the module docstring). A reset's carries
+    ``done``/``terminated`` and the prompt; a ``step``'s adds what slot transforms wrote for ``"next"``
+    (:func:`stack_next_fields`), ``reward`` when asked (the env has a reward source) and ``truncated`` when asked
+    (the env can cut an episode short): TorchRL's bare ``ChatEnv`` writes neither."""
     from llmrl_core.modules.policies.common import ChatHistory, Text, Tokens
 
     size = out.batch_size
@@ -168,7 +198,7 @@ def output_to_tensordict(out: EnvOutput, input_mode: str, with_reward: bool) -> 
         "done": out.done.reshape(size, 1).clone(),
         "terminated": out.terminated.reshape(size, 1).clone(),
     }
-    if with_reward:  # TorchRL's reset carries done/terminated only; a step may also be cut short (max_turns)
+    if truncated:
         fields["truncated"] = out.truncated.reshape(size, 1).clone()
     if input_mode == "history":  # as TorchRL: one prompt entry, the one of the env's input mode
         fields["history"] = ChatHistory(prompt=History.from_conversations(list(out.history)), batch_size=(size,))
@@ -176,8 +206,9 @@ def output_to_tensordict(out: EnvOutput, input_mode: str, with_reward: bool) -> 
         fields["text"] = Text(prompt=list(out.text), batch_size=(size,))
     if out.tokens is not None and input_mode == "tokens":  # ragged ids: one Tokens per slot, lazily stacked
         fields["tokens"] = lazy_stack([Tokens(prompt=ids, padded=False, batch_size=()) for ids in out.tokens])
-    if with_reward:
+    if reward:
         fields["reward"] = out.reward.reshape(size, 1).to(torch.float32)
+    if step:
         fields.update(stack_next_fields(out.next_fields))
     return TensorDict(fields, batch_size=(size,))
 
@@ -273,10 +304,12 @@ def _turn_tokens(turn: Turn, with_prompt: bool) -> Any:
     )
 
 
-def reward_rows(td: TensorDictBase, transform: Any) -> list[torch.Tensor]:
-    """The ``reward`` entry of a step's ``"next"`` data, one tensor per slot; ``transform`` is named when it left no
-    reward behind."""
+def reward_rows(td: TensorDictBase, transform: Any, missing: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """The ``reward`` entry of a step's ``"next"`` data, one tensor per slot; ``missing`` when the data has none
+    (an env without a reward source, before any transform rewarded), else an error naming ``transform``."""
     reward = td.get("reward", None)
+    if reward is None and missing is not None:
+        return missing
     if reward is None:
         after = f" after {type(transform).__name__}._step" if transform is not None else ""
         raise KeyError(f"ChatEnv.step: the step data has no 'reward'{after}; keys {sorted(map(str, td.keys()))}")

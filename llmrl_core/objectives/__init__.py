@@ -2,8 +2,9 @@
 
 from llmrl_core.data.topk import TopKRewardSelector, select_top_k
 from llmrl_core.objectives.advantage import ADVANTAGE_METHODS, AdvantageResult, MCAdvantage, mc_advantage
+from llmrl_core.objectives.distillation import k3_kl_token_estimate
 from llmrl_core.objectives.grpo import IMPORTANCE_LEVELS, TIS_LEVELS, GRPOLoss, GRPOLossOutput, grpo_loss
-from llmrl_core.objectives.sft import SFTLoss, SFTLossOutput, sft_loss
+from llmrl_core.objectives.sft import SFTLoss, SFTLossOutput, minor_sft_loss, sft_loss
 
 __all__ = [
     "ADVANTAGE_METHODS",
@@ -17,7 +18,9 @@ __all__ = [
     "SFTLossOutput",
     "TopKRewardSelector",
     "grpo_loss",
+    "k3_kl_token_estimate",
     "mc_advantage",
+    "minor_sft_loss",
     "select_top_k",
     "sft_loss",
 ]

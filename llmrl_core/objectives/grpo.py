@@ -68,6 +68,7 @@ import torch
 from tensordict import TensorClass
 from torch import nn
 
+from llmrl_core.objectives.advantage import MCAdvantage  # noqa: F401  (TorchRL's grpo module defines it)
 from llmrl_core.objectives.reductions import (
     aggregate,
     broadcast_advantages,

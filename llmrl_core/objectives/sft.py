@@ -67,6 +67,24 @@ def _reduce(per_sequence: torch.Tensor, rows: torch.Tensor, reduction: str) -> t
     raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
+def minor_sft_loss(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, beta: float, reduction: str) -> torch.Tensor:
+    """TorchRL's MinorSFT term (Xie et al. 2024): ``-log_sigmoid(beta * (log_probs - ref_log_probs))`` elementwise,
+    then ``reduction`` (``"mean"``, ``"sum"`` or ``"none"``)."""
+    if log_probs.shape != ref_log_probs.shape:
+        raise ValueError(
+            "Current log probabilities and reference log probabilities have different shapes: "
+            f"log_probs.shape={tuple(log_probs.shape)} vs ref_log_probs.shape={tuple(ref_log_probs.shape)}."
+        )
+    loss = -F.logsigmoid(beta * (log_probs - ref_log_probs))
+    if reduction == "mean":
+        return loss.mean()
+    if reduction == "sum":
+        return loss.sum()
+    if reduction == "none":
+        return loss
+    raise ValueError(f"Invalid reduction: {reduction}")
+
+
 def sft_loss(
     log_probs: torch.Tensor,
     mask: torch.Tensor,
@@ -105,7 +123,7 @@ def sft_loss(
         ref_summed = masked_zero(ref_log_probs.to(log_probs.dtype), mask).sum(-1)
         if normalize_by_seq_length:
             ref_summed = ref_summed / counts.clamp_min(1)
-        per_sequence = masked_zero(-F.logsigmoid(beta * (summed - ref_summed)), rows)
+        per_sequence = masked_zero(minor_sft_loss(summed, ref_summed, beta, "none"), rows)
         out.loss_sft = _reduce(per_sequence, rows, reduction)
     if ref_log_probs is not None and (kl_to_ref_coeff is not None or loss_function == "minor_sft"):
         per_token = kl_estimate(masked_zero(log_probs, mask), masked_zero(ref_log_probs.to(log_probs.dtype), mask))

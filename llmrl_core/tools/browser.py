@@ -77,6 +77,8 @@ class BrowserTransform(Transform):
     The model calls the tool by the name in ``browser_tool_name`` (``"browser"``).
     """
 
+    writes_reward = False
+
     browser_tool_name = "browser"
 
     def __init__(

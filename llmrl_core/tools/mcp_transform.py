@@ -89,6 +89,8 @@ class MCPToolTransform(Transform):
             fail). max_result_chars: result text kept per call.
     """
 
+    writes_reward = False
+
     def __init__(
         self,
         servers: Mapping[str, Mapping[str, Any] | MCPServerSpec],

@@ -90,6 +90,8 @@ class PythonInterpreter(Transform):
         max_workers: slots executed concurrently.
     """
 
+    writes_reward = False
+
     def __init__(
         self,
         tokenizer: Any = None,

@@ -38,7 +38,14 @@ if TYPE_CHECKING:
 
 
 class Transform:
-    """Base class for env transforms: override the per-slot hooks, or the batch hooks for batched work."""
+    """Base class for env transforms: override the per-slot hooks, or the batch hooks for batched work.
+
+    ``writes_reward`` says whether the transform may reward a step (``slot.add_reward``): a TensorDict step's
+    ``"next"`` data carries ``reward`` when one of the env's transforms may (as TorchRL's carries it when a reward
+    transform is appended, and not for a bare ``ChatEnv``). Transforms that only shape prompts or run tools set it
+    to False."""
+
+    writes_reward: bool = True
 
     def __init__(self) -> None:
         self.parent: ChatEnv | None = None

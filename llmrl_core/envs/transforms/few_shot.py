@@ -54,6 +54,8 @@ class FewShotExamples(Transform):
     TorchRL has no few-shot transform; this one is ours.
     """
 
+    writes_reward = False
+
     def __init__(
         self, examples: Sequence[Mapping[str, Any]], user_role: str = "user", assistant_role: str = "assistant"
     ):

@@ -17,6 +17,8 @@ from llmrl_core.envs.types import EnvOutput
 class PolicyVersion(Transform):
     """Keeps a policy version (int or uuid) and stamps it on every env output."""
 
+    writes_reward = False
+
     def __init__(self, version_type: type | Literal["int", "uuid"] = int, initial: int | str | None = None) -> None:
         super().__init__()
         if version_type in (int, "int"):

@@ -17,6 +17,8 @@ from llmrl_core.envs.types import EnvOutput
 class TemplateTransform(Transform):
     """Renders each slot's Conversation into ``output.text`` (with the generation prompt for active slots)."""
 
+    writes_reward = False
+
     def __init__(
         self,
         tokenizer: Any = None,

@@ -34,6 +34,8 @@ _LAST_ANSWER = re.compile(r"<answer>.*?</answer>", re.DOTALL)
 class AddThinkingPrompt(Transform):
     """Adds a reconsider prompt to slots where ``cond(slot)`` is True (see the module docstring)."""
 
+    writes_reward = False
+
     def __init__(
         self,
         cond: Callable[[SlotState], bool],

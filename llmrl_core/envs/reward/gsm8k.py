@@ -1,0 +1,6 @@
+"""TorchRL's ``torchrl.envs.llm.reward.gsm8k`` under llmrl's name (the README's import rule: one search-and-replace);
+the classes live in the modules imported here."""
+
+from llmrl_core.envs.gsm8k_reward import GSM8KRewardParser
+
+__all__ = ["GSM8KRewardParser"]

@@ -1,0 +1,6 @@
+"""TorchRL's ``torchrl.envs.llm.reward.ifeval`` under llmrl's name (the README's import rule: one search-and-replace);
+the classes live in the modules imported here."""
+
+from llmrl_core.envs.ifeval import IFEvalScoreData, IfEvalScorer
+
+__all__ = ["IFEvalScoreData", "IfEvalScorer"]
