@@ -532,6 +532,42 @@ def _step_layout_probes(model_path: str) -> dict[str, Any]:
     return out
 
 
+def _reward_parser_layout_probes(model_path: str) -> dict[str, Any]:
+    """What a step of TorchRL's ``ChatEnv.from_dataloader`` with its ``GSM8KRewardParser`` appended writes under
+    ``"next"``: the keys (the primer's row fields among them), and each tensor's shape, dtype and values for a right
+    answer with its reasoning and a wrong one without."""
+    from tensordict import TensorDict  # noqa: F401  (TorchRL's step data)
+    from torch.utils.data import DataLoader
+    from torchrl.data.llm import History
+    from torchrl.envs.llm import ChatEnv
+    from torchrl.envs.llm.reward import GSM8KRewardParser
+    from torchrl.modules.llm.policies import ChatHistory
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    rows = [{"query": "2+2?", "answer": "so #### 4"}, {"query": "3+3?", "answer": "so #### 6"}]
+    loader = DataLoader(rows, batch_size=2, collate_fn=lambda batch: {k: [r[k] for r in batch] for k in batch[0]})
+    env = ChatEnv.from_dataloader(loader, tokenizer=tokenizer, batch_size=(2,), input_mode="history")
+    env = env.append_transform(GSM8KRewardParser(tokenizer=tokenizer))
+    td = env.reset()
+    answers = History(
+        role=[["assistant"], ["assistant"]],
+        content=[["<think>x</think> <answer>4</answer>"], ["<answer>5</answer>"]],
+        batch_size=(2, 1),
+    )
+    full = td["history"].prompt.extend(answers, inplace=False, dim=-1)
+    td.set("history", ChatHistory(prompt=td["history"].prompt, full=full, response=answers, batch_size=(2,)))
+    nxt = env.step(td)["next"]
+    return {
+        "next_keys": sorted(nxt.keys()),
+        "next_tensors": {
+            str(k): [list(nxt[k].shape), str(nxt[k].dtype), nxt[k].tolist()]
+            for k in sorted(nxt.keys(True, True), key=str)
+        },
+        "next_answer": list(nxt["answer"]),
+    }
+
+
 def _module_names_probes(model_path: str) -> dict[str, Any]:
     """Every public module of TorchRL's LLM packages (``torchrl.<pkg>.llm...``) and the names it offers: its
     ``__all__``, else the classes and functions defined in it (what a user imports from that path). A module that does
@@ -641,6 +677,7 @@ def run_probes(model: str, result_path: Path) -> None:
         ("reset_layout", _reset_layout_probes),
         ("step_layout", _step_layout_probes),
         ("module_names", _module_names_probes),
+        ("reward_parser_layout", _reward_parser_layout_probes),
         ("tokenizer", _tokenizer_probes),
         ("hashing_env", _hashing_env_probes),
     )

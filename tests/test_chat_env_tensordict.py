@@ -543,3 +543,45 @@ def test_a_text_full_action_needs_its_prompt():
         env.step(td.clone().set("text", Text(full=[prompt[0] + "yo"], batch_size=(1,))))
     out = env.step(td.set("text", Text(prompt=prompt, full=[prompt[0] + "yo"], batch_size=(1,))))
     assert env.slots[0].history.messages[-1].text == "yo" and "next" in out.keys()
+
+
+def test_a_gsm8k_reward_parser_step_answers_torchrls_layout(default_model_path):
+    """``ChatEnv.from_dataloader`` with ``GSM8KRewardParser`` appended, stepped with TorchRL's call, writes under
+    ``"next"`` what TorchRL 0.14.1 does (``api_probes.json`` ``reward_parser_layout``): the primer's row fields, the
+    ``(B, 1, 1)`` reward and its parts with their values, the done flags (an answer ends the episode)."""
+    import json
+    from pathlib import Path
+
+    from torch.utils.data import DataLoader
+    from transformers import AutoTokenizer
+
+    from llmrl_core.envs.reward import GSM8KRewardParser
+
+    golden = json.loads((Path(__file__).parent / "goldens/torchrl/api_probes.json").read_text())
+    golden = golden["reward_parser_layout"]
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
+    rows = [{"query": "2+2?", "answer": "so #### 4"}, {"query": "3+3?", "answer": "so #### 6"}]
+    loader = DataLoader(rows, batch_size=2, collate_fn=lambda batch: {k: [r[k] for r in batch] for k in batch[0]})
+    env = ChatEnv.from_dataloader(loader, tokenizer=tokenizer, batch_size=(2,), input_mode="history")
+    env = env.append_transform(GSM8KRewardParser(tokenizer=tokenizer))
+    td = env.reset()
+    answers = History(
+        role=[["assistant"], ["assistant"]],
+        content=[["<think>x</think> <answer>4</answer>"], ["<answer>5</answer>"]],
+        batch_size=(2, 1),
+    )
+    full = td["history"].prompt.extend(answers, inplace=False, dim=-1)
+    td.set("history", ChatHistory(prompt=td["history"].prompt, full=full, response=answers, batch_size=(2,)))
+    nxt = env.step(td)["next"]
+    assert sorted(nxt.keys()) == golden["next_keys"]
+    tensors = {
+        str(k): [list(nxt[k].shape), str(nxt[k].dtype), nxt[k].tolist()] for k in sorted(nxt.keys(True, True), key=str)
+    }
+    assert tensors.keys() == golden["next_tensors"].keys()
+    for key, (shape, dtype, values) in golden["next_tensors"].items():
+        assert tensors[key][:2] == [shape, dtype], key
+        assert torch.allclose(torch.tensor(tensors[key][2]).float(), torch.tensor(values).float()), key
+    assert list(nxt["answer"]) == golden["next_answer"]
+    # the slots agree with the step data: the parser's reward is theirs, its parts are their components
+    assert [slot.reward for slot in env.slots] == pytest.approx([1.0, 0.1])
+    assert env.slots[1].reward_components["reward_think"] == 0.0

@@ -474,6 +474,7 @@ class ChatEnv(CollectorRegistration):
             if isinstance(bare, History):
                 actions.set("history", ChatHistory(prompt=bare, full=bare, batch_size=actions.batch_size))
             next_td = output_to_tensordict(out, self.input_mode, **self._step_layout(out))
+            next_td = self._with_row_fields(next_td, self.slots)
             if self.td_transforms:
                 slots = [turn.slot for turn in turns]
                 position = {id(slot): i for i, slot in enumerate(self.slots)}
@@ -588,17 +589,28 @@ class ChatEnv(CollectorRegistration):
             slot.segment_is_policy.append(False)
         slot.prompt_text = consumed + glue
 
-    def _step_layout(self, out: EnvOutput) -> dict[str, bool]:
+    def _step_layout(self, out: EnvOutput) -> dict[str, Any]:
         """Which entries a TensorDict step writes under ``"next"`` besides the prompt and done flags: ``reward``
-        when a transform may reward (``Transform.writes_reward``), ``truncated`` when the env can cut an episode
-        short (``max_turns``, ``max_prompt_tokens``) or a transform did. TorchRL's bare ``ChatEnv`` writes
-        neither; its ``DatasetChatEnv`` both (a reward parser, a step counter)."""
+        when a transform may reward (``Transform.writes_reward``; each row of the longest ``reward_shape`` among
+        them), ``truncated`` when the env can cut an episode short (``max_turns``, ``max_prompt_tokens``) or a
+        transform did. TorchRL's bare ``ChatEnv`` writes neither; its ``DatasetChatEnv`` both (a reward parser, a
+        step counter)."""
         limits = self.max_turns is not None or self.max_prompt_tokens is not None
+        shapes = [transform.reward_shape for transform in self.transforms if transform.writes_reward]
         return {
             "step": True,
-            "reward": any(transform.writes_reward for transform in self.transforms),
+            "reward": max(shapes, key=len) if shapes else None,
             "truncated": limits or bool(out.truncated.any()),
         }
+
+    def _with_row_fields(self, next_td: TensorDictBase, slots: Sequence[SlotState]) -> TensorDictBase:
+        """An env fed by a ``DataLoadingPrimer`` carries the prompt rows' fields (``query``, ``answer``, ...) in a
+        step's ``"next"`` data too, as TorchRL's primer does (its reward parsers read ``("next", "answer")``)."""
+        from llmrl_core.envs.primer import DataLoadingPrimer
+
+        if any(isinstance(transform, DataLoadingPrimer) for transform in self.transforms):
+            add_row_fields(next_td, [slot.data for slot in slots])
+        return next_td
 
     def _output(self) -> EnvOutput:
         out = self._output_of(self.slots)

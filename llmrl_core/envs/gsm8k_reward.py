@@ -18,6 +18,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from llmrl_core.envs.transforms.base import Transform
 from llmrl_core.envs.types import SlotState
 
@@ -66,8 +68,12 @@ class GSM8KRewardParser(Transform):
     ``text``, ``tokens`` or ``text_response`` is accepted), and a string second key names the row field holding
     the gold answer (it overrides ``answer_key``). ``out_keys`` must be None or TorchRL's default list: the
     outputs always go to ``reward_components`` / ``info["success"]``. ``input_mode`` is checked and stored; the
-    message text is scored in every mode. ``answer_key`` (llmrl only) names the gold answer field.
+    message text is scored in every mode. ``answer_key`` (llmrl only) names the gold answer field. A TensorDict
+    step's ``"next"`` data carries the reward and its parts as TorchRL's does: ``reward``, ``reward_answer``,
+    ``reward_think``, ``reward_right`` (float) and ``success`` (bool), each ``(B, 1, 1)``.
     """
+
+    reward_shape = (1, 1)
 
     def __init__(
         self,
@@ -157,5 +163,8 @@ class GSM8KRewardParser(Transform):
         for key in ("reward_answer", "reward_think", "reward_right"):
             slot.reward_components[key] = float(out[key])
         slot.info["success"] = bool(out["success"])
+        for key in ("reward_answer", "reward_think", "reward_right"):  # TorchRL's step data: (1, 1) per row
+            slot.next_fields[key] = torch.tensor([[float(out[key])]])
+        slot.next_fields["success"] = torch.tensor([[bool(out["success"])]])
         if self.set_done_if_answer and out["reward_answer"] > 0:
             slot.terminate()

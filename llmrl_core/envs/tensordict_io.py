@@ -5,7 +5,8 @@ Layout (TorchRL's ``ChatEnv``): a reset returns the prompt in the env's input mo
 ``ChatHistory`` whose ``prompt`` is each slot's conversation so far), ``text`` (``Text(prompt=...)``) or ``tokens``
 (``Tokens(prompt=...)``); then the data key (e.g. ``query``) and ``done``/``terminated`` of shape ``(B, 1)``; a step
 writes the same under ``"next"``, plus ``reward`` ``(B, 1)`` when the env has a reward source (one value for the
-answer; a transform may widen it to one value per token, ``(B, T, 1)``, as TorchRL's KL transforms do) and
+answer; ``(B, 1, 1)`` with the GSM8K and IFEval parsers, as TorchRL's; a transform may widen it to one value per
+token, ``(B, T, 1)``, as TorchRL's KL transforms do) and
 ``truncated`` when it can cut an episode short (``max_turns``, a prompt-token limit): a bare env writes neither,
 as TorchRL's. An action is read from
 ``("history", "full")`` (the whole conversation: its last message is the answer), ``("history", "response")``, a bare
@@ -185,12 +186,17 @@ def actions_from_tensordict(td: TensorDictBase, tokenizer: Any = None) -> list[R
 
 
 def output_to_tensordict(
-    out: EnvOutput, input_mode: str, *, step: bool = False, reward: bool = False, truncated: bool = False
+    out: EnvOutput,
+    input_mode: str,
+    *,
+    step: bool = False,
+    reward: tuple[int, ...] | None = None,
+    truncated: bool = False,
 ) -> TensorDict:
     """An :class:`EnvOutput` as TorchRL's ChatEnv TensorDict (see the module docstring). A reset's carries
     ``done``/``terminated`` and the prompt; a ``step``'s adds what slot transforms wrote for ``"next"``
-    (:func:`stack_next_fields`), ``reward`` when asked (the env has a reward source) and ``truncated`` when asked
-    (the env can cut an episode short): TorchRL's bare ``ChatEnv`` writes neither."""
+    (:func:`stack_next_fields`), ``reward`` of one row's shape ``reward`` when given (the env has a reward source)
+    and ``truncated`` when asked (the env can cut an episode short): TorchRL's bare ``ChatEnv`` writes neither."""
     from llmrl_core.modules.policies.common import ChatHistory, Text, Tokens
 
     size = out.batch_size
@@ -206,8 +212,8 @@ def output_to_tensordict(
         fields["text"] = Text(prompt=list(out.text), batch_size=(size,))
     if out.tokens is not None and input_mode == "tokens":  # ragged ids: one Tokens per slot, lazily stacked
         fields["tokens"] = lazy_stack([Tokens(prompt=ids, padded=False, batch_size=()) for ids in out.tokens])
-    if reward:
-        fields["reward"] = out.reward.reshape(size, 1).to(torch.float32)
+    if reward is not None:
+        fields["reward"] = out.reward.reshape(size, *reward).to(torch.float32)
     if step:
         fields.update(stack_next_fields(out.next_fields))
     return TensorDict(fields, batch_size=(size,))

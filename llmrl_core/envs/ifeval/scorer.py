@@ -44,7 +44,11 @@ class IfEvalScorer(Transform):
     ``response_column`` name TorchRL's prompt / response entries; here the response is always the slot's last
     policy message and the prompt is not scored, so both are only stored (as ``prompt_key`` / ``response_key``).
     ``verbose=True`` logs each slot's score and reward at INFO level on the ``llmrl_core.envs.ifeval`` logger.
+    In a TensorDict step's ``"next"`` data the reward is ``(B, 1, 1)``, as TorchRL writes it (none without
+    ``aggregate_reward``), beside the score under ``score_key``.
     """
+
+    reward_shape = (1, 1)
 
     def __init__(
         self,
@@ -62,6 +66,7 @@ class IfEvalScorer(Transform):
         answer_only: bool = True,
     ) -> None:
         super().__init__()
+        self.writes_reward = bool(aggregate_reward)
         weights = tuple(format_weights) if format_weights is not None else IFEVAL_WEIGHTS
         if len(weights) != 4:
             raise ValueError(f"format_weights must have 4 entries, got {weights}")

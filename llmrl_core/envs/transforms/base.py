@@ -43,9 +43,11 @@ class Transform:
     ``writes_reward`` says whether the transform may reward a step (``slot.add_reward``): a TensorDict step's
     ``"next"`` data carries ``reward`` when one of the env's transforms may (as TorchRL's carries it when a reward
     transform is appended, and not for a bare ``ChatEnv``). Transforms that only shape prompts or run tools set it
-    to False."""
+    to False. ``reward_shape`` is the shape of one row's reward there: ``(1,)`` by default, ``(1, 1)`` for the
+    reward parsers whose TorchRL counterparts write ``(B, 1, 1)`` (GSM8K, IFEval)."""
 
     writes_reward: bool = True
+    reward_shape: tuple[int, ...] = (1,)
 
     def __init__(self) -> None:
         self.parent: ChatEnv | None = None
