@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
 from torchrl_golden_format import dumps, summarize, summarize_globals, to_jsonable  # noqa: E402
+from torchrl_layout_probes import library, reward_parser_layout, step_layout  # noqa: E402
 
 EXAMPLES = ROOT / "tests" / "torchrl_examples"
 MODEL_PLACEHOLDER = "<DEFAULT_MODEL>"
@@ -490,82 +491,27 @@ def _reset_layout_probes(model_path: str) -> dict[str, Any]:
     return out
 
 
-def _step_layout_probes(model_path: str) -> dict[str, Any]:
-    """What TorchRL's bare ``ChatEnv`` (batch size 2, no transform) answers to a step, in history and text modes:
-    the keys at the top and under ``"next"``, the tensors' shapes and dtypes, and the next prompt."""
-    from tensordict import TensorDict
-    from torchrl.data.llm import History
-    from torchrl.envs.llm import ChatEnv
-    from torchrl.modules.llm.policies import ChatHistory, Text
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    out: dict[str, Any] = {}
-    for mode in ("history", "text"):
-        env = ChatEnv(input_mode=mode, batch_size=(2,), tokenizer=tokenizer, system_prompt="Be brief.")
-        td = env.reset(TensorDict({"query": ["Say 0.", "Say 1."]}, batch_size=(2,)))
-        if mode == "history":
-            answers = History(role=[["assistant"], ["assistant"]], content=[["0"], ["1"]], batch_size=(2, 1))
-            full = td["history"].prompt.extend(answers, inplace=False, dim=-1)
-            td.set("history", ChatHistory(prompt=td["history"].prompt, full=full, batch_size=(2,)))
-        else:
-            prompts = list(td["text", "prompt"])
-            full = [prompt + f"{i}<|im_end|>" for i, prompt in enumerate(prompts)]
-            td.set("text", Text(prompt=prompts, full=full, batch_size=(2,)))
-        stepped = env.step(td)
-        nxt = stepped["next"]
-        record: dict[str, Any] = {
-            "keys": sorted(stepped.keys()),
-            "next_keys": sorted(nxt.keys()),
-            "next_tensors": {
-                str(k): [list(nxt[k].shape), str(nxt[k].dtype)] for k in sorted(nxt.keys(True, True), key=str)
-            },
-        }
-        if mode == "history":
-            prompt = nxt["history"].prompt
-            record["next_history_type"] = type(nxt["history"]).__name__
-            record["next_prompt_roles"] = [list(prompt[i].role) for i in range(2)]
-            record["next_prompt_content"] = [list(prompt[i].content) for i in range(2)]
-        else:
-            record["next_prompt_text"] = list(nxt["text", "prompt"])
-        out[mode] = record
-    return out
-
-
-def _reward_parser_layout_probes(model_path: str) -> dict[str, Any]:
-    """What a step of TorchRL's ``ChatEnv.from_dataloader`` with its ``GSM8KRewardParser`` appended writes under
-    ``"next"``: the keys (the primer's row fields among them), and each tensor's shape, dtype and values for a right
-    answer with its reasoning and a wrong one without."""
-    from tensordict import TensorDict  # noqa: F401  (TorchRL's step data)
-    from torch.utils.data import DataLoader
+def _torchrl_library() -> Any:
     from torchrl.data.llm import History
     from torchrl.envs.llm import ChatEnv
     from torchrl.envs.llm.reward import GSM8KRewardParser
-    from torchrl.modules.llm.policies import ChatHistory
+    from torchrl.modules.llm.policies import ChatHistory, Text
+
+    return library(ChatEnv, History, ChatHistory, Text, GSM8KRewardParser)
+
+
+def _step_layout_probes(model_path: str) -> dict[str, Any]:
+    """TorchRL's bare ``ChatEnv`` stepped once (``tests/torchrl_layout_probes.py`` ``step_layout``)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    rows = [{"query": "2+2?", "answer": "so #### 4"}, {"query": "3+3?", "answer": "so #### 6"}]
-    loader = DataLoader(rows, batch_size=2, collate_fn=lambda batch: {k: [r[k] for r in batch] for k in batch[0]})
-    env = ChatEnv.from_dataloader(loader, tokenizer=tokenizer, batch_size=(2,), input_mode="history")
-    env = env.append_transform(GSM8KRewardParser(tokenizer=tokenizer))
-    td = env.reset()
-    answers = History(
-        role=[["assistant"], ["assistant"]],
-        content=[["<think>x</think> <answer>4</answer>"], ["<answer>5</answer>"]],
-        batch_size=(2, 1),
-    )
-    full = td["history"].prompt.extend(answers, inplace=False, dim=-1)
-    td.set("history", ChatHistory(prompt=td["history"].prompt, full=full, response=answers, batch_size=(2,)))
-    nxt = env.step(td)["next"]
-    return {
-        "next_keys": sorted(nxt.keys()),
-        "next_tensors": {
-            str(k): [list(nxt[k].shape), str(nxt[k].dtype), nxt[k].tolist()]
-            for k in sorted(nxt.keys(True, True), key=str)
-        },
-        "next_answer": list(nxt["answer"]),
-    }
+    return step_layout(_torchrl_library(), AutoTokenizer.from_pretrained(model_path))
+
+
+def _reward_parser_layout_probes(model_path: str) -> dict[str, Any]:
+    """TorchRL's ``ChatEnv`` with its ``GSM8KRewardParser``, stepped once (``reward_parser_layout`` there)."""
+    from transformers import AutoTokenizer
+
+    return reward_parser_layout(_torchrl_library(), AutoTokenizer.from_pretrained(model_path))[0]
 
 
 def _module_names_probes(model_path: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from llmrl_core.envs import ChatEnv
 from llmrl_core.envs.transforms import Transform
 from llmrl_core.envs.transforms.td_base import Transform as TensorDictTransform
 from llmrl_core.modules.policies import ChatHistory
+from tests.torchrl_layout_probes import library, reward_parser_layout, step_layout
 
 SYSTEM = "You are a helpful assistant."
 
@@ -459,47 +460,36 @@ def test_slot_next_fields_stack_as_torchrl_writes_them():
     assert torch.equal(both["td"]["a"][1], torch.zeros(2, dtype=torch.long))
 
 
-def test_a_bare_step_answers_torchrls_tensordict(default_model_path):
-    """A step of a bare ``ChatEnv`` (no transform, no turn limit) is laid out as TorchRL 0.14.1's
-    (``api_probes.json`` ``step_layout``): the same keys at the top and under ``"next"`` (no ``reward`` and no
-    ``truncated``: nothing rewards or cuts short), ``done``/``terminated`` shapes and dtypes, and the next prompt
-    (history mode: the conversation with the answer). One departure, recorded here: in text mode TorchRL's next
-    prompt is the full text as the policy wrote it; llmrl renders the conversation again, with the generation prompt
-    of the next turn after it (what a policy answering the next turn needs)."""
+def _llmrl_library():
+    from llmrl_core.envs.reward import GSM8KRewardParser
+    from llmrl_core.modules.policies import Text
+
+    return library(ChatEnv, History, ChatHistory, Text, GSM8KRewardParser)
+
+
+def _api_golden(name: str) -> dict:
     import json
     from pathlib import Path
 
+    return json.loads((Path(__file__).parent / "goldens/torchrl/api_probes.json").read_text())[name]
+
+
+def test_a_bare_step_answers_torchrls_tensordict(default_model_path):
+    """A step of a bare ``ChatEnv`` (no transform, no turn limit) is laid out as TorchRL 0.14.1's
+    (``api_probes.json`` ``step_layout``, the same probe run there): the same keys at the top and under ``"next"``
+    (no ``reward`` and no ``truncated``: nothing rewards or cuts short), ``done``/``terminated`` shapes and dtypes,
+    and the next prompt (history mode: the conversation with the answer). One departure, recorded here: in text mode
+    TorchRL's next prompt is the full text as the policy wrote it; llmrl renders the conversation again, with the
+    generation prompt of the next turn after it (what a policy answering the next turn needs)."""
     from transformers import AutoTokenizer
 
-    from llmrl_core.modules.policies import Text
-
-    golden = json.loads((Path(__file__).parent / "goldens/torchrl/api_probes.json").read_text())["step_layout"]
-    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
-    for mode in ("history", "text"):
-        env = ChatEnv(input_mode=mode, batch_size=(2,), tokenizer=tokenizer, system_prompt="Be brief.")
-        td = env.reset(TensorDict({"query": ["Say 0.", "Say 1."]}, batch_size=(2,)))
-        if mode == "history":
-            answers = History(role=[["assistant"], ["assistant"]], content=[["0"], ["1"]], batch_size=(2, 1))
-            full = td["history"].prompt.extend(answers, inplace=False, dim=-1)
-            td.set("history", ChatHistory(prompt=td["history"].prompt, full=full, batch_size=(2,)))
-        else:
-            prompts = list(td["text", "prompt"])
-            full = [prompt + f"{i}<|im_end|>" for i, prompt in enumerate(prompts)]
-            td.set("text", Text(prompt=prompts, full=full, batch_size=(2,)))
-        stepped = env.step(td)
-        nxt, expected = stepped["next"], golden[mode]
-        assert sorted(stepped.keys()) == expected["keys"]
-        assert sorted(nxt.keys()) == expected["next_keys"]
-        tensors = {str(k): [list(nxt[k].shape), str(nxt[k].dtype)] for k in sorted(nxt.keys(True, True), key=str)}
-        assert tensors == expected["next_tensors"]
-        if mode == "history":
-            prompt = nxt["history"].prompt
-            assert type(nxt["history"]).__name__ == expected["next_history_type"]
-            assert [list(prompt[i].role) for i in range(2)] == expected["next_prompt_roles"]
-            assert [list(prompt[i].content) for i in range(2)] == expected["next_prompt_content"]
-        else:
-            generation_prompt = "\n<|im_start|>assistant\n"
-            assert list(nxt["text", "prompt"]) == [text + generation_prompt for text in expected["next_prompt_text"]]
+    ours = step_layout(_llmrl_library(), AutoTokenizer.from_pretrained(default_model_path))
+    golden = _api_golden("step_layout")
+    assert ours["history"] == golden["history"]
+    text, expected = dict(ours["text"]), golden["text"]
+    generation_prompt = "\n<|im_start|>assistant\n"
+    assert text.pop("next_prompt_text") == [prompt + generation_prompt for prompt in expected["next_prompt_text"]]
+    assert text == {key: value for key, value in expected.items() if key != "next_prompt_text"}
 
 
 def test_a_step_carries_reward_and_truncated_when_the_env_has_their_sources():
@@ -547,41 +537,18 @@ def test_a_text_full_action_needs_its_prompt():
 
 def test_a_gsm8k_reward_parser_step_answers_torchrls_layout(default_model_path):
     """``ChatEnv.from_dataloader`` with ``GSM8KRewardParser`` appended, stepped with TorchRL's call, writes under
-    ``"next"`` what TorchRL 0.14.1 does (``api_probes.json`` ``reward_parser_layout``): the primer's row fields, the
-    ``(B, 1, 1)`` reward and its parts with their values, the done flags (an answer ends the episode)."""
-    import json
-    from pathlib import Path
-
-    from torch.utils.data import DataLoader
+    ``"next"`` what TorchRL 0.14.1 does (``api_probes.json`` ``reward_parser_layout``, the same probe run there): the
+    primer's row fields, the ``(B, 1, 1)`` reward and its parts with their values, the done flags (an answer ends
+    the episode)."""
     from transformers import AutoTokenizer
 
-    from llmrl_core.envs.reward import GSM8KRewardParser
-
-    golden = json.loads((Path(__file__).parent / "goldens/torchrl/api_probes.json").read_text())
-    golden = golden["reward_parser_layout"]
-    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
-    rows = [{"query": "2+2?", "answer": "so #### 4"}, {"query": "3+3?", "answer": "so #### 6"}]
-    loader = DataLoader(rows, batch_size=2, collate_fn=lambda batch: {k: [r[k] for r in batch] for k in batch[0]})
-    env = ChatEnv.from_dataloader(loader, tokenizer=tokenizer, batch_size=(2,), input_mode="history")
-    env = env.append_transform(GSM8KRewardParser(tokenizer=tokenizer))
-    td = env.reset()
-    answers = History(
-        role=[["assistant"], ["assistant"]],
-        content=[["<think>x</think> <answer>4</answer>"], ["<answer>5</answer>"]],
-        batch_size=(2, 1),
-    )
-    full = td["history"].prompt.extend(answers, inplace=False, dim=-1)
-    td.set("history", ChatHistory(prompt=td["history"].prompt, full=full, response=answers, batch_size=(2,)))
-    nxt = env.step(td)["next"]
-    assert sorted(nxt.keys()) == golden["next_keys"]
-    tensors = {
-        str(k): [list(nxt[k].shape), str(nxt[k].dtype), nxt[k].tolist()] for k in sorted(nxt.keys(True, True), key=str)
-    }
-    assert tensors.keys() == golden["next_tensors"].keys()
+    ours, env = reward_parser_layout(_llmrl_library(), AutoTokenizer.from_pretrained(default_model_path))
+    golden = _api_golden("reward_parser_layout")
+    assert ours["next_keys"] == golden["next_keys"] and ours["next_answer"] == golden["next_answer"]
+    assert ours["next_tensors"].keys() == golden["next_tensors"].keys()
     for key, (shape, dtype, values) in golden["next_tensors"].items():
-        assert tensors[key][:2] == [shape, dtype], key
-        assert torch.allclose(torch.tensor(tensors[key][2]).float(), torch.tensor(values).float()), key
-    assert list(nxt["answer"]) == golden["next_answer"]
+        assert ours["next_tensors"][key][:2] == [shape, dtype], key
+        assert torch.allclose(torch.tensor(ours["next_tensors"][key][2]).float(), torch.tensor(values).float()), key
     # the slots agree with the step data: the parser's reward is theirs, its parts are their components
     assert [slot.reward for slot in env.slots] == pytest.approx([1.0, 0.1])
     assert env.slots[1].reward_components["reward_think"] == 0.0

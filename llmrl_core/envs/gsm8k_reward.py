@@ -162,9 +162,8 @@ class GSM8KRewardParser(Transform):
         slot.add_reward(float(out["reward"]))
         for key in ("reward_answer", "reward_think", "reward_right"):
             slot.reward_components[key] = float(out[key])
+            slot.next_fields[key] = torch.tensor([[float(out[key])]])  # TorchRL's step data: (1, 1) per row
         slot.info["success"] = bool(out["success"])
-        for key in ("reward_answer", "reward_think", "reward_right"):  # TorchRL's step data: (1, 1) per row
-            slot.next_fields[key] = torch.tensor([[float(out[key])]])
         slot.next_fields["success"] = torch.tensor([[bool(out["success"])]])
         if self.set_done_if_answer and out["reward_answer"] > 0:
             slot.terminate()

@@ -1,0 +1,77 @@
+"""Step-layout probes run the same way on TorchRL and on llmrl: each takes the library's classes (``api``: an object
+with ``ChatEnv``, ``History``, ``ChatHistory``, ``Text`` and ``GSM8KRewardParser``) and a tokenizer, steps an env and
+records what it wrote. ``scripts/torchrl_goldens.py`` runs them on TorchRL 0.14.1 (side venv) into
+``goldens/torchrl/api_probes.json``; the tests run them on llmrl and compare. Needs only ``torch`` and
+``tensordict`` besides the library passed in."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from tensordict import TensorDict
+from torch.utils.data import DataLoader
+
+
+def _next_record(nxt: Any, values: bool) -> dict[str, Any]:
+    tensors = {}
+    for key in sorted(nxt.keys(True, True), key=str):
+        tensor = nxt[key]
+        tensors[str(key)] = [list(tensor.shape), str(tensor.dtype), *([tensor.tolist()] if values else [])]
+    return {"next_keys": sorted(nxt.keys()), "next_tensors": tensors}
+
+
+def step_layout(api: Any, tokenizer: Any) -> dict[str, Any]:
+    """A bare ``ChatEnv`` (batch size 2, no transform) stepped once, in history and text modes: the keys at the top
+    and under ``"next"``, the tensors' shapes and dtypes, and the next prompt."""
+    out: dict[str, Any] = {}
+    for mode in ("history", "text"):
+        env = api.ChatEnv(input_mode=mode, batch_size=(2,), tokenizer=tokenizer, system_prompt="Be brief.")
+        td = env.reset(TensorDict({"query": ["Say 0.", "Say 1."]}, batch_size=(2,)))
+        if mode == "history":
+            answers = api.History(role=[["assistant"], ["assistant"]], content=[["0"], ["1"]], batch_size=(2, 1))
+            full = td["history"].prompt.extend(answers, inplace=False, dim=-1)
+            td.set("history", api.ChatHistory(prompt=td["history"].prompt, full=full, batch_size=(2,)))
+        else:
+            prompts = list(td["text", "prompt"])
+            full = [prompt + f"{i}<|im_end|>" for i, prompt in enumerate(prompts)]
+            td.set("text", api.Text(prompt=prompts, full=full, batch_size=(2,)))
+        stepped = env.step(td)
+        nxt = stepped["next"]
+        record = {"keys": sorted(stepped.keys()), **_next_record(nxt, values=False)}
+        if mode == "history":
+            prompt = nxt["history"].prompt
+            record["next_history_type"] = type(nxt["history"]).__name__
+            record["next_prompt_roles"] = [list(prompt[i].role) for i in range(2)]
+            record["next_prompt_content"] = [list(prompt[i].content) for i in range(2)]
+        else:
+            record["next_prompt_text"] = list(nxt["text", "prompt"])
+        out[mode] = record
+    return out
+
+
+def reward_parser_layout(api: Any, tokenizer: Any) -> tuple[dict[str, Any], Any]:
+    """``ChatEnv.from_dataloader`` with ``GSM8KRewardParser`` appended, stepped once with a right answer (with its
+    reasoning) and a wrong one (without): the keys under ``"next"`` and each tensor's shape, dtype and values, and
+    the rows' answers carried there. Also returns the env (the tests look at its slots)."""
+    rows = [{"query": "2+2?", "answer": "so #### 4"}, {"query": "3+3?", "answer": "so #### 6"}]
+    loader = DataLoader(rows, batch_size=2, collate_fn=lambda batch: {k: [r[k] for r in batch] for k in batch[0]})
+    env = api.ChatEnv.from_dataloader(loader, tokenizer=tokenizer, batch_size=(2,), input_mode="history")
+    env = env.append_transform(api.GSM8KRewardParser(tokenizer=tokenizer))
+    td = env.reset()
+    answers = api.History(
+        role=[["assistant"], ["assistant"]],
+        content=[["<think>x</think> <answer>4</answer>"], ["<answer>5</answer>"]],
+        batch_size=(2, 1),
+    )
+    full = td["history"].prompt.extend(answers, inplace=False, dim=-1)
+    td.set("history", api.ChatHistory(prompt=td["history"].prompt, full=full, response=answers, batch_size=(2,)))
+    nxt = env.step(td)["next"]
+    return {**_next_record(nxt, values=True), "next_answer": list(nxt["answer"])}, env
+
+
+def library(ChatEnv: Any, History: Any, ChatHistory: Any, Text: Any, GSM8KRewardParser: Any) -> SimpleNamespace:
+    """The classes a probe uses, from one library."""
+    return SimpleNamespace(
+        ChatEnv=ChatEnv, History=History, ChatHistory=ChatHistory, Text=Text, GSM8KRewardParser=GSM8KRewardParser
+    )
