@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
 from torchrl_golden_format import dumps, summarize, summarize_globals, to_jsonable  # noqa: E402
-from torchrl_layout_probes import library, reward_parser_layout, step_layout  # noqa: E402
+from torchrl_layout_probes import library, reward_parser_layout, step_layout, template_choice  # noqa: E402
 
 EXAMPLES = ROOT / "tests" / "torchrl_examples"
 MODEL_PLACEHOLDER = "<DEFAULT_MODEL>"
@@ -507,6 +507,13 @@ def _step_layout_probes(model_path: str) -> dict[str, Any]:
     return step_layout(_torchrl_library(), AutoTokenizer.from_pretrained(model_path))
 
 
+def _template_choice_probes(model_path: str) -> dict[str, Any]:
+    """The prompts TorchRL's ``ChatEnv`` renders per template choice (``tests/torchrl_layout_probes.py``)."""
+    from transformers import AutoTokenizer
+
+    return template_choice(_torchrl_library(), AutoTokenizer.from_pretrained(model_path))
+
+
 def _reward_parser_layout_probes(model_path: str) -> dict[str, Any]:
     """TorchRL's ``ChatEnv`` with its ``GSM8KRewardParser``, stepped once (``reward_parser_layout`` there)."""
     from transformers import AutoTokenizer
@@ -624,6 +631,7 @@ def run_probes(model: str, result_path: Path) -> None:
         ("step_layout", _step_layout_probes),
         ("module_names", _module_names_probes),
         ("reward_parser_layout", _reward_parser_layout_probes),
+        ("template_choice", _template_choice_probes),
         ("tokenizer", _tokenizer_probes),
         ("hashing_env", _hashing_env_probes),
     )

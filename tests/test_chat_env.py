@@ -313,7 +313,7 @@ def test_reset_slots_draws_from_the_primer_without_skipping_rows():
 
 
 def test_reset_slots_in_tokens_mode_tokenizes_the_new_prompt(tokenizer):
-    env = ChatEnv(tokenizer=tokenizer, input_mode="tokens", max_turns=3)
+    env = ChatEnv(tokenizer=tokenizer, input_mode="tokens", max_turns=3, chat_template_name="tokenizer")
     env.reset(["first", "second"])
     out = env.step(["one<|im_end|>", "two<|im_end|>"])
     before = out.tokens[0].tolist()

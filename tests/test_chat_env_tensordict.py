@@ -14,7 +14,7 @@ from llmrl_core.envs import ChatEnv
 from llmrl_core.envs.transforms import Transform
 from llmrl_core.envs.transforms.td_base import Transform as TensorDictTransform
 from llmrl_core.modules.policies import ChatHistory
-from tests.torchrl_layout_probes import library, reward_parser_layout, step_layout
+from tests.torchrl_layout_probes import library, reward_parser_layout, step_layout, template_choice
 
 SYSTEM = "You are a helpful assistant."
 
@@ -431,11 +431,8 @@ def test_a_bare_reset_answers_torchrls_tensordict(default_model_path):
         if mode == "history":
             assert type(td["history"]).__name__ == expected["history_type"]
             assert [list(td["history"].prompt[i].role) for i in range(2)] == expected["prompt_roles"]
-        else:
-            default_system = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False)
-            default_system = default_system[: default_system.index("<|im_start|>user")]
-            assert default_system.startswith("<|im_start|>system\n")
-            assert list(td["text", "prompt"]) == [default_system + text for text in expected["prompt_text"]]
+        else:  # TorchRL's template choice: ChatML, not the tokenizer's own (which adds SmolLM2's default system turn)
+            assert list(td["text", "prompt"]) == expected["prompt_text"]
 
 
 def test_slot_next_fields_stack_as_torchrl_writes_them():
@@ -490,6 +487,23 @@ def test_a_bare_step_answers_torchrls_tensordict(default_model_path):
     generation_prompt = "\n<|im_start|>assistant\n"
     assert text.pop("next_prompt_text") == [prompt + generation_prompt for prompt in expected["next_prompt_text"]]
     assert text == {key: value for key, value in expected.items() if key != "next_prompt_text"}
+
+
+def test_the_env_picks_the_chat_template_as_torchrl_does(default_model_path):
+    """The prompt a ``ChatEnv`` renders in text and tokens modes equals TorchRL 0.14.1's (``api_probes.json``
+    ``template_choice``) for each way of picking the template: TorchRL's automatic choice (ChatML for SmolLM2, whose
+    own template lacks generation markers: no default system turn), ``template_kwargs`` naming ``chatml_format`` or
+    ``qwen``, or handing the tokenizer's own template, and the Qwen family rule; ``chat_template_name="tokenizer"``
+    (llmrl's, the flows' envs) renders with the model's own template."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
+    golden = _api_golden("template_choice")
+    assert template_choice(_llmrl_library(), tokenizer) == golden
+    own = ChatEnv(batch_size=(1,), tokenizer=tokenizer, input_mode="text", chat_template_name="tokenizer")
+    td = own.reset(TensorDict(query=["Name a color."], batch_size=(1,)))
+    assert td["text", "prompt"][0] == golden["the tokenizer's own | text | system=None"]
+    assert "named SmolLM" in td["text", "prompt"][0]
 
 
 def test_a_step_carries_reward_and_truncated_when_the_env_has_their_sources():

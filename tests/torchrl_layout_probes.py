@@ -70,6 +70,41 @@ def reward_parser_layout(api: Any, tokenizer: Any) -> tuple[dict[str, Any], Any]
     return {**_next_record(nxt, values=True), "next_answer": list(nxt["answer"])}, env
 
 
+def template_choice(api: Any, tokenizer: Any) -> dict[str, str]:
+    """The prompt a ``ChatEnv`` renders at reset in text and tokens modes (tokens decoded), with and without a system
+    prompt, for each way TorchRL lets a user pick the template (none: its automatic choice; ``template_kwargs`` with
+    ``chat_template_name`` or ``chat_template``), and for a tokenizer whose name says Qwen (its family rule)."""
+    import copy
+
+    qwen = copy.copy(tokenizer)
+    qwen.name_or_path = "probe/Qwen2.5-0.5B-Instruct"
+    choices: list[tuple[str, Any, dict[str, Any] | None]] = [
+        ("auto", tokenizer, None),
+        ("named chatml_format", tokenizer, {"chat_template_name": "chatml_format"}),
+        ("named qwen", tokenizer, {"chat_template_name": "qwen"}),
+        ("the tokenizer's own", tokenizer, {"chat_template": tokenizer.chat_template}),
+        ("auto, a qwen tokenizer", qwen, None),
+    ]
+    out: dict[str, str] = {}
+    for label, tok, template_kwargs in choices:
+        for mode in ("text", "tokens"):
+            for system_prompt in (None, "Be brief."):
+                env = api.ChatEnv(
+                    batch_size=(1,),
+                    tokenizer=tok,
+                    input_mode=mode,
+                    template_kwargs=template_kwargs,
+                    system_prompt=system_prompt,
+                )
+                td = env.reset(TensorDict(query=["Name a color."], batch_size=(1,)))
+                if mode == "text":
+                    prompt = td["text", "prompt"][0]
+                else:
+                    prompt = tokenizer.decode(td.get(("tokens", "prompt"), as_list=True)[0].tolist())
+                out[f"{label} | {mode} | system={system_prompt}"] = prompt
+    return out
+
+
 def library(ChatEnv: Any, History: Any, ChatHistory: Any, Text: Any, GSM8KRewardParser: Any) -> SimpleNamespace:
     """The classes a probe uses, from one library."""
     return SimpleNamespace(

@@ -1,10 +1,16 @@
 """Chat-template rendering: the tokenizer's own template first, named fallbacks when it has none.
 
-Resolution order for :func:`resolve_template`: an explicit ``chat_template`` string, then a
-``chat_template_name`` from :data:`NAMED_TEMPLATES`, then ``tokenizer.chat_template``, then ChatML.
-TorchRL instead swaps in its own templates (with ``{% generation %}`` markers) for most models; we keep the
-model's own template so prompts look exactly as the model was trained on, and compute assistant masks
-without generation markers (see :func:`assistant_char_spans`).
+Two rules pick the template, both starting from an explicit ``chat_template`` string, then a
+``chat_template_name`` from :data:`NAMED_TEMPLATES`:
+
+* :func:`resolve_template` (the flows' rule, name :data:`MODEL_TEMPLATE`): then ``tokenizer.chat_template``, then
+  ChatML. Prompts look exactly as the model was trained on.
+* :func:`torchrl_template` (TorchRL's rule, what ``History.apply_chat_template`` and a ``ChatEnv`` use by
+  default): then the Qwen template for a tokenizer whose name holds "qwen", then the tokenizer's own template
+  only when it marks assistant turns with ``{% generation %}``, else ChatML. So a tokenizer whose own template
+  adds a default system turn (SmolLM2's does) renders without it, as in TorchRL.
+
+Assistant masks need no generation markers (see :func:`assistant_char_spans`).
 
 Rendering goes through ``tokenizer.apply_chat_template`` when a tokenizer is given, otherwise through
 transformers' own jinja renderer, so both paths produce the same text.
@@ -43,13 +49,24 @@ class NamedTemplate:
     text_format: str  # key into llmrl_core.data.text_parsing.PARSERS
 
 
+# Qwen's chat format (TorchRL's "qwen"): ChatML with a default system turn when the chat does not open with one.
+_QWEN = (
+    "{% if not messages or messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
+    "{% endif %}" + _CHATML
+)
+
 NAMED_TEMPLATES: dict[str, NamedTemplate] = {
     "chatml": NamedTemplate("chatml", _CHATML, "<|im_end|>", "chatml"),
     "llama3": NamedTemplate("llama3", _LLAMA3, "<|eot_id|>", "llama3"),
+    "qwen": NamedTemplate("qwen", _QWEN, "<|im_end|>", "chatml"),
 }
 # TorchRL's name for ChatML, accepted as an alias.
 NAMED_TEMPLATES["chatml_format"] = NAMED_TEMPLATES["chatml"]
 DEFAULT_FALLBACK = "chatml"
+# ``chat_template_name`` that asks for the model's own template (the flows' rule, :func:`resolve_template`).
+MODEL_TEMPLATE = "tokenizer"
+GENERATION_MARKER = "{% generation %}"
 
 
 @dataclass(frozen=True)
@@ -83,7 +100,7 @@ def resolve_template(
     """Pick the template to render with (explicit > named > tokenizer's own > ChatML fallback)."""
     if chat_template is not None:
         return ResolvedTemplate(chat_template, detect_end_of_turn(chat_template, tokenizer), "explicit")
-    if chat_template_name is not None:
+    if chat_template_name is not None and chat_template_name != MODEL_TEMPLATE:
         named = named_template(chat_template_name)
         return ResolvedTemplate(named.template, named.end_of_turn, f"named:{named.name}")
     own = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
@@ -93,6 +110,25 @@ def resolve_template(
     if tokenizer is not None:
         _warn_fallback(str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__), fallback.name)
     return ResolvedTemplate(fallback.template, fallback.end_of_turn, f"fallback:{fallback.name}")
+
+
+def torchrl_template(
+    tokenizer: Any = None, chat_template: str | None = None, chat_template_name: str | None = None
+) -> ResolvedTemplate:
+    """Pick the template the way TorchRL's ``History.apply_chat_template`` does: explicit > named > Qwen's for a
+    tokenizer named "qwen..." > the tokenizer's own when it has ``{% generation %}`` markers > ChatML.
+    ``chat_template_name=MODEL_TEMPLATE`` ("tokenizer") asks for :func:`resolve_template`'s rule instead."""
+    if chat_template is not None or chat_template_name is not None:
+        return resolve_template(tokenizer, chat_template, chat_template_name)
+    name = str(getattr(tokenizer, "name_or_path", "") or "").lower()
+    if "qwen" in name:
+        qwen = NAMED_TEMPLATES["qwen"]
+        return ResolvedTemplate(qwen.template, qwen.end_of_turn, "family:qwen")
+    own = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
+    if isinstance(own, str) and GENERATION_MARKER in own:
+        return ResolvedTemplate(own, detect_end_of_turn(own, tokenizer), "tokenizer")
+    chatml = NAMED_TEMPLATES["chatml"]
+    return ResolvedTemplate(chatml.template, chatml.end_of_turn, "torchrl:chatml")
 
 
 @functools.lru_cache(maxsize=64)

@@ -20,11 +20,9 @@ from typing import Any
 import torch
 from tensordict import TensorClass, TensorDict, lazy_stack, list_to_stack
 
-from llmrl_core.data.chat_templates import NAMED_TEMPLATES
+from llmrl_core.data.chat_templates import MODEL_TEMPLATE, NAMED_TEMPLATES, torchrl_template
 from llmrl_core.data.content import ContentBase
 from llmrl_core.data.conversation import Conversation, Message
-
-GENERATION_MARKER = "{% generation %}"
 
 
 class MissingTokenizerError(TypeError, RuntimeError):
@@ -32,22 +30,19 @@ class MissingTokenizerError(TypeError, RuntimeError):
 
 
 def _template_for(tokenizer: Any, chat_template: str | None, chat_template_name: str | None) -> str:
-    """The template TorchRL's ``History`` renders with: explicit, named, the tokenizer's own when it marks
-    assistant turns with ``{% generation %}``, else ChatML."""
-    if chat_template is not None:
-        return chat_template
-    if chat_template_name is not None:
-        if chat_template_name not in NAMED_TEMPLATES:
-            raise KeyError(f"unknown chat_template_name {chat_template_name!r}; known: {sorted(NAMED_TEMPLATES)}")
-        return NAMED_TEMPLATES[chat_template_name].template
-    if tokenizer is None:  # TorchRL's signature makes tokenizer required: a TypeError there
+    """The template TorchRL's ``History`` renders with (:func:`~llmrl_core.data.chat_templates.torchrl_template`)."""
+    if (
+        chat_template_name is not None
+        and chat_template_name not in NAMED_TEMPLATES
+        and chat_template_name != MODEL_TEMPLATE
+    ):
+        raise KeyError(f"unknown chat_template_name {chat_template_name!r}; known: {sorted(NAMED_TEMPLATES)}")
+    if tokenizer is None and chat_template is None and chat_template_name is None:
+        # TorchRL's signature makes tokenizer required: a TypeError there
         raise MissingTokenizerError(
             "History.apply_chat_template: give a tokenizer (or chat_template / chat_template_name) to render with"
         )
-    own = getattr(tokenizer, "chat_template", None)
-    if isinstance(own, str) and GENERATION_MARKER in own:
-        return own
-    return NAMED_TEMPLATES["chatml_format"].template
+    return torchrl_template(tokenizer, chat_template, chat_template_name).template
 
 
 def _as_list(value: Any) -> list[Any]:

@@ -21,6 +21,9 @@ Contract with the policy (one env holds B slots; each GRPO copy is its own slot 
 
 TorchRL's calls work too: ``reset`` and ``step`` given a TensorDict read it and answer in TorchRL's layout
 (:mod:`llmrl_core.envs.tensordict_io`). Inside, slots are still the dataclasses of :mod:`llmrl_core.envs.types`.
+Text and tokens are rendered with the template TorchRL's ``History`` picks (``template_kwargs`` may name it:
+``chat_template`` / ``chat_template_name``); ``chat_template_name="tokenizer"`` renders with the model's own
+template instead (the flows' envs do: prompts as the model was trained on).
 In tokens mode the env keeps each slot's ids exactly as sampled: next prompt = previous prompt + sampled
 response ids + the ids of whatever the template adds after it (tool output, next generation prompt), so no
 re-tokenization drift enters the log-probs; ``SlotState.policy_mask()`` marks the sampled tokens.
@@ -37,7 +40,7 @@ from tensordict import TensorDict, TensorDictBase
 from torch.utils.data import DataLoader, RandomSampler
 
 from llmrl_core.collector_registration import CollectorRegistration
-from llmrl_core.data.chat_templates import assistant_char_spans, resolve_template
+from llmrl_core.data.chat_templates import assistant_char_spans, torchrl_template
 from llmrl_core.data.conversation import Conversation, ConversationBatch, Message
 from llmrl_core.data.llm_data import LLMData, Response
 from llmrl_core.envs.td_list_calls import run_step_transforms, run_td_reset, run_td_step
@@ -93,7 +96,10 @@ class ChatEnv(CollectorRegistration):
         self.system_prompt = system_prompt
         self.tokenizer = tokenizer
         self.input_mode: InputMode = input_mode
+        # TorchRL hands template_kwargs to History.apply_chat_template, which takes the template from them too
         self.template_kwargs = dict(template_kwargs or {})
+        chat_template = self.template_kwargs.pop("chat_template", None)
+        chat_template_name = self.template_kwargs.pop("chat_template_name", None) or chat_template_name
         self.chat_template_name = chat_template_name
         self.system_role = system_role
         self.user_role = user_role
@@ -107,7 +113,9 @@ class ChatEnv(CollectorRegistration):
         self.transforms: list[Transform] = []
         self.td_transforms: list[Any] = []  # TorchRL TensorDict transforms (td_base.Transform): the TensorDict calls
         self.slots: list[SlotState] = []
-        self._template = resolve_template(tokenizer, chat_template_name=chat_template_name)
+        # TorchRL's choice (its History's): a tokenizer's own template only when it marks generations, else ChatML;
+        # chat_template_name="tokenizer" keeps the model's own (the flows' envs do)
+        self._template = torchrl_template(tokenizer, chat_template, chat_template_name)
         # Rows a primer supplied for a partial reset but no slot has taken yet (see ``reset_slots``).
         self._pending_rows: list[PromptRow] = []
         self._seed: int | None = None

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from llmrl_core.data.chat_templates import MODEL_TEMPLATE
 from llmrl_core.envs.gsm8k import GSM8K_QUESTION_TEMPLATE, GSM8K_SYSTEM_PROMPT, GSM8KEnv
 from llmrl_core.envs.gsm8k_reward import GSM8KRewardParser, extract_tags, gold_answer, normalize_answer
 from llmrl_core.evaluation.results import EvaluationResult, ModeResult, QuestionOutcome, SampleOutcome
@@ -47,10 +48,11 @@ def gsm8k_prompt_ids(
     *,
     system_prompt: str | None = GSM8K_SYSTEM_PROMPT,
     question_template: str | None = GSM8K_QUESTION_TEMPLATE,
-    chat_template_name: str | None = None,
+    chat_template_name: str | None = MODEL_TEMPLATE,
     few_shot: Sequence[Mapping[str, str]] = (),
 ) -> list[list[int]]:
-    """Token ids of each row's prompt, built by a ``GSM8KEnv`` exactly as for training (rows kept in order)."""
+    """Token ids of each row's prompt, built by a ``GSM8KEnv`` exactly as for training (rows kept in order; the
+    model's own chat template, as the flows' envs render)."""
     check_rows(rows)
     env = GSM8KEnv(
         [dict(row) for row in rows],
@@ -255,6 +257,7 @@ def evaluate_ifeval(
         shuffle=False,
         tokenizer=engine.get_tokenizer(),
         input_mode="tokens",
+        chat_template_name=MODEL_TEMPLATE,  # as the flows' env renders
         compute_reward=False,
     )
     out = env.reset_batch()

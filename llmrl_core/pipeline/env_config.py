@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmrl_core.data.chat_templates import MODEL_TEMPLATE
 from llmrl_core.data.conversation import episode_prompt
 from llmrl_core.envs.reward_calls import REWARD_ERRORS, RewardFunctionError, describe_row, reward_value
 from llmrl_core.envs.transforms.base import Transform
@@ -324,16 +325,17 @@ class RewardFunctions(Transform):
 
 
 def _builtin_env(cfg: EnvConfig, task: Any, tokenizer: Any, input_mode: str, max_turns: int) -> Any:
+    # the built-in envs render with the model's own chat template (a ChatEnv's default is TorchRL's choice)
+    options = {"chat_template_name": MODEL_TEMPLATE, **cfg.options}
     if cfg.name == "ifeval":
         from llmrl_core.envs.ifeval import IFEvalEnv
 
         return IFEvalEnv(
-            None, shuffle=False, tokenizer=tokenizer, input_mode=input_mode, max_turns=max_turns, **cfg.options
+            None, shuffle=False, tokenizer=tokenizer, input_mode=input_mode, max_turns=max_turns, **options
         )
     if cfg.name == "reasoning_gym":
         from llmrl_core.envs.reasoning_gym_env import ReasoningGymEnv
 
-        options = dict(cfg.options)
         return ReasoningGymEnv(
             options.pop("dataset"),
             **options,
@@ -350,7 +352,7 @@ def _builtin_env(cfg: EnvConfig, task: Any, tokenizer: Any, input_mode: str, max
     if cfg.name == "guess_number":
         from llmrl_core.envs.text_games import make_guess_number_env
 
-        return make_guess_number_env(tokenizer=tokenizer, input_mode=input_mode, max_turns=max_turns, **cfg.options)
+        return make_guess_number_env(tokenizer=tokenizer, input_mode=input_mode, max_turns=max_turns, **options)
     from llmrl_core.envs.gsm8k import GSM8KEnv
 
     system_prompt = task.system_prompt
@@ -370,7 +372,7 @@ def _builtin_env(cfg: EnvConfig, task: Any, tokenizer: Any, input_mode: str, max
         format_reward=task.format_reward,
         correct_reward=task.correct_reward,
         max_turns=max_turns,
-        **cfg.options,
+        **options,
     )
     if cfg.name in PYTHON_TOOL:
         env.append_transform(make_transform("python_interpreter", timeout=5.0))
