@@ -1,6 +1,7 @@
 """Golden outputs of TorchRL 0.14.1's own LLM documentation examples, for side-by-side checks of llmrl.
 
-Runs in the side virtual environment that has ``torchrl`` (never in llmrl's own one)::
+Runs in the side virtual environment that has ``torchrl`` (never in llmrl's own one; ``langdetect``, ``nltk`` and
+``immutabledict`` there too, for TorchRL's ``IfEvalScorer``)::
 
     /work/sidevenv/torchrl/bin/python scripts/torchrl_goldens.py \\
         --model ~/.cache/llmrl/models/SmolLM2-135M-Instruct --out tests/goldens/torchrl
@@ -38,7 +39,13 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
 from torchrl_golden_format import dumps, summarize, summarize_globals, to_jsonable  # noqa: E402
-from torchrl_layout_probes import library, reward_parser_layout, step_layout, template_choice  # noqa: E402
+from torchrl_layout_probes import (  # noqa: E402
+    ifeval_scorer_layout,
+    library,
+    reward_parser_layout,
+    step_layout,
+    template_choice,
+)
 
 EXAMPLES = ROOT / "tests" / "torchrl_examples"
 MODEL_PLACEHOLDER = "<DEFAULT_MODEL>"
@@ -494,10 +501,10 @@ def _reset_layout_probes(model_path: str) -> dict[str, Any]:
 def _torchrl_library() -> Any:
     from torchrl.data.llm import History
     from torchrl.envs.llm import ChatEnv
-    from torchrl.envs.llm.reward import GSM8KRewardParser
+    from torchrl.envs.llm.reward import GSM8KRewardParser, IfEvalScorer
     from torchrl.modules.llm.policies import ChatHistory, Text
 
-    return library(ChatEnv, History, ChatHistory, Text, GSM8KRewardParser)
+    return library(ChatEnv, History, ChatHistory, Text, GSM8KRewardParser, IfEvalScorer)
 
 
 def _step_layout_probes(model_path: str) -> dict[str, Any]:
@@ -505,6 +512,13 @@ def _step_layout_probes(model_path: str) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     return step_layout(_torchrl_library(), AutoTokenizer.from_pretrained(model_path))
+
+
+def _ifeval_scorer_layout_probes(model_path: str) -> dict[str, Any]:
+    """TorchRL's ``IfEvalScorer`` on a primed ``ChatEnv``, stepped once (``tests/torchrl_layout_probes.py``)."""
+    from transformers import AutoTokenizer
+
+    return ifeval_scorer_layout(_torchrl_library(), AutoTokenizer.from_pretrained(model_path))
 
 
 def _template_choice_probes(model_path: str) -> dict[str, Any]:
@@ -632,6 +646,7 @@ def run_probes(model: str, result_path: Path) -> None:
         ("module_names", _module_names_probes),
         ("reward_parser_layout", _reward_parser_layout_probes),
         ("template_choice", _template_choice_probes),
+        ("ifeval_scorer_layout", _ifeval_scorer_layout_probes),
         ("tokenizer", _tokenizer_probes),
         ("hashing_env", _hashing_env_probes),
     )

@@ -14,7 +14,13 @@ from llmrl_core.envs import ChatEnv
 from llmrl_core.envs.transforms import Transform
 from llmrl_core.envs.transforms.td_base import Transform as TensorDictTransform
 from llmrl_core.modules.policies import ChatHistory
-from tests.torchrl_layout_probes import library, reward_parser_layout, step_layout, template_choice
+from tests.torchrl_layout_probes import (
+    ifeval_scorer_layout,
+    library,
+    reward_parser_layout,
+    step_layout,
+    template_choice,
+)
 
 SYSTEM = "You are a helpful assistant."
 
@@ -458,10 +464,10 @@ def test_slot_next_fields_stack_as_torchrl_writes_them():
 
 
 def _llmrl_library():
-    from llmrl_core.envs.reward import GSM8KRewardParser
+    from llmrl_core.envs.reward import GSM8KRewardParser, IfEvalScorer
     from llmrl_core.modules.policies import Text
 
-    return library(ChatEnv, History, ChatHistory, Text, GSM8KRewardParser)
+    return library(ChatEnv, History, ChatHistory, Text, GSM8KRewardParser, IfEvalScorer)
 
 
 def _api_golden(name: str) -> dict:
@@ -547,6 +553,21 @@ def test_a_text_full_action_needs_its_prompt():
         env.step(td.clone().set("text", Text(full=[prompt[0] + "yo"], batch_size=(1,))))
     out = env.step(td.set("text", Text(prompt=prompt, full=[prompt[0] + "yo"], batch_size=(1,))))
     assert env.slots[0].history.messages[-1].text == "yo" and "next" in out.keys()
+
+
+def test_an_ifeval_scorer_step_answers_torchrls_layout(default_model_path):
+    """``IfEvalScorer`` on an env fed by a DataLoader of IFEval rows (prompt under ``text``, history mode), stepped
+    with an answer that keeps its instruction and one that breaks it: the keys under ``"next"`` (the score, the
+    reward ``(B, 1, 1)``, ``done``/``terminated``, the rows' fields, ``text`` among them), every tensor's shape, dtype
+    and value, and the score's four metrics per slot equal TorchRL 0.14.1's (``api_probes.json``
+    ``ifeval_scorer_layout``, the same probe run there)."""
+    from transformers import AutoTokenizer
+
+    ours = ifeval_scorer_layout(_llmrl_library(), AutoTokenizer.from_pretrained(default_model_path))
+    golden = _api_golden("ifeval_scorer_layout")
+    assert ours == golden
+    assert golden["next_tensors"]["reward"][0] == [2, 1, 1]
+    assert golden["score_fields"]["prompt_level_strict_acc"][2] == [[True], [False]]
 
 
 def test_a_gsm8k_reward_parser_step_answers_torchrls_layout(default_model_path):

@@ -9,7 +9,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from tensordict import TensorDict
+import torch
+from tensordict import NonTensorData, NonTensorStack, TensorDict
 from torch.utils.data import DataLoader
 
 
@@ -70,6 +71,59 @@ def reward_parser_layout(api: Any, tokenizer: Any) -> tuple[dict[str, Any], Any]
     return {**_next_record(nxt, values=True), "next_answer": list(nxt["answer"])}, env
 
 
+def ifeval_scorer_layout(api: Any, tokenizer: Any) -> dict[str, Any]:
+    """``ChatEnv.from_dataloader`` with ``IfEvalScorer`` appended, stepped once with an answer that follows its
+    instruction (lowercase, in an answer block, with reasoning) and one that does not: the keys under ``"next"``,
+    each plain tensor's shape, dtype and values, and the score's fields."""
+    rows = [
+        {
+            "key": 1,
+            "text": "Write a greeting in lowercase letters only.",
+            "instruction_id_list": ["change_case:english_lowercase"],
+            "kwargs": [{}],
+        },
+        {
+            "key": 2,
+            "text": "Write a greeting in lowercase letters only.",
+            "instruction_id_list": ["change_case:english_lowercase"],
+            "kwargs": [{}],
+        },
+    ]
+
+    def collate(batch: list[dict[str, Any]]) -> TensorDict:  # as TorchRL's IFEval loader: lists stay lists
+        out = TensorDict(key=torch.tensor([r["key"] for r in batch]), text=[r["text"] for r in batch], batch_size=[2])
+        for field in ("instruction_id_list", "kwargs"):
+            out.set(field, NonTensorStack(*(NonTensorData(r[field]) for r in batch)))
+        return out
+
+    loader = DataLoader(rows, batch_size=2, collate_fn=collate)
+    env = api.ChatEnv.from_dataloader(
+        loader, tokenizer=tokenizer, batch_size=(2,), input_mode="history", data_key="text"
+    )
+    env = env.append_transform(api.IfEvalScorer())
+    td = env.reset()
+    answers = api.History(
+        role=[["assistant"], ["assistant"]],
+        content=[["<think>be quiet</think> <answer>hello there</answer>"], ["<answer>HELLO THERE</answer>"]],
+        batch_size=(2, 1),
+    )
+    full = td["history"].prompt.extend(answers, inplace=False, dim=-1)
+    td.set("history", api.ChatHistory(prompt=td["history"].prompt, full=full, response=answers, batch_size=(2,)))
+    nxt = env.step(td)["next"]
+    plain = nxt.exclude("ifeval_score")
+    score = nxt["ifeval_score"]
+    fields = {}
+    for key in sorted(score.keys(True, True), key=str):
+        value = score.get(key)
+        fields[str(key)] = [list(value.shape), str(value.dtype), value.tolist()]
+    return {
+        **_next_record(plain, values=True),
+        "next_keys": sorted(nxt.keys()),
+        "score_type": type(score).__name__,
+        "score_fields": fields,
+    }
+
+
 def template_choice(api: Any, tokenizer: Any) -> dict[str, str]:
     """The prompt a ``ChatEnv`` renders at reset in text and tokens modes (tokens decoded), with and without a system
     prompt, for each way TorchRL lets a user pick the template (none: its automatic choice; ``template_kwargs`` with
@@ -105,8 +159,15 @@ def template_choice(api: Any, tokenizer: Any) -> dict[str, str]:
     return out
 
 
-def library(ChatEnv: Any, History: Any, ChatHistory: Any, Text: Any, GSM8KRewardParser: Any) -> SimpleNamespace:
+def library(
+    ChatEnv: Any, History: Any, ChatHistory: Any, Text: Any, GSM8KRewardParser: Any, IfEvalScorer: Any = None
+) -> SimpleNamespace:
     """The classes a probe uses, from one library."""
     return SimpleNamespace(
-        ChatEnv=ChatEnv, History=History, ChatHistory=ChatHistory, Text=Text, GSM8KRewardParser=GSM8KRewardParser
+        ChatEnv=ChatEnv,
+        History=History,
+        ChatHistory=ChatHistory,
+        Text=Text,
+        GSM8KRewardParser=GSM8KRewardParser,
+        IfEvalScorer=IfEvalScorer,
     )

@@ -260,7 +260,7 @@ class ChatEnv(CollectorRegistration):
             given = rows_from_tensordict(prompts, self.data_key) if not prompts.is_empty() else None
             out = self._reset_rows(given)
             rows = given if given is not None else [dict(data) for data in out.data]
-            result = add_row_fields(output_to_tensordict(out, self.input_mode), rows)
+            result = add_row_fields(output_to_tensordict(out, self.input_mode), rows, self.input_mode)
             if prompts.batch_size != result.batch_size:
                 prompts = prompts.expand(result.batch_size).clone() if not prompts.batch_dims else prompts
             prompts = prompts.update(result)  # as TorchRL: the reset TensorDict is filled in and returned
@@ -617,7 +617,7 @@ class ChatEnv(CollectorRegistration):
         from llmrl_core.envs.primer import DataLoadingPrimer
 
         if any(isinstance(transform, DataLoadingPrimer) for transform in self.transforms):
-            add_row_fields(next_td, [slot.data for slot in slots])
+            add_row_fields(next_td, [slot.data for slot in slots], self.input_mode)
         return next_td
 
     def _output(self) -> EnvOutput:

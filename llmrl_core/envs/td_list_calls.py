@@ -32,7 +32,7 @@ def run_td_reset(env: ChatEnv, slots: list[SlotState]) -> None:
     if not env.td_transforms or not slots:
         return
     td = output_to_tensordict(env._output_of(slots), env.input_mode)
-    td = add_row_fields(td, [slot.data for slot in slots])
+    td = add_row_fields(td, [slot.data for slot in slots], env.input_mode)
     for transform in env.td_transforms:
         td = transform._reset(td, td)
 
@@ -52,7 +52,7 @@ def run_td_step(env: ChatEnv, turns: list[Turn]) -> None:
     if not env.td_transforms or not turns:
         return
     slots = [turn.slot for turn in turns]
-    action_td = add_row_fields(turns_to_tensordict(turns), [slot.data for slot in slots])
+    action_td = add_row_fields(turns_to_tensordict(turns), [slot.data for slot in slots], env.input_mode)
     out = env._output_of(slots)
     next_td = env._with_row_fields(output_to_tensordict(out, env.input_mode, **env._step_layout(out)), slots)
     run_step_transforms(env, slots, list(range(len(slots))), action_td, next_td)

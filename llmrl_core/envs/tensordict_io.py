@@ -237,11 +237,13 @@ def stack_next_fields(rows: Sequence[Mapping[Any, Any]]) -> dict[Any, Any]:
     return stacked
 
 
-def add_row_fields(td: TensorDictBase, rows: Sequence[Mapping[str, Any]]) -> TensorDictBase:
+def add_row_fields(td: TensorDictBase, rows: Sequence[Mapping[str, Any]], input_mode: str) -> TensorDictBase:
     """Write the prompt rows' fields (``query``, ``answer``, ...) into ``td``, one entry per row (a stack, as TorchRL
-    writes them), except a field named like a layout entry (``text``), which the layout holds already."""
+    writes them), except a field named like a layout entry, which the layout holds; a ``text`` field is the rows'
+    in history mode (TorchRL's IFEval rows carry their prompt so), the layout's in text and tokens modes."""
+    reserved = set(_LAYOUT_KEYS) - ({"text"} if input_mode == "history" else set())
     for name in rows[0] if rows else ():
-        if name not in _LAYOUT_KEYS and name not in td.keys():
+        if name not in reserved and name not in td.keys():
             td.set(name, [row.get(name) for row in rows])
     return td
 
