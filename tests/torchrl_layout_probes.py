@@ -51,6 +51,15 @@ def step_layout(api: Any, tokenizer: Any) -> dict[str, Any]:
     return out
 
 
+def _answer_once(api: Any, env: Any, answers: list[str]) -> Any:
+    """Reset a history-mode env of two slots, answer each with its text, step once: the step's ``"next"`` data."""
+    td = env.reset()
+    response = api.History(role=[["assistant"]] * len(answers), content=[[a] for a in answers], batch_size=(2, 1))
+    full = td["history"].prompt.extend(response, inplace=False, dim=-1)
+    td.set("history", api.ChatHistory(prompt=td["history"].prompt, full=full, response=response, batch_size=(2,)))
+    return env.step(td)["next"]
+
+
 def reward_parser_layout(api: Any, tokenizer: Any) -> tuple[dict[str, Any], Any]:
     """``ChatEnv.from_dataloader`` with ``GSM8KRewardParser`` appended, stepped once with a right answer (with its
     reasoning) and a wrong one (without): the keys under ``"next"`` and each tensor's shape, dtype and values, and
@@ -59,15 +68,7 @@ def reward_parser_layout(api: Any, tokenizer: Any) -> tuple[dict[str, Any], Any]
     loader = DataLoader(rows, batch_size=2, collate_fn=lambda batch: {k: [r[k] for r in batch] for k in batch[0]})
     env = api.ChatEnv.from_dataloader(loader, tokenizer=tokenizer, batch_size=(2,), input_mode="history")
     env = env.append_transform(api.GSM8KRewardParser(tokenizer=tokenizer))
-    td = env.reset()
-    answers = api.History(
-        role=[["assistant"], ["assistant"]],
-        content=[["<think>x</think> <answer>4</answer>"], ["<answer>5</answer>"]],
-        batch_size=(2, 1),
-    )
-    full = td["history"].prompt.extend(answers, inplace=False, dim=-1)
-    td.set("history", api.ChatHistory(prompt=td["history"].prompt, full=full, response=answers, batch_size=(2,)))
-    nxt = env.step(td)["next"]
+    nxt = _answer_once(api, env, ["<think>x</think> <answer>4</answer>", "<answer>5</answer>"])
     return {**_next_record(nxt, values=True), "next_answer": list(nxt["answer"])}, env
 
 
@@ -101,15 +102,9 @@ def ifeval_scorer_layout(api: Any, tokenizer: Any) -> dict[str, Any]:
         loader, tokenizer=tokenizer, batch_size=(2,), input_mode="history", data_key="text"
     )
     env = env.append_transform(api.IfEvalScorer())
-    td = env.reset()
-    answers = api.History(
-        role=[["assistant"], ["assistant"]],
-        content=[["<think>be quiet</think> <answer>hello there</answer>"], ["<answer>HELLO THERE</answer>"]],
-        batch_size=(2, 1),
+    nxt = _answer_once(
+        api, env, ["<think>be quiet</think> <answer>hello there</answer>", "<answer>HELLO THERE</answer>"]
     )
-    full = td["history"].prompt.extend(answers, inplace=False, dim=-1)
-    td.set("history", api.ChatHistory(prompt=td["history"].prompt, full=full, response=answers, batch_size=(2,)))
-    nxt = env.step(td)["next"]
     plain = nxt.exclude("ifeval_score")
     score = nxt["ifeval_score"]
     fields = {}
