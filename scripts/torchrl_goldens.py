@@ -42,6 +42,7 @@ from torchrl_golden_format import dumps, summarize, summarize_globals, to_jsonab
 from torchrl_layout_probes import (  # noqa: E402
     ifeval_scorer_layout,
     library,
+    reset_layout,
     reward_parser_layout,
     step_layout,
     template_choice,
@@ -469,33 +470,10 @@ def _collector_layout_probes(model_path: str) -> dict[str, Any]:
 
 
 def _reset_layout_probes(model_path: str) -> dict[str, Any]:
-    """What TorchRL's ``env.reset()`` (no argument) answers on a ``ChatEnv`` of batch size 2 fed by a DataLoader,
-    in history and text modes: the TensorDict's keys, batch size, the prompt's roles and text."""
-    from torch.utils.data import DataLoader
-    from torchrl.envs.llm import ChatEnv
+    """What TorchRL's ``env.reset()`` answers on a primed ``ChatEnv`` (``tests/torchrl_layout_probes.py``)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    out: dict[str, Any] = {}
-    for mode in ("history", "text"):
-        prompts = DataLoader([{"query": f"Say {i}."} for i in range(4)], batch_size=2)
-        env = ChatEnv.from_dataloader(prompts, tokenizer=tokenizer, batch_size=(2,), input_mode=mode)
-        td = env.reset()
-        record: dict[str, Any] = {
-            "type": type(td).__name__,
-            "batch_size": list(td.batch_size),
-            "keys": sorted(td.keys()),
-            "tensors": {str(k): [list(td[k].shape), str(td[k].dtype)] for k in sorted(td.keys(True, True), key=str)},
-            "query": list(td["query"]),
-        }
-        if mode == "history":
-            prompt = td["history"].prompt
-            record["history_type"] = type(td["history"]).__name__
-            record["prompt_roles"] = [list(prompt[i].role) for i in range(2)]
-        else:
-            record["prompt_text"] = list(td["text", "prompt"])
-        out[mode] = record
-    return out
+    return reset_layout(_torchrl_library(), AutoTokenizer.from_pretrained(model_path))
 
 
 def _torchrl_library() -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict
 
 from llmrl_core.collectors import LLMCollector
 from llmrl_core.collectors.tensordict_batches import rows as episodes
@@ -17,6 +17,7 @@ from llmrl_core.modules.policies import ChatHistory
 from tests.torchrl_layout_probes import (
     ifeval_scorer_layout,
     library,
+    reset_layout,
     reward_parser_layout,
     step_layout,
     template_choice,
@@ -412,33 +413,17 @@ def test_an_episode_a_tensordict_transform_ends_keeps_no_next_prompt_ids(default
 def test_a_bare_reset_answers_torchrls_tensordict(default_model_path):
     """``env.reset()`` (TorchRL's call on an env fed by a DataLoader) returns a TensorDict laid out as TorchRL
     0.14.1's (``api_probes.json`` ``reset_layout``, recorded by ``scripts/torchrl_goldens.py``): the same keys (the
-    prompt only in the env's input mode), batch size, ``done``/``terminated`` shapes and dtypes, rows and roles.
-    One departure, recorded here: with no system prompt and no ``chat_template_name``, llmrl renders text with the
-    tokenizer's own template (SmolLM2's adds its default system turn) where TorchRL renders plain ChatML."""
-    import json
-    from pathlib import Path
-
-    from torch.utils.data import DataLoader
+    prompt only in the env's input mode), batch size, ``done``/``terminated`` shapes and dtypes, rows, roles and the
+    text-mode prompt (the same probe, ``tests/torchrl_layout_probes.py``, run on both libraries)."""
     from transformers import AutoTokenizer
 
-    golden = json.loads((Path(__file__).parent / "goldens/torchrl/api_probes.json").read_text())["reset_layout"]
-    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
+    ours = reset_layout(_llmrl_library(), AutoTokenizer.from_pretrained(default_model_path))
+    golden = _api_golden("reset_layout")
     for mode in ("history", "text"):
-        prompts = DataLoader([{"query": f"Say {i}."} for i in range(4)], batch_size=2)
-        env = ChatEnv.from_dataloader(prompts, tokenizer=tokenizer, batch_size=(2,), input_mode=mode)
-        td = env.reset()
-        expected = golden[mode]
-        assert isinstance(td, TensorDictBase)  # TorchRL: a lazy stack of the rows, ours one TensorDict
-        assert list(td.batch_size) == expected["batch_size"]
-        assert sorted(td.keys()) == expected["keys"]
-        tensors = {str(k): [list(td[k].shape), str(td[k].dtype)] for k in sorted(td.keys(True, True), key=str)}
-        assert tensors == expected["tensors"]
-        assert list(td["query"]) == expected["query"]
-        if mode == "history":
-            assert type(td["history"]).__name__ == expected["history_type"]
-            assert [list(td["history"].prompt[i].role) for i in range(2)] == expected["prompt_roles"]
-        else:  # TorchRL's template choice: ChatML, not the tokenizer's own (which adds SmolLM2's default system turn)
-            assert list(td["text", "prompt"]) == expected["prompt_text"]
+        # TorchRL answers a lazy stack of the rows, llmrl one TensorDict; the rest is equal (in text mode the prompt
+        # is TorchRL's template choice: ChatML, not SmolLM2's own template with its default system turn)
+        assert golden[mode].pop("type") == "LazyStackedTensorDict" and ours[mode].pop("type") == "TensorDict"
+        assert ours[mode] == golden[mode]
 
 
 def test_slot_next_fields_stack_as_torchrl_writes_them():

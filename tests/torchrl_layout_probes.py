@@ -22,6 +22,32 @@ def _next_record(nxt: Any, values: bool) -> dict[str, Any]:
     return {"next_keys": sorted(nxt.keys()), "next_tensors": tensors}
 
 
+def reset_layout(api: Any, tokenizer: Any) -> dict[str, Any]:
+    """``env.reset()`` (no argument) on a ``ChatEnv`` of batch size 2 fed by a DataLoader, in history and text modes:
+    the TensorDict's type, batch size, keys, tensors' shapes and dtypes, the rows' queries, the prompt's roles (history
+    mode) or text (text mode)."""
+    out: dict[str, Any] = {}
+    for mode in ("history", "text"):
+        prompts = DataLoader([{"query": f"Say {i}."} for i in range(4)], batch_size=2)
+        env = api.ChatEnv.from_dataloader(prompts, tokenizer=tokenizer, batch_size=(2,), input_mode=mode)
+        td = env.reset()
+        record: dict[str, Any] = {
+            "type": type(td).__name__,
+            "batch_size": list(td.batch_size),
+            "keys": sorted(td.keys()),
+            "tensors": {str(k): [list(td[k].shape), str(td[k].dtype)] for k in sorted(td.keys(True, True), key=str)},
+            "query": list(td["query"]),
+        }
+        if mode == "history":
+            prompt = td["history"].prompt
+            record["history_type"] = type(td["history"]).__name__
+            record["prompt_roles"] = [list(prompt[i].role) for i in range(2)]
+        else:
+            record["prompt_text"] = list(td["text", "prompt"])
+        out[mode] = record
+    return out
+
+
 def step_layout(api: Any, tokenizer: Any) -> dict[str, Any]:
     """A bare ``ChatEnv`` (batch size 2, no transform) stepped once, in history and text modes: the keys at the top
     and under ``"next"``, the tensors' shapes and dtypes, and the next prompt."""
