@@ -258,6 +258,31 @@ def test_grpo_on_a_gymnasium_style_game_through_the_mlgym_wrapper(tmp_path):
     assert all(len(prompts) == 1 for prompts in by_group.values())  # a GRPO group plays one game
 
 
+@pytest.mark.parametrize("name", ["gsm8k", "ifeval", "guess_number"])
+def test_the_flows_built_in_envs_render_with_the_models_own_template(name, default_model_path):
+    """A flow's built-in env renders its prompts with the model's own chat template (SmolLM2's adds its default
+    system turn when a chat has none), not with the choice a bare ``ChatEnv`` makes as TorchRL does (ChatML);
+    ``env.args.chat_template_name`` still picks another."""
+    from transformers import AutoTokenizer
+
+    from llmrl_core.data.chat_templates import NAMED_TEMPLATES
+    from llmrl_core.data.conversation import Conversation, Message
+    from llmrl_core.pipeline.env_config import EnvConfig, build_env
+    from llmrl_core.pipeline.task_config import TaskConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
+    env = build_env(EnvConfig(name=name), TaskConfig(system_prompt=None), tokenizer, input_mode="tokens")
+    try:
+        assert env._template.template == tokenizer.chat_template
+        rendered = env._render(Conversation([Message("user", "Hi")]), add_generation_prompt=True)
+        assert rendered.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    finally:
+        env.close()
+    named = build_env(EnvConfig(name=name, options={"chat_template_name": "chatml"}), TaskConfig(), tokenizer)
+    assert named._template.template == NAMED_TEMPLATES["chatml"].template
+    named.close()
+
+
 def test_the_readme_example_env_builds_and_pays(tmp_path, monkeypatch, default_model_path):
     """The README's "Your own environment" code and YAML, as a user would copy them."""
     import re
