@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import torch  # noqa: E402
 from torchrl_golden_format import dumps, summarize, summarize_globals, to_jsonable  # noqa: E402
 from torchrl_layout_probes import (  # noqa: E402
+    collector_rows_layout,
     ifeval_scorer_layout,
     library,
     reset_layout,
@@ -477,12 +478,24 @@ def _reset_layout_probes(model_path: str) -> dict[str, Any]:
 
 
 def _torchrl_library() -> Any:
+    from torchrl.collectors.llm import LLMCollector
     from torchrl.data.llm import History
     from torchrl.envs.llm import ChatEnv
     from torchrl.envs.llm.reward import GSM8KRewardParser, IfEvalScorer
+    from torchrl.modules.llm import TransformersWrapper
     from torchrl.modules.llm.policies import ChatHistory, Text
 
-    return library(ChatEnv, History, ChatHistory, Text, GSM8KRewardParser, IfEvalScorer)
+    return library(
+        ChatEnv, History, ChatHistory, Text, GSM8KRewardParser, IfEvalScorer, LLMCollector, TransformersWrapper
+    )
+
+
+def _collector_rows_layout_probes(model_path: str) -> dict[str, Any]:
+    """TorchRL's dialog-turn batches with a reward parser and a TransformersWrapper (``collector_rows_layout``)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    return collector_rows_layout(_torchrl_library(), model, AutoTokenizer.from_pretrained(model_path))
 
 
 def _step_layout_probes(model_path: str) -> dict[str, Any]:
@@ -625,6 +638,7 @@ def run_probes(model: str, result_path: Path) -> None:
         ("reward_parser_layout", _reward_parser_layout_probes),
         ("template_choice", _template_choice_probes),
         ("ifeval_scorer_layout", _ifeval_scorer_layout_probes),
+        ("collector_rows_layout", _collector_rows_layout_probes),
         ("tokenizer", _tokenizer_probes),
         ("hashing_env", _hashing_env_probes),
     )

@@ -145,6 +145,46 @@ def ifeval_scorer_layout(api: Any, tokenizer: Any) -> dict[str, Any]:
     }
 
 
+def _layout(td: Any) -> dict[str, Any]:
+    """Each leaf of ``td``: ``[shape, dtype]`` for a tensor, ``"ragged"`` where rows differ in length, else its
+    type's name."""
+    out: dict[str, Any] = {}
+    for key in sorted(td.keys(True, True), key=str):
+        try:
+            value = td.get(key)
+        except RuntimeError:  # rows of different lengths
+            out[str(key)] = "ragged"
+            continue
+        out[str(key)] = [list(value.shape), str(value.dtype)] if hasattr(value, "dtype") else type(value).__name__
+    return out
+
+
+def collector_rows_layout(api: Any, model: Any, tokenizer: Any) -> dict[str, Any]:
+    """``LLMCollector`` over ``ChatEnv.from_dataloader`` (batch size 2, a system prompt) with ``GSM8KRewardParser``,
+    a greedy ``TransformersWrapper`` (6 new tokens, log-probs), 4 dialog turns per batch; in history and text
+    modes: the first batch's size and each entry's shape and dtype."""
+    out: dict[str, Any] = {}
+    for mode in ("history", "text"):
+        rows = [{"query": f"What is {i}+{i}?", "answer": f"#### {2 * i}"} for i in range(8)]
+        loader = DataLoader(rows, batch_size=2, collate_fn=lambda b: {k: [r[k] for r in b] for k in b[0]})
+        env = api.ChatEnv.from_dataloader(
+            loader, tokenizer=tokenizer, batch_size=(2,), input_mode=mode, system_prompt="Answer in <answer></answer>."
+        )
+        env = env.append_transform(api.GSM8KRewardParser(tokenizer=tokenizer))
+        policy = api.TransformersWrapper(
+            model,
+            tokenizer=tokenizer,
+            input_mode=mode,
+            generate=True,
+            return_log_probs=True,
+            generate_kwargs={"max_new_tokens": 6, "do_sample": False},
+        )
+        collector = api.LLMCollector(env, policy=policy, dialog_turns_per_batch=4, total_dialog_turns=8)
+        batch = next(iter(collector))
+        out[mode] = {"batch_size": list(batch.batch_size), "entries": _layout(batch)}
+    return out
+
+
 def template_choice(api: Any, tokenizer: Any) -> dict[str, str]:
     """The prompt a ``ChatEnv`` renders at reset in text and tokens modes (tokens decoded), with and without a system
     prompt, for each way TorchRL lets a user pick the template (none: its automatic choice; ``template_kwargs`` with
@@ -181,7 +221,14 @@ def template_choice(api: Any, tokenizer: Any) -> dict[str, str]:
 
 
 def library(
-    ChatEnv: Any, History: Any, ChatHistory: Any, Text: Any, GSM8KRewardParser: Any, IfEvalScorer: Any = None
+    ChatEnv: Any,
+    History: Any,
+    ChatHistory: Any,
+    Text: Any,
+    GSM8KRewardParser: Any,
+    IfEvalScorer: Any = None,
+    LLMCollector: Any = None,
+    TransformersWrapper: Any = None,
 ) -> SimpleNamespace:
     """The classes a probe uses, from one library."""
     return SimpleNamespace(
@@ -191,4 +238,6 @@ def library(
         Text=Text,
         GSM8KRewardParser=GSM8KRewardParser,
         IfEvalScorer=IfEvalScorer,
+        LLMCollector=LLMCollector,
+        TransformersWrapper=TransformersWrapper,
     )

@@ -50,7 +50,7 @@ from llmrl_core.collectors.tensordict_batches import llm_data_to_tensordict, sta
 from llmrl_core.data.conversation import ConversationBatch
 from llmrl_core.data.llm_data import LLMData
 from llmrl_core.envs.chat_env import ChatEnv
-from llmrl_core.envs.tensordict_io import responses_from_tensordict
+from llmrl_core.envs.tensordict_io import policy_row_fields, responses_from_tensordict
 from llmrl_core.envs.transforms.policy_version import PolicyVersion
 from llmrl_core.envs.types import EnvOutput
 
@@ -332,7 +332,10 @@ class LLMCollector(PolicyWeights):
     def _generate(self, data: LLMData) -> list[Any]:
         if isinstance(self.policy, TensorDictModuleBase):  # a TorchRL-style wrapper: TensorDict in, out
             out = self.policy(llm_data_to_tensordict(data))
-            return responses_from_tensordict(out, getattr(self.policy, "tokenizer", None), text_first=True)
+            responses = responses_from_tensordict(out, getattr(self.policy, "tokenizer", None), text_first=True)
+            for index, response in enumerate(responses):  # the prompt/full ids and masks a dialog-turn row carries
+                response.policy_fields = policy_row_fields(out, index)
+            return responses
         return self.policy(data).responses()
 
     def _snapshot(self, out: EnvOutput, active: Sequence[int]) -> list[Any] | None:
@@ -364,6 +367,7 @@ class LLMCollector(PolicyWeights):
         finished = [i for i in active if bool(out.done[i])]
         if not self._yield_trajectories:
             assert prompts is not None
+            layout = tracker.env.step_layout(out)
             for i, response, (prompt, prompt_tokens) in zip(active, responses, prompts, strict=True):
                 if self.yield_only_last_steps and not bool(out.done[i]):
                     continue
@@ -382,6 +386,7 @@ class LLMCollector(PolicyWeights):
                         sample_index=out.sample_index[i],
                         data=out.data[i],
                         next_fields=out.next_fields[i] if out.next_fields else None,
+                        step_layout=layout,
                     )
                 )
             if self.yield_only_last_steps:

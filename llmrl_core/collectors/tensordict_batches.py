@@ -8,7 +8,9 @@ turn), and in tokens mode ``tokens`` (``prompt``/``response``/``full`` ids exact
 ``full`` holds 0 where the policy did not sample; a dialog-turn row has the same over its prompt + answer) —
 plus ``reward``, ``done``, ``terminated``, ``truncated``
 (shape ``(1,)``), TorchRL's ``"next"`` (the same flags and reward, ``history`` whose ``prompt`` is the conversation
-so far, and the prompt row's fields, which also sit at the root: ``query``, ``answer``, ...), ``policy_version``
+so far, and the prompt row's fields, which also sit at the root: ``query``, ``answer``, ...; a dialog-turn row's
+``"next"`` holds ``reward`` and ``truncated`` only as the env's step writes them, and the row also carries what a
+TorchRL policy wrote beside its answer: the prompt/full ids and masks), ``policy_version``
 when versions are tracked, and llmrl's bookkeeping as non-tensor fields:
 ``prompt_id``, ``group_id``, ``sample_index``, ``turn``/``num_turns``, ``finish_reason``, ``reward_components``,
 ``policy_versions``, ``data`` (the prompt row) and ``info``.
@@ -125,10 +127,15 @@ def turn_row(
     prompt_tokens: torch.Tensor | None = None,
     data: dict[str, Any] | None = None,
     next_fields: dict[Any, Any] | None = None,
+    step_layout: dict[str, Any] | None = None,
 ) -> TensorDict:
     """One sampled dialog turn as a TensorDict row (see the module docstring): the prompt it answered (its ids as
-    the engine saw them in tokens mode), the answer, what the env made of it (reward, named parts, done, the
-    entries its TensorDict transforms added for ``"next"``) and the prompt row's fields."""
+    the engine saw them in tokens mode), the answer, what the policy wrote beside it (``response.policy_fields``:
+    a TorchRL policy's prompt/full ids and masks), what the env made of it (reward, named parts, done, the entries
+    its TensorDict transforms added for ``"next"``) and the prompt row's fields. With the env's ``step_layout``
+    (:meth:`~llmrl_core.envs.chat_env.ChatEnv.step_layout`) ``"next"`` holds ``reward`` and ``truncated`` as the env's
+    step writes them (TorchRL's: no reward without a reward source, ``(1, 1)`` with its reward parsers); the row's
+    root keeps llmrl's ``reward`` and ``truncated`` either way."""
     from llmrl_core.data.conversation import Message
     from llmrl_core.modules.policies.common import LogProbs, Masks, Text, Tokens
 
@@ -150,6 +157,7 @@ def turn_row(
         if ids is not None and prompt_tokens is not None and len(sampled) == len(ids):
             full_lp = torch.cat([torch.zeros(len(prompt_tokens)), sampled.to(torch.float32)])
         row.set("log_probs", LogProbs(response=sampled.to(torch.float32), full=full_lp, padded=False))
+    _with_policy_fields(row, response.policy_fields)
     if policy_version is not None:
         row.set("policy_version", _version(policy_version))
     row = _with_bookkeeping(
@@ -161,7 +169,30 @@ def turn_row(
         finish_reason=response.finish_reason,
         reward_components=dict(reward_components),
     )
-    return _with_torchrl_step(row, dict(data or {}), next_fields)
+    row = _with_torchrl_step(row, dict(data or {}), next_fields)
+    if step_layout is not None:
+        following = row.get("next")
+        if step_layout["reward"] is None:
+            del following["reward"]
+        else:
+            following.set("reward", following.get("reward").reshape(step_layout["reward"]))
+        if not step_layout["truncated"]:
+            del following["truncated"]
+    return row
+
+
+def _with_policy_fields(row: TensorDict, fields: dict[tuple[str, str], torch.Tensor]) -> None:
+    """Add the policy's entries the row does not hold yet, inside TorchRL's containers (``Tokens``, ``Masks``,
+    ``LogProbs``)."""
+    from llmrl_core.modules.policies.common import LogProbs, Masks, Tokens
+
+    containers = {"tokens": Tokens, "masks": Masks, "log_probs": LogProbs}
+    for (group, name), value in fields.items():
+        holder = row.get(group, None)
+        if holder is None:
+            row.set(group, containers[group](**{name: value}, padded=False))
+        elif getattr(holder, name, None) is None:
+            setattr(holder, name, value)
 
 
 def _with_torchrl_step(row: TensorDict, data: dict[str, Any], added: dict[Any, Any] | None = None) -> TensorDict:

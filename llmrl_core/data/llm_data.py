@@ -9,7 +9,7 @@ the per-slot :class:`Response` list that ``ChatEnv.step`` takes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,12 +24,16 @@ class Response:
     ``text`` is the decoded response (may end with the end-of-turn marker); ``token_ids`` the sampled
     ids (1-D long), ``log_probs`` their sampler log-probs (1-D float, same length), ``finish_reason``
     ``"stop"`` (end token sampled) or ``"length"`` (cut by the token limit), or None when unknown.
+    ``policy_fields`` holds what a TorchRL-style policy wrote for this row beside the answer (its
+    ``("tokens", "prompt")``, ``("tokens", "full")``, ``("masks", ...)``), which a collector's dialog-turn rows carry
+    as TorchRL's do.
     """
 
     text: str
     token_ids: torch.Tensor | None = None
     log_probs: torch.Tensor | None = None
     finish_reason: str | None = None
+    policy_fields: dict[tuple[str, str], torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.text, str):

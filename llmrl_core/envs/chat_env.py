@@ -481,7 +481,7 @@ class ChatEnv(CollectorRegistration):
             bare = actions.get("history", None)
             if isinstance(bare, History):
                 actions.set("history", ChatHistory(prompt=bare, full=bare, batch_size=actions.batch_size))
-            next_td = output_to_tensordict(out, self.input_mode, **self._step_layout(out))
+            next_td = output_to_tensordict(out, self.input_mode, **self.step_layout(out))
             next_td = self._with_row_fields(next_td, self.slots)
             if self.td_transforms:
                 slots = [turn.slot for turn in turns]
@@ -597,7 +597,7 @@ class ChatEnv(CollectorRegistration):
             slot.segment_is_policy.append(False)
         slot.prompt_text = consumed + glue
 
-    def _step_layout(self, out: EnvOutput) -> dict[str, Any]:
+    def step_layout(self, out: EnvOutput) -> dict[str, Any]:
         """Which entries a TensorDict step writes under ``"next"`` besides the prompt and done flags: ``reward``
         when a transform may reward (``Transform.writes_reward``; each row of the longest ``reward_shape`` among
         them), ``truncated`` when the env can cut an episode short (``max_turns``, ``max_prompt_tokens``) or a
@@ -605,11 +605,8 @@ class ChatEnv(CollectorRegistration):
         step counter)."""
         limits = self.max_turns is not None or self.max_prompt_tokens is not None
         shapes = [transform.reward_shape for transform in self.transforms if transform.writes_reward]
-        return {
-            "step": True,
-            "reward": max(shapes, key=len) if shapes else None,
-            "truncated": limits or bool(out.truncated.any()),
-        }
+        reward = max(shapes, key=len) if shapes else None
+        return {"step": True, "reward": reward, "truncated": limits or bool(out.truncated.any())}
 
     def _with_row_fields(self, next_td: TensorDictBase, slots: Sequence[SlotState]) -> TensorDictBase:
         """An env fed by a ``DataLoadingPrimer`` carries the prompt rows' fields (``query``, ``answer``, ...) in a

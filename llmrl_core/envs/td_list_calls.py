@@ -54,7 +54,7 @@ def run_td_step(env: ChatEnv, turns: list[Turn]) -> None:
     slots = [turn.slot for turn in turns]
     action_td = add_row_fields(turns_to_tensordict(turns), [slot.data for slot in slots], env.input_mode)
     out = env._output_of(slots)
-    next_td = env._with_row_fields(output_to_tensordict(out, env.input_mode, **env._step_layout(out)), slots)
+    next_td = env._with_row_fields(output_to_tensordict(out, env.input_mode, **env.step_layout(out)), slots)
     run_step_transforms(env, slots, list(range(len(slots))), action_td, next_td)
 
 

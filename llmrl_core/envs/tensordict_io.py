@@ -141,6 +141,26 @@ def _sampled_rows(td: TensorDictBase, key: NestedKey) -> list[torch.Tensor] | No
     return rows
 
 
+# What a TorchRL policy writes for a row beside its answer, and a collector's dialog-turn row carries as TorchRL's does.
+POLICY_ROW_KEYS = (
+    ("tokens", "prompt"),
+    ("tokens", "full"),
+    ("masks", "all_attention_mask"),
+    ("masks", "all_assistant_mask"),
+    ("log_probs", "full"),
+)
+
+
+def policy_row_fields(td: TensorDictBase, index: int) -> dict[tuple[str, str], torch.Tensor]:
+    """Row ``index``'s entries of :data:`POLICY_ROW_KEYS` in a policy's output (ragged rows at their own length)."""
+    fields = {}
+    for key in POLICY_ROW_KEYS:
+        rows = td.get(key, None, as_list=True)
+        if rows is not None and isinstance(rows[index], torch.Tensor):
+            fields[key] = rows[index]
+    return fields
+
+
 def responses_from_tensordict(td: TensorDictBase, tokenizer: Any = None, text_first: bool = False) -> list[Response]:
     """The answer of each row of a policy's output or a step's action data, as a :class:`Response`.
 
