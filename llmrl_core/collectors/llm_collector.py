@@ -333,8 +333,9 @@ class LLMCollector(PolicyWeights):
         if isinstance(self.policy, TensorDictModuleBase):  # a TorchRL-style wrapper: TensorDict in, out
             out = self.policy(llm_data_to_tensordict(data))
             responses = responses_from_tensordict(out, getattr(self.policy, "tokenizer", None), text_first=True)
-            for index, response in enumerate(responses):  # the prompt/full ids and masks a dialog-turn row carries
-                response.policy_fields = policy_row_fields(out, index)
+            # the prompt/full ids and masks a dialog-turn row carries
+            for response, fields in zip(responses, policy_row_fields(out), strict=True):
+                response.policy_fields = fields
             return responses
         return self.policy(data).responses()
 

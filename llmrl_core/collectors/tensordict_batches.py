@@ -169,16 +169,7 @@ def turn_row(
         finish_reason=response.finish_reason,
         reward_components=dict(reward_components),
     )
-    row = _with_torchrl_step(row, dict(data or {}), next_fields)
-    if step_layout is not None:
-        following = row.get("next")
-        if step_layout["reward"] is None:
-            del following["reward"]
-        else:
-            following.set("reward", following.get("reward").reshape(step_layout["reward"]))
-        if not step_layout["truncated"]:
-            del following["truncated"]
-    return row
+    return _with_torchrl_step(row, dict(data or {}), next_fields, step_layout)
 
 
 def _with_policy_fields(row: TensorDict, fields: dict[tuple[str, str], torch.Tensor]) -> None:
@@ -195,15 +186,28 @@ def _with_policy_fields(row: TensorDict, fields: dict[tuple[str, str], torch.Ten
             setattr(holder, name, value)
 
 
-def _with_torchrl_step(row: TensorDict, data: dict[str, Any], added: dict[Any, Any] | None = None) -> TensorDict:
+def _with_torchrl_step(
+    row: TensorDict,
+    data: dict[str, Any],
+    added: dict[Any, Any] | None = None,
+    step_layout: dict[str, Any] | None = None,
+) -> TensorDict:
     """TorchRL's collector layout beside llmrl's: the prompt row's fields (``query``, ``answer``, ...) at the root
-    and under ``"next"``, which also holds the step's ``reward``/``done``/``terminated``/``truncated`` and the
-    conversation so far as the next prompt (``("next", "history").prompt``), and what the env's TensorDict
-    transforms added to it (``added``: ``kl_penalty``, ...). A field named like an entry the row has already
-    (``text``, ``data``, ...) is left out of the root."""
+    and under ``"next"``, which also holds the step's ``reward``/``done``/``terminated``/``truncated`` (with a
+    ``step_layout``: ``reward`` and ``truncated`` only as the env's step writes them) and the conversation so far as
+    the next prompt (``("next", "history").prompt``), and what the env's TensorDict transforms added to it
+    (``added``: ``kl_penalty``, ...). A field named like an entry the row has already (``text``, ``data``, ...) is
+    left out of the root."""
     from llmrl_core.modules.policies.common import ChatHistory
 
-    following = TensorDict({key: row.get(key).clone() for key in _FLAG_KEYS}, batch_size=())
+    flags = {key: row.get(key).clone() for key in _FLAG_KEYS}
+    if step_layout is not None:
+        reward = flags.pop("reward")
+        if step_layout["reward"] is not None:
+            flags["reward"] = reward.reshape(step_layout["reward"])
+        if not step_layout["truncated"]:
+            del flags["truncated"]
+    following = TensorDict(flags, batch_size=())
     following.set("history", ChatHistory(prompt=row.get("history").full, batch_size=()))
     for name, value in data.items():
         if name not in row.keys():

@@ -151,13 +151,14 @@ POLICY_ROW_KEYS = (
 )
 
 
-def policy_row_fields(td: TensorDictBase, index: int) -> dict[tuple[str, str], torch.Tensor]:
-    """Row ``index``'s entries of :data:`POLICY_ROW_KEYS` in a policy's output (ragged rows at their own length)."""
-    fields = {}
+def policy_row_fields(td: TensorDictBase) -> list[dict[tuple[str, str], torch.Tensor]]:
+    """Each row's entries of :data:`POLICY_ROW_KEYS` in a policy's output (ragged rows at their own length)."""
+    fields: list[dict[tuple[str, str], torch.Tensor]] = [{} for _ in range(td.batch_size[0])]
     for key in POLICY_ROW_KEYS:
         rows = td.get(key, None, as_list=True)
-        if rows is not None and isinstance(rows[index], torch.Tensor):
-            fields[key] = rows[index]
+        for row, value in zip(fields, rows if rows is not None else (), strict=False):
+            if isinstance(value, torch.Tensor):
+                row[key] = value
     return fields
 
 
