@@ -11,9 +11,10 @@ steps. Two things cross to the parent, one JSON line each way, so both sides sha
 
 - rewards: the reward function writes ``@@{"event": "score", "completions": [...], "answers": [...]}`` and reads
   back a JSON list of rewards (the parent scores with llmrl's own parser, so both sides earn the same reward);
-- after each optimizer step the policy's weights are written to ``OUT/step-<N>.safetensors`` (bf16: the
-  evaluation engine runs bf16) and ``@@{"event": "step", "step": N, "time": wall clock at the step's end,
-  "save_s": seconds spent writing}`` is printed; the parent takes the writes off TRL's clock.
+- after each optimizer step the policy's weights are written to ``OUT/step-<N>.safetensors`` (in ``--dtype``,
+  the parent's choice: bf16 where the CPU has bf16, else fp32, as the evaluation engine runs) and
+  ``@@{"event": "step", "step": N, "time": wall clock at the step's end, "save_s": seconds spent writing}`` is
+  printed; the parent takes the writes off TRL's clock.
 
 TRL's logged metrics (reward, loss, grad_norm, ...) come as ``@@{"event": "log", ...}``; ``done`` at the end.
 """
@@ -53,14 +54,15 @@ def parent_rewards(completions: list[str], answer: list[str], **_: object) -> li
 class SaveEachStep(TrainerCallback):
     """Writes the policy's weights after every optimizer step and reports the step's end on the wall clock."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, dtype: torch.dtype) -> None:
         self.out = out
+        self.dtype = dtype
         self.model: torch.nn.Module | None = None
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         ended = time.time()
         began = time.perf_counter()
-        weights = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in (model or self.model).state_dict().items()}
+        weights = {k: v.detach().to(self.dtype, copy=True) for k, v in (model or self.model).state_dict().items()}
         tmp = self.out / f"step-{state.global_step}.safetensors.tmp"
         save_file(weights, str(tmp))
         tmp.replace(self.out / f"step-{state.global_step}.safetensors")
@@ -125,7 +127,7 @@ def main() -> None:
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
-        callbacks=[SaveEachStep(out)],
+        callbacks=[SaveEachStep(out, torch.bfloat16 if args.dtype == "bf16" else torch.float32)],
     )
     emit(
         event="setup",

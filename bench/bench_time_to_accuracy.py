@@ -4,10 +4,10 @@ Usage: ``.venv/bin/python bench/bench_time_to_accuracy.py [--steps 10] [--llmrl-
 [--out DIR] [--keep]``
 
 Both sides train the main job's task (two-digit addition, the packaged SmolLM2-135M-Instruct, 8 prompts x 8
-samples, 32 new tokens, temperature 0.7, lr 1e-5, clip 0.2, no KL, bf16 autocast where the CPU has bf16) for
-``--steps`` optimizer steps (llmrl goes on to ``--llmrl-steps``, so that its curve covers TRL's wall-clock window
-and the time it needs to reach TRL's final accuracy is measured, not extrapolated), one after the other on the
-same cores:
+samples, 32 new tokens, temperature 0.7, lr 1e-5, clip 0.2, no KL, bf16 autocast where the CPU has bf16, fp32 on
+both sides where it has not) for ``--steps`` optimizer steps (llmrl goes on to ``--llmrl-steps``, so that its curve
+covers TRL's wall-clock window and the time it needs to reach TRL's final accuracy is measured, not extrapolated),
+one after the other on the same cores:
 
 - llmrl: ``llmrl run grpo`` (the main job as a user runs it, no held-out evaluation at the end, every version's
   checkpoint kept). A version's time is when its commit marker was written, counted from the command's start.
@@ -136,13 +136,14 @@ def served_prompts(runs_dir: Path, steps: int, source: str, tokenizer: Any) -> d
     return {"prompts": prompts, "answers": answers}
 
 
-def run_trl(python: Path, task: dict[str, Any], model_dir: str, out: Path, steps: int, scorer: Any) -> dict:
-    """TRL's side (``_trl_tta_side.py``); answers its reward requests with ``scorer``; returns its steps and logs."""
+def run_trl(python: Path, task: dict[str, Any], model_dir: str, out: Path, steps: int, scorer: Any, dtype: str) -> dict:
+    """TRL's side (``_trl_tta_side.py``, training in ``dtype``: ``bf16`` autocast or ``fp32``); answers its reward
+    requests with ``scorer``; returns its steps and logs."""
     out.mkdir(parents=True, exist_ok=True)
     data = out / "task.json"
     data.write_text(json.dumps(task))
     command = [str(python), str(TRL_SIDE), "--data", str(data), "--model", model_dir, "--out", str(out)]
-    command += ["--steps", str(steps)]
+    command += ["--steps", str(steps), "--dtype", dtype]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": ""}
     print("TRL:", " ".join(command[1:]), flush=True)
     start = time.time()
@@ -268,6 +269,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from llmrl_core.envs.gsm8k_reward import GSM8KRewardParser
+    from llmrl_core.hardware import mixed_precision_for
     from llmrl_core.model_store import resolve_model
 
     print(machine_line(), load_line(), sep="\n")
@@ -299,7 +301,14 @@ def main() -> None:
     )
     trl_out = args.out / "trl"
     shutil.rmtree(trl_out, ignore_errors=True)
-    theirs = run_trl(trl_python, task, model_dir, trl_out, args.steps, lambda c, a: float(reward.score(c, a)["reward"]))
+    # TRL trains in the precision llmrl's trainer picks here (the main job's train.mixed_precision: auto): bf16
+    # autocast only where this CPU has bf16, else fp32 on both sides (emulated bf16 ran TRL ~3x slower than fp32)
+    precision, why = mixed_precision_for(job["train"].get("mixed_precision", "auto"), "cpu")
+    trl_dtype = "bf16" if precision == "bf16" else "fp32"
+    print(f"  both sides train in {trl_dtype} ({why})", flush=True)
+    theirs = run_trl(
+        trl_python, task, model_dir, trl_out, args.steps, lambda c, a: float(reward.score(c, a)["reward"]), trl_dtype
+    )
     print(f"  TRL {theirs['setup'].get('trl')}: {theirs['end_s']:.0f} s in all", flush=True)
 
     print(f"== evaluation: every version, greedy, {args.eval_questions} held-out problems, one vLLM engine")

@@ -2,7 +2,8 @@
 # The benchmark suite, one script after the other (never side by side: each measures ours against the raw
 # library interleaved in one process). 15.5 minutes on 2 Intel Xeon cores, ~29 on
 # 2 AMD EPYC cores before the time-to-accuracy run added last (~12 minutes more at this size, estimated; the
-# first run adds ~1 minute to create bench/.venv-trl). P2, P3 and scaling run smaller sizes here than their defaults. Results: bench/README.md.
+# first run adds ~1 minute to create bench/.venv-trl); on 2 Intel Xeon cores without bf16, 29 min before it (bench/README.md).
+# P2, P3 and scaling run smaller sizes here than their defaults. Results: bench/README.md.
 #   bash bench/run_all.sh [--quick]
 set -euo pipefail
 cd "$(dirname "$0")/.."

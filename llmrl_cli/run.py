@@ -175,8 +175,9 @@ def run_evaluate(
         raise typer.Exit(2) from err
     from flows.evaluate import evaluate
 
-    summary = evaluate(
-        run_id,
+    summary = run_flow(  # the run's own Prefect API, and a Ctrl-C that stops the evaluation cleanly, as for training
+        evaluate,
+        run_id=run_id,
         versions=chosen,
         n_questions=questions,
         n_samples=samples,

@@ -38,9 +38,10 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
+from typing import Any
 
 from llmrl_core.paths import llmrl_home
-from storage.filesystems import is_remote_uri, join_uri
+from storage.filesystems import is_remote_uri, join_uri, resolve_filesystem
 from storage.trajectories import check_name
 
 TRAJECTORIES_DIR = "trajectories"
@@ -107,6 +108,12 @@ class RunLayout:
     def trainer_state_uri(self) -> str:
         """Folder (path or URI) of the trainer's optimizer and RNG states."""
         return self.data_location("state")
+
+    def trainer_state_file(self, version: int) -> tuple[Any, str]:
+        """``(filesystem, path)`` of the optimizer/RNG state the trainer saved at ``version`` (a local folder or a
+        remote store)."""
+        fs, folder = resolve_filesystem(self.trainer_state_uri)
+        return fs, f"{folder}/trainer-v{version}.pt"
 
     @property
     def markers_uri(self) -> str | None:

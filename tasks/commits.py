@@ -21,18 +21,11 @@ from storage.lineage import flatten_config
 from tasks.grpo_stages import STAGE, version_defining
 
 
-def trainer_state_file(layout: Any, version: int) -> tuple[Any, str]:
-    """``(filesystem, path)`` of the optimizer/RNG state saved at ``version`` in the run laid out at ``layout`` (a
-    local folder or a remote store)."""
-    fs, folder = resolve_filesystem(layout.trainer_state_uri)
-    return fs, f"{folder}/trainer-v{version}.pt"
-
-
 def check_resume_state(layout: Any, version: int, without_state: bool) -> bool:
     """Whether the optimizer/RNG state a resume at ``version`` restores is there (``layout``: the run's
     :class:`~storage.layout.RunLayout`). Missing, it is an error naming the file, unless ``without_state``
     (``train.resume_without_state``): then the resume takes the weights alone and the caller says so."""
-    fs, path = trainer_state_file(layout, version)
+    fs, path = layout.trainer_state_file(version)
     if fs.get_file_info(path).type == pafs.FileType.File:
         return True
     if not without_state:

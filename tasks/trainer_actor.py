@@ -28,7 +28,6 @@ from storage.filesystems import read_bytes, write_bytes_atomic
 from storage.handoff import SharedWeights
 from storage.layout import RunLayout
 from storage.trajectories import TrajectoryStore
-from tasks.commits import trainer_state_file
 from tasks.records import read_shards, record_to_sample
 
 AGREEMENT_KEYS = ("sampler_abs_diff_mean", "sampler_abs_diff_max", "kl_to_sampler", "sampler_ess")
@@ -122,7 +121,7 @@ class TrainerWorker:
     def _state_file(self, version: int, layout: RunLayout | None = None) -> tuple[Any, str]:
         """``(filesystem, path)`` of the optimizer/RNG state of ``version`` (a local folder or a remote store) of
         this run, or of the run laid out at ``layout``."""
-        return trainer_state_file(layout or self.layout, version)
+        return (layout or self.layout).trainer_state_file(version)
 
     def publish(self, version: int, config: dict[str, Any]) -> dict[str, Any]:
         """Checkpoint the weights as ``version`` and save optimizer + RNG state beside it (atomically):

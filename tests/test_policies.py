@@ -315,3 +315,34 @@ def test_torchrls_module_names_import_by_the_porting_rule():
     if not torch.cuda.is_available():  # TorchRL's defaults: 127.0.0.1 (here), a free port, cuda:0
         with pytest.raises(RuntimeError, match="NCCL weight sync needs CUDA"):
             modules.stateless_init_process_group(None, None, 0, 1)
+
+
+def test_padded_token_prompts_keep_a_chats_end_of_turn_tokens_and_the_first_log_prob_is_the_models(hf_model_fp32):
+    """SmolLM2's pad token is its ``<|im_end|>``, which closes every chat turn. Token prompts given padded without a
+    mask lose only the padding at the row's ends: the turns' ``<|im_end|>`` stay, so tokens mode (ragged or padded)
+    answers as text mode does. (TorchRL 0.14.1 drops or masks them, so its tokens mode answers another prompt, and
+    writes 0.0 as the first response token's log-prob.) The first log-prob is the model's, from a direct forward."""
+    model, tokenizer = hf_model_fp32
+    pad = tokenizer.pad_token_id
+    chats = [CHATS[0], CHATS[1]]
+    texts = History.from_chats(chats).apply_chat_template(tokenizer=tokenizer, add_generation_prompt=True)
+    ids = [torch.tensor(tokenizer(t)["input_ids"]) for t in texts]
+    assert all(int((row[:-1] == pad).sum()) >= 1 for row in ids)  # every prompt closes a turn with the pad id
+    kwargs = {"generate_kwargs": {"max_new_tokens": 5, "do_sample": False}, "return_log_probs": True}
+    by_text = TransformersWrapper(model, tokenizer=tokenizer, input_mode="text", **kwargs)(
+        TensorDict(text=Text(prompt=texts, batch_size=(2,)), batch_size=(2,))
+    )
+    tokens_policy = TransformersWrapper(model, tokenizer=tokenizer, input_mode="tokens", **kwargs)
+    ragged = tokens_policy(TensorDict(tokens=lazy_stack([Tokens(prompt=row) for row in ids]), batch_size=(2,)))
+    left = torch.nn.utils.rnn.pad_sequence(ids, batch_first=True, padding_value=pad, padding_side="left")
+    padded = tokens_policy(TensorDict(tokens=Tokens(prompt=left, batch_size=(2,), padded=True), batch_size=(2,)))
+    want = by_text.get(("tokens", "response"), as_list=True)
+    for out in (ragged, padded):
+        assert [p.tolist() for p in out.get(("tokens", "prompt"), as_list=True)] == [r.tolist() for r in ids]
+        assert [r.tolist() for r in out.get(("tokens", "response"), as_list=True)] == [r.tolist() for r in want]
+    first = by_text.get(("log_probs", "response"), as_list=True)
+    with torch.no_grad():
+        for row, response, lp in zip(ids, want, first, strict=True):
+            logits = model(row.unsqueeze(0)).logits[0, -1]
+            expected = torch.log_softmax(logits.float(), -1)[response[0]]
+            assert float(lp[0]) != 0.0 and abs(float(lp[0]) - float(expected)) < 1e-4

@@ -23,7 +23,9 @@ Where llmrl differs from TorchRL 0.14.1 on purpose (each is a TorchRL bug when t
 as in SmolLM2 and many chat models, or a value TorchRL leaves undefined):
 
 * attention masks mark real tokens (TorchRL marks ``token != pad_id``, which drops every EOS token inside a
-  prompt and, with ``pad_output=False``, removes them from ``tokens.full``);
+  prompt and, with ``pad_output=False``, removes them from ``tokens.full``); token prompts given padded and
+  without a mask lose only the pad ids at the rows' ends, not the EOS tokens that close the chat's turns, so
+  tokens mode answers the prompt text mode answers (TorchRL strips or masks them all);
 * a generated response keeps its EOS token and stops there (TorchRL drops tokens equal to the pad id when
   unpadding);
 * the log-prob of the first generated token is its real value (TorchRL writes 0); padded response positions
@@ -494,7 +496,11 @@ class LLMWrapperBase(CollectorRegistration, TensorDictModuleBase):
         return [torch.as_tensor(ids, dtype=torch.long) for ids in encoded["input_ids"]]
 
     def _token_rows(self, td: TensorDictBase, key: NestedKey) -> list[torch.Tensor] | None:
-        """The token ids under ``key`` as one 1-D tensor per element, padding removed (None if absent)."""
+        """The token ids under ``key`` as one 1-D tensor per element, padding removed (None if absent).
+
+        A padded tensor is cut by its attention mask; without one, only the runs of ``padding_value`` at either end
+        are padding (prompts pad on the left, responses on the right): the same id inside a row is a real token
+        (SmolLM2's pad token is its ``<|im_end|>``, which closes every chat turn)."""
         if key not in td.keys(True):
             return None
         value = td.get(key, as_list=True)
@@ -503,12 +509,7 @@ class LLMWrapperBase(CollectorRegistration, TensorDictModuleBase):
                 value = value.unsqueeze(0)
             mask = self._mask_rows(td)
             if mask is None:
-                pad = self.padding_value
-                mask = (
-                    [row != pad for row in value]
-                    if pad is not None
-                    else [torch.ones_like(r, dtype=torch.bool) for r in value]
-                )
+                return [_strip_pad_runs(row, self.padding_value).long() for row in value]
             return [row[m.to(row.device).bool()].long() for row, m in zip(value, mask, strict=True)]
         return [torch.as_tensor(row).long().reshape(-1) for row in value]
 
@@ -783,3 +784,13 @@ def _pad_left(rows: list[torch.Tensor]) -> torch.Tensor:
     """Left-pad 1-D float tensors with 0 into ``(B, T)``, keeping any autograd graph."""
     longest = max(r.numel() for r in rows)
     return torch.stack([torch.nn.functional.pad(r, (longest - r.numel(), 0)) for r in rows])
+
+
+def _strip_pad_runs(row: torch.Tensor, pad: int | None) -> torch.Tensor:
+    """``row`` without the runs of ``pad`` at its start and its end (None: nothing is padding)."""
+    if pad is None:
+        return row
+    real = (row != pad).nonzero()
+    if real.numel() == 0:
+        return row[:0]
+    return row[int(real[0]) : int(real[-1]) + 1]
