@@ -227,6 +227,14 @@ SIGNATURE_TARGETS = [
     ("stateless_init_process_group", "torchrl.modules.llm", None),
     ("GRPOLossOutput", "torchrl.objectives.llm", None),
     ("SFTLossOutput", "torchrl.objectives.llm", None),
+    # the GRPO family and distillation of TorchRL 0.14.1's objectives
+    ("LLMLossOutput", "torchrl.objectives.llm", None),
+    ("DAPO", "torchrl.objectives.llm", None),
+    ("DAPOLossOutput", "torchrl.objectives.llm", None),
+    ("CISPOLoss", "torchrl.objectives.llm", None),
+    ("CISPOLossOutput", "torchrl.objectives.llm", None),
+    ("DistillationLoss", "torchrl.objectives.llm", None),
+    ("DistillationLossOutput", "torchrl.objectives.llm", None),
 ]
 
 

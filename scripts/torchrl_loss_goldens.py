@@ -9,7 +9,11 @@ Two chats are scored by TorchRL's ``TransformersWrapper`` (history mode, ``gener
 log-probs are the scores plus seeded Gaussian noise (so the importance ratios move and some clip), and the
 advantage is one value per chat, spread over its tokens as TorchRL's ``MCAdvantage`` writes it. The file records
 those inputs (tokens, assistant masks, scores, sampler log-probs, advantages) and what TorchRL's losses return:
-``GRPOLoss`` under the ``rlhf`` and ``generic`` masking strategies, ``SFTLoss`` on the chats.
+``GRPOLoss`` under the ``rlhf`` and ``generic`` masking strategies, ``SFTLoss`` on the chats; ``DAPO`` and
+``CISPOLoss`` (clip ``(0.2, 0.28)``) on the same batch with one advantage for every token of both chats (TorchRL
+still pads that advantage on the right and the log-probs on the left: the test reproduces its values by hand so),
+and ``DistillationLoss``
+against teacher log-probs that are the scores plus another seeded noise, in both KL directions and reductions.
 """
 
 from __future__ import annotations
@@ -25,6 +29,14 @@ CHATS = [
 ADVANTAGES = [1.0, -0.5]
 NOISE = 0.3
 GRPO_TERMS = ("loss_objective", "clip_fraction", "kl_approx", "ESS", "entropy", "loss_entropy")
+CLIP_HIGHER = (0.2, 0.28)
+SAME_ADVANTAGE = (1.0, -1.0)  # one advantage for every token of the batch: each value gives one record
+DISTILL_CASES = {
+    "reverse_mean": {"kl_direction": "reverse"},
+    "forward_mean": {"kl_direction": "forward"},
+    "reverse_sum_unnormalized": {"kl_direction": "reverse", "reduction": "sum", "normalize_by_seq_length": False},
+    "reverse_all_tokens": {"kl_direction": "reverse", "assistant_only": False},
+}
 
 
 def main() -> None:
@@ -40,7 +52,7 @@ def main() -> None:
     from torchrl.data.llm import History
     from torchrl.modules.llm import TransformersWrapper
     from torchrl.modules.llm.policies import ChatHistory
-    from torchrl.objectives.llm import GRPOLoss, SFTLoss
+    from torchrl.objectives.llm import DAPO, CISPOLoss, DistillationLoss, GRPOLoss, SFTLoss
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(0)
@@ -79,6 +91,26 @@ def main() -> None:
         TensorDict(history=ChatHistory(full=history, batch_size=(2,)), batch_size=(2,))
     )
     record["sft"] = {"loss_sft": float(sft.loss_sft.detach())}
+    for advantage in SAME_ADVANTAGE:
+        same = batch.copy()
+        for i, row in enumerate(same.unbind(0)):
+            row.set("advantage", torch.full((sampler[i].numel(), 1), advantage))
+        for name, cls in (("dapo", DAPO), ("cispo", CISPOLoss)):
+            out = cls(actor, masking_strategy="rlhf", clip_epsilon=CLIP_HIGHER)(same.copy())
+            record[f"{name}_{advantage:+g}"] = {k: float(out.get(k).detach()) for k in GRPO_TERMS}
+            record[f"{name}_{advantage:+g}"]["output_type"] = type(out).__name__
+    teacher_noise = torch.Generator().manual_seed(1)
+    teacher = [(s - 0.2 + NOISE * torch.randn(s.shape, generator=teacher_noise)).detach() for s in scores]
+    record["inputs"]["teacher_log_probs"] = [t.tolist() for t in teacher]
+    distill = batch.copy()
+    for i, row in enumerate(distill.unbind(0)):
+        row.set(("next", "teacher_log_probs", "full"), teacher[i])
+    for name, kwargs in DISTILL_CASES.items():
+        out = DistillationLoss(actor, tokenizer=tokenizer, **kwargs)(distill.copy())
+        record[f"distill_{name}"] = {
+            "loss_distill": out.loss_distill.detach().tolist(),
+            "kl_to_teacher": float(out.kl_to_teacher),
+        }
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps({k: v for k, v in record.items() if k not in ("inputs", "chats")}, indent=1))
 

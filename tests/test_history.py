@@ -63,6 +63,26 @@ def test_append_and_extend_grow_the_right_dimension():
         history.append(more)
 
 
+def test_growing_a_chat_taken_from_a_batch_in_place_grows_it_in_the_batch():
+    """TorchRL 0.14.1: ``h[i].append(msg)`` (in place by default) grows the ``i``-th chat of ``h``, and so does
+    ``extend``; ``inplace=False`` leaves both alone (probe run in TorchRL's venv: the first chat went from 2 to 3
+    messages, the second stayed at 1)."""
+    history = History.from_chats([CHAT[:2], CHAT[:1]])
+    reply = History(role="assistant", content="5")
+    first = history[0]
+    assert first.append(reply) is first
+    assert list(history[0].content) == [CHAT[0]["content"], CHAT[1]["content"], "5"]
+    assert list(history[1].content) == [CHAT[0]["content"]]
+    history[1].extend(History(role=["user", "assistant"], content=["again", "6"], batch_size=(2,)))
+    assert list(history[1].role) == ["system", "user", "assistant"] and history[1][-1].content == "6"
+    copy = history[0].append(reply, inplace=False)
+    assert copy.shape == torch.Size([4]) and history[0].shape == torch.Size([3])
+    rendered = history.apply_chat_template(
+        tokenizer=None, chat_template_name="chatml_format", add_generation_prompt=False
+    )
+    assert rendered[0].endswith("<|im_start|>assistant\n5<|im_end|>\n") and "again" in rendered[1]
+
+
 def test_round_trip_with_internal_conversations():
     history = History.from_chats([CHAT, CHAT[:2]])
     convs = history.to_conversations()

@@ -14,7 +14,7 @@ from tensordict import TensorDict, lazy_stack
 from llmrl_core.data import History
 from llmrl_core.modules import TransformersWrapper
 from llmrl_core.modules.policies import ChatHistory
-from llmrl_core.objectives import GRPOLoss, SFTLoss
+from llmrl_core.objectives import DAPO, CISPOLoss, DistillationLoss, GRPOLoss, SFTLoss
 
 GOLDEN = json.loads((Path(__file__).parent / "goldens" / "torchrl" / "losses_td.json").read_text())
 
@@ -57,26 +57,33 @@ def test_the_scored_batch_is_torchrls(scored):
         torch.testing.assert_close(ours.detach(), torch.tensor(theirs), atol=2e-4, rtol=0)
 
 
-def by_hand(advantage_side: str) -> float:
-    """GRPO's token-mean PPO objective from the golden file's inputs, in float64 (rows left-padded as TorchRL does;
-    the per-token advantages padded on ``advantage_side``)."""
+def _padded(row, width: int, side: str = "left") -> torch.Tensor:
+    fill = torch.zeros(width - len(row), dtype=torch.float64)
+    row = torch.tensor(row, dtype=torch.float64)
+    return torch.cat([fill, row]) if side == "left" else torch.cat([row, fill])
+
+
+def by_hand(
+    advantage_side: str,
+    advantages: list[float] | None = None,
+    objective: str = "ppo",
+    clip_epsilon: tuple[float, float] = (0.2, 0.2),
+) -> float:
+    """GRPO's token-mean objective (PPO's clipped surrogate, or CISPO's ``-clip(w) * A``) from the golden file's
+    inputs, in float64 (rows left-padded as TorchRL does; the per-token advantages padded on ``advantage_side``)."""
     inputs = GOLDEN["inputs"]
     width = max(len(t) for t in inputs["tokens"])
-
-    def pad(row, side="left"):
-        fill = torch.zeros(width - len(row), dtype=torch.float64)
-        row = torch.tensor(row, dtype=torch.float64)
-        return torch.cat([fill, row]) if side == "left" else torch.cat([row, fill])
-
-    cur = torch.stack([pad(r) for r in inputs["log_probs"]])
-    prev = torch.stack([pad(r) for r in inputs["sampler_log_probs"]])
-    mask = torch.stack([pad([float(m) for m in r]) for r in inputs["assistant_mask"]]).bool()
+    advantages = inputs["advantage"] if advantages is None else advantages
+    cur = torch.stack([_padded(r, width) for r in inputs["log_probs"]])
+    prev = torch.stack([_padded(r, width) for r in inputs["sampler_log_probs"]])
+    mask = torch.stack([_padded([float(m) for m in r], width) for r in inputs["assistant_mask"]]).bool()
     adv = torch.stack(
-        [pad([a] * len(t), advantage_side) for a, t in zip(inputs["advantage"], inputs["tokens"], strict=True)]
+        [_padded([a] * len(t), width, advantage_side) for a, t in zip(advantages, inputs["tokens"], strict=True)]
     )
     log_w = torch.where(mask, cur - prev, torch.zeros_like(cur))
-    clipped = log_w.clamp(torch.log(torch.tensor(0.8)), torch.log(torch.tensor(1.2))).exp()
-    per_token = -torch.min(log_w.exp() * adv, clipped * adv)
+    low, high = (torch.log1p(torch.tensor(e, dtype=torch.float64)) for e in (-clip_epsilon[0], clip_epsilon[1]))
+    clipped = log_w.clamp(low, high).exp()
+    per_token = -clipped * adv if objective == "cispo" else -torch.min(log_w.exp() * adv, clipped * adv)
     return float((per_token * mask).sum() / mask.sum())
 
 
@@ -125,6 +132,109 @@ def test_grpo_loss_takes_a_sequence_advantage_and_says_what_is_missing(actor, sc
         GRPOLoss(actor)(TensorDict(advantage=torch.zeros(2, 1), batch_size=(2,)))
     with pytest.raises(ValueError, match="masking_strategy must be one of"):
         GRPOLoss(actor, masking_strategy="everything")
+
+
+@pytest.mark.parametrize("advantage", [1.0, -1.0])
+@pytest.mark.parametrize(("name", "loss_class", "objective"), [("dapo", DAPO, "ppo"), ("cispo", CISPOLoss, "cispo")])
+def test_dapo_and_cispo_match_torchrl(actor, scored, advantage, name, loss_class, objective):
+    """TorchRL's ``DAPO`` and ``CISPOLoss`` with clip-higher ``(0.2, 0.28)``, one advantage on every token. Their
+    outputs are TorchRL's classes; the objective pairs tokens with advantages as in the GRPO test above (TorchRL's
+    recorded value is the by-hand one with its right-padded advantage, ours the aligned one); ESS and the entropy
+    term are TorchRL's."""
+    theirs = GOLDEN[f"{name}_{advantage:+g}"]
+    batch = collector_batch(scored)
+    for i, row in enumerate(batch.unbind(0)):
+        row.set("advantage", torch.full((len(GOLDEN["inputs"]["tokens"][i]), 1), advantage))
+    out = loss_class(actor, masking_strategy="rlhf", clip_epsilon=(0.2, 0.28))(batch)
+    assert type(out).__name__ == theirs["output_type"]
+    same = [advantage, advantage]
+    assert theirs["loss_objective"] == pytest.approx(by_hand("right", same, objective, (0.2, 0.28)), abs=1e-5)
+    assert float(out.loss_objective) == pytest.approx(by_hand("left", same, objective, (0.2, 0.28)), abs=2e-4)
+    for term in ("ESS", "loss_entropy"):
+        assert float(getattr(out, term)) == pytest.approx(theirs[term], abs=2e-4), term
+    out.loss.backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in actor.model.parameters())
+    actor.model.zero_grad(set_to_none=True)
+    if loss_class is CISPOLoss:
+        with pytest.raises(ValueError, match="CISPOLoss is the 'cispo' objective"):
+            CISPOLoss(actor, objective="ppo")
+
+
+def distillation_batch(scored):
+    """The scored chats carrying the golden file's teacher log-probs where ``RetrieveLogProb`` writes them."""
+    rows = []
+    for i, teacher in enumerate(GOLDEN["inputs"]["teacher_log_probs"]):
+        row = scored[i].clone()
+        row.set(("next", "teacher_log_probs", "full"), torch.tensor(teacher))
+        rows.append(row)
+    return lazy_stack(rows)
+
+
+@pytest.mark.parametrize(
+    ("case", "kwargs"),
+    [
+        ("reverse_mean", {"kl_direction": "reverse"}),
+        ("forward_mean", {"kl_direction": "forward"}),
+        ("reverse_sum_unnormalized", {"kl_direction": "reverse", "reduction": "sum", "normalize_by_seq_length": False}),
+    ],
+)
+def test_distillation_loss_matches_torchrl(actor, scored, hf_model_fp32, case, kwargs):
+    """``DistillationLoss(student)(td)`` on the assistant tokens equals TorchRL 0.14.1's on the same batch, and the
+    chats alone (rendered with the tokenizer and the wrapper's template) give the loss of the scored batch."""
+    _, tokenizer = hf_model_fp32
+    theirs = GOLDEN[f"distill_{case}"]
+    out = DistillationLoss(actor, tokenizer=tokenizer, **kwargs)(distillation_batch(scored))
+    assert float(out.loss_distill) == pytest.approx(theirs["loss_distill"], abs=2e-4)
+    assert float(out.kl_to_teacher) == pytest.approx(theirs["kl_to_teacher"], abs=2e-4)
+    assert not out.kl_to_teacher.requires_grad
+    out.loss_distill.backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in actor.model.parameters())
+    actor.model.zero_grad(set_to_none=True)
+    teacher = [torch.tensor(t) for t in GOLDEN["inputs"]["teacher_log_probs"]]
+    chats_only = lazy_stack(
+        [
+            TensorDict(
+                history=ChatHistory(full=History.from_chats([chat])[0]),
+                next=TensorDict({("teacher_log_probs", "full"): teacher[i]}),
+            )
+            for i, chat in enumerate(GOLDEN["chats"])
+        ]
+    )
+    # rendered as the wrapper rendered them when it scored (SmolLM2's own template would add a system prompt)
+    rendered = DistillationLoss(
+        actor, tokenizer=tokenizer, tokenizer_kwargs={"chat_template_name": "chatml_format"}, **kwargs
+    )(chats_only)
+    assert float(rendered.loss_distill) == pytest.approx(float(out.loss_distill), abs=1e-5)
+
+
+def test_distillation_on_every_token_leaves_out_the_first_and_refuses_zero_filled_teachers(actor, scored):
+    """With ``assistant_only=False`` TorchRL 0.14.1 also counts each chat's first token, which has no context (the
+    student's log-prob there is a written 0.0, the teacher's whatever was given): its value is reproduced by hand
+    with that token, llmrl's without it. Teacher log-probs zero-filled off the assistant tokens (what
+    ``RetrieveLogProb(assistant_only=True)`` writes) are refused on every token, as TorchRL refuses them."""
+    inputs = GOLDEN["inputs"]
+
+    def reverse_k3_mean(skip_first: bool) -> float:
+        per_chat = []
+        for student, teacher in zip(inputs["log_probs"], inputs["teacher_log_probs"], strict=True):
+            d = torch.tensor(teacher[skip_first:], dtype=torch.float64) - torch.tensor(student[skip_first:])
+            per_chat.append((d.expm1() - d).mean())
+        return float(torch.stack(per_chat).mean())
+
+    assert GOLDEN["distill_reverse_all_tokens"]["loss_distill"] == pytest.approx(reverse_k3_mean(False), abs=1e-5)
+    out = DistillationLoss(actor, assistant_only=False)(distillation_batch(scored))
+    assert float(out.loss_distill) == pytest.approx(reverse_k3_mean(True), abs=2e-4)
+    assert reverse_k3_mean(True) != pytest.approx(reverse_k3_mean(False), abs=1e-3)
+    zero_filled = distillation_batch(scored)
+    for row, mask in zip(zero_filled.unbind(0), inputs["assistant_mask"], strict=True):
+        teacher = row.get(("next", "teacher_log_probs", "full"))
+        row.set(("next", "teacher_log_probs", "full"), teacher * torch.tensor(mask, dtype=torch.float32))
+    with pytest.raises(RuntimeError, match="exactly 0.0"):
+        DistillationLoss(actor, assistant_only=False)(zero_filled)
+    with pytest.raises(KeyError, match="Teacher log-probs not found"):
+        DistillationLoss(actor)(collector_batch(scored))
+    with pytest.raises(ValueError, match="kl_direction must be"):
+        DistillationLoss(actor, kl_direction="both")
 
 
 def test_sft_loss_on_chats_matches_torchrl(actor, hf_model_fp32):

@@ -90,16 +90,7 @@ _NOT_PORTED_GROUPS: dict[str, tuple[str, ...]] = {
         "pre_tokenization_hook",
         "add_chat_template",
     ),
-    "losses and helpers not ported (CISPO, DAPO, the distillation loss, the advantage selector)": (
-        "CISPOLoss",
-        "CISPOLossOutput",
-        "DAPO",
-        "DAPOLossOutput",
-        "DistillationLoss",
-        "DistillationLossOutput",
-        "LLMLossOutput",
-        "MCAdvantageSelector",
-    ),
+    "MCAdvantage's candidate selector: llmrl's MCAdvantage does not over-sample candidates": ("MCAdvantageSelector",),
     "other TorchRL internals: TRL interop, incremental tokenization, version-change signal, log-prob distribution": (
         "HFRewardModelWrapper",
         "TorchRLBufferDataset",

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from tensordict import TensorClass, TensorDict, lazy_stack, list_to_stack
+from tensordict import LazyStackedTensorDict, TensorClass, TensorDict, lazy_stack, list_to_stack
 
 from llmrl_core.data.chat_templates import MODEL_TEMPLATE, NAMED_TEMPLATES, torchrl_template
 from llmrl_core.data.content import ContentBase
@@ -185,6 +185,11 @@ class History(TensorClass["nocast"]):
         return TensorDict(fields, batch_size=[])
 
     # --- growing ------------------------------------------------------------------------------------
+    def _grows_in_place(self, dim: int) -> bool:
+        """Whether messages along ``dim`` are a lazy stack that can take more in place: then growing ``h[i]`` grows
+        the ``i``-th chat of ``h`` too, as TorchRL's in-place ``append``/``extend`` do."""
+        return isinstance(self._tensordict, LazyStackedTensorDict) and self._tensordict.stack_dim == dim
+
     def append(self, history: History, *, inplace: bool = True, dim: int = -1) -> History:
         """Add one message per chat (``history`` has one dimension fewer than ``self``) along ``dim``."""
         if not self.batch_dims:
@@ -195,6 +200,9 @@ class History(TensorClass["nocast"]):
                 f"Got self.ndim={self.ndim} and history.ndim={history.ndim}."
             )
         dim = dim % self.batch_dims
+        if inplace and self._grows_in_place(dim):
+            self._tensordict.append(history._tensordict)  # a chat taken from a batch grows in that batch too
+            return self
         grown = lazy_stack([*self.unbind(dim), history], dim=dim)
         if not inplace:
             return grown
@@ -211,6 +219,9 @@ class History(TensorClass["nocast"]):
                 f"Got self.ndim={self.ndim} and history.ndim={history.ndim}."
             )
         dim = dim % self.batch_dims
+        if inplace and self._grows_in_place(dim):
+            self._tensordict.extend(list(history._tensordict.unbind(dim)))
+            return self
         grown = lazy_stack([*self.unbind(dim), *history.unbind(dim)], dim=dim)
         if not inplace:
             return grown

@@ -79,8 +79,8 @@ from llmrl_core.objectives.reductions import (
 )
 
 
-class GRPOLossOutput(TensorClass["nocast"]):
-    """Loss terms (``loss_*``, differentiable) and detached diagnostics of one GRPO evaluation.
+class LLMLossOutput(TensorClass["nocast"]):
+    """Loss terms (``loss_*``, differentiable) and detached diagnostics of one GRPO-family evaluation.
 
     A tensorclass with TorchRL's fields in TorchRL's order (then llmrl's diagnostics), so TorchRL's idioms work:
     ``out.loss_objective``, ``out.sum(reduce=True)`` (every field: the diagnostics are detached, so the gradient
@@ -122,6 +122,18 @@ class GRPOLossOutput(TensorClass["nocast"]):
             if isinstance(value, torch.Tensor) and value.numel() == 1:
                 out[f.name] = float(value.detach())
         return out
+
+
+class GRPOLossOutput(LLMLossOutput):
+    """What :class:`GRPOLoss` returns (TorchRL's name; the fields are :class:`LLMLossOutput`'s)."""
+
+
+class DAPOLossOutput(LLMLossOutput):
+    """What :class:`DAPO` returns (TorchRL's name; the fields are :class:`LLMLossOutput`'s)."""
+
+
+class CISPOLossOutput(LLMLossOutput):
+    """What :class:`CISPOLoss` returns (TorchRL's name; the fields are :class:`LLMLossOutput`'s)."""
 
 
 IMPORTANCE_LEVELS: tuple[str, ...] = ("token", "sequence")
@@ -330,6 +342,9 @@ class GRPOLoss(nn.Module):
     (validated here, before any model work).
     """
 
+    output_type: type[LLMLossOutput] = GRPOLossOutput
+    default_objective: str = "ppo"
+
     def __init__(
         self,
         actor_network: nn.Module | None = None,
@@ -374,7 +389,8 @@ class GRPOLoss(nn.Module):
         if unknown:
             raise TypeError(f"GRPOLoss got unknown options {unknown}; valid: {sorted(_GRPO_OPTIONS)}")
         self.options = dict(
-            options,
+            {"objective": self.default_objective},
+            **options,
             clip_epsilon=clip_epsilon,
             kl_mask_threshold=kl_mask_threshold,
             aggregation=aggregation or "token_mean",
@@ -383,6 +399,11 @@ class GRPOLoss(nn.Module):
             kl_to_inference_coeff=kl_to_inference_coeff,
         )
         _check_choices(self.options)
+        if self.default_objective != GRPOLoss.default_objective and self.options["objective"] != self.default_objective:
+            raise ValueError(
+                f"{type(self).__name__} is the {self.default_objective!r} objective; got "
+                f"objective={self.options['objective']!r} (use GRPOLoss for that)"
+            )
         _clip_bounds(clip_epsilon)
         if self.options["aggregation"] == "sequence_sum" and not self.options.get("norm_constant"):
             raise ValueError("aggregation='sequence_sum' needs norm_constant (e.g. the max new tokens)")
@@ -413,15 +434,15 @@ class GRPOLoss(nn.Module):
         from tensordict import TensorDictBase
 
         if isinstance(batch, TensorDictBase):
-            return self._forward_tensordict(batch)
+            return self._as_output_type(self._forward_tensordict(batch))
         from llmrl_core.trainer.scoring import score_packed
 
         if self.actor_network is None:
-            raise ValueError("GRPOLoss has no actor_network: pass the model, or call grpo_loss() directly")
+            raise ValueError(f"{type(self).__name__} has no actor_network: pass the model, or call grpo_loss()")
         if batch.missing_sampler:
             raise ValueError(f"GRPO needs sampler_logprobs; missing for samples {batch.missing_sampler}")
         scores = score_packed(self.actor_network, batch, with_entropy=self.entropy_bonus)
-        return grpo_loss(
+        out = grpo_loss(
             scores.log_probs,
             batch.sampler_log_probs,
             batch.advantages,
@@ -431,6 +452,13 @@ class GRPOLoss(nn.Module):
             old_log_probs=batch.old_log_probs if self.options.get("tis_cap") is not None else None,
             **self.options,
         )
+        return self._as_output_type(out)
+
+    def _as_output_type(self, out: GRPOLossOutput) -> LLMLossOutput:
+        """``out`` as this loss's TorchRL output class (``DAPOLossOutput`` for :class:`DAPO`, ...)."""
+        if type(out) is self.output_type:
+            return out
+        return self.output_type(**{f.name: getattr(out, f.name) for f in fields(out)})
 
     def _forward_tensordict(self, td: Any) -> GRPOLossOutput:
         """TorchRL's call: the keys of :mod:`llmrl_core.objectives.tensordict_input`, TorchRL's errors."""
@@ -473,3 +501,21 @@ class GRPOLoss(nn.Module):
             ref_log_probs=None if ref is None else ref.to(log_probs.device),
             **self.options,
         )
+
+
+class DAPO(GRPOLoss):
+    """DAPO's loss (Yu et al. 2025) under TorchRL's name: :class:`GRPOLoss` with its arguments, returning a
+    :class:`DAPOLossOutput`; pass the paper's clip-higher thresholds, ``clip_epsilon=(0.2, 0.28)``. The
+    token-level mean (``aggregation="token_mean"``) is already GRPOLoss's default. TorchRL 0.14.1's ``DAPO`` is
+    the same (a subclass that changes only the output type)."""
+
+    output_type = DAPOLossOutput
+
+
+class CISPOLoss(GRPOLoss):
+    """CISPO's loss (MiniMax-M1, 2025) under TorchRL's name: :class:`GRPOLoss` with ``objective="cispo"``,
+    returning a :class:`CISPOLossOutput`. Its value is TorchRL's ``-clip(w) * A``; its gradient is the paper's
+    (every token keeps ``-sg(clip(w)) * A * grad(log pi)``; see the module docstring)."""
+
+    output_type = CISPOLossOutput
+    default_objective = "cispo"

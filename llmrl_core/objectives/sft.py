@@ -205,25 +205,12 @@ class SFTLoss(nn.Module):
         """TorchRL's call on a batch of chats (see the class docstring for the keys read)."""
         from llmrl_core.objectives import tensordict_input as tdi
 
-        if tdi.has_key(td, ("tokens", "full")) and tdi.has_key(td, ("masks", "all_assistant_mask")):
-            tokens, attention = tdi.tokens_and_attention(td, ("tokens", "full"))
-            assistant = tdi.loss_mask(td, "rlhf", attention, "SFTLoss")
-        else:
-            history = td.get(("history", "full"), None)
-            if history is None:
-                raise KeyError(f"SFTLoss: no ('history', 'full') in the batch (keys: {sorted(map(str, td.keys()))})")
-            if self.tokenizer is None:
-                raise ValueError("SFTLoss needs a tokenizer (or an actor_network with one) to read the chats")
-            kwargs = {"return_assistant_tokens_mask": True, **self.tokenizer_kwargs}
-            encoded = history.apply_chat_template(
-                tokenizer=self.tokenizer, tokenize=True, return_dict=True, padding=False, **kwargs
+        tokens, attention, assistant = tdi.chat_tokens(td, self.tokenizer, self.tokenizer_kwargs, "SFTLoss")
+        if assistant is None:
+            raise ValueError(
+                "SFTLoss: Assistant masks are not present in the token structure (the chat template has no "
+                "generation tags; pass chat_template_name='chatml_format' or a template that marks them)"
             )
-            if "assistant_masks" not in encoded.keys():
-                raise ValueError(f"Assistant masks are not present in the token structure: {encoded=}.")
-            ids = [t.long() for t in encoded.get("input_ids", as_list=True)]
-            masks = [m.bool() for m in encoded.get("assistant_masks", as_list=True)]
-            tokens, attention = tdi.as_padded_tensor(ids, 0, "left", return_mask=True)
-            assistant = tdi.as_padded_tensor(masks, False, "left").bool() & attention
         if not assistant.any(-1).all():
             raise ValueError("Some inputs have no valid assistant masks.")
         log_probs, _ = tdi.score(self.actor_network, tokens, attention, with_entropy=False, owner="SFTLoss")

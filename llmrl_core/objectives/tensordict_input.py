@@ -120,3 +120,30 @@ def tokens_and_attention(td: TensorDictBase, key: NestedKey) -> tuple[torch.Tens
         return value.long(), (attention.bool() if attention is not None else torch.ones_like(value, dtype=torch.bool))
     tokens, attention = as_padded_tensor(rows(td, key) or [], 0, "left", return_mask=True)
     return tokens.long(), attention
+
+
+def chat_tokens(
+    td: TensorDictBase, tokenizer: Any, tokenizer_kwargs: dict[str, Any], owner: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A batch of chats as left-padded ``(tokens, attention, assistant)``, ``(B, T)`` each.
+
+    From ``("tokens", "full")`` and its ``("masks", "all_assistant_mask")`` when the batch has both (what a
+    wrapper scored), else by rendering ``("history", "full")`` with ``tokenizer``'s chat template
+    (``tokenizer_kwargs`` passed on). ``assistant`` is None when neither gives an assistant mask.
+    """
+    if has_key(td, ("tokens", "full")) and has_key(td, ("masks", "all_assistant_mask")):
+        tokens, attention = tokens_and_attention(td, ("tokens", "full"))
+        return tokens, attention, loss_mask(td, "rlhf", attention, owner)
+    history = td.get(("history", "full"), None)
+    if history is None:
+        raise KeyError(f"{owner}: no ('history', 'full') in the batch (keys: {sorted(map(str, td.keys()))})")
+    if tokenizer is None:
+        raise ValueError(f"{owner} needs a tokenizer (or an actor_network with one) to read the chats")
+    kwargs = {"return_assistant_tokens_mask": True, **tokenizer_kwargs}
+    encoded = history.apply_chat_template(tokenizer=tokenizer, tokenize=True, return_dict=True, padding=False, **kwargs)
+    ids = [t.long() for t in encoded.get("input_ids", as_list=True)]
+    tokens, attention = as_padded_tensor(ids, 0, "left", return_mask=True)
+    if "assistant_masks" not in encoded.keys():
+        return tokens, attention, None
+    masks = [m.bool() for m in encoded.get("assistant_masks", as_list=True)]
+    return tokens, attention, as_padded_tensor(masks, False, "left").bool() & attention
