@@ -379,3 +379,42 @@ def test_logits_only_and_get_dist_agree_with_the_wrappers_log_probs(actor, score
     generating = TransformersWrapper(actor.model, tokenizer=actor.tokenizer, generate=True)
     with pytest.raises(NotImplementedError, match="get_dist is not implemented for generate=True"):
         generating.get_dist(td)
+
+
+def test_distillation_from_retrieve_log_prob_as_torchrls_example(hf_model_fp32):
+    """TorchRL's documented pipeline: ``RetrieveLogProb(teacher, log_probs_full_key=("teacher_log_probs", "full"))``
+    writes the teacher's log-probs on a batch of chats, ``DistillationLoss(student)`` reads them (the template named
+    in both). A teacher identical to the student gives a zero loss; the example itself, run in TorchRL 0.14.1 and
+    here with a perturbed teacher, gave the same values (0.53425 reverse, 0.22775 forward; session note)."""
+    from llmrl_core.data.history import _CHAT_TEMPLATES
+    from llmrl_core.envs.transforms import RetrieveLogProb
+
+    model, tokenizer = hf_model_fp32
+    assert "chatml_format" in _CHAT_TEMPLATES and "qwen" in _CHAT_TEMPLATES
+    history = History.from_chats(GOLDEN["chats"])
+    kwargs = {"tokenizer": tokenizer, "generate": False, "chat_template_name": "qwen", "input_mode": "history"}
+    student = TransformersWrapper(model, pad_output=False, **kwargs)
+    teacher = TransformersWrapper(model, return_log_probs=True, pad_output=False, **kwargs)
+    transform = RetrieveLogProb(
+        teacher,
+        log_probs_full_key=("teacher_log_probs", "full"),
+        assistant_only=True,
+        tokenizer_kwargs={"chat_template_name": "qwen"},
+        tokenizer=tokenizer,
+    )
+    td = TensorDict(
+        history=ChatHistory(full=history, prompt=history[..., :-1], response=history[..., -1:]),
+        next=TensorDict(done=torch.zeros(2, dtype=torch.bool), history=ChatHistory(prompt=history)),
+        batch_size=(2,),
+    )
+    with torch.no_grad():
+        data = transform(lazy_stack(list(td.unbind(0))))
+    teacher_rows = data.get(("next", "teacher_log_probs", "full"), as_list=True)
+    assert all(float(r.sum()) < 0 for r in teacher_rows)
+    loss = DistillationLoss(student, tokenizer=tokenizer, tokenizer_kwargs={"chat_template_name": "qwen"})
+    out = loss(data)
+    assert float(out.loss_distill) == pytest.approx(0.0, abs=1e-5)
+    shifted = data.copy()
+    for row in shifted.unbind(0):
+        row.set(("next", "teacher_log_probs", "full"), row.get(("next", "teacher_log_probs", "full")) - 0.1)
+    assert float(loss(shifted).loss_distill) == pytest.approx(torch.tensor(-0.1).expm1().item() + 0.1, abs=1e-5)

@@ -239,4 +239,7 @@ def message_dict(message: Message) -> dict[str, Any]:
     return out
 
 
+# TorchRL's module-level table of named templates (its own examples set ``tokenizer.chat_template`` from it).
+_CHAT_TEMPLATES: dict[str, str] = {name: named.template for name, named in NAMED_TEMPLATES.items()}
+
 __all__ = ["History", "message_dict"]
