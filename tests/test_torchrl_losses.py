@@ -418,3 +418,37 @@ def test_distillation_from_retrieve_log_prob_as_torchrls_example(hf_model_fp32):
     for row in shifted.unbind(0):
         row.set(("next", "teacher_log_probs", "full"), row.get(("next", "teacher_log_probs", "full")) - 0.1)
     assert float(loss(shifted).loss_distill) == pytest.approx(torch.tensor(-0.1).expm1().item() + 0.1, abs=1e-5)
+
+
+def test_set_keys_moves_where_each_loss_reads(actor, scored, hf_model_fp32):
+    """TorchRL's ``loss.set_keys(...)``: the same batch under other keys gives the same loss once the keys are set;
+    unset, the loss says which key it missed; an unknown name is refused; ``None`` restores the default."""
+    _, tokenizer = hf_model_fp32
+    batch = collector_batch(scored)
+    expected = GRPOLoss(actor, masking_strategy="rlhf", entropy_bonus=False)(batch.copy())
+    moved = batch.copy()
+    moved.rename_key_("advantage", "my_advantage")
+    moved.rename_key_(("log_probs", "full"), ("sampler", "lp"))
+    loss = GRPOLoss(actor, masking_strategy="rlhf", entropy_bonus=False)
+    with pytest.raises(ValueError, match="Advantage key advantage not in tensordict"):
+        loss(moved.copy())
+    loss.set_keys(advantage="my_advantage", sample_log_prob=("sampler", "lp"))
+    assert loss.tensor_keys.advantage == "my_advantage" and GRPOLoss(actor).tensor_keys.advantage == "advantage"
+    assert float(loss(moved.copy()).loss_objective) == pytest.approx(float(expected.loss_objective), abs=1e-6)
+    with pytest.raises(ValueError, match="is not an accepted tensordict key"):
+        loss.set_keys(advantages="x")
+    loss.set_keys(advantage=None)
+    assert loss.tensor_keys.advantage == "advantage"
+
+    chats = TensorDict(my_chats=ChatHistory(full=History.from_chats(GOLDEN["chats"])), batch_size=(2,))
+    sft = SFTLoss(actor, tokenizer=tokenizer)
+    sft.set_keys(history=("my_chats", "full"))
+    assert float(sft(chats).loss_sft) == pytest.approx(GOLDEN["sft"]["loss_sft"], abs=2e-4)
+
+    distill = distillation_batch(scored)
+    distill.rename_key_(("next", "teacher_log_probs", "full"), ("teacher", "lp"))
+    loss = DistillationLoss(actor, tokenizer=tokenizer)
+    with pytest.raises(KeyError, match="set_keys"):
+        loss(distill.copy())
+    loss.set_keys(teacher_log_prob=("teacher", "lp"))
+    assert float(loss(distill).loss_distill) == pytest.approx(GOLDEN["distill_reverse_mean"]["loss_distill"], abs=2e-4)

@@ -17,6 +17,7 @@ context and is never trained (llmrl's scoring gives it no log-prob).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -24,6 +25,7 @@ from tensordict import TensorClass
 from torch import nn
 
 from llmrl_core.objectives.reductions import kl_estimate
+from llmrl_core.objectives.tensor_keys import TensorKeysMixin
 
 TEACHER_LOG_PROBS_KEY = ("next", "teacher_log_probs", "full")
 
@@ -47,14 +49,23 @@ class DistillationLossOutput(TensorClass["nocast"]):
     kl_to_teacher: torch.Tensor
 
 
-class DistillationLoss(nn.Module):
+class DistillationLoss(TensorKeysMixin, nn.Module):
     """Distil a student toward a teacher's per-token log-probs; TorchRL's signature (see the module docstring).
 
     ``actor_network`` is the student (a ``TransformersWrapper`` or a ``transformers`` causal LM); ``tokenizer``
     (default: the wrapper's) renders the chats when the batch has no tokens; ``tokenizer_kwargs`` go to
     ``History.apply_chat_template``. ``device`` is accepted for TorchRL's signature (the student's own device is
-    used).
+    used). The keys read are TorchRL's ``tensor_keys`` (``history``, ``teacher_log_prob``, ``log_probs``), changed
+    with ``set_keys``.
     """
+
+    @dataclass
+    class _AcceptedKeys:
+        """Where ``loss(td)`` reads its inputs (TorchRL's names and defaults; change them with ``set_keys``)."""
+
+        history: Any = ("history", "full")
+        teacher_log_prob: Any = TEACHER_LOG_PROBS_KEY
+        log_probs: Any = ("log_probs", "full")
 
     def __init__(
         self,
@@ -86,14 +97,16 @@ class DistillationLoss(nn.Module):
         from llmrl_core.objectives import tensordict_input as tdi
 
         owner = "DistillationLoss"
-        tokens, attention, assistant = tdi.chat_tokens(td, self.tokenizer, self.tokenizer_kwargs, owner)
+        keys = self.tensor_keys
+        tokens, attention, assistant = tdi.chat_tokens(td, self.tokenizer, self.tokenizer_kwargs, owner, keys.history)
         if self.assistant_only and assistant is None:
             raise ValueError(f"{owner}: Assistant masks are not present in the token structure (assistant_only=True)")
-        teacher_rows = tdi.rows(td, TEACHER_LOG_PROBS_KEY)
+        teacher_rows = tdi.rows(td, keys.teacher_log_prob)
         if teacher_rows is None:
             raise KeyError(
-                f"Teacher log-probs not found at {TEACHER_LOG_PROBS_KEY} in the input tensordict. Use "
-                "RetrieveLogProb(teacher, log_probs_full_key=('teacher_log_probs', 'full')) to compute them."
+                f"Teacher log-probs not found at {keys.teacher_log_prob} in the input tensordict. Use "
+                "RetrieveLogProb(teacher, log_probs_full_key=('teacher_log_probs', 'full')) to compute them, or "
+                "point the teacher_log_prob key to your data with set_keys()."
             )
         lengths = attention.sum(-1).tolist()
         if [r.numel() for r in teacher_rows] != lengths:

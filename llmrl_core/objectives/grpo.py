@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 import torch
@@ -77,6 +77,7 @@ from llmrl_core.objectives.reductions import (
     masked_mean,
     masked_zero,
 )
+from llmrl_core.objectives.tensor_keys import TensorKeysMixin
 
 
 class LLMLossOutput(TensorClass["nocast"]):
@@ -327,7 +328,7 @@ _GRPO_OPTIONS = frozenset(
 )
 
 
-class GRPOLoss(nn.Module):
+class GRPOLoss(TensorKeysMixin, nn.Module):
     """GRPO loss for a causal LM; TorchRL's signature, called on a TensorDict or on a packed batch.
 
     ``loss(td)`` (TorchRL's call) reads the collector's batch: ``("tokens", "full")``, the sampler's
@@ -335,7 +336,8 @@ class GRPOLoss(nn.Module):
     ``kl_to_ref_coeff``, ``("next", "ref_log_probs", "full")`` (:mod:`llmrl_core.objectives.tensordict_input`);
     ``loss(packed_batch)`` is the trainer's path. Both score the tokens with ``actor_network`` and apply
     :func:`grpo_loss`, so the terms are those of the module docstring (TorchRL's names on
-    :class:`GRPOLossOutput`). TorchRL's ``samples_mc_entropy``, ``gamma``, ``reduction`` and ``clip_value`` are
+    :class:`GRPOLossOutput`; ``set_keys(advantage=..., action=..., sample_log_prob=..., ref_log_probs=...)`` reads
+    them elsewhere, as in TorchRL). TorchRL's ``samples_mc_entropy``, ``gamma``, ``reduction`` and ``clip_value`` are
     accepted for its signature and have no effect (the entropy is exact; GRPO has no value head).
     Keyword extras: ``objective="cispo"`` for CISPO, ``importance_level="sequence"`` for GSPO,
     ``tis_cap``/``tis_mode``/``tis_level`` for truncated importance sampling, ``kl_estimator``, ``norm_constant``
@@ -344,6 +346,15 @@ class GRPOLoss(nn.Module):
 
     output_type: type[LLMLossOutput] = GRPOLossOutput
     default_objective: str = "ppo"
+
+    @dataclass
+    class _AcceptedKeys:
+        """Where ``loss(td)`` reads its inputs (TorchRL's names and defaults; change them with ``set_keys``)."""
+
+        advantage: Any = "advantage"
+        action: Any = ("tokens", "full")
+        sample_log_prob: Any = ("log_probs", "full")
+        ref_log_probs: Any = ("next", "ref_log_probs", "full")
 
     def __init__(
         self,
@@ -464,22 +475,22 @@ class GRPOLoss(nn.Module):
         """TorchRL's call: the keys of :mod:`llmrl_core.objectives.tensordict_input`, TorchRL's errors."""
         from llmrl_core.objectives import tensordict_input as tdi
 
-        action_key = ("tokens", "full")
-        if not tdi.has_key(td, action_key):
-            raise ValueError(f"Action key {action_key} not in tensordict.")
-        advantage = tdi.left_padded(td, "advantage", 0.0)
+        keys = self.tensor_keys
+        if not tdi.has_key(td, keys.action):
+            raise ValueError(f"Action key {keys.action} not in tensordict.")
+        advantage = tdi.left_padded(td, keys.advantage, 0.0)
         if advantage is None:
-            raise ValueError("Advantage key advantage not in tensordict.")
-        tokens, attention = tdi.tokens_and_attention(td, action_key)
-        sampler = tdi.left_padded(td, ("log_probs", "full"), 0.0)
+            raise ValueError(f"Advantage key {keys.advantage} not in tensordict.")
+        tokens, attention = tdi.tokens_and_attention(td, keys.action)
+        sampler = tdi.left_padded(td, keys.sample_log_prob, 0.0)
         if sampler is None:
-            raise KeyError("Couldn't find the log-prob ('log_probs', 'full') in the input data.")
+            raise KeyError(f"Couldn't find the log-prob {keys.sample_log_prob} in the input data.")
         if sampler.requires_grad:
-            raise RuntimeError("tensordict stored ('log_probs', 'full') requires grad.")
+            raise RuntimeError(f"tensordict stored {keys.sample_log_prob} requires grad.")
         if sampler.shape != tokens.shape:
             raise ValueError(
                 f"Shape mismatch detected in GRPOLoss: current log-prob shape {tuple(tokens.shape)} != previous "
-                f"log-prob shape {tuple(sampler.shape)} (('tokens', 'full') and ('log_probs', 'full') must align)"
+                f"log-prob shape {tuple(sampler.shape)} ({keys.action} and {keys.sample_log_prob} must align)"
             )
         mask = tdi.loss_mask(td, self.masking_strategy, attention, "GRPOLoss")
         log_probs, entropy = tdi.score(
@@ -487,9 +498,9 @@ class GRPOLoss(nn.Module):
         )
         ref = None
         if self.options.get("kl_to_ref_coeff"):
-            ref = tdi.left_padded(td, ("next", "ref_log_probs", "full"), self.ref_log_prob_padding_value)
+            ref = tdi.left_padded(td, keys.ref_log_probs, self.ref_log_prob_padding_value)
             if ref is None:
-                raise KeyError("GRPOLoss: kl_to_ref_coeff is set but ('next', 'ref_log_probs', 'full') is missing")
+                raise KeyError(f"GRPOLoss: kl_to_ref_coeff is set but {keys.ref_log_probs} is missing")
         advantage = advantage.float().squeeze(-1) if advantage.shape[-1] == 1 else advantage.float()  # (B,) | (B, T)
         sampler = sampler.to(log_probs.device)
         return grpo_loss(

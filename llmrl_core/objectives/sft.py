@@ -23,7 +23,7 @@ Differences from TorchRL, where it counts tokens outside the mask:
 from __future__ import annotations
 
 import warnings
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 import torch
@@ -32,6 +32,7 @@ from tensordict import TensorClass
 from torch import nn
 
 from llmrl_core.objectives.reductions import check_token_tensor, kl_estimate, masked_mean, masked_zero
+from llmrl_core.objectives.tensor_keys import TensorKeysMixin
 
 
 class SFTLossOutput(TensorClass["nocast"]):
@@ -138,7 +139,7 @@ def sft_loss(
     return out
 
 
-class SFTLoss(nn.Module):
+class SFTLoss(TensorKeysMixin, nn.Module):
     """SFT loss for a causal LM (TorchRL's signature): scores the trained tokens with ``actor_network`` and applies
     :func:`sft_loss`.
 
@@ -147,8 +148,17 @@ class SFTLoss(nn.Module):
     template (``tokenizer``, default the actor's, with ``tokenizer_kwargs``); with ``kl_to_ref_coeff`` or
     ``minor_sft``, ``("next", "ref_log_probs", "full")``. ``loss(packed_batch)`` is the trainer's path (each
     sample's ``response_mask``). Options: ``loss_function`` (``"sft"`` | ``"minor_sft"``), ``reduction``,
-    ``normalize_by_seq_length``, ``kl_to_ref_coeff``, ``beta`` -- TorchRL's names and defaults.
+    ``normalize_by_seq_length``, ``kl_to_ref_coeff``, ``beta`` -- TorchRL's names and defaults. The keys read are
+    TorchRL's ``tensor_keys`` (``history``, ``ref_log_prob``, ``log_probs``), changed with ``set_keys``.
     """
+
+    @dataclass
+    class _AcceptedKeys:
+        """Where ``loss(td)`` reads its inputs (TorchRL's names and defaults; change them with ``set_keys``)."""
+
+        history: Any = ("history", "full")
+        ref_log_prob: Any = ("next", "ref_log_probs", "full")
+        log_probs: Any = ("log_probs", "full")
 
     def __init__(
         self,
@@ -205,7 +215,10 @@ class SFTLoss(nn.Module):
         """TorchRL's call on a batch of chats (see the class docstring for the keys read)."""
         from llmrl_core.objectives import tensordict_input as tdi
 
-        tokens, attention, assistant = tdi.chat_tokens(td, self.tokenizer, self.tokenizer_kwargs, "SFTLoss")
+        keys = self.tensor_keys
+        tokens, attention, assistant = tdi.chat_tokens(
+            td, self.tokenizer, self.tokenizer_kwargs, "SFTLoss", keys.history
+        )
         if assistant is None:
             raise ValueError(
                 "SFTLoss: Assistant masks are not present in the token structure (the chat template has no "
@@ -216,11 +229,9 @@ class SFTLoss(nn.Module):
         log_probs, _ = tdi.score(self.actor_network, tokens, attention, with_entropy=False, owner="SFTLoss")
         ref = None
         if self.options["kl_to_ref_coeff"] is not None or self.options["loss_function"] == "minor_sft":
-            ref = tdi.left_padded(td, ("next", "ref_log_probs", "full"), 0.0)
+            ref = tdi.left_padded(td, keys.ref_log_prob, 0.0)
             if ref is None:
                 why = "kl_to_ref_coeff was set" if self.options["kl_to_ref_coeff"] is not None else "loss is minor_sft"
-                raise ValueError(
-                    f"Reference log probs not found in tensordict at key ('next', 'ref_log_probs', 'full') but {why}"
-                )
+                raise ValueError(f"Reference log probs not found in tensordict at key {keys.ref_log_prob} but {why}")
             ref = ref.to(log_probs.device)
         return sft_loss(log_probs, assistant.to(log_probs.device), ref_log_probs=ref, **self.options)

@@ -123,20 +123,24 @@ def tokens_and_attention(td: TensorDictBase, key: NestedKey) -> tuple[torch.Tens
 
 
 def chat_tokens(
-    td: TensorDictBase, tokenizer: Any, tokenizer_kwargs: dict[str, Any], owner: str
+    td: TensorDictBase,
+    tokenizer: Any,
+    tokenizer_kwargs: dict[str, Any],
+    owner: str,
+    history_key: NestedKey = ("history", "full"),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """A batch of chats as left-padded ``(tokens, attention, assistant)``, ``(B, T)`` each.
 
     From ``("tokens", "full")`` and its ``("masks", "all_assistant_mask")`` when the batch has both (what a
-    wrapper scored), else by rendering ``("history", "full")`` with ``tokenizer``'s chat template
+    wrapper scored), else by rendering the chats at ``history_key`` with ``tokenizer``'s chat template
     (``tokenizer_kwargs`` passed on). ``assistant`` is None when neither gives an assistant mask.
     """
     if has_key(td, ("tokens", "full")) and has_key(td, ("masks", "all_assistant_mask")):
         tokens, attention = tokens_and_attention(td, ("tokens", "full"))
         return tokens, attention, loss_mask(td, "rlhf", attention, owner)
-    history = td.get(("history", "full"), None)
+    history = td.get(history_key, None)
     if history is None:
-        raise KeyError(f"{owner}: no ('history', 'full') in the batch (keys: {sorted(map(str, td.keys()))})")
+        raise KeyError(f"{owner}: no {history_key} in the batch (keys: {sorted(map(str, td.keys()))})")
     if tokenizer is None:
         raise ValueError(f"{owner} needs a tokenizer (or an actor_network with one) to read the chats")
     kwargs = {"return_assistant_tokens_mask": True, **tokenizer_kwargs}
