@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from llmrl_cli.prefect_home import prefect_home
 from llmrl_core.ports import free_port
 
 STARTUP_TIMEOUT_S = 180.0  # a busy 2-core machine can take a while to import Prefect's server
@@ -43,11 +44,13 @@ def run_api() -> Iterator[str | None]:
 
     port = free_port()
     url = f"http://127.0.0.1:{port}/api"
-    log_path = Path(os.environ.get("PREFECT_HOME", ".")).expanduser() / "run-api.log"
+    home = Path(os.environ.get("PREFECT_HOME") or prefect_home()).expanduser()  # never the working directory
+    home.mkdir(parents=True, exist_ok=True)
+    log_path = home / "run-api.log"
     with log_path.open("ab") as log:
         server = subprocess.Popen(
             [sys.executable, "-m", "llmrl_cli.api_child", str(os.getpid()), str(port)],
-            env={**os.environ, "PREFECT_UI_ENABLED": "0"},
+            env={**os.environ, "PREFECT_HOME": str(home), "PREFECT_UI_ENABLED": "0"},
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -43,3 +43,16 @@ def test_with_an_api_set_no_server_starts(monkeypatch):
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:1/api")
     with run_api() as url:
         assert url is None and _api_children() == []
+
+
+def test_without_a_prefect_home_the_api_lives_in_llmrls_home_not_the_working_directory(monkeypatch, tmp_path):
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.delenv("PREFECT_HOME", raising=False)
+    monkeypatch.setenv("LLMRL_HOME", str(tmp_path / "home"))
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    with run_api() as url:
+        assert url is not None
+    assert list((tmp_path / "cwd").iterdir()) == []
+    assert (tmp_path / "home" / "prefect" / "run-api.log").exists()
+    assert (tmp_path / "home" / "prefect" / "prefect.db").exists()  # the API's database went there too
