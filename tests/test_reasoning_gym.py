@@ -37,6 +37,17 @@ def test_rows_are_the_datasets_entries_and_the_splits_use_disjoint_seeds():
         test[50]
 
 
+def test_an_entry_without_an_answer_stores_an_empty_answer_not_the_word_none(monkeypatch):
+    """Open-ended reasoning-gym tasks give ``answer=None`` (their scorer checks the metadata): the row's answer is
+    '' (it read "None" before, a string a reward or report could mistake for an answer)."""
+    from llmrl_core.builtin_data import reasoning_gym_data
+
+    entries = [{"question": "q0", "answer": None, "metadata": {}}, {"question": "q1", "answer": 7, "metadata": {}}]
+    monkeypatch.setattr(reasoning_gym_data, "_cached_dataset", lambda *args: entries)
+    rows = ReasoningGymRows(ReasoningGymSpec.from_options(CHAIN), "test")
+    assert [r["answer"] for r in rows] == ["", "7"]
+
+
 def test_sources_resolve_through_the_runs_env_args():
     rows = load_source_rows("reasoning_gym:test", limit=3, env_options=CHAIN)
     assert len(rows) == 3 and all(r["rg_split"] == "test" for r in rows)

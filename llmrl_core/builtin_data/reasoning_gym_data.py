@@ -153,7 +153,7 @@ class ReasoningGymRows(Sequence):
         entry = self._dataset[index]
         return {
             "question": str(entry["question"]),
-            "answer": str(entry["answer"]),
+            "answer": "" if entry["answer"] is None else str(entry["answer"]),  # open-ended tasks have none
             "rg_dataset": self.spec.dataset,
             "rg_split": self.split,
             "rg_index": index,
