@@ -1,4 +1,5 @@
-"""GRPO objective: the pure per-token function :func:`grpo_loss` and the model-facing :class:`GRPOLoss`.
+"""GRPO objective: the pure per-token function :func:`grpo_loss` and the model-facing :class:`GRPOLoss` (with
+TorchRL's variants :class:`DAPO` and :class:`CISPOLoss`, and their output tensorclasses).
 
 Semantics follow TorchRL 0.14.1's ``GRPOLoss`` (``torchrl.objectives.llm``), written from scratch here:
 
