@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # The GPU checks, on a CUDA machine where vLLM is not installed (run from the repository root):
 #   1. the gpu-marked tests;
-#   2. bench/bench_trainer_agreement.py on CUDA: the Transformers engine's sampling speed and its log-probs against
-#      the trainer's, fp32 and bf16;
+#   2. bench/bench_trainer_agreement.py on CUDA (skipped with SKIP_AGREEMENT=1): the Transformers engine's sampling
+#      speed and its log-probs against the trainer's, fp32 and bf16;
 #   3. the main job (`llmrl run grpo`: 10 GRPO iterations and the held-out evaluation) with rollout.backend=transformers,
-#      trainer and engine sharing the GPU, Prefect / Dask / MLflow as in any run.
+#      trainer and engine sharing the GPU (weight route auto: CUDA IPC), Prefect / Dask / MLflow as in any run;
+#   4. the same for MAIN_JOB_CHECKPOINT_ITERATIONS (default 3) iterations with rollout.weight_sync=checkpoint (the
+#      shared-memory file), to set its hand-over beside CUDA IPC's;
+#   5. `llmrl plan` of the main job on this GPU, and each run's per-version hand-over, time and peak CUDA memory
+#      (bench/run_metrics.py).
 # Each step's output goes to $OUT (default /tmp/llmrl-gpu-checks). Python packages the machine lacks can be put on
 # PYTHONPATH beforehand; LLMRL_HOME defaults to a fresh folder under /tmp.
 set -uo pipefail
@@ -14,6 +18,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export LLMRL_HOME=${LLMRL_HOME:-/tmp/llmrl-gpu-home}
 PY=${PY:-python3}
 LLMRL=("$PY" -c "from llmrl_cli.main import app; app()")  # the `llmrl` command, without installing the project
+RUNS="$LLMRL_HOME/runs"
 
 echo "=== machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -24,13 +29,29 @@ echo "=== 1. gpu-marked tests"
 timeout 300 "$PY" -m pytest -q -m gpu -rs -p no:cacheprovider \
   tests/test_train_step.py tests/test_categorical_sequential.py tests/test_weight_sync.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -8
 
-echo "=== 2. engine vs trainer log-probs and speeds on CUDA"
-timeout 300 "$PY" bench/bench_trainer_agreement.py --device cuda --prompts 64 --max-new-tokens 128 2>&1 \
-  | grep -v "Loading weights" | tee "$OUT/agreement.log"
+if [ "${SKIP_AGREEMENT:-0}" != 1 ]; then
+  echo "=== 2. engine vs trainer log-probs and speeds on CUDA"
+  timeout 300 "$PY" bench/bench_trainer_agreement.py --device cuda --prompts 64 --max-new-tokens 128 2>&1 \
+    | grep -v "Loading weights" | tee "$OUT/agreement.log"
+fi
 
-echo "=== 3. the main job, rollout.backend=transformers"
-start=$(date +%s)
-timeout "${MAIN_JOB_TIMEOUT:-420}" "${LLMRL[@]}" run grpo --set rollout.backend=transformers \
-  --set runs_dir="$LLMRL_HOME/runs" > "$OUT/main_job.log" 2>&1
-echo "main job rc=$? in $(( $(date +%s) - start )) s"
-grep -E "rollouts in|weight route|memory plan|held-out accuracy|reward|iteration|Error|error" "$OUT/main_job.log" | tail -40
+run_job() {  # name timeout args...
+  local name=$1 limit=$2 start
+  shift 2
+  start=$(date +%s)
+  timeout "$limit" "${LLMRL[@]}" run grpo --set rollout.backend=transformers --set runs_dir="$RUNS" \
+    --set run_id="$name" "$@" > "$OUT/$name.log" 2>&1
+  echo "$name rc=$? in $(( $(date +%s) - start )) s"
+  grep -E "weight route|memory plan|CUDA memory|held-out accuracy|version [0-9]+ -> |Error|error" "$OUT/$name.log" | tail -30
+  "$PY" bench/run_metrics.py "$RUNS" "$name" --json "$OUT/$name.metrics.json" 2>&1 | tail -14
+}
+
+echo "=== 3. the main job, rollout.backend=transformers (weight route auto)"
+run_job gpu-main "${MAIN_JOB_TIMEOUT:-420}"
+
+echo "=== 4. the same with rollout.weight_sync=checkpoint"
+run_job gpu-file "${CHECKPOINT_JOB_TIMEOUT:-240}" --set iterations="${MAIN_JOB_CHECKPOINT_ITERATIONS:-3}" \
+  --set rollout.weight_sync=checkpoint --set final_eval.questions=0
+
+echo "=== 5. the memory plan of the main job on this GPU"
+"${LLMRL[@]}" plan --set rollout.backend=transformers 2>&1 | tee "$OUT/plan.log"

@@ -88,3 +88,19 @@ def where_am_i(device: str, indices: list[int] | None = None) -> dict[str, str]:
     import socket
 
     return {"host": socket.gethostname(), "gpus": ",".join(gpu_ids(indices) if device.startswith("cuda") else [])}
+
+
+def cuda_peak_gib(prefix: str) -> dict[str, float]:
+    """This process's peak CUDA memory since it started, in GiB (``<prefix>_cuda_peak_gib``: what its tensors held at
+    most, ``<prefix>_cuda_reserved_gib``: what PyTorch's allocator took from the device), for setting the run's
+    figures beside ``llmrl plan``'s; empty where this process has not used CUDA (a vLLM engine's model lives in
+    vLLM's own engine process)."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized() or not torch.cuda.max_memory_reserved():
+        return {}
+    gib = float(1 << 30)
+    return {
+        f"{prefix}_cuda_peak_gib": torch.cuda.max_memory_allocated() / gib,
+        f"{prefix}_cuda_reserved_gib": torch.cuda.max_memory_reserved() / gib,
+    }

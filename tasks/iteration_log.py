@@ -36,7 +36,8 @@ def merge_shard_metrics(shards: list[dict]) -> dict[str, float]:
         merged[key] = sum(s.get(key, 0.0) for s in shards)  # env.agent: episodes, failures (by kind), ...
     if any("agent_calls_mean" in s for s in shards):  # ... except the per-row mean, weighted by the stored rows
         merged["agent_calls_mean"] = sum(s.get("agent_calls_mean", 0.0) * s["rows"] for s in shards) / max(rows, 1)
-    for key in ("engine_sleep_s", "engine_wake_s"):  # rollout.sleep_level: the engines' sleep and wake (GPU)
+    # rollout.sleep_level: the engines' sleep and wake; an engine's peak CUDA memory (the largest engine's)
+    for key in ("engine_sleep_s", "engine_wake_s", "engine_cuda_peak_gib", "engine_cuda_reserved_gib"):
         if any(key in s for s in shards):
             merged[key] = max(s.get(key, 0.0) for s in shards)
     if all("response_tokens_min" in s for s in shards):
@@ -95,12 +96,25 @@ def iteration_lines(version: int, metrics: dict[str, float], written: dict[str, 
             f"trainer waited {metrics['trainer_wait_s']:.1f} s for it, engines idle {metrics['rollout_idle_s']:.1f} s "
             f"before it; off-policy |delta log-prob| {metrics.get('offpolicy_abs_diff_mean', NAN):.2e}"
         )
+    if "train_cuda_peak_gib" in metrics or "engine_cuda_peak_gib" in metrics:
+        lines.append(f"version {version}: {cuda_peak_line(metrics)}")
     if "tool_call_rate" in metrics:
         lines.append(
             f"version {version}: {100 * metrics['tool_call_rate']:.0f}% of rollouts called a tool, "
             f"{100 * metrics['tool_success_rate']:.0f}% of the calls worked"
         )
     return lines
+
+
+def cuda_peak_line(metrics: dict[str, float]) -> str:
+    """The processes' peak CUDA memory so far (allocated by tensors / reserved by PyTorch's allocator), to set
+    beside ``llmrl plan``'s figures."""
+    parts = [
+        f"{who} {metrics[f'{key}_cuda_peak_gib']:.2f} / {metrics.get(f'{key}_cuda_reserved_gib', NAN):.2f} GiB"
+        for who, key in (("trainer", "train"), ("engine", "engine"))
+        if f"{key}_cuda_peak_gib" in metrics
+    ]
+    return "CUDA memory peak (allocated / reserved): " + ", ".join(parts)
 
 
 def bar_postfix(metrics: dict[str, float]) -> dict[str, str]:

@@ -67,10 +67,22 @@ def plan_run(cfg: GRPOConfig, gpus: list[str] | None = None, capacity: dict[str,
         engine_backend=cfg.rollout.backend,
         max_new_tokens=cfg.rollout.max_new_tokens,
         engine_sleep_level=cfg.rollout.sleep_level,
-        ipc_weights_copy=cfg.rollout.weight_sync == "cuda_ipc",
+        ipc_weights_copy=_hands_over_by_cuda_ipc(cfg, visible),
     )
     lines = memory_plan(shape, inputs)
     return RunPlan(shape, inputs, lines, capacity, over_budget(lines, capacity, shape, inputs))
+
+
+def _hands_over_by_cuda_ipc(cfg: GRPOConfig, visible: dict[str, str]) -> bool:
+    """Whether the run's weight route will be CUDA IPC (asked for, or ``auto``'s choice for engines on the trainer's
+    GPU): the trainer then holds an fp32 copy of the weights while the engines load it."""
+    from tasks.weight_sync import local_route
+
+    engines = [n for n in local_worker_names(cfg) if n != "trainer"]
+    try:
+        return local_route(cfg.rollout.weight_sync, visible, engines, backend=cfg.rollout.backend).name == "cuda_ipc"
+    except ValueError:  # a route that cannot work is refused by the placement check, not here
+        return False
 
 
 def check_run_memory(cfg: GRPOConfig, warn: bool = True) -> RunPlan | None:

@@ -261,6 +261,8 @@ def check_local_placement(
 
     envs, gpus = worker_environments(cfg, visible_gpus(), available_cores(), rollout_count(cfg, rollout_workers))
     if isinstance(cfg, GRPOConfig):  # a weight route or a memory plan that cannot work: refused before any worker
-        check_local_route(cfg.rollout.weight_sync, gpus.visible, [n for n in envs if n != "trainer"])
+        check_local_route(
+            cfg.rollout.weight_sync, gpus.visible, [n for n in envs if n != "trainer"], backend=cfg.rollout.backend
+        )
         check_run_memory(cfg, warn=warn)
     return envs, gpus

@@ -17,7 +17,7 @@ from llmrl_core.collectors.dask_collector import RolloutActor
 from llmrl_core.collectors.tensordict_batches import rows as episode_rows
 from llmrl_core.envs.reward_calls import RewardFunctionError
 from llmrl_core.evaluation.rollout_health import rollout_health
-from llmrl_core.hardware import where_am_i
+from llmrl_core.hardware import cuda_peak_gib, where_am_i
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.pipeline.task_config import make_task_env
 from llmrl_core.policies.base import SamplingConfig
@@ -222,6 +222,7 @@ class RolloutWorker(RolloutActor):
             "engine_idle_s": idle,
             "engine_reload_s": self.worker.last_reload_s,  # of the weights this batch was sampled with
             "reward_mean": float(np.mean(rewards)),
+            **cuda_peak_gib("engine"),
             **health,
             **tools,
             **episode_metrics,

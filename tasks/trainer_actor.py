@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow.fs as pafs
 import torch
 
-from llmrl_core.hardware import mixed_precision_for, where_am_i
+from llmrl_core.hardware import cuda_peak_gib, mixed_precision_for, where_am_i
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from storage.checkpoints import CheckpointManifest, CheckpointStore, WrittenWeights
 from storage.filesystems import read_bytes, write_bytes_atomic
@@ -443,4 +443,5 @@ class TrainerWorker:
             **histogram,
             "staleness_mean": float(np.mean(staleness)),
             "train_samples": float(len(trained)),
+            **cuda_peak_gib("train"),
         }

@@ -13,13 +13,15 @@
 * ``cuda_ipc``: for engines on the trainer's own GPU (the one-GPU machine, where NCCL cannot run): the trainer shares
   a copy of its weights as CUDA IPC handles (``torch.multiprocessing``'s reduction of each tensor) and every engine
   opens them in place on the same GPU and loads them, so no byte leaves the GPU (:class:`CudaIpcWeightSync`). The
-  checkpoint is still written, as with ``nccl``. Opt-in until it has run on a GPU: ``auto`` keeps the
-  shared-memory file there.
+  checkpoint is still written, as with ``nccl``. Opt-in for vLLM engines until they have run on a GPU (``auto``
+  keeps the shared-memory file there); ``auto`` picks it for ``rollout.backend: transformers`` engines on the
+  trainer's GPU (run on an H200).
 * ``auto``: by topology (:func:`choose_weight_route`, logged with its reason): ``nccl`` when the trainer and
   every engine run on CUDA on distinct GPUs (one host or several); ``checkpoint`` (the shared-memory file beside
   the trainer, or the checkpoint) on CPU, for mixed CPU/GPU engines, and when an engine shares a GPU with the
   trainer (the one-GPU machine): NCCL refuses two ranks on one device ("Duplicate GPU detected"), so asking for
-  ``nccl`` there is refused before any engine starts.
+  ``nccl`` there is refused before any engine starts. Transformers engines join no broadcast group: ``cuda_ipc``
+  when each runs on the trainer's GPU, else the checkpoint.
 
 The group is opened once per flow run, after the actors are resident: the trainer picks a free port on its own
 host (the Dask worker's address, so engines on other machines reach it), each engine joins with rank offset
@@ -141,18 +143,21 @@ def choose_weight_route(mode: str, trainer: Endpoint, engines: Sequence[Endpoint
         return WeightRoute("checkpoint", "rollout.weight_sync=checkpoint")
     if not engines:
         return WeightRoute("checkpoint", "no rollout engine")
-    others = sorted({e.backend for e in engines if e.backend != "vllm"})
-    if others:
-        reason = (
-            f"rollout.backend={others[0]} engines load each version from its checkpoint (NCCL needs vllm, as does "
-            "CUDA IPC)"
-        )
-        if mode in ("nccl", "cuda_ipc"):
-            raise ValueError(f"rollout.weight_sync={mode}: {reason}; use auto or checkpoint")
-        return WeightRoute("checkpoint", reason)
-    devices = {e.device for e in engines}
     if mode == "cuda_ipc":
         return _cuda_ipc_route(trainer, engines)
+    others = sorted({e.backend for e in engines if e.backend != "vllm"})
+    if others:
+        reason = f"rollout.backend={others[0]} engines"
+        if mode in ("nccl", "gloo"):
+            raise ValueError(
+                f"rollout.weight_sync={mode}: {reason} join no broadcast group (NCCL and gloo need vllm); use auto, "
+                "cuda_ipc or checkpoint"
+            )
+        if _off_trainers_gpu(trainer, engines) is None:
+            gpus = ",".join(sorted({e.gpus[0] for e in engines}))
+            return WeightRoute("cuda_ipc", f"{reason} run on the trainer's GPU {gpus}: handed over by CUDA IPC")
+        return WeightRoute("checkpoint", f"{reason} load each version from its checkpoint (NCCL needs vllm)")
+    devices = {e.device for e in engines}
     if mode == "gloo":
         if trainer.device != "cpu" or devices != {"cpu"}:
             where = f"engines on {'/'.join(sorted(devices))}, trainer on {trainer.device}"
@@ -181,19 +186,30 @@ def choose_weight_route(mode: str, trainer: Endpoint, engines: Sequence[Endpoint
     return WeightRoute("nccl", f"trainer and engines on distinct GPUs ({span})")
 
 
+def _off_trainers_gpu(trainer: Endpoint, engines: Sequence[Endpoint]) -> int | None:
+    """The index of the first engine that does not run on one GPU the trainer holds on its host (None: all do)."""
+    if trainer.device != "cuda":
+        return 0
+    for i, e in enumerate(engines):
+        if e.device != "cuda" or e.host != trainer.host or len(e.gpus) != 1 or e.gpus[0] not in trainer.gpus:
+            return i
+    return None
+
+
 def _cuda_ipc_route(trainer: Endpoint, engines: Sequence[Endpoint]) -> WeightRoute:
     """``rollout.weight_sync=cuda_ipc``: every engine on one GPU that the trainer holds, on its host (else a
     ``ValueError`` naming the engine and the setting)."""
     if trainer.device != "cuda" or any(e.device != "cuda" for e in engines):
         where = f"engines on {'/'.join(sorted({e.device for e in engines}))}, trainer on {trainer.device}"
         raise ValueError(f"rollout.weight_sync=cuda_ipc needs the trainer and every engine on CUDA ({where}); use auto")
-    for i, e in enumerate(engines):
-        if e.host != trainer.host or len(e.gpus) != 1 or e.gpus[0] not in trainer.gpus:
-            raise ValueError(
-                f"rollout.weight_sync=cuda_ipc hands the weights over on the trainer's GPU, and engine {i} runs on GPU "
-                f"{','.join(e.gpus) or '?'} of {e.host} (the trainer: {','.join(trainer.gpus) or '?'} of "
-                f"{trainer.host}); use auto (NCCL between GPUs) or checkpoint"
-            )
+    off = _off_trainers_gpu(trainer, engines)
+    if off is not None:
+        e = engines[off]
+        raise ValueError(
+            f"rollout.weight_sync=cuda_ipc hands the weights over on the trainer's GPU, and engine {off} runs on GPU "
+            f"{','.join(e.gpus) or '?'} of {e.host} (the trainer: {','.join(trainer.gpus) or '?'} of "
+            f"{trainer.host}); use auto (NCCL between GPUs) or checkpoint"
+        )
     gpus = ",".join(sorted({e.gpus[0] for e in engines}))
     return WeightRoute("cuda_ipc", f"rollout.weight_sync=cuda_ipc: the engines run on the trainer's GPU {gpus}")
 
@@ -220,15 +236,24 @@ def weight_sync_for(
     return BroadcastWeightSync(trainer, engines, trainer_address, route.name).open()
 
 
-def check_local_route(mode: str, visible: dict[str, str], engines: Sequence[str], trainer: str = "trainer") -> None:
-    """Before a local cluster starts: refuse ``rollout.weight_sync=nccl`` / ``gloo`` / ``cuda_ipc`` where the planned
-    GPUs (``visible``: ``CUDA_VISIBLE_DEVICES`` per worker name, as :func:`tasks.placement_plan.gpu_assignment`
-    gives them) cannot carry it."""
-    if mode not in ("nccl", "gloo", "cuda_ipc") or not engines:
-        return
+def local_route(
+    mode: str, visible: dict[str, str], engines: Sequence[str], trainer: str = "trainer", backend: str = "vllm"
+) -> WeightRoute:
+    """The route ``rollout.weight_sync`` = ``mode`` will take on a local cluster whose workers see the GPUs
+    ``visible`` (``CUDA_VISIBLE_DEVICES`` per worker name, as :func:`tasks.placement_plan.gpu_assignment` gives
+    them); a ``ValueError`` where the planned GPUs cannot carry it."""
 
     def endpoint(name: str) -> Endpoint:
         gpus = tuple(g for g in visible.get(name, "").split(",") if g)
-        return Endpoint("localhost", "cuda" if gpus else "cpu", gpus)
+        return Endpoint("localhost", "cuda" if gpus else "cpu", gpus, backend)
 
-    choose_weight_route(mode, endpoint(trainer), [endpoint(e) for e in engines])
+    return choose_weight_route(mode, endpoint(trainer), [endpoint(e) for e in engines])
+
+
+def check_local_route(
+    mode: str, visible: dict[str, str], engines: Sequence[str], trainer: str = "trainer", backend: str = "vllm"
+) -> None:
+    """Before a local cluster starts: refuse ``rollout.weight_sync=nccl`` / ``gloo`` / ``cuda_ipc`` where the planned
+    GPUs cannot carry it (:func:`local_route`)."""
+    if mode in ("nccl", "gloo", "cuda_ipc") and engines:
+        local_route(mode, visible, engines, trainer, backend)

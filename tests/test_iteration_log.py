@@ -68,3 +68,18 @@ def test_the_warnings_say_what_is_off():
     assert failed_episodes_line(1, failed) == (
         "version 1: 3 episode(s) skipped (env.reward_errors=skip), e.g. row 3: ValueError"
     )
+
+
+def test_the_cuda_memory_line_shows_the_largest_engine_and_the_trainer():
+    """On a GPU each shard reports its engine's peak CUDA memory and the train step the trainer's: the row keeps
+    the largest engine's, and a line sets both beside each other (none on CPU)."""
+    shards = [dict(SHARDS[0], engine_cuda_peak_gib=1.5, engine_cuda_reserved_gib=2.0),
+              dict(SHARDS[1], engine_cuda_peak_gib=2.25, engine_cuda_reserved_gib=2.5)]  # fmt: skip
+    train = {"loss": 0.25, "train_cuda_peak_gib": 3.125, "train_cuda_reserved_gib": 4.0}
+    m = iteration_metrics(shards, WRITTEN, {}, train, sampled=3, trainer_wait_s=0.0, train_s=1.0) | {"iteration_s": 9}
+    assert (m["engine_cuda_peak_gib"], m["engine_cuda_reserved_gib"]) == (2.25, 2.5)
+    lines = iteration_lines(3, m, WRITTEN, staleness=0)
+    line = "version 3: CUDA memory peak (allocated / reserved): trainer 3.12 / 4.00 GiB, engine 2.25 / 2.50 GiB"
+    assert line in lines
+    cpu = iteration_metrics(SHARDS, WRITTEN, {}, {"loss": 0.25}, sampled=3, trainer_wait_s=0.0, train_s=1.0)
+    assert not any("CUDA memory" in line for line in iteration_lines(3, cpu | {"iteration_s": 9}, WRITTEN, 0))

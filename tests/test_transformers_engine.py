@@ -121,7 +121,7 @@ def test_weights_load_by_version_and_a_state_dict_that_does_not_fit_is_refused(e
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("rollout.weight_sync=nccl", "rollout.weight_sync must be auto or checkpoint with rollout.backend=trans"),
+        ("rollout.weight_sync=nccl", "rollout.weight_sync must be auto, checkpoint or cuda_ipc with rollout.backend=t"),
         ("rollout.tensor_parallel_size=2", "rollout.tensor_parallel_size must be 1 with rollout.backend=trans"),
         ("env.agent=tests.agent_examples.calculator_agent:solve_async", "transformers cannot serve env.agent"),
     ],
@@ -131,14 +131,45 @@ def test_settings_the_transformers_engine_cannot_run_are_refused_by_name(overrid
         load_config(GRPOConfig, None, ["rollout.backend=transformers", override])
 
 
-def test_the_weight_route_of_transformers_engines_is_the_checkpoint():
+def test_the_weight_route_of_transformers_engines():
+    """No broadcast group on this engine: CUDA IPC when every engine runs on the trainer's GPU, else the checkpoint."""
     gpu = Endpoint("h", "cuda", ("0",))
-    engine = Endpoint("h", "cuda", ("1",), backend="transformers")
-    route = choose_weight_route("auto", gpu, [engine])
-    assert route.name == "checkpoint" and "rollout.backend=transformers" in route.reason
-    with pytest.raises(ValueError, match="NCCL needs vllm"):
-        choose_weight_route("nccl", gpu, [engine])
+    apart = Endpoint("h", "cuda", ("1",), backend="transformers")
+    beside = Endpoint("h", "cuda", ("0",), backend="transformers")
+    route = choose_weight_route("auto", gpu, [apart])
+    assert route.name == "checkpoint" and "rollout.backend=transformers engines load each version" in route.reason
+    route = choose_weight_route("auto", gpu, [beside, beside])
+    assert route.name == "cuda_ipc" and "on the trainer's GPU 0" in route.reason
+    assert choose_weight_route("auto", gpu, [beside, apart]).name == "checkpoint"  # one engine elsewhere
+    cpu = Endpoint("h", "cpu", backend="transformers")
+    assert choose_weight_route("auto", Endpoint("h", "cpu"), [cpu]).name == "checkpoint"
+    assert choose_weight_route("auto", Endpoint("other", "cuda", ("0",)), [beside]).name == "checkpoint"  # 2 hosts
+    assert choose_weight_route("cuda_ipc", gpu, [beside]).name == "cuda_ipc"
+    with pytest.raises(ValueError, match="cuda_ipc hands the weights over on the trainer's GPU, and engine 0 runs"):
+        choose_weight_route("cuda_ipc", gpu, [apart])
+    for mode in ("nccl", "gloo"):
+        with pytest.raises(ValueError, match=f"weight_sync={mode}: rollout.backend=transformers engines join no"):
+            choose_weight_route(mode, gpu, [apart])
+    assert choose_weight_route("checkpoint", gpu, [beside]).name == "checkpoint"
     assert choose_weight_route("auto", gpu, [Endpoint("h", "cuda", ("1",))]).name == "nccl"  # vLLM engines
+
+
+def test_the_memory_plan_counts_the_cuda_ipc_copy_where_auto_picks_it(default_model_path):
+    """One GPU, transformers engine: ``auto`` hands the weights over by CUDA IPC, so the trainer's fp32 copy is in the
+    plan; with two GPUs (engine apart) or the checkpoint route it is not."""
+    from tasks.memory_check import plan_run
+
+    cfg = load_config(GRPOConfig, None, ["rollout.backend=transformers"])
+    capacity = {"cpu": 64 * 2**30, "cuda:0": 80 * 2**30, "cuda:1": 80 * 2**30}
+
+    def copies(config: GRPOConfig, gpus: list[str]) -> list[str]:
+        plan = plan_run(config, gpus=gpus, capacity=capacity)
+        return [line.device for line in plan.lines if line.item == "weights shared over CUDA IPC"]
+
+    assert copies(cfg, ["0"]) == ["cuda:0"]
+    assert copies(cfg, ["0", "1"]) == []
+    assert copies(load_config(GRPOConfig, None, ["rollout.backend=transformers", "rollout.weight_sync=checkpoint"]),
+                  ["0"]) == []  # fmt: skip
 
 
 @pytest.mark.slow

@@ -69,15 +69,17 @@ class RolloutConfig:
     # How each published version reaches the engines: "checkpoint" (the engines load the version's checkpoint file
     # or object), "nccl" (one CUDA broadcast from the trainer to every engine; the checkpoint is still written, for
     # resume), "gloo" (the same broadcast between a CPU trainer and CPU engines), "cuda_ipc" (engines on the
-    # trainer's GPU open its weights in place through CUDA IPC handles; opt-in), "auto" (nccl when the trainer and
-    # every engine run on CUDA on distinct GPUs, else checkpoint).
+    # trainer's GPU open its weights in place through CUDA IPC handles; opt-in for vLLM engines), "auto" (nccl
+    # when the trainer and every engine run on CUDA on distinct GPUs; cuda_ipc for transformers engines on the
+    # trainer's GPU; else checkpoint).
     weight_sync: Literal["auto", "checkpoint", "nccl", "gloo", "cuda_ipc"] = "auto"
     # env.agent (docs/agents.md): agent episodes run at once per engine, and the seconds one may take before it
     # fails (its own episode only)
     agent_concurrency: int = 8
     agent_timeout_s: float = 120.0
     # The engine: "vllm" (the default and the fast path) or "transformers" (model.generate behind the same actor
-    # interface, for machines where vLLM is not installed; weights reach it by checkpoint, no tensor parallelism)
+    # interface, for machines where vLLM is not installed; weights reach it by checkpoint or CUDA IPC, no tensor
+    # parallelism)
     backend: Literal["vllm", "transformers"] = "vllm"
     # One GPU for the engine and the trainer (CUDA vLLM engines, synchronous runs): the engine sleeps while the
     # trainer trains (vLLM's sleep mode) and wakes for the next version's weights, so the trainer's activations
@@ -141,10 +143,10 @@ class RolloutConfig:
         )
         if self.backend == "transformers":
             _check(
-                self.weight_sync in ("auto", "checkpoint"),
+                self.weight_sync in ("auto", "checkpoint", "cuda_ipc"),
                 "rollout.weight_sync",
-                "must be auto or checkpoint with rollout.backend=transformers (it loads each version from its "
-                "checkpoint; NCCL needs the vLLM engine)",
+                "must be auto, checkpoint or cuda_ipc with rollout.backend=transformers (it joins no broadcast "
+                "group; NCCL and gloo need the vLLM engine)",
                 self.weight_sync,
             )
             _check(
