@@ -42,7 +42,7 @@ run_job() {  # name timeout args...
   timeout "$limit" "${LLMRL[@]}" run grpo --set rollout.backend=transformers --set runs_dir="$RUNS" \
     --set run_id="$name" "$@" > "$OUT/$name.log" 2>&1
   echo "$name rc=$? in $(( $(date +%s) - start )) s"
-  grep -E "weight route|memory plan|CUDA memory|held-out accuracy|version [0-9]+ -> |Error|error" "$OUT/$name.log" | tail -30
+  grep -E "reach the engines|memory plan|CUDA memory|held-out accuracy|version [0-9]+ -> |Error|error" "$OUT/$name.log" | tail -30
   "$PY" bench/run_metrics.py "$RUNS" "$name" --json "$OUT/$name.metrics.json" 2>&1 | tail -14
 }
 
