@@ -4,9 +4,10 @@
 #   2. bench/bench_trainer_agreement.py on CUDA (skipped with SKIP_AGREEMENT=1): the Transformers engine's sampling
 #      speed and its log-probs against the trainer's, fp32 and bf16;
 #   3. the main job (`llmrl run grpo`: 10 GRPO iterations and the held-out evaluation) with rollout.backend=transformers,
-#      trainer and engine sharing the GPU (weight route auto: CUDA IPC), Prefect / Dask / MLflow as in any run;
-#   4. the same for MAIN_JOB_CHECKPOINT_ITERATIONS (default 3) iterations with rollout.weight_sync=checkpoint (the
-#      shared-memory file), to set its hand-over beside CUDA IPC's;
+#      trainer and engine sharing the GPU (weight route auto: the shared-memory file), Prefect / Dask / MLflow as in
+#      any run;
+#   4. the same for IPC_JOB_ITERATIONS (default 3) iterations with rollout.weight_sync=cuda_ipc (the engine opens the
+#      trainer's weights on the GPU), to set its hand-over beside the shared file's;
 #   5. `llmrl plan` of the main job on this GPU, and each run's per-version hand-over, time and peak CUDA memory
 #      (bench/run_metrics.py).
 # Each step's output goes to $OUT (default /tmp/llmrl-gpu-checks). Python packages the machine lacks can be put on
@@ -49,9 +50,9 @@ run_job() {  # name timeout args...
 echo "=== 3. the main job, rollout.backend=transformers (weight route auto)"
 run_job gpu-main "${MAIN_JOB_TIMEOUT:-420}"
 
-echo "=== 4. the same with rollout.weight_sync=checkpoint"
-run_job gpu-file "${CHECKPOINT_JOB_TIMEOUT:-240}" --set iterations="${MAIN_JOB_CHECKPOINT_ITERATIONS:-3}" \
-  --set rollout.weight_sync=checkpoint --set final_eval.questions=0
+echo "=== 4. the same with rollout.weight_sync=cuda_ipc"
+run_job gpu-ipc "${IPC_JOB_TIMEOUT:-240}" --set iterations="${IPC_JOB_ITERATIONS:-3}" \
+  --set rollout.weight_sync=cuda_ipc --set final_eval.questions=0
 
 echo "=== 5. the memory plan of the main job on this GPU"
 "${LLMRL[@]}" plan --set rollout.backend=transformers 2>&1 | tee "$OUT/plan.log"

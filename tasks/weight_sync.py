@@ -13,15 +13,14 @@
 * ``cuda_ipc``: for engines on the trainer's own GPU (the one-GPU machine, where NCCL cannot run): the trainer shares
   a copy of its weights as CUDA IPC handles (``torch.multiprocessing``'s reduction of each tensor) and every engine
   opens them in place on the same GPU and loads them, so no byte leaves the GPU (:class:`CudaIpcWeightSync`). The
-  checkpoint is still written, as with ``nccl``. Opt-in for vLLM engines until they have run on a GPU (``auto``
-  keeps the shared-memory file there); ``auto`` picks it for ``rollout.backend: transformers`` engines on the
-  trainer's GPU (run on an H200).
+  checkpoint is still written, as with ``nccl``. Opt-in (vLLM and Transformers engines) until it has run on a GPU:
+  ``auto`` keeps the shared-memory file there.
 * ``auto``: by topology (:func:`choose_weight_route`, logged with its reason): ``nccl`` when the trainer and
   every engine run on CUDA on distinct GPUs (one host or several); ``checkpoint`` (the shared-memory file beside
   the trainer, or the checkpoint) on CPU, for mixed CPU/GPU engines, and when an engine shares a GPU with the
   trainer (the one-GPU machine): NCCL refuses two ranks on one device ("Duplicate GPU detected"), so asking for
-  ``nccl`` there is refused before any engine starts. Transformers engines join no broadcast group: ``cuda_ipc``
-  when each runs on the trainer's GPU, else the checkpoint.
+  ``nccl`` there is refused before any engine starts. Transformers engines join no broadcast group: the
+  checkpoint, or ``cuda_ipc`` when asked for and each runs on the trainer's GPU.
 
 The group is opened once per flow run, after the actors are resident: the trainer picks a free port on its own
 host (the Dask worker's address, so engines on other machines reach it), each engine joins with rank offset
@@ -153,9 +152,9 @@ def choose_weight_route(mode: str, trainer: Endpoint, engines: Sequence[Endpoint
                 f"rollout.weight_sync={mode}: {reason} join no broadcast group (NCCL and gloo need vllm); use auto, "
                 "cuda_ipc or checkpoint"
             )
-        if _off_trainers_gpu(trainer, engines) is None:
-            gpus = ",".join(sorted({e.gpus[0] for e in engines}))
-            return WeightRoute("cuda_ipc", f"{reason} run on the trainer's GPU {gpus}: handed over by CUDA IPC")
+        if _off_trainers_gpu(trainer, engines) is None:  # CUDA IPC would do: opt-in until it has run on a GPU
+            reason += " load each version from its checkpoint (rollout.weight_sync=cuda_ipc hands it over on the GPU)"
+            return WeightRoute("checkpoint", reason)
         return WeightRoute("checkpoint", f"{reason} load each version from its checkpoint (NCCL needs vllm)")
     devices = {e.device for e in engines}
     if mode == "gloo":

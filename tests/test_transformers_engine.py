@@ -132,15 +132,18 @@ def test_settings_the_transformers_engine_cannot_run_are_refused_by_name(overrid
 
 
 def test_the_weight_route_of_transformers_engines():
-    """No broadcast group on this engine: CUDA IPC when every engine runs on the trainer's GPU, else the checkpoint."""
+    """No broadcast group on this engine: the checkpoint, or CUDA IPC when asked for and every engine runs on the
+    trainer's GPU (opt-in: ``auto`` keeps the checkpoint / shared file until it has run on a GPU)."""
     gpu = Endpoint("h", "cuda", ("0",))
     apart = Endpoint("h", "cuda", ("1",), backend="transformers")
     beside = Endpoint("h", "cuda", ("0",), backend="transformers")
     route = choose_weight_route("auto", gpu, [apart])
     assert route.name == "checkpoint" and "rollout.backend=transformers engines load each version" in route.reason
     route = choose_weight_route("auto", gpu, [beside, beside])
-    assert route.name == "cuda_ipc" and "on the trainer's GPU 0" in route.reason
-    assert choose_weight_route("auto", gpu, [beside, apart]).name == "checkpoint"  # one engine elsewhere
+    assert route.name == "checkpoint" and "rollout.weight_sync=cuda_ipc hands it over on the GPU" in route.reason
+    assert choose_weight_route("cuda_ipc", gpu, [beside, beside]).name == "cuda_ipc"
+    with pytest.raises(ValueError, match="engine 1 runs on GPU 1"):
+        choose_weight_route("cuda_ipc", gpu, [beside, apart])  # one engine elsewhere
     cpu = Endpoint("h", "cpu", backend="transformers")
     assert choose_weight_route("auto", Endpoint("h", "cpu"), [cpu]).name == "checkpoint"
     assert choose_weight_route("auto", Endpoint("other", "cuda", ("0",)), [beside]).name == "checkpoint"  # 2 hosts
@@ -154,22 +157,22 @@ def test_the_weight_route_of_transformers_engines():
     assert choose_weight_route("auto", gpu, [Endpoint("h", "cuda", ("1",))]).name == "nccl"  # vLLM engines
 
 
-def test_the_memory_plan_counts_the_cuda_ipc_copy_where_auto_picks_it(default_model_path):
-    """One GPU, transformers engine: ``auto`` hands the weights over by CUDA IPC, so the trainer's fp32 copy is in the
-    plan; with two GPUs (engine apart) or the checkpoint route it is not."""
+def test_the_memory_plan_counts_the_cuda_ipc_copy_of_a_transformers_run(default_model_path):
+    """One GPU, transformers engine, ``rollout.weight_sync=cuda_ipc``: the trainer's fp32 copy of the weights is in the
+    plan; with ``auto`` (the shared file) it is not, and with the engine on another GPU the route is refused (no
+    plan line: the placement check names the setting)."""
     from tasks.memory_check import plan_run
 
-    cfg = load_config(GRPOConfig, None, ["rollout.backend=transformers"])
     capacity = {"cpu": 64 * 2**30, "cuda:0": 80 * 2**30, "cuda:1": 80 * 2**30}
 
-    def copies(config: GRPOConfig, gpus: list[str]) -> list[str]:
-        plan = plan_run(config, gpus=gpus, capacity=capacity)
+    def copies(sync: str, gpus: list[str]) -> list[str]:
+        cfg = load_config(GRPOConfig, None, ["rollout.backend=transformers", f"rollout.weight_sync={sync}"])
+        plan = plan_run(cfg, gpus=gpus, capacity=capacity)
         return [line.device for line in plan.lines if line.item == "weights shared over CUDA IPC"]
 
-    assert copies(cfg, ["0"]) == ["cuda:0"]
-    assert copies(cfg, ["0", "1"]) == []
-    assert copies(load_config(GRPOConfig, None, ["rollout.backend=transformers", "rollout.weight_sync=checkpoint"]),
-                  ["0"]) == []  # fmt: skip
+    assert copies("cuda_ipc", ["0"]) == ["cuda:0"]
+    assert copies("auto", ["0"]) == []
+    assert copies("cuda_ipc", ["0", "1"]) == []
 
 
 @pytest.mark.slow

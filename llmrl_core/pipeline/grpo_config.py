@@ -69,9 +69,8 @@ class RolloutConfig:
     # How each published version reaches the engines: "checkpoint" (the engines load the version's checkpoint file
     # or object), "nccl" (one CUDA broadcast from the trainer to every engine; the checkpoint is still written, for
     # resume), "gloo" (the same broadcast between a CPU trainer and CPU engines), "cuda_ipc" (engines on the
-    # trainer's GPU open its weights in place through CUDA IPC handles; opt-in for vLLM engines), "auto" (nccl
-    # when the trainer and every engine run on CUDA on distinct GPUs; cuda_ipc for transformers engines on the
-    # trainer's GPU; else checkpoint).
+    # trainer's GPU open its weights in place through CUDA IPC handles; opt-in, vLLM or transformers engines),
+    # "auto" (nccl when the trainer and every vLLM engine run on CUDA on distinct GPUs, else checkpoint).
     weight_sync: Literal["auto", "checkpoint", "nccl", "gloo", "cuda_ipc"] = "auto"
     # env.agent (docs/agents.md): agent episodes run at once per engine, and the seconds one may take before it
     # fails (its own episode only)
