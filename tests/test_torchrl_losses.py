@@ -418,6 +418,16 @@ def test_distillation_from_retrieve_log_prob_as_torchrls_example(hf_model_fp32):
     for row in shifted.unbind(0):
         row.set(("next", "teacher_log_probs", "full"), row.get(("next", "teacher_log_probs", "full")) - 0.1)
     assert float(loss(shifted).loss_distill) == pytest.approx(torch.tensor(-0.1).expm1().item() + 0.1, abs=1e-5)
+    # a padded teacher (pad_output=True): refused, as TorchRL 0.14.1 refuses it (a ValueError there too), saying why
+    padded = RetrieveLogProb(
+        TransformersWrapper(model, return_log_probs=True, pad_output=True, **kwargs),
+        log_probs_full_key=("teacher_log_probs", "full"), assistant_only=True,
+        tokenizer_kwargs={"chat_template_name": "qwen"}, tokenizer=tokenizer,
+    )  # fmt: skip
+    with torch.no_grad():
+        data = padded(lazy_stack(list(td.unbind(0))))
+    with pytest.raises(ValueError, match=r"look padded to the longest chat .*pad_output=False"):
+        loss(data)
 
 
 def test_set_keys_moves_where_each_loss_reads(actor, scored, hf_model_fp32):

@@ -109,10 +109,18 @@ class DistillationLoss(TensorKeysMixin, nn.Module):
                 "point the teacher_log_prob key to your data with set_keys()."
             )
         lengths = attention.sum(-1).tolist()
-        if [r.numel() for r in teacher_rows] != lengths:
+        teacher_lengths = [r.numel() for r in teacher_rows]
+        if teacher_lengths != lengths:
+            padded = len(set(teacher_lengths)) == 1 and teacher_lengths[0] == max(lengths)
+            hint = (
+                " They look padded to the longest chat (a teacher wrapper with pad_output=True, which TorchRL 0.14.1 "
+                "refuses too): give RetrieveLogProb a teacher wrapper with pad_output=False."
+                if padded
+                else ""
+            )
             raise ValueError(
                 f"Student and teacher log-probs have different shapes: the chats have {lengths} tokens, the teacher's "
-                f"log-probs {[r.numel() for r in teacher_rows]}. Both models must score the same tokenized sequences."
+                f"log-probs {teacher_lengths}. Both models must score the same tokenized sequences.{hint}"
             )
         mask = assistant if self.assistant_only else attention
         mask = mask & attention
