@@ -199,6 +199,8 @@ SIGNATURE_TARGETS = [
     ("PythonInterpreter", "torchrl.envs.llm.transforms", None),
     ("GRPOLoss", "torchrl.objectives.llm", None),
     ("MCAdvantage", "torchrl.objectives.llm", None),
+    ("MCAdvantageSelector", "torchrl.objectives.llm", None),
+    ("MCAdvantageSelector.select", "torchrl.objectives.llm", "select"),
     ("SFTLoss", "torchrl.objectives.llm", None),
     ("RayKLRewardTransform", "torchrl.envs.llm.transforms.kl", None),
     ("RayRetrieveKL", "torchrl.envs.llm.transforms.kl", None),

@@ -90,7 +90,6 @@ _NOT_PORTED_GROUPS: dict[str, tuple[str, ...]] = {
         "pre_tokenization_hook",
         "add_chat_template",
     ),
-    "MCAdvantage's candidate selector: llmrl's MCAdvantage does not over-sample candidates": ("MCAdvantageSelector",),
     "other TorchRL internals: TRL interop, incremental tokenization, version-change signal, log-prob distribution": (
         "HFRewardModelWrapper",
         "TorchRLBufferDataset",

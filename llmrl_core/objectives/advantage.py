@@ -1,7 +1,8 @@
 """Group-relative Monte-Carlo advantages (GRPO): the functional core :func:`mc_advantage` and :class:`MCAdvantage`.
 
-Semantics follow TorchRL 0.14.1's ``MCAdvantage`` without its replay-buffer queueing: here a whole batch of
-rows is at hand (read from the trajectory store), so groups are formed in one pass.
+Semantics follow TorchRL 0.14.1's ``MCAdvantage``. Here a whole batch of rows is at hand (read from the trajectory
+store), so groups are formed in one pass; TorchRL's replay-buffer queueing (``inv``, over-sampled candidate groups)
+is :mod:`llmrl_core.objectives.advantage_queue`.
 
 - ``trajectory_return=None``: every row's reward is normalised across all rows of its group,
   ``(r - mean) / max(std, eps)`` with the unbiased std (TorchRL's per-step mode).
@@ -35,6 +36,7 @@ from typing import Any, Literal
 import torch
 
 from llmrl_core.data.batch_groups import row_groups
+from llmrl_core.objectives.advantage_queue import GroupQueueWriter
 
 TrajectoryReturn = Literal["sum", "mean", "max"]
 AdvantageMethod = Literal["grpo", "dr_grpo", "rloo"]
@@ -68,6 +70,16 @@ def _index(ids: Sequence[Hashable] | torch.Tensor, name: str, n: int) -> tuple[l
 def _check_method(method: str) -> None:
     if method not in ADVANTAGE_METHODS:
         raise ValueError(f"method must be one of {ADVANTAGE_METHODS}, got {method!r}")
+
+
+def _check_returns(trajectory_return: str | None, keep_return_bounds: tuple[float, float] | None) -> None:
+    if trajectory_return not in (None, "sum", "mean", "max"):
+        raise ValueError(f"trajectory_return must be None, 'sum', 'mean' or 'max', got {trajectory_return!r}")
+    if keep_return_bounds is not None:
+        if trajectory_return is None:
+            raise ValueError("keep_return_bounds filters on episode returns: set trajectory_return")
+        if len(keep_return_bounds) != 2 or not keep_return_bounds[0] < keep_return_bounds[1]:
+            raise ValueError(f"keep_return_bounds must be an increasing (low, high) pair, got {keep_return_bounds}")
 
 
 def _group_advantages(values: torch.Tensor, method: str, eps: float) -> torch.Tensor:
@@ -110,13 +122,7 @@ def mc_advantage(
         rows = torch.nonzero(~torch.isfinite(r)).reshape(-1).tolist()
         raise ValueError(f"rewards has non-finite values at rows {rows}")
     _check_method(method)
-    if trajectory_return not in (None, "sum", "mean", "max"):
-        raise ValueError(f"trajectory_return must be None, 'sum', 'mean' or 'max', got {trajectory_return!r}")
-    if keep_return_bounds is not None:
-        if trajectory_return is None:
-            raise ValueError("keep_return_bounds filters on episode returns: set trajectory_return")
-        if len(keep_return_bounds) != 2 or not keep_return_bounds[0] < keep_return_bounds[1]:
-            raise ValueError(f"keep_return_bounds must be an increasing (low, high) pair, got {keep_return_bounds}")
+    _check_returns(trajectory_return, keep_return_bounds)
     group_of_row, group_names = _index(group_ids, "group_ids", n)
     # One unit per normalised value: a row (per-step mode) or an episode (its rows reduced to one return).
     if trajectory_return is None:
@@ -158,14 +164,16 @@ def mc_advantage(
     return AdvantageResult(advantages=advantages.float(), keep=keep, stats=stats)
 
 
-class MCAdvantage:
+class MCAdvantage(GroupQueueWriter):
     """Monte-Carlo (group-relative) advantage over batches of trajectory rows; TorchRL's name and options.
 
     ``method`` selects the advantage estimator (``"grpo"``, ``"dr_grpo"``, ``"rloo"``; see the module docstring).
-    Call it on tensors (``mc_advantage`` arguments) or use :meth:`transform_table` on a pyarrow table of
-    trajectory rows: it writes ``advantage_key`` and drops the rows of groups outside ``keep_return_bounds``.
-    TorchRL's arguments are accepted (``prompt_key``, ``done_key``, ``verbose`` are kept for its signature: rows
-    carry their ``group_key`` here); TorchRL's candidate over-sampling is refused by name.
+    Call it on tensors (``mc_advantage`` arguments), on a TensorDict batch of whole groups
+    (:meth:`transform_tensordict`), or use :meth:`transform_table` on a pyarrow table of trajectory rows: it writes
+    ``advantage_key`` and drops the rows of groups outside ``keep_return_bounds``. As a replay-buffer write
+    transform (TorchRL's ``inv``: trajectories queue per group until ``grpo_size`` of them, or a useful subset of up
+    to ``candidate_group_size`` over-sampled candidates, are in) see :mod:`llmrl_core.objectives.advantage_queue`.
+    In batch calls rows carry their ``group_key`` (``prompt_key`` when they have none).
     """
 
     def __init__(
@@ -187,28 +195,50 @@ class MCAdvantage:
         group_key: str = "group_id",
         episode_key: str | None = None,
     ):
+        from llmrl_core.objectives.advantage_selector import MCAdvantageSelector
+
+        _check_returns(trajectory_return, keep_return_bounds)
         if trajectory_return is not None and grpo_size is not None and grpo_size < 2:
-            raise ValueError(f"trajectory_return needs grpo_size >= 2, got {grpo_size}")
-        if candidate_group_size is not None or candidate_selection_min_size is not None or candidate_selector:
             raise ValueError(
-                "MCAdvantage: candidate_group_size / candidate_selection_min_size / candidate_selector (TorchRL's "
-                "over-sampling of groups) are not supported; select groups with keep_return_bounds or "
-                "llmrl_core.objectives.TopKRewardSelector"
+                f"trajectory_return needs grpo_size >= 2 (the returns are normalised by their std over the group), "
+                f"got grpo_size={grpo_size}"
+            )
+        size = grpo_size or 0
+        candidates = size if candidate_group_size is None else int(candidate_group_size)
+        min_size = size if candidate_selection_min_size is None else int(candidate_selection_min_size)
+        if (candidate_group_size or candidate_selection_min_size) and grpo_size is None:
+            raise ValueError("candidate_group_size / candidate_selection_min_size need grpo_size")
+        if candidates < size:
+            raise ValueError(f"candidate_group_size ({candidates}) must be >= grpo_size ({size})")
+        if candidates > size and trajectory_return is None:
+            raise ValueError(
+                f"candidate_group_size={candidates} > grpo_size={size} selects candidates by their return: set "
+                "trajectory_return"
+            )
+        if not size <= min_size <= candidates:
+            raise ValueError(
+                f"candidate_selection_min_size ({min_size}) must lie between grpo_size ({size}) and "
+                f"candidate_group_size ({candidates})"
             )
         _check_method(method)
         self.grpo_size = grpo_size
         self.prompt_key, self.done_key, self.verbose = prompt_key, done_key, verbose
         self.trajectory_return = trajectory_return
-        self.keep_return_bounds = keep_return_bounds
+        self.keep_return_bounds = tuple(map(float, keep_return_bounds)) if keep_return_bounds else None
+        self.candidate_group_size = candidates
+        self.candidate_selection_min_size = min_size
+        self.candidate_selector = candidate_selector if candidate_selector is not None else MCAdvantageSelector()
         self.eps = eps
         self.method = method
         self.group_key = group_key
         self._rewards_td_key = rewards_key
+        self._advantage_td_key = advantage_key
         # A table of trajectory rows names a column by the key's last part: ("next", "reward") -> "reward".
         self.rewards_key = rewards_key if isinstance(rewards_key, str) else rewards_key[-1]
         self.advantage_key = advantage_key if isinstance(advantage_key, str) else advantage_key[-1]
         self.episode_key = episode_key
         self.last_stats: dict[str, int] = {}
+        self._init_queues()
 
     def __call__(
         self,
