@@ -109,3 +109,10 @@ def test_torchrls_docstring_example_and_the_written_advantage_keys():
     assert MCAdvantage(grpo_size=2, prompt_key="group_id").inv(bad) is None  # a tensor id is grouped by value
     with pytest.raises(ValueError, match="needs grpo_size"):
         MCAdvantage(prompt_key="group_id").inv(traj(1, [1.0]))
+
+
+def test_a_batch_call_refuses_over_sampled_groups():
+    """Over-sampled candidates are chosen as trajectories arrive (``inv``); a batch of rows cannot say which."""
+    t = MCAdvantage(grpo_size=2, trajectory_return="sum", candidate_group_size=4)
+    with pytest.raises(ValueError, match=r"candidate_group_size=4\) selects over-sampled candidates .* inv\(td\)"):
+        t(torch.tensor([1.0, 0.0, 1.0, 0.0]), [0, 0, 0, 0])

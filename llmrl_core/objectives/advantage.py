@@ -250,6 +250,11 @@ class MCAdvantage(GroupQueueWriter):
         (TorchRL's call), that batch with the advantages written in (:meth:`transform_tensordict`)."""
         from tensordict import TensorDictBase
 
+        if self.grpo_size is not None and self.candidate_group_size > self.grpo_size:
+            raise ValueError(
+                f"MCAdvantage(candidate_group_size={self.candidate_group_size}) selects over-sampled candidates as "
+                "finished trajectories arrive: write them with inv(td) (a replay-buffer write), not a batch call"
+            )
         if isinstance(rewards, TensorDictBase):
             return self.transform_tensordict(rewards)
         if group_ids is None:
