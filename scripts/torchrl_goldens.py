@@ -201,6 +201,7 @@ SIGNATURE_TARGETS = [
     ("MCAdvantage", "torchrl.objectives.llm", None),
     ("MCAdvantageSelector", "torchrl.objectives.llm", None),
     ("MCAdvantageSelector.select", "torchrl.objectives.llm", "select"),
+    ("RayMCAdvantage", "torchrl.objectives.llm", None),
     ("SFTLoss", "torchrl.objectives.llm", None),
     ("RayKLRewardTransform", "torchrl.envs.llm.transforms.kl", None),
     ("RayRetrieveKL", "torchrl.envs.llm.transforms.kl", None),

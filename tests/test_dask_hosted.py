@@ -359,3 +359,31 @@ def test_hosted_kl_transforms_equal_the_local_ones(client, default_model_path):
             assert plain(got) == plain(expected)
             assert hosted.in_keys == ["reward", ("tokens", "full")]
             assert "RetrieveKL" not in repr(hosted) and "KLRewardTransform" in repr(hosted)
+
+
+def test_ray_mc_advantage_completes_a_group_across_writers(client):
+    """``RayMCAdvantage``: the queues live in one Dask actor, so two writers (two objects naming the same actor)
+    complete one group together; the advantages are MCAdvantage's (TorchRL's docstring example: -0.7071, 0.7071)."""
+    from llmrl_core.objectives import RayMCAdvantage
+
+    def traj(group: int, rewards: list[float]) -> TensorDict:
+        steps = len(rewards)
+        done = torch.tensor([False] * (steps - 1) + [True]).reshape(steps, 1)
+        reward = torch.tensor(rewards).reshape(steps, 1)
+        return TensorDict(group_id=torch.full((steps,), group), next=TensorDict(reward=reward, done=done,
+                          batch_size=[steps]), batch_size=[steps])  # fmt: skip
+
+    kwargs = {"grpo_size": 2, "prompt_key": "group_id", "trajectory_return": "sum", "client": client}
+    with RayMCAdvantage(**kwargs, actor_name="llmrl-test-mc-advantage") as first:
+        second = RayMCAdvantage(**kwargs, actor_name="llmrl-test-mc-advantage")
+        assert first.inv(traj(0, [0.0])) is None and second.inv(traj(1, [1.0, 0.0])) is None
+        assert (first.queued_groups, second.queued_trajectories) == (2, 2)
+        out = second.inv(traj(0, [1.0]))
+        assert out["advantage"].reshape(-1).tolist() == pytest.approx([-0.7071068, 0.7071068])
+        assert out["group_id"].tolist() == [0, 0] and first.in_keys[0] == "group_id"
+        stats = first.get_stats()
+        assert (stats["written_groups"], stats["queued_groups"], stats["completed_trajectories"]) == (1, 1, 3)
+        first.clear_queues()
+        assert second.queued_groups == 0
+    with pytest.raises(ValueError, match="ray_init_config=.* is a Ray setting"):
+        RayMCAdvantage(grpo_size=2, ray_init_config={"ignore_reinit_error": True}, client=client)

@@ -39,7 +39,6 @@ _NOT_PORTED_GROUPS: dict[str, tuple[str, ...]] = {
         "vLLMUpdaterV2",
         "RemoteTransformersWrapper",
         "RayDataLoadingPrimer",
-        "RayMCAdvantage",
     ),
     "datasets and parsers llmrl does not ship (Countdown, MATH; IFEval's row class)": (
         "CountdownEnv",

@@ -3,6 +3,7 @@ advantages, SFT, distillation, top-k selection."""
 
 from llmrl_core.data.topk import TopKRewardSelector, select_top_k
 from llmrl_core.objectives.advantage import ADVANTAGE_METHODS, AdvantageResult, MCAdvantage, mc_advantage
+from llmrl_core.objectives.advantage_hosted import RayMCAdvantage
 from llmrl_core.objectives.advantage_selector import MCAdvantageSelector
 from llmrl_core.objectives.distillation import DistillationLoss, DistillationLossOutput, k3_kl_token_estimate
 from llmrl_core.objectives.grpo import (
@@ -35,6 +36,7 @@ __all__ = [
     "LLMLossOutput",
     "MCAdvantage",
     "MCAdvantageSelector",
+    "RayMCAdvantage",
     "SFTLoss",
     "SFTLossOutput",
     "TopKRewardSelector",

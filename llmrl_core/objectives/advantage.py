@@ -237,6 +237,7 @@ class MCAdvantage(GroupQueueWriter):
         self.rewards_key = rewards_key if isinstance(rewards_key, str) else rewards_key[-1]
         self.advantage_key = advantage_key if isinstance(advantage_key, str) else advantage_key[-1]
         self.episode_key = episode_key
+        self.in_keys, self.out_keys = [prompt_key, rewards_key, done_key], [advantage_key]  # TorchRL's
         self.last_stats: dict[str, int] = {}
         self._init_queues()
 

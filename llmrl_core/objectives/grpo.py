@@ -70,7 +70,8 @@ from tensordict import TensorClass
 from torch import nn
 
 from llmrl_core.objectives.advantage import MCAdvantage  # noqa: F401  (TorchRL's grpo module defines it)
-from llmrl_core.objectives.advantage_selector import MCAdvantageSelector  # noqa: F401  (and this one)
+from llmrl_core.objectives.advantage_hosted import RayMCAdvantage  # noqa: F401  (and these two)
+from llmrl_core.objectives.advantage_selector import MCAdvantageSelector  # noqa: F401
 from llmrl_core.objectives.reductions import (
     aggregate,
     broadcast_advantages,
