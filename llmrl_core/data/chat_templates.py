@@ -45,8 +45,9 @@ class NamedTemplate:
 
     name: str
     template: str
-    end_of_turn: str
-    text_format: str  # key into llmrl_core.data.text_parsing.PARSERS
+    end_of_turn: str | None  # None: the tokenizer's end-of-sequence token
+    text_format: str | None  # key into llmrl_core.data.text_parsing.PARSERS (None: no parser for the format)
+    assistant_lead: str = ""  # text the template puts before an assistant's content that the assistant generates
 
 
 # Qwen's chat format (TorchRL's "qwen"): ChatML with a default system turn when the chat does not open with one.
@@ -56,10 +57,55 @@ _QWEN = (
     "{% endif %}" + _CHATML
 )
 
+# The formats of TorchRL's other named templates ("llama", "deepseek", "falcon", "dialogpt"), written here:
+# Llama 4 headers, a leading system message trimmed and dropped when empty; content given as a list of typed parts
+# is its text parts, trimmed.
+_TEXT_OF = (
+    "{% macro text_of(content) %}{% if content is string %}{{ content }}{% else %}"
+    "{% for part in content %}{% if part['type'] == 'text' %}{{ part['text'] | trim }}{% endif %}{% endfor %}"
+    "{% endif %}{% endmacro %}"
+)
+_LLAMA4 = (
+    _TEXT_OF + "{{ bos_token }}"
+    "{% if messages and messages[0]['role'] == 'system' %}"
+    "{% set system = messages[0]['content'] | trim %}{% set turns = messages[1:] %}"
+    "{% else %}{% set system = '' %}{% set turns = messages %}{% endif %}"
+    "{% if system %}{{ '<|header_start|>system<|header_end|>\n\n' + system + '<|eot|>' }}{% endif %}"
+    "{% for message in turns %}"
+    "{{ '<|header_start|>' + message['role'] + '<|header_end|>\n\n' }}{{ text_of(message['content']) }}"
+    "{{ '<|eot|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|header_start|>assistant<|header_end|>\n\n' }}{% endif %}"
+)
+# "User: ..." / "Assistant: ..." turns; the assistant's reply (its leading space included) is what it generates.
+_DEEPSEEK = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'user' %}{{ 'User: ' + message['content'] + '\n\n' }}"
+    "{% elif message['role'] == 'assistant' %}{{ 'Assistant: ' + message['content'] + eos_token }}"
+    "{% elif message['role'] == 'system' %}{{ message['content'] + '\n\n' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
+_FALCON = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'user' %}{{ 'User: ' + message['content'] + '\n\n' }}"
+    "{% elif message['role'] == 'assistant' %}{{ 'Assistant: ' + message['content'] + '\n' }}"
+    "{% elif message['role'] == 'system' %}{{ message['content'] + '\n\n' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
+# Turns separated by the end-of-sequence token, no roles, no system message.
+_DIALOGPT = (
+    "{% for message in messages %}{% if message['role'] in ('user', 'assistant') %}"
+    "{{ message['content'] + eos_token }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ ' ' }}{% endif %}"
+)
+
 NAMED_TEMPLATES: dict[str, NamedTemplate] = {
     "chatml": NamedTemplate("chatml", _CHATML, "<|im_end|>", "chatml"),
     "llama3": NamedTemplate("llama3", _LLAMA3, "<|eot_id|>", "llama3"),
     "qwen": NamedTemplate("qwen", _QWEN, "<|im_end|>", "chatml"),
+    "llama": NamedTemplate("llama", _LLAMA4, "<|eot|>", "llama4"),
+    "deepseek": NamedTemplate("deepseek", _DEEPSEEK, None, None, assistant_lead=" "),
+    "falcon": NamedTemplate("falcon", _FALCON, None, None, assistant_lead=" "),
+    "dialogpt": NamedTemplate("dialogpt", _DIALOGPT, None, None),
 }
 # TorchRL's name for ChatML, accepted as an alias.
 NAMED_TEMPLATES["chatml_format"] = NAMED_TEMPLATES["chatml"]
@@ -76,6 +122,7 @@ class ResolvedTemplate:
     template: str
     end_of_turn: str | None
     source: str  # "explicit", "named:<name>", "tokenizer" or "fallback:<name>"
+    assistant_lead: str = ""  # counted in the assistant mask (see NamedTemplate)
 
 
 def named_template(name: str) -> NamedTemplate:
@@ -99,10 +146,14 @@ def resolve_template(
 ) -> ResolvedTemplate:
     """Pick the template to render with (explicit > named > tokenizer's own > ChatML fallback)."""
     if chat_template is not None:
-        return ResolvedTemplate(chat_template, detect_end_of_turn(chat_template, tokenizer), "explicit")
+        named = next((t for t in NAMED_TEMPLATES.values() if t.template == chat_template), None)
+        if named is None:  # (a built-in template passed as text keeps its end of turn and assistant lead)
+            return ResolvedTemplate(chat_template, detect_end_of_turn(chat_template, tokenizer), "explicit")
+        chat_template_name = named.name
     if chat_template_name is not None and chat_template_name != MODEL_TEMPLATE:
         named = named_template(chat_template_name)
-        return ResolvedTemplate(named.template, named.end_of_turn, f"named:{named.name}")
+        end = named.end_of_turn or (getattr(tokenizer, "eos_token", None) if tokenizer is not None else None)
+        return ResolvedTemplate(named.template, end, f"named:{named.name}", named.assistant_lead)
     own = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
     if isinstance(own, str) and own:
         return ResolvedTemplate(own, detect_end_of_turn(own, tokenizer), "tokenizer")
@@ -178,6 +229,7 @@ def assistant_char_spans(
     end_of_turn: str | None = None,
     include_end_of_turn: bool = True,
     tokenizer: Any = None,
+    lead: str = "",
     **template_kwargs: Any,
 ) -> list[tuple[int, tuple[int, int]]]:
     """Character spans of each assistant message's content inside ``full_text``.
@@ -185,7 +237,9 @@ def assistant_char_spans(
     For message ``i`` the conversation up to ``i`` is rendered with a generation prompt; the message's content
     is searched from the end of that prefix (templates are prefix-stable for the common families). The span
     covers the content and, when ``include_end_of_turn``, the end-of-turn marker right after it: it is the
-    token the policy samples to stop, so the loss should see it. Returns ``[(message_index, (start, end))]``.
+    token the policy samples to stop, so the loss should see it; it starts at ``lead`` (text the template puts
+    before the content as part of what the assistant generates, e.g. a space) when that lead precedes the content.
+    Returns ``[(message_index, (start, end))]``.
     """
     spans: list[tuple[int, tuple[int, int]]] = []
     cursor = 0
@@ -207,6 +261,8 @@ def assistant_char_spans(
         end = start + len(content)
         if include_end_of_turn and end_of_turn and full_text.startswith(end_of_turn, end):
             end += len(end_of_turn)
+        if lead and start >= len(lead) and full_text.startswith(lead, start - len(lead)):
+            start -= len(lead)
         spans.append((index, (start, end)))
         cursor = end
     return spans

@@ -153,6 +153,12 @@ class Conversation:
         text_format = end = None
         if chat_template_name is not None:
             named = named_template(chat_template_name)
+            if named.text_format is None:
+                raise ValueError(
+                    f"from_text cannot read the {chat_template_name!r} format back into messages (its turns carry no "
+                    "markers a parser can trust; TorchRL 0.14.1 misreads or refuses it too): keep the History you "
+                    "rendered, or parse with chat_template_name='llama' / 'llama3' / 'chatml' / 'qwen'"
+                )
             text_format, end = named.text_format, named.end_of_turn
         elif tokenizer is not None:
             resolved = resolve_template(tokenizer)
@@ -268,6 +274,7 @@ class Conversation:
                 end_of_turn=resolved.end_of_turn,
                 include_end_of_turn=include_end_of_turn,
                 tokenizer=tokenizer,
+                lead=resolved.assistant_lead,
                 **template_kwargs,
             )
             masks = torch.tensor(char_spans_to_token_mask(enc["offset_mapping"], [s for _, s in spans]))

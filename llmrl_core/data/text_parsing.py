@@ -38,9 +38,23 @@ def parse_llama3(text: str) -> list[dict[str, Any]]:
     return _parse(_LLAMA3_MSG, text, "<|eot_id|>")
 
 
-PARSERS: dict[str, Callable[[str], list[dict[str, Any]]]] = {"chatml": parse_chatml, "llama3": parse_llama3}
-_MARKERS = {"chatml": "<|im_start|>", "llama3": "<|start_header_id|>"}
-END_MARKERS = {"chatml": "<|im_end|>", "llama3": "<|eot_id|>"}
+_LLAMA4_MSG = re.compile(
+    r"<\|header_start\|>(.*?)<\|header_end\|>\n\n(.*?)(<\|eot\|>|(?=<\|header_start\|>)|\Z)", re.DOTALL
+)
+
+
+def parse_llama4(text: str) -> list[dict[str, Any]]:
+    """Messages of a Llama-4 text (``<|header_start|>role<|header_end|>\\n\\ncontent<|eot|>``; TorchRL's "llama")."""
+    return _parse(_LLAMA4_MSG, text, "<|eot|>")
+
+
+PARSERS: dict[str, Callable[[str], list[dict[str, Any]]]] = {
+    "chatml": parse_chatml,
+    "llama3": parse_llama3,
+    "llama4": parse_llama4,
+}
+_MARKERS = {"chatml": "<|im_start|>", "llama3": "<|start_header_id|>", "llama4": "<|header_start|>"}
+END_MARKERS = {"chatml": "<|im_end|>", "llama3": "<|eot_id|>", "llama4": "<|eot|>"}
 
 
 def detect_format(text: str) -> str | None:
