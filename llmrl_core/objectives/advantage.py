@@ -37,6 +37,7 @@ import torch
 
 from llmrl_core.data.batch_groups import row_groups
 from llmrl_core.objectives.advantage_queue import GroupQueueWriter
+from llmrl_core.objectives.group_relative import RETURN_REDUCERS, group_advantages, has_signal
 
 TrajectoryReturn = Literal["sum", "mean", "max"]
 AdvantageMethod = Literal["grpo", "dr_grpo", "rloo"]
@@ -82,17 +83,6 @@ def _check_returns(trajectory_return: str | None, keep_return_bounds: tuple[floa
             raise ValueError(f"keep_return_bounds must be an increasing (low, high) pair, got {keep_return_bounds}")
 
 
-def _group_advantages(values: torch.Tensor, method: str, eps: float) -> torch.Tensor:
-    """Advantages of one group's ``G >= 2`` returns (not all equal) under ``method``."""
-    if method == "grpo":
-        return (values - values.mean()) / values.std().clamp_min(eps)
-    if method == "dr_grpo":
-        return values - values.mean()
-    # rloo: each value minus the mean of the other G - 1 values of its group.
-    size = values.numel()
-    return values - (values.sum() - values) / (size - 1)
-
-
 def mc_advantage(
     rewards: Sequence[float] | torch.Tensor,
     group_ids: Sequence[Hashable] | torch.Tensor,
@@ -134,7 +124,7 @@ def mc_advantage(
         unit_rows = [[] for _ in range(max(unit_of_row, default=-1) + 1)]
         for row, unit in enumerate(unit_of_row):
             unit_rows[unit].append(row)
-        reduce = {"sum": torch.sum, "mean": torch.mean, "max": torch.max}[trajectory_return]
+        reduce = RETURN_REDUCERS[trajectory_return]
         unit_value = torch.stack([reduce(r[rows]) for rows in unit_rows]) if unit_rows else r.new_zeros(0)
     unit_group = [group_of_row[rows[0]] for rows in unit_rows]
 
@@ -154,10 +144,10 @@ def mc_advantage(
             for unit in units:
                 keep[unit_rows[unit]] = False
             continue
-        if len(units) < 2 or bool((values == values[0]).all()):
+        if not has_signal(values):
             stats["zero_signal_groups"] += 1
             continue
-        normalised = _group_advantages(values, method, eps)
+        normalised = group_advantages(values, method, eps)
         for unit, adv in zip(units, normalised.tolist(), strict=True):
             advantages[unit_rows[unit]] = adv
     stats["kept_rows"] = int(keep.sum())

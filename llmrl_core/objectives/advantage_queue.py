@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from llmrl_core.objectives.group_relative import RETURN_REDUCERS, group_advantages
+
 STAT_NAMES = (
     "completed_trajectories",
     "completed_decisions",
@@ -145,24 +147,19 @@ class GroupQueueWriter:
         return out
 
     def _per_step_advantages(self, queue: list[Any]) -> Any:
-        from llmrl_core.objectives.advantage import _group_advantages
-
         group = _cat(queue)
         rewards = group.get(self._rewards_td_key).float()
-        flat = rewards.reshape(-1)
-        equal = bool((flat == flat[0]).all())
-        advantages = torch.zeros_like(flat) if equal else _group_advantages(flat, self.method, self.eps)
+        advantages = group_advantages(rewards.reshape(-1), self.method, self.eps)
         group.set(self._advantage_td_key, advantages.reshape(rewards.shape))
         return group
 
     def _selected_group(self, queue: list[Any]) -> Any:
         from tensordict import TensorDict
 
-        from llmrl_core.objectives.advantage import _group_advantages
         from llmrl_core.objectives.advantage_selector import mean_inside
 
         rewards = [t.get(self._rewards_td_key).float() for t in queue]
-        reduce = {"sum": torch.sum, "mean": torch.mean, "max": torch.max}[self.trajectory_return]  # type: ignore[index]
+        reduce = RETURN_REDUCERS[self.trajectory_return]  # type: ignore[index]
         returns = torch.stack([reduce(r) for r in rewards])
         candidates = TensorDict({"return": returns}, batch_size=[len(queue)])
         picked = self.candidate_selector.select(
@@ -178,8 +175,7 @@ class GroupQueueWriter:
         kept = returns[picked]
         if not mean_inside([float(v) for v in kept], list(range(len(picked))), self.keep_return_bounds):
             return None  # a custom selector's pick outside the bounds: no signal
-        equal = bool((kept == kept[0]).all())
-        advantages = torch.zeros_like(kept) if equal else _group_advantages(kept, self.method, self.eps)
+        advantages = group_advantages(kept, self.method, self.eps)
         out = []
         for index, advantage in zip(picked, advantages, strict=True):
             trajectory = queue[index]
