@@ -74,8 +74,9 @@ def plan_run(cfg: GRPOConfig, gpus: list[str] | None = None, capacity: dict[str,
 
 
 def _hands_over_by_cuda_ipc(cfg: GRPOConfig, visible: dict[str, str]) -> bool:
-    """Whether the run's weight route will be CUDA IPC (asked for, or ``auto``'s choice for engines on the trainer's
-    GPU): the trainer then holds an fp32 copy of the weights while the engines load it."""
+    """Whether the run's weight route will be CUDA IPC (``rollout.weight_sync=cuda_ipc`` where the planned GPUs
+    carry it; ``auto`` never picks it yet): the trainer then holds an fp32 copy of the weights while the engines
+    load it."""
     from tasks.weight_sync import local_route
 
     engines = [n for n in local_worker_names(cfg) if n != "trainer"]
