@@ -37,6 +37,10 @@ for key, value in {
     os.environ.setdefault(key, value)
 
 
+# CI runs the tests on two pytest-xdist workers (README). The tests marked ``xdist_group("dev-shm")`` run one after
+# another on one worker: some kill a trainer, whose /dev/shm handoff folder stays until a later trainer sweeps it,
+# and one asserts that its own run left nothing there to sweep.
+
 ISOLATED = "LLMRL_TEST_ISOLATED"  # set in the child process of an ``isolated`` test
 
 

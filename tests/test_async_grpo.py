@@ -200,6 +200,7 @@ def _tiny(tmp_path, *extra):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("dev-shm")  # see tests/conftest.py
 def test_async_run_killed_mid_pipeline_resumes_exactly(tmp_path, default_model_path):
     """max_staleness=1: SIGKILL (flow and Dask workers) once version 1 is committed — batch 1 (sampled by version
     0) is staged or in flight and batch 2 may be being sampled — then a resume. Every batch is stored once, by

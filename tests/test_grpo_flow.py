@@ -63,6 +63,7 @@ def _start_cli_run(args: list[str], log=None, **env: str):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("dev-shm")  # see tests/conftest.py
 def test_two_iterations_crash_and_resume(tmp_path, default_model_path):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
@@ -225,6 +226,7 @@ def test_an_engine_that_misses_a_version_stops_the_run_before_training_on_its_ro
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("dev-shm")  # see tests/conftest.py
 def test_sigkill_mid_iteration_then_resume_repeats_nothing(tmp_path, default_model_path):
     """A real kill (SIGKILL to the flow process and its Dask workers) as soon as version 1 is committed, i.e.
     beside iteration 1's train step (version 2 is far from committed), then a resume: iteration 1 runs once,

@@ -236,6 +236,7 @@ def _run_flow(
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("dev-shm")  # see tests/conftest.py
 def test_grpo_on_a_joined_cluster_of_separate_nodes(tmp_path, default_model_path, s3_server):
     from dask.distributed import Client
 

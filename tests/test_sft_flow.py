@@ -223,6 +223,7 @@ def test_the_epoch_trainer_is_built_as_the_grpo_trainer_is(tmp_path, monkeypatch
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("dev-shm")  # see tests/conftest.py
 def test_a_killed_trainer_worker_heals_and_resumes_from_the_last_epoch(tmp_path, default_model_path):
     """SFT heals as GRPO does (dask.restarts): the trainer worker is killed (SIGKILL) when first asked for epoch 1;
     the flow names the lost worker in one line, starts a new one, resumes after the published version 1 (not
