@@ -238,6 +238,8 @@ SIGNATURE_TARGETS = [
     ("CISPOLossOutput", "torchrl.objectives.llm", None),
     ("DistillationLoss", "torchrl.objectives.llm", None),
     ("DistillationLossOutput", "torchrl.objectives.llm", None),
+    ("CountdownEnv", "torchrl.envs.llm", None),
+    ("CountdownRewardParser", "torchrl.envs.llm", None),
 ]
 
 

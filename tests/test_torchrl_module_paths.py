@@ -40,9 +40,7 @@ _NOT_PORTED_GROUPS: dict[str, tuple[str, ...]] = {
         "RemoteTransformersWrapper",
         "RayDataLoadingPrimer",
     ),
-    "datasets and parsers llmrl does not ship (Countdown, MATH; IFEval's row class)": (
-        "CountdownEnv",
-        "CountdownRewardParser",
+    "datasets and parsers llmrl does not ship (MATH; IFEval's row class)": (
         "MATHEnv",
         "MATHRewardParser",
         "IFEvalData",

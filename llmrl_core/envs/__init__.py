@@ -1,13 +1,15 @@
 """LLM environments with TorchRL's names and semantics, on plain dataclasses and tensors.
 
 ``ChatEnv`` (batched multi-turn chat), ``DatasetChatEnv`` (ChatEnv + ``DataLoadingPrimer``), GSM8K
-(``GSM8KEnv``, ``make_gsm8k_env``, ``GSM8KPrepareQuestion``, ``GSM8KRewardParser``), ``LLMEnv`` and
+(``GSM8KEnv``, ``make_gsm8k_env``, ``GSM8KPrepareQuestion``, ``GSM8KRewardParser``), Countdown (``CountdownEnv``,
+``CountdownRewardParser``), ``LLMEnv`` and
 ``LLMHashingEnv``, and the ``Transform`` base with the built-in transforms.
 """
 
 from typing import Any
 
 from llmrl_core.envs.chat_env import ChatEnv
+from llmrl_core.envs.countdown import CountdownEnv, CountdownRewardParser
 from llmrl_core.envs.dataset_chat_env import DatasetChatEnv
 from llmrl_core.envs.gsm8k import GSM8K_SYSTEM_PROMPT, GSM8KEnv, GSM8KPrepareQuestion, make_gsm8k_env
 from llmrl_core.envs.gsm8k_reward import GSM8KRewardParser
@@ -49,6 +51,8 @@ __all__ = [
     "AddThinkingPrompt",
     "BrowserTransform",
     "ChatEnv",
+    "CountdownEnv",
+    "CountdownRewardParser",
     "DataLoadingPrimer",
     "DatasetChatEnv",
     "EnvOutput",

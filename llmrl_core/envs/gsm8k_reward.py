@@ -93,20 +93,24 @@ class GSM8KRewardParser(Transform):
             in_keys = [in_keys] if isinstance(in_keys, (str, tuple)) else list(in_keys)
             if not 1 <= len(in_keys) <= 2 or _key_root(in_keys[0]) not in _RESPONSE_ROOTS:
                 raise ValueError(
-                    f"GSM8KRewardParser: in_keys={in_keys!r} is not supported; pass None or "
+                    f"{type(self).__name__}: in_keys={in_keys!r} is not supported; pass None or "
                     f"[response_key, answer_key] with a response key rooted at one of {_RESPONSE_ROOTS}"
                 )
             if len(in_keys) == 2:
                 if not isinstance(in_keys[1], str):
-                    raise ValueError(f"GSM8KRewardParser: the answer key must be a row field name, got {in_keys[1]!r}")
+                    raise ValueError(
+                        f"{type(self).__name__}: the answer key must be a row field name, got {in_keys[1]!r}"
+                    )
                 answer_key = in_keys[1]
         if out_keys is not None and tuple(out_keys) != _DEFAULT_OUT_KEYS:
             raise ValueError(
-                f"GSM8KRewardParser: out_keys={list(out_keys)!r} is not supported; the outputs are fixed to "
+                f"{type(self).__name__}: out_keys={list(out_keys)!r} is not supported; the outputs are fixed to "
                 f"{list(_DEFAULT_OUT_KEYS)} (reward_components and info['success'])"
             )
         if input_mode is not None and input_mode not in _INPUT_MODES:
-            raise ValueError(f"GSM8KRewardParser: input_mode must be None or one of {_INPUT_MODES}, got {input_mode!r}")
+            raise ValueError(
+                f"{type(self).__name__}: input_mode must be None or one of {_INPUT_MODES}, got {input_mode!r}"
+            )
         self.tokenizer = tokenizer
         self.in_keys = in_keys
         self.out_keys = list(_DEFAULT_OUT_KEYS)
@@ -121,7 +125,7 @@ class GSM8KRewardParser(Transform):
         """The reward outputs for one response text and one gold ``answer`` field."""
         think, answer = extract_tags(self.strip_end(response))
         has_answer = bool(answer)
-        correct = has_answer and normalize_answer(answer) == normalize_answer(gold_answer(answer_field))
+        correct = has_answer and self.is_correct(answer, answer_field)
         if correct:
             right = self.correct_reward
         elif has_answer:
@@ -135,6 +139,11 @@ class GSM8KRewardParser(Transform):
             "reward": right,
             "success": correct,
         }
+
+    def is_correct(self, answer: str, answer_field: str) -> bool:
+        """Whether the (non-empty) tagged ``answer`` is right for the row's gold ``answer_field``: here, the numbers
+        are equal after normalising; a subclass with another check (:class:`CountdownRewardParser`) overrides it."""
+        return normalize_answer(answer) == normalize_answer(gold_answer(answer_field))
 
     def score_row(self, response: str, row: dict[str, Any]) -> dict[str, float | bool]:
         """The reward outputs for one response to a prompt row (here: against the row's gold answer field)."""
