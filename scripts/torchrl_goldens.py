@@ -240,6 +240,8 @@ SIGNATURE_TARGETS = [
     ("DistillationLossOutput", "torchrl.objectives.llm", None),
     ("CountdownEnv", "torchrl.envs.llm", None),
     ("CountdownRewardParser", "torchrl.envs.llm", None),
+    ("MATHEnv", "torchrl.envs.llm", None),
+    ("MATHRewardParser", "torchrl.envs.llm", None),
 ]
 
 

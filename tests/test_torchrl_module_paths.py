@@ -40,11 +40,7 @@ _NOT_PORTED_GROUPS: dict[str, tuple[str, ...]] = {
         "RemoteTransformersWrapper",
         "RayDataLoadingPrimer",
     ),
-    "datasets and parsers llmrl does not ship (MATH; IFEval's row class)": (
-        "MATHEnv",
-        "MATHRewardParser",
-        "IFEvalData",
-    ),
+    "IFEval's row class (llmrl's IFEval rows are the shipped data's dicts)": ("IFEvalData",),
     "TorchRL's generic tool framework: llmrl's tools are PythonInterpreter, MCPToolTransform, BrowserTransform": (
         "ExecuteToolsInOrder",
         "JSONCallParser",

@@ -2,13 +2,14 @@
 
 ``ChatEnv`` (batched multi-turn chat), ``DatasetChatEnv`` (ChatEnv + ``DataLoadingPrimer``), GSM8K
 (``GSM8KEnv``, ``make_gsm8k_env``, ``GSM8KPrepareQuestion``, ``GSM8KRewardParser``), Countdown (``CountdownEnv``,
-``CountdownRewardParser``), ``LLMEnv`` and
+``CountdownRewardParser``), MATH (``MATHEnv``, ``MATHRewardParser``), ``LLMEnv`` and
 ``LLMHashingEnv``, and the ``Transform`` base with the built-in transforms.
 """
 
 from typing import Any
 
 from llmrl_core.envs.chat_env import ChatEnv
+from llmrl_core.envs.competition_math import MATHEnv, MATHRewardParser
 from llmrl_core.envs.countdown import CountdownEnv, CountdownRewardParser
 from llmrl_core.envs.dataset_chat_env import DatasetChatEnv
 from llmrl_core.envs.gsm8k import GSM8K_SYSTEM_PROMPT, GSM8KEnv, GSM8KPrepareQuestion, make_gsm8k_env
@@ -66,6 +67,8 @@ __all__ = [
     "KLRewardTransform",
     "LLMEnv",
     "LLMHashingEnv",
+    "MATHEnv",
+    "MATHRewardParser",
     "MCPToolTransform",
     "MLGymWrapper",
     "PolicyVersion",
