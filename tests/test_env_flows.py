@@ -219,12 +219,14 @@ def test_grpo_on_ifeval(tmp_path):
         ("env.rewards=[{function: 'json:dumps', weight: x}]", r"env.rewards\[0\].weight: expected float"),
         ("env.rewards=[{function: 'math:sqrt'}]", r"must accept \(prompt, completion, row\)"),
         ("env.max_turns=0", "env.max_turns must be >= 1"),
+        (("env.name=countdown", "env.args.numbers=3"), r"env.args: unknown key\(s\) \['numbers'\] for countdown"),
+        (("env.name=countdown", "env.args.max_number=0"), "env.args.max_number: expected a positive int"),
         ("env.env_reward=false", "nothing would pay"),
     ],
 )
 def test_bad_env_settings_fail_before_anything_starts(override, message):
     with pytest.raises(ConfigError, match=message):
-        load_config(GRPOConfig, None, [override])
+        load_config(GRPOConfig, None, [override] if isinstance(override, str) else list(override))
 
 
 def test_env_section_defaults_keep_the_task_section_working():
@@ -258,7 +260,7 @@ def test_grpo_on_a_gymnasium_style_game_through_the_mlgym_wrapper(tmp_path):
     assert all(len(prompts) == 1 for prompts in by_group.values())  # a GRPO group plays one game
 
 
-@pytest.mark.parametrize("name", ["gsm8k", "ifeval", "guess_number"])
+@pytest.mark.parametrize("name", ["gsm8k", "ifeval", "guess_number", "countdown"])
 def test_the_flows_built_in_envs_render_with_the_models_own_template(name, default_model_path):
     """A flow's built-in env renders its prompts with the model's own chat template (SmolLM2's adds its default
     system turn when a chat has none), not with the choice a bare ``ChatEnv`` makes as TorchRL does (ChatML);

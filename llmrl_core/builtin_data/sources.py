@@ -3,7 +3,8 @@
 ``resolve_source("gsm8k:train")`` is the shipped file's path; ``resolve_source("arithmetic:test?n=200")``
 is a list of rows (see :mod:`llmrl_core.builtin_data.arithmetic`); ``reasoning_gym:train`` / ``reasoning_gym:test``
 are the rows of the reasoning-gym dataset named in the run's ``env.args`` (passed as ``env_options``, see
-:mod:`llmrl_core.builtin_data.reasoning_gym_data`); any other string must be an existing ``.jsonl`` / ``.parquet``
+:mod:`llmrl_core.builtin_data.reasoning_gym_data`); ``countdown:train`` / ``countdown:test`` are made Countdown
+problems (:mod:`llmrl_core.builtin_data.countdown_data`); any other string must be an existing ``.jsonl`` / ``.parquet``
 path with ``question`` and ``answer`` fields. ``verifiers:train`` / ``verifiers:eval`` are the datasets of the verifiers
 environment named in the run's ``env.verifiers`` (see :mod:`llmrl_core.builtin_data.verifiers_data`).
 """
@@ -16,6 +17,7 @@ from typing import Any
 
 from llmrl_core.builtin_data import gsm8k_path, load_gsm8k
 from llmrl_core.builtin_data.arithmetic import arithmetic_rows
+from llmrl_core.builtin_data.countdown_data import countdown_rows, is_countdown_source
 from llmrl_core.builtin_data.reasoning_gym_data import is_reasoning_gym_source, reasoning_gym_rows
 from llmrl_core.builtin_data.verifiers_data import is_verifiers_source, verifiers_rows
 
@@ -28,6 +30,8 @@ def resolve_source(source: str, env_options: Mapping[str, Any] | None = None) ->
         return reasoning_gym_rows(source, env_options)
     if is_verifiers_source(source):
         return verifiers_rows(source, env_options)
+    if is_countdown_source(source):
+        return countdown_rows(source, env_options)
     if source.startswith("gsm8k:"):
         return str(gsm8k_path(source.split(":", 1)[1]))
     if source.startswith("arithmetic:"):
@@ -42,7 +46,8 @@ def resolve_source(source: str, env_options: Mapping[str, Any] | None = None) ->
     if not Path(source).exists():
         raise FileNotFoundError(
             f"source {source!r}: no such file (use gsm8k:train, gsm8k:test, arithmetic:train, arithmetic:test, "
-            "ifeval, guess_number:train, reasoning_gym:train, reasoning_gym:test or a .jsonl/.parquet path with "
+            "ifeval, guess_number:train, reasoning_gym:train, reasoning_gym:test, countdown:train, countdown:test or "
+            "a .jsonl/.parquet path with "
             "question/answer fields)"
         )
     return source
@@ -58,6 +63,8 @@ def load_source_rows(
         return list(reasoning_gym_rows(source, env_options, n=limit))
     if is_verifiers_source(source):
         return verifiers_rows(source, env_options, n=limit)
+    if is_countdown_source(source):
+        return countdown_rows(source, env_options, n=limit)
     resolved = resolve_source(source)
     if isinstance(resolved, list):
         rows = resolved

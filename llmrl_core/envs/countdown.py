@@ -150,8 +150,9 @@ class CountdownEnv(DatasetChatEnv):
     TorchRL's system prompt, one turn, rewards from :class:`CountdownRewardParser`. TorchRL's arguments and
     defaults; ``shuffle`` is accepted and has no effect (the problems are random already). ``seed=None`` draws
     different problems each time; pass an int to reproduce them (a restored ``state_dict`` then continues the
-    same stream). llmrl's own: ``batch_size`` (prompts per reset), ``system_prompt``, ``format_reward`` and
-    ``correct_reward``."""
+    same stream). llmrl's own: ``batch_size`` (prompts per reset), ``system_prompt``, ``format_reward``,
+    ``correct_reward`` and ``chat_template_name``. ``env.name=countdown`` trains it in the flows
+    (:mod:`llmrl_core.builtin_data.countdown_data` makes the rows)."""
 
     SYSTEM_PROMPT = COUNTDOWN_SYSTEM_PROMPT
 
@@ -179,6 +180,7 @@ class CountdownEnv(DatasetChatEnv):
         system_prompt: str | None = None,
         format_reward: float = 0.1,
         correct_reward: float = 1.0,
+        chat_template_name: str | None = None,
     ) -> None:
         del shuffle  # a stream has its own order
         self.problems = CountdownProblems(num_count, max_number, max_target, seed)
@@ -199,6 +201,7 @@ class CountdownEnv(DatasetChatEnv):
             system_prompt=self.SYSTEM_PROMPT if system_prompt is None else system_prompt,
             batch_size=batch_size,
             max_turns=max_steps,
+            chat_template_name=chat_template_name,
         )
         if compute_reward:
             self.append_transform(

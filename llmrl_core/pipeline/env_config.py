@@ -9,7 +9,9 @@ Three ways to name an environment, all checked by :func:`validate_env_config` be
   server), ``ifeval`` (IFEval's 25 instruction checkers), ``guess_number`` (a Gymnasium-style text game
   through :class:`~llmrl_core.envs.gym_wrapper.MLGymWrapper`) and ``reasoning_gym`` (any dataset of the optional
   ``reasoning-gym`` package, named with its config in ``args``: ``{dataset: chain_sum, config: {...}}``; its own
-  ``score_answer`` pays, see :class:`~llmrl_core.envs.reasoning_gym_env.ReasoningGymEnv`);
+  ``score_answer`` pays, see :class:`~llmrl_core.envs.reasoning_gym_env.ReasoningGymEnv`) and ``countdown`` (the
+  numbers game, :class:`~llmrl_core.envs.countdown.CountdownEnv`: an arithmetic expression checked against the
+  problem's numbers and target; ``args`` sizes the problems: ``{num_count: 3, max_number: 20}``);
 - ``factory: "my_pkg.my_module:make_env"``: any importable function returning a
   :class:`~llmrl_core.envs.chat_env.ChatEnv` (with its transforms), called as
   ``factory(tokenizer=..., input_mode=..., **options)``;
@@ -48,6 +50,7 @@ BUILTIN_ENVS: tuple[str, ...] = (
     "ifeval",
     "guess_number",
     "reasoning_gym",
+    "countdown",
 )
 TOOL_MAX_TURNS = 3
 
@@ -232,6 +235,10 @@ def validate_env_config(cfg: EnvConfig) -> None:
         from llmrl_core.builtin_data.reasoning_gym_data import ReasoningGymSpec
 
         ReasoningGymSpec.from_options(cfg.options).validate()
+    elif cfg.name == "countdown":
+        from llmrl_core.builtin_data.countdown_data import countdown_options
+
+        countdown_options(cfg.options)
     elif cfg.name == "guess_number":
         from llmrl_core.envs.gym_wrapper import MLGymWrapper
         from llmrl_core.envs.text_games import GuessNumberEnv
@@ -348,6 +355,20 @@ def _builtin_env(cfg: EnvConfig, task: Any, tokenizer: Any, input_mode: str, max
             few_shot=task.few_shot,
             format_reward=task.format_reward,
             correct_reward=task.correct_reward,
+        )
+    if cfg.name == "countdown":
+        from llmrl_core.builtin_data.countdown_data import countdown_options
+        from llmrl_core.envs.countdown import CountdownEnv
+
+        return CountdownEnv(  # its own problem stream is unused: callers pass the countdown:train rows to reset()
+            **countdown_options(cfg.options),
+            tokenizer=tokenizer,
+            input_mode=input_mode,  # type: ignore[arg-type]
+            max_steps=max_turns,
+            system_prompt=task.system_prompt,
+            format_reward=task.format_reward,
+            correct_reward=task.correct_reward,
+            chat_template_name=options["chat_template_name"],
         )
     if cfg.name == "guess_number":
         from llmrl_core.envs.text_games import make_guess_number_env

@@ -384,24 +384,28 @@ class GRPOConfig:
             raise ValueError(f"train: {err}") from err
 
     def _env_defaults(self) -> None:
-        """An env that brings its own prompts (``reasoning_gym``, ``env.verifiers``) replaces the GSM8K defaults it
-        would otherwise inherit: the prompt sources and the GSM8K prompt format. Settings the user gave are kept."""
+        """An env that brings its own prompts (``reasoning_gym``, ``countdown``, ``env.verifiers``) replaces the GSM8K
+        defaults it would otherwise inherit: the prompt sources and the GSM8K prompt format. Settings the user gave
+        are kept."""
         if self.env.verifiers:  # the verifiers env's own datasets (docs/verifiers.md)
             if self.data.source == DataConfig.source:
                 self.data.source = "verifiers:train"
             if self.task.eval_source == TaskConfig.eval_source:
                 self.task.eval_source = "verifiers:eval"
             return
-        if self.env.factory is not None or self.env.name != "reasoning_gym":
+        if self.env.factory is not None or self.env.name not in ("reasoning_gym", "countdown"):
             return
+        from llmrl_core.envs.countdown import COUNTDOWN_SYSTEM_PROMPT
         from llmrl_core.envs.gsm8k import GSM8K_QUESTION_TEMPLATE, GSM8K_SYSTEM_PROMPT
         from llmrl_core.envs.reasoning_gym_env import REASONING_GYM_SYSTEM_PROMPT
 
+        name = self.env.name
         if self.data.source == DataConfig.source:
-            self.data.source = "reasoning_gym:train"
+            self.data.source = f"{name}:train"
         if self.task.eval_source == TaskConfig.eval_source:
-            self.task.eval_source = "reasoning_gym:test"
+            self.task.eval_source = f"{name}:test"
         if self.task.system_prompt == GSM8K_SYSTEM_PROMPT:
-            self.task.system_prompt = REASONING_GYM_SYSTEM_PROMPT
+            own = {"reasoning_gym": REASONING_GYM_SYSTEM_PROMPT, "countdown": COUNTDOWN_SYSTEM_PROMPT}
+            self.task.system_prompt = own[name]
         if self.task.question_template == GSM8K_QUESTION_TEMPLATE:
             self.task.question_template = None

@@ -169,7 +169,8 @@ def env_fields(env: Any) -> tuple[str, ...]:
     """The row fields the run's env reads: its prompt field, and ``answer`` for the answer-checking built-ins."""
     if env.factory is not None or getattr(env, "verifiers", None):  # a verifiers env may have no answers
         return (env.prompt_field,)
-    if env.name in ("gsm8k", "arithmetic", "gsm8k_python", "arithmetic_python", "arithmetic_mcp", "reasoning_gym"):
+    answered = ("gsm8k", "arithmetic", "gsm8k_python", "arithmetic_python", "arithmetic_mcp", "reasoning_gym")
+    if env.name in (*answered, "countdown"):
         return (env.prompt_field, "answer")
     return (env.prompt_field,)
 
