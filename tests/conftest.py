@@ -57,8 +57,11 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     import sys
 
     root = str(pyfuncitem.config.rootpath)
+    nodeid = pyfuncitem.nodeid
+    if nodeid.rfind("@") > nodeid.rfind("]"):  # pytest-xdist's --dist loadgroup appends "@<xdist_group>"
+        nodeid = nodeid.rsplit("@", 1)[0]
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", pyfuncitem.nodeid],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", nodeid],
         cwd=root,
         env={**os.environ, ISOLATED: "1"},
         capture_output=True,
@@ -67,12 +70,12 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     )
     if proc.returncode != 0:
         pytest.fail(
-            f"isolated run of {pyfuncitem.nodeid} failed (rc {proc.returncode}):\n{proc.stdout[-6000:]}"
+            f"isolated run of {nodeid} failed (rc {proc.returncode}):\n{proc.stdout[-6000:]}"
             f"\n{proc.stderr[-3000:]}",
             pytrace=False,
         )
     if " passed" not in proc.stdout.splitlines()[-1]:
-        pytest.fail(f"isolated run of {pyfuncitem.nodeid} did not pass: {proc.stdout[-2000:]}", pytrace=False)
+        pytest.fail(f"isolated run of {nodeid} did not pass: {proc.stdout[-2000:]}", pytrace=False)
     return True
 
 
