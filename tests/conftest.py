@@ -41,6 +41,41 @@ for key, value in {
 # another on one worker: some kill a trainer, whose /dev/shm handoff folder stays until a later trainer sweeps it,
 # and one asserts that its own run left nothing there to sweep.
 
+
+def _pin_xdist_worker() -> None:
+    """Give each pytest-xdist worker its own share of the cores (``gw0``: cores 0, N, 2N, ...; with 2 workers on 2
+    cores, one core each), before torch is imported: its flows then size their CPU threads from that share
+    (``tasks.placement_plan.available_cores``), and the processes they start inherit it. Two flows whose threads
+    each fill every core slow down several-fold (tasks/placement_plan.py); on a core each they do not meet."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= count:
+        os.sched_setaffinity(0, cores[int(worker[2:]) % count :: count])
+
+
+_pin_xdist_worker()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--dist loadgroup`` on a worker: each test marked ``xdist_group`` gets the ``@<group>`` suffix the scheduler
+    groups by. pytest-xdist 3.8 sets it on ``Item._nodeid``, which pytest 9.2 no longer reads (its node ids live in
+    ``Item._id``): without this, the group's tests ran at once on both workers."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        marks = item.iter_markers("xdist_group")
+        groups = {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in marks}
+        suffix = "@" + "_".join(sorted(groups))
+        if groups and not item.nodeid.endswith(suffix):
+            if hasattr(item, "_id"):
+                item._id = type(item._id).parse(item.nodeid + suffix)
+            else:
+                item._nodeid = item.nodeid + suffix
+
+
 ISOLATED = "LLMRL_TEST_ISOLATED"  # set in the child process of an ``isolated`` test
 
 
@@ -70,8 +105,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     )
     if proc.returncode != 0:
         pytest.fail(
-            f"isolated run of {nodeid} failed (rc {proc.returncode}):\n{proc.stdout[-6000:]}"
-            f"\n{proc.stderr[-3000:]}",
+            f"isolated run of {nodeid} failed (rc {proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}",
             pytrace=False,
         )
     if " passed" not in proc.stdout.splitlines()[-1]:
