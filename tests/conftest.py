@@ -96,7 +96,8 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     if nodeid.rfind("@") > nodeid.rfind("]"):  # pytest-xdist's --dist loadgroup appends "@<xdist_group>"
         nodeid = nodeid.rsplit("@", 1)[0]
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", nodeid],
+        # -m "": the test was selected here; the child must not deselect it again (addopts leave "extended" out)
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "-m", "", nodeid],
         cwd=root,
         env={**os.environ, ISOLATED: "1"},
         capture_output=True,

@@ -56,6 +56,7 @@ def test_an_agent_run_is_scored_by_its_agent():
     assert env_scoring({"name": "gsm8k"}) == "single_turn"
 
 
+@pytest.mark.extended  # the long tier: pytest -m extended (README "Tests")
 @pytest.mark.slow
 @pytest.mark.isolated
 def test_evaluate_flow_and_final_eval_play_the_agent_per_version(tmp_path, agents_on_path, monkeypatch):

@@ -29,6 +29,7 @@ def test_collect_writes_a_partition_of_the_base_model(tmp_path, default_model_pa
         collect(overrides=overrides, policy_version=3)
 
 
+@pytest.mark.extended  # the long tier: pytest -m extended (README "Tests")
 @pytest.mark.slow
 def test_a_killed_rollout_worker_heals_and_the_partition_is_exact(tmp_path, default_model_path, monkeypatch):
     """The rollout worker is killed (SIGKILL) in the middle of the collection (its first rollout). The flow names the

@@ -29,6 +29,7 @@ def gsm8k_env_factory(tokenizer):
     return make_gsm8k_env(batch_size=1, tokenizer=tokenizer, input_mode="tokens")
 
 
+@pytest.mark.extended  # the long tier: pytest -m extended (README "Tests")
 @pytest.mark.slow
 def test_two_workers_collect_with_consistent_versions(default_model_path, tmp_path):
     from dask.distributed import Client, LocalCluster

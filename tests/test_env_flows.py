@@ -81,6 +81,7 @@ def test_grpo_with_the_python_tool_stores_tool_turns_and_trains_on_the_policy_ma
         assert trained[0, : len(r.response_mask)].tolist() == list(r.response_mask)
 
 
+@pytest.mark.extended  # the long tier: pytest -m extended (README "Tests")
 @pytest.mark.slow
 def test_grpo_with_a_users_env_factory_and_reward_function(tmp_path, monkeypatch):
     """A factory env with a TorchRL-style TensorDict reward transform, plus reward functions (one failing once)."""

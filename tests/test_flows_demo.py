@@ -32,6 +32,7 @@ def test_deployment_entrypoints_are_flows_with_those_parameters(deployment):
     assert set(deployment.get("parameters", {})) <= accepted
 
 
+@pytest.mark.extended  # the long tier: pytest -m extended (README "Tests")
 @pytest.mark.slow
 def test_gsm8k_demo_flow_runs_for_real(default_model_path, tmp_path):
     code = (

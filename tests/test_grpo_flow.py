@@ -465,7 +465,7 @@ def _reference_logprobs(model, record, temperature):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kl_in", ["loss", "reward"])
+@pytest.mark.parametrize("kl_in", ["loss", pytest.param("reward", marks=pytest.mark.extended)])
 def test_reference_kl_in_the_loss_or_the_reward(tmp_path, default_model_path, kl_in):
     """2 iterations with kl_coef > 0 at T = 0.7 on an fp32 engine: stored ref_logprobs equal an independent
     transformers computation, the KL lands in the loss or in the returns, and sampler/trainer agree."""
@@ -574,7 +574,7 @@ def test_train_config_selects_the_loss_options():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["SIGTERM", "Ctrl-C"])
+@pytest.mark.parametrize("how", ["SIGTERM", pytest.param("Ctrl-C", marks=pytest.mark.extended)])
 def test_a_stop_signal_ends_the_run_cleanly(tmp_path, how):
     """SIGTERM to `llmrl run grpo` mid-run, or a terminal's Ctrl-C (SIGINT to its whole process group, the local
     Dask workers included): it exits (143 / 130) within a minute, with its Dask workers, engines and its Prefect API

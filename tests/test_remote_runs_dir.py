@@ -160,6 +160,7 @@ def test_the_trainer_publishes_restores_and_prunes_through_s3(s3_server, default
     assert torch.equal(dict(again.model.named_parameters())[name], dict(trainer.model.named_parameters())[name])
 
 
+@pytest.mark.extended  # the long tier: pytest -m extended (README "Tests")
 @pytest.mark.slow
 def test_sft_on_a_remote_runs_dir_keeps_its_data_in_the_bucket_and_resumes_from_another_host(
     s3_server, tmp_path, monkeypatch

@@ -192,6 +192,7 @@ def test_sft_from_trajectories_keeps_top_k(tmp_path, hf_model_fp32):
     assert ("trajectories/run_id=src/policy_version=0", "source") in contexts
 
 
+@pytest.mark.extended  # the long tier: pytest -m extended (README "Tests")
 def test_the_epoch_trainer_is_built_as_the_grpo_trainer_is(tmp_path, monkeypatch):
     """SFT's resident trainer goes through TrainerWorker.__init__: its train section's LoRA, gradient checkpointing
     and precision apply as they do to GRPO's, with its own objective and reference model."""

@@ -72,6 +72,7 @@ def _shot(page: PageDriver, folder: Path, name: str) -> None:
         shutil.copy(folder / f"{name}.png", Path(os.environ["LLMRL_SCREENSHOTS"]) / f"{name}.png")
 
 
+@pytest.mark.extended  # the long tier: pytest -m extended (README "Tests")
 @pytest.mark.slow
 @pytest.mark.skipif(find_chromium() is None, reason="needs Debian's chromium (scripts/install.sh installs it)")
 def test_llmrl_ui_runs_a_custom_grpo_run_and_shows_it_in_both_uis(tmp_path):

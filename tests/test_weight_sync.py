@@ -154,6 +154,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.extended  # the long tier: pytest -m extended (README "Tests")
 @pytest.mark.slow
 def test_bytes_push_into_an_engine_in_another_process(default_model_path, tmp_path):
     """The engine core runs in its own process (as on a GPU worker): tensors travel as safetensors bytes."""
