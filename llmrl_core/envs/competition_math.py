@@ -21,7 +21,7 @@ import torch
 
 from llmrl_core.envs.chat_env import InputMode
 from llmrl_core.envs.dataset_chat_env import DatasetChatEnv
-from llmrl_core.envs.gsm8k_reward import GSM8KRewardParser, extract_tags
+from llmrl_core.envs.gsm8k_reward import GSM8KRewardParser
 
 MATH_SYSTEM_PROMPT = (
     "A conversation between User and Assistant. The user asks a math problem, "
@@ -83,11 +83,6 @@ class MATHRewardParser(GSM8KRewardParser):
 
     answers_match = staticmethod(answers_match)
     extract_boxed = staticmethod(extract_boxed)
-
-    @staticmethod
-    def extract_tags(text: str) -> tuple[str, str]:
-        """``(think, answer)``: the stripped contents of the first think and answer blocks ("" when absent)."""
-        return extract_tags(text)
 
 
 class MATHEnv(DatasetChatEnv):

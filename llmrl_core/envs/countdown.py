@@ -29,7 +29,7 @@ import torch
 
 from llmrl_core.envs.chat_env import InputMode
 from llmrl_core.envs.dataset_chat_env import DatasetChatEnv
-from llmrl_core.envs.gsm8k_reward import GSM8KRewardParser, extract_tags
+from llmrl_core.envs.gsm8k_reward import GSM8KRewardParser
 
 COUNTDOWN_SYSTEM_PROMPT = (
     "A conversation between User and Assistant. The user gives a set of "
@@ -136,11 +136,6 @@ class CountdownRewardParser(GSM8KRewardParser):
             return False
         result = evaluate_arithmetic(expression)
         return result is not None and abs(result - target) < 1e-9
-
-    @staticmethod
-    def extract_tags(text: str) -> tuple[str, str]:
-        """``(think, answer)``: the stripped contents of the first think and answer blocks ("" when absent)."""
-        return extract_tags(text)
 
     _parse_ground_truth = staticmethod(parse_ground_truth)  # TorchRL's name for it
 

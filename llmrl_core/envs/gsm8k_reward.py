@@ -145,6 +145,8 @@ class GSM8KRewardParser(Transform):
         are equal after normalising; a subclass with another check (:class:`CountdownRewardParser`) overrides it."""
         return normalize_answer(answer) == normalize_answer(gold_answer(answer_field))
 
+    extract_tags = staticmethod(extract_tags)  # TorchRL's parsers offer it as a static method
+
     def score_row(self, response: str, row: dict[str, Any]) -> dict[str, float | bool]:
         """The reward outputs for one response to a prompt row (here: against the row's gold answer field)."""
         return self.score(response, str(row[self.answer_key]))
