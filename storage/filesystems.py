@@ -18,9 +18,11 @@ rename above on large objects); ``llmrl_core.uris`` says how a URI sets it.
 
 from __future__ import annotations
 
+import io
 import os
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import IO, Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -119,18 +121,28 @@ def publish(fs: pafs.FileSystem, temp_path: str, final_path: str) -> None:
 
 def write_bytes_atomic(fs: pafs.FileSystem, path: str, data: bytes | pa.Buffer) -> None:
     """Write ``data`` to ``path`` atomically: temporary file in the same folder, then rename."""
+    write_atomic(fs, path, lambda out: out.write(memoryview(data)))
+
+
+def write_atomic(fs: pafs.FileSystem, path: str, write: Callable[[IO[bytes]], Any]) -> None:
+    """Call ``write`` with a binary file to fill, then publish that file at ``path`` atomically (temporary file
+    in the same folder, fsync, rename). On a local disk ``write`` streams straight into the temporary file (a
+    serialiser such as ``torch.save`` needs no in-memory copy of what it writes); elsewhere it fills a buffer
+    that is uploaded in one piece."""
     folder = path.rpartition("/")[0]
     fs.create_dir(folder, recursive=True)
     temp = temp_name_for(path)
     try:
         if is_local(fs):
             with open(temp, "wb") as fh:
-                fh.write(memoryview(data))
+                write(fh)
                 fh.flush()
                 os.fsync(fh.fileno())
         else:
+            buffer = io.BytesIO()
+            write(buffer)
             with fs.open_output_stream(temp) as out:
-                out.write(data)
+                out.write(buffer.getbuffer())
         publish(fs, temp, path)
     except BaseException:
         _remove_quietly(fs, temp)

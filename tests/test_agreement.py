@@ -120,6 +120,51 @@ def test_a_trainer_holding_other_weights_is_flagged(vllm_engine_fp32, trainer_wo
     assert metrics["agreement_ess"] < 0.99
 
 
+def test_one_micro_batch_takes_the_first_rows_within_the_token_budget():
+    from tasks.trainer_actor import one_micro_batch
+
+    rows = [SimpleNamespace(length=n) for n in (50, 60, 70)]
+    assert one_micro_batch(rows, SimpleNamespace(token_budget=120)) == rows[:2]
+    assert one_micro_batch(rows, SimpleNamespace(token_budget=10)) == rows[:1]  # one row even when over budget
+    assert one_micro_batch(rows, SimpleNamespace(token_budget=180)) == rows
+
+
+def test_with_no_signal_one_micro_batch_measures_the_agreement_and_nothing_trains(
+    vllm_engine_fp32, trainer_worker, tmp_path, monkeypatch
+):
+    """Every group's rewards equal: no optimizer step, and the agreement comes from a forward pass over the
+    rows of one micro-batch (here 2 of the 6 rows) — still enough to flag a trainer holding other weights."""
+    records = _sampled_records(vllm_engine_fp32, vllm_engine_fp32.get_tokenizer())
+    for r in records:
+        r.reward, r.advantage = 1.0, 0.0
+    lengths = [len(r.prompt_tokens) + len(r.response_tokens) for r in records]
+    budget = lengths[0] + lengths[1]
+    monkeypatch.setattr(trainer_worker.cfg.train, "token_budget", budget)
+    monkeypatch.setattr(trainer_worker.cfg.train, "skip_zero_signal_groups", True)
+    scored: list[int] = []
+    evaluate = trainer_worker.trainer.evaluate
+    monkeypatch.setattr(
+        trainer_worker.trainer, "evaluate", lambda samples: scored.append(len(samples)) or evaluate(samples)
+    )
+    state = {k: v.clone() for k, v in trainer_worker.model.state_dict().items()}
+    step = trainer_worker.trainer.step_count
+    try:
+        same = _train(trainer_worker, tmp_path / "same", records)
+        assert all(torch.equal(v, state[k]) for k, v in trainer_worker.model.state_dict().items())
+        gen = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in trainer_worker.model.model.layers[-1].parameters():
+                p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+        other = _train(trainer_worker, tmp_path / "other", records)
+    finally:
+        trainer_worker.model.load_state_dict(state)
+    assert scored == [2, 2] and trainer_worker.trainer.step_count == step
+    assert same["train_samples"] == 0 and "loss" not in same
+    assert same["agreement_abs_diff_mean"] < 1e-3 and same["agreement_off"] == 0.0, same
+    assert other["agreement_abs_diff_mean"] > trainer_worker.cfg.train.agreement_warn, other
+    assert other["agreement_off"] == 1.0
+
+
 def test_trainer_worker_takes_the_loss_menu_lora_and_checkpointing_from_the_config(
     vllm_engine_fp32, default_model_path, tmp_path, monkeypatch
 ):
