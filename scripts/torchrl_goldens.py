@@ -196,6 +196,7 @@ SIGNATURE_TARGETS = [
     ("Masks", "torchrl.modules.llm.policies", None),
     ("PolicyVersion", "torchrl.envs.llm.transforms", None),
     ("DataLoadingPrimer", "torchrl.envs.llm.transforms", None),
+    ("RayDataLoadingPrimer", "torchrl.envs.llm.transforms", None),
     ("PythonInterpreter", "torchrl.envs.llm.transforms", None),
     ("GRPOLoss", "torchrl.objectives.llm", None),
     ("MCAdvantage", "torchrl.objectives.llm", None),

@@ -38,7 +38,6 @@ _NOT_PORTED_GROUPS: dict[str, tuple[str, ...]] = {
         "vLLMUpdaterMeta",
         "vLLMUpdaterV2",
         "RemoteTransformersWrapper",
-        "RayDataLoadingPrimer",
     ),
     "IFEval's row class (llmrl's IFEval rows are the shipped data's dicts)": ("IFEvalData",),
     "TorchRL's generic tool framework: llmrl's tools are PythonInterpreter, MCPToolTransform, BrowserTransform": (

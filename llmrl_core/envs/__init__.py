@@ -19,6 +19,7 @@ from llmrl_core.envs.ifeval import IFEvalEnv, IFEvalScoreData, IfEvalScorer
 from llmrl_core.envs.llm_env import LLMEnv
 from llmrl_core.envs.mlgym import MLGymWrapper, make_mlgym
 from llmrl_core.envs.primer import DataLoadingPrimer
+from llmrl_core.envs.primer_hosted import RayDataLoadingPrimer
 from llmrl_core.envs.transforms import (
     AddThinkingPrompt,
     KLComputation,
@@ -74,6 +75,7 @@ __all__ = [
     "PolicyVersion",
     "PromptRow",
     "PythonInterpreter",
+    "RayDataLoadingPrimer",
     "RetrieveKL",
     "RetrieveLogProb",
     "SlotState",

@@ -56,7 +56,22 @@ def _as_count(value: Any, name: str) -> int:
     return int(dims[0])
 
 
-class DataLoadingPrimer(Transform):
+class _HostedOnRequest:
+    """``DataLoadingPrimer(..., use_ray_service=True)`` builds the Dask-hosted
+    :class:`~llmrl_core.envs.primer_hosted.RayDataLoadingPrimer` with the same arguments, as TorchRL's metaclass builds
+    its Ray one (a base class, so that ``inspect.signature(DataLoadingPrimer)`` still shows ``__init__``'s)."""
+
+    def __new__(cls, *args: Any, use_ray_service: bool = False, **kwargs: Any) -> Any:
+        if use_ray_service and cls is DataLoadingPrimer:
+            from llmrl_core.envs.primer_hosted import RayDataLoadingPrimer
+
+            if args:  # the dataloader, TorchRL's one positional argument
+                kwargs = {"dataloader": args[0], **kwargs}
+            return RayDataLoadingPrimer(**kwargs)
+        return super().__new__(cls)
+
+
+class DataLoadingPrimer(_HostedOnRequest, Transform):
     """Draws prompt rows from a source in seeded order and expands them into GRPO groups."""
 
     writes_reward = False

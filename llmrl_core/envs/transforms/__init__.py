@@ -1,7 +1,7 @@
 """Env transforms (TorchRL's ``torchrl.envs.llm.transforms``): the ``Transform`` base class and the built-in
 transforms. The tools (``PythonInterpreter``, ``MCPToolTransform``, ``BrowserTransform``), ``DataLoadingPrimer``
-and the Dask-hosted KL transforms (``RayKLRewardTransform``, ``RayRetrieveKL``) are importable from here too, as in
-TorchRL; they load on first use (the tools' modules pull in heavier dependencies).
+and the Dask-hosted primer and KL transforms (``RayDataLoadingPrimer``, ``RayKLRewardTransform``, ``RayRetrieveKL``)
+are importable from here too, as in TorchRL; they load on first use (the tools' modules pull in heavier dependencies).
 """
 
 from typing import Any
@@ -20,6 +20,7 @@ _LAZY = {
     "MCPToolTransform": "llmrl_core.tools.mcp_transform",
     "BrowserTransform": "llmrl_core.tools.browser",
     "DataLoadingPrimer": "llmrl_core.envs.primer",
+    "RayDataLoadingPrimer": "llmrl_core.envs.primer_hosted",
     "RayKLRewardTransform": "llmrl_core.envs.transforms.kl_hosted",
     "RayRetrieveKL": "llmrl_core.envs.transforms.kl_hosted",
 }
@@ -39,6 +40,7 @@ __all__ = [
     "DataLoadingPrimer",
     "MCPToolTransform",
     "PythonInterpreter",
+    "RayDataLoadingPrimer",
     "RayKLRewardTransform",
     "RayRetrieveKL",
     "FewShotExamples",
