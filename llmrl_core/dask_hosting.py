@@ -130,8 +130,10 @@ class HostActor:
         self._iterator: Iterator[Any] | None = None
 
     def call(self, method: str, args: tuple = (), kwargs: Mapping[str, Any] | None = None) -> Any:
-        """``obj.<method>(*args, **kwargs)``."""
-        return getattr(self.obj, method)(*args, **dict(kwargs or {}))
+        """``obj.<method>(*args, **kwargs)``; a method that returns its own object (a chained call such as
+        ``reset_dataloader()``) returns None: the object stays here, it is not pickled back."""
+        result = getattr(self.obj, method)(*args, **dict(kwargs or {}))
+        return None if result is self.obj else result
 
     def get(self, name: str) -> Any:
         """``obj.<name>`` (properties included)."""
