@@ -18,7 +18,6 @@ rename above on large objects); ``llmrl_core.uris`` says how a URI sets it.
 
 from __future__ import annotations
 
-import io
 import os
 import uuid
 from collections.abc import Callable
@@ -126,9 +125,8 @@ def write_bytes_atomic(fs: pafs.FileSystem, path: str, data: bytes | pa.Buffer) 
 
 def write_atomic(fs: pafs.FileSystem, path: str, write: Callable[[IO[bytes]], Any]) -> None:
     """Call ``write`` with a binary file to fill, then publish that file at ``path`` atomically (temporary file
-    in the same folder, fsync, rename). On a local disk ``write`` streams straight into the temporary file (a
-    serialiser such as ``torch.save`` needs no in-memory copy of what it writes); elsewhere it fills a buffer
-    that is uploaded in one piece."""
+    in the same folder, fsync on a local disk, rename). ``write`` streams straight into the temporary file or
+    object, so a serialiser such as ``torch.save`` needs no in-memory copy of what it writes."""
     folder = path.rpartition("/")[0]
     fs.create_dir(folder, recursive=True)
     temp = temp_name_for(path)
@@ -139,10 +137,8 @@ def write_atomic(fs: pafs.FileSystem, path: str, write: Callable[[IO[bytes]], An
                 fh.flush()
                 os.fsync(fh.fileno())
         else:
-            buffer = io.BytesIO()
-            write(buffer)
             with fs.open_output_stream(temp) as out:
-                out.write(buffer.getbuffer())
+                write(out)
         publish(fs, temp, path)
     except BaseException:
         _remove_quietly(fs, temp)
