@@ -47,6 +47,7 @@ from torchrl_layout_probes import (  # noqa: E402
     reward_parser_layout,
     step_layout,
     template_choice,
+    tool_transform_turns,
 )
 
 EXAMPLES = ROOT / "tests" / "torchrl_examples"
@@ -496,13 +497,22 @@ def _reset_layout_probes(model_path: str) -> dict[str, Any]:
 def _torchrl_library() -> Any:
     from torchrl.collectors.llm import LLMCollector
     from torchrl.data.llm import History
+    from torchrl.envs import Transform
     from torchrl.envs.llm import ChatEnv
     from torchrl.envs.llm.reward import GSM8KRewardParser, IfEvalScorer
     from torchrl.modules.llm import TransformersWrapper
     from torchrl.modules.llm.policies import ChatHistory, Text
 
     return library(
-        ChatEnv, History, ChatHistory, Text, GSM8KRewardParser, IfEvalScorer, LLMCollector, TransformersWrapper
+        ChatEnv,
+        History,
+        ChatHistory,
+        Text,
+        GSM8KRewardParser,
+        IfEvalScorer,
+        LLMCollector,
+        TransformersWrapper,
+        Transform=Transform,
     )
 
 
@@ -533,6 +543,13 @@ def _template_choice_probes(model_path: str) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     return template_choice(_torchrl_library(), AutoTokenizer.from_pretrained(model_path))
+
+
+def _tool_transform_turns_probes(model_path: str) -> dict[str, Any]:
+    """A user's TorchRL-style tool transform on a history-mode ``ChatEnv``, two turns (``tool_transform_turns``)."""
+    from transformers import AutoTokenizer
+
+    return tool_transform_turns(_torchrl_library(), AutoTokenizer.from_pretrained(model_path))
 
 
 def _reward_parser_layout_probes(model_path: str) -> dict[str, Any]:
@@ -657,6 +674,7 @@ def run_probes(model: str, result_path: Path) -> None:
         ("collector_rows_layout", _collector_rows_layout_probes),
         ("tokenizer", _tokenizer_probes),
         ("hashing_env", _hashing_env_probes),
+        ("tool_transform_turns", _tool_transform_turns_probes),
     )
     for key, probes in probe_sets:
         try:

@@ -21,6 +21,7 @@ from tests.torchrl_layout_probes import (
     reward_parser_layout,
     step_layout,
     template_choice,
+    tool_transform_turns,
 )
 
 SYSTEM = "You are a helpful assistant."
@@ -452,7 +453,7 @@ def _llmrl_library():
     from llmrl_core.envs.reward import GSM8KRewardParser, IfEvalScorer
     from llmrl_core.modules.policies import Text
 
-    return library(ChatEnv, History, ChatHistory, Text, GSM8KRewardParser, IfEvalScorer)
+    return library(ChatEnv, History, ChatHistory, Text, GSM8KRewardParser, IfEvalScorer, Transform=TensorDictTransform)
 
 
 def _api_golden(name: str) -> dict:
@@ -572,3 +573,115 @@ def test_a_gsm8k_reward_parser_step_answers_torchrls_layout(default_model_path):
     # the slots agree with the step data: the parser's reward is theirs, its parts are their components
     assert [slot.reward for slot in env.slots] == pytest.approx([1.0, 0.1])
     assert env.slots[1].reward_components["reward_think"] == 0.0
+
+
+def test_a_torchrl_style_tool_transform_extends_the_conversation_as_torchrls_does(default_model_path):
+    """A user's tool written as TorchRL writes one (its ``_step`` extends ``("history", "prompt")`` under "next" with a
+    ``tool`` message, in place, as TorchRL's tool transforms do): the next prompt carries the tool's output and the
+    next turn continues from it; the same probe run on TorchRL 0.14.1 (``api_probes.json`` ``tool_transform_turns``)
+    gives the same conversations, turn by turn, and the same rendered prompt."""
+    from transformers import AutoTokenizer
+
+    ours = tool_transform_turns(_llmrl_library(), AutoTokenizer.from_pretrained(default_model_path))
+    assert ours == _api_golden("tool_transform_turns")
+    assert ours["turn 1"]["prompt_roles"][0] == ["system", "user", "assistant", "tool", "assistant"]
+
+
+class _Adder(TensorDictTransform):
+    """TorchRL-style tool: "add A B" gets the sum as a tool message; other answers get none."""
+
+    def _step(self, tensordict, next_tensordict):
+        history = next_tensordict["history"].prompt
+        answers = [history[i, -1].content for i in range(history.batch_size[0])]
+        sums = [str(sum(int(n) for n in a.split()[1:])) if a.startswith("add") else "no call" for a in answers]
+        tool = History(role=[["tool"]] * len(sums), content=[[v] for v in sums], batch_size=(len(sums), 1))
+        history.extend(tool, dim=-1)
+        next_tensordict["history"].prompt = history
+        return next_tensordict
+
+
+@pytest.mark.parametrize("mode", ["text", "tokens"])
+def test_a_torchrl_style_tool_runs_on_the_list_calls_of_every_input_mode(default_model_path, mode):
+    """The list calls (the collector's and the flows', in tokens mode) hand TensorDict transforms the conversation as
+    ``("history", "prompt")`` in every input mode, and what a tool appends joins the slot: the next prompt's text and
+    ids carry the tool message after the answer; in tokens mode the ids before it (prompt, sampled answer) stay as
+    they were, the tool's ids are not the policy's, and the next answer continues from them."""
+    from transformers import AutoTokenizer
+
+    from llmrl_core.data.llm_data import Response
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
+    env = ChatEnv(tokenizer=tokenizer, input_mode=mode, max_turns=3, system_prompt="Use the adder.")
+    env.append_transform(_Adder())
+    env.reset(["What is 2 + 3?", "What is 4 + 5?"])
+    before = [slot.all_tokens().tolist() for slot in env.slots]
+    answers = ["add 2 3<|im_end|>", "It is 9.<|im_end|>"]
+    ids = [tokenizer(a, add_special_tokens=False)["input_ids"] for a in answers]
+    out = env.step([Response(a, token_ids=i, finish_reason="stop") for a, i in zip(answers, ids, strict=True)])
+    assert [[m.role for m in conv.messages][-2:] for conv in out.history] == [["assistant", "tool"]] * 2
+    assert [conv.messages[-1].content for conv in out.history] == ["5", "no call"]
+    rendered = [env._render(conv, add_generation_prompt=True) for conv in out.history]
+    assert out.text == rendered and "<|im_start|>tool\n5<|im_end|>" in out.text[0]
+    if mode == "tokens":
+        for slot, start, sampled, text in zip(env.slots, before, ids, rendered, strict=True):
+            tokens, mask = slot.all_tokens().tolist(), slot.policy_mask().tolist()
+            assert tokens[: len(start) + len(sampled)] == start + sampled  # the ids answered are kept
+            assert tokenizer.decode(tokens) == text == slot.prompt_text
+            assert sum(mask) == len(sampled) and mask[len(start) : len(start) + len(sampled)] == [True] * len(sampled)
+        second = tokenizer("It is 5.<|im_end|>", add_special_tokens=False)["input_ids"]
+        prompt_ids = out.tokens[0].tolist()
+        out = env.step([Response("It is 5.<|im_end|>", token_ids=second, finish_reason="stop"), "Done.<|im_end|>"])
+        assert env.slots[0].all_tokens().tolist()[: len(prompt_ids) + len(second)] == prompt_ids + second
+
+
+def test_a_tool_that_rewrites_earlier_messages_is_refused_in_tokens_mode_and_taken_in_history_mode(default_model_path):
+    """Tokens mode keeps the ids sampled so far, so a transform that changes a message before the answer is refused
+    with a message naming it; in history mode the rewritten conversation is the slot's."""
+    from transformers import AutoTokenizer
+
+    class Redact(TensorDictTransform):
+        def _step(self, tensordict, next_tensordict):
+            history = next_tensordict["history"].prompt
+            rows = [[m.to_dict() for m in conv.messages] for conv in history.to_conversations()]
+            for row in rows:
+                row[0]["content"] = "[redacted]"
+            next_tensordict["history"].prompt = History.from_chats(rows)
+            return next_tensordict
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
+    env = ChatEnv(tokenizer=tokenizer, input_mode="tokens", max_turns=3).append_transform(Redact())
+    env.reset(["secret"])
+    with pytest.raises(ValueError, match=r"TensorDict transforms \(Redact\) changed the conversation up to the answer"):
+        env.step(["ok<|im_end|>"])
+    env = ChatEnv(tokenizer=tokenizer, input_mode="history", max_turns=3).append_transform(Redact())
+    env.reset(["secret"])
+    out = env.step(["ok<|im_end|>"])
+    assert [m.content for m in out.history[0].messages] == ["[redacted]", "ok"]
+
+
+@pytest.mark.parametrize("call", ["list", "tensordict"])
+def test_a_prompt_a_reset_transform_rewrites_is_the_slots(default_model_path, call):
+    """A ``_reset`` transform that puts an example exchange before the question (few-shot) changes the prompt the
+    policy answers, on both calls (the list call in tokens mode renders the ids from the new conversation; TorchRL's
+    call in history mode, the mode whose TensorDict carries the history)."""
+    from transformers import AutoTokenizer
+
+    class FewShot(TensorDictTransform):
+        def _reset(self, tensordict, tensordict_reset):
+            history = tensordict_reset["history"].prompt
+            rows = [[m.to_dict() for m in conv.messages] for conv in history.to_conversations()]
+            shot = [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"}]
+            tensordict_reset["history"].prompt = History.from_chats([shot + row for row in rows])
+            return tensordict_reset
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
+    mode = "tokens" if call == "list" else "history"
+    env = ChatEnv(tokenizer=tokenizer, input_mode=mode, batch_size=(2,)).append_transform(FewShot())
+    if call == "list":
+        env.reset(["2+2?", "3+3?"])
+    else:
+        env.reset(TensorDict({"query": ["2+2?", "3+3?"]}, batch_size=(2,)))
+    for slot, question in zip(env.slots, ["2+2?", "3+3?"], strict=True):
+        assert [m.content for m in slot.history.messages] == ["1+1?", "2", question]
+        if mode == "tokens":
+            assert tokenizer.decode(slot.all_tokens().tolist()) == env._render(slot.history, add_generation_prompt=True)

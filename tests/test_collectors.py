@@ -530,3 +530,36 @@ def test_dialog_turn_batch_shapes_match_torchrls_golden(hf_model_fp32):
             "flatten_data": collector.flatten_data,
         }
         assert ours == golden[label], label
+
+
+def test_a_torchrl_style_tool_in_a_tokens_mode_collector_stores_its_output_outside_the_policy_mask(policy):
+    """The collector's (and the rollout actors') list calls in tokens mode with a tool written as TorchRL writes one
+    (its ``_step`` extends ``("history", "prompt")`` with a ``tool`` message): every two-turn episode's row holds the
+    tool's message in its conversation and its ids in the tokens, outside the policy mask, which covers exactly the
+    sampled ids of both turns, each with its sampler log-prob."""
+    from llmrl_core.data import History
+    from llmrl_core.envs.transforms.td_base import Transform as TensorDictTransform
+
+    class Clock(TensorDictTransform):
+        def _step(self, tensordict, next_tensordict):
+            history = next_tensordict["history"].prompt
+            size = history.batch_size[0]
+            tool = History(role=[["tool"]] * size, content=[["It is 12:00."]] * size, batch_size=(size, 1))
+            history.extend(tool, dim=-1)
+            next_tensordict["history"].prompt = history
+            return next_tensordict
+
+    env = ChatEnv(tokenizer=policy.tokenizer, input_mode="tokens", max_turns=2, batch_size=2)
+    env.append_transform(Clock())
+    prompts = [{"query": "What time is it?"}, {"query": "Is it noon?"}]
+    rows = episodes(LLMCollector(env, policy, prompts=prompts, total_trajectories=2).collect())
+    assert len(rows) == 2
+    for row in rows:
+        roles = [m["role"] for m in row.episode_messages]
+        assert roles[:3] == ["assistant", "tool", "assistant"] and row.num_turns == 2  # what followed the prompt
+        assert "<|im_start|>tool\nIt is 12:00.<|im_end|>" in policy.tokenizer.decode(row.tokens.tolist())
+        tool_ids = policy.tokenizer("It is 12:00.", add_special_tokens=False)["input_ids"]
+        ids, mask = row.tokens.tolist(), row.policy_mask.tolist()
+        starts = [i for i in range(len(ids)) if ids[i : i + len(tool_ids)] == tool_ids]
+        assert len(starts) == 1 and not any(mask[starts[0] : starts[0] + len(tool_ids)])
+        assert len(row.sampler_log_probs) == int(row.policy_mask.sum()) == row.num_sampled_tokens

@@ -220,6 +220,46 @@ def template_choice(api: Any, tokenizer: Any) -> dict[str, str]:
     return out
 
 
+def tool_transform_turns(api: Any, tokenizer: Any) -> dict[str, Any]:
+    """A user's tool written as TorchRL writes one (a TensorDict transform whose ``_step`` reads the answer at the end
+    of ``("history", "prompt")`` under ``"next"`` and extends that history with a ``tool`` message, as TorchRL's tool
+    transforms do) on a history-mode ``ChatEnv`` of two slots, answered twice through ``step_and_maybe_reset``: the
+    roles and contents of the next prompt after each turn, and the second one rendered with the chat template."""
+
+    class Adder(api.Transform):
+        """Answers "add A B" with the sum as a tool message; other answers get none."""
+
+        def _step(self, tensordict: Any, next_tensordict: Any) -> Any:
+            history = next_tensordict["history"].prompt
+            answers = [history[i, -1].content for i in range(history.batch_size[0])]
+            sums = [sum(int(n) for n in a.split()[1:]) if a.startswith("add") else None for a in answers]
+            if all(value is None for value in sums):
+                return next_tensordict
+            tool = api.History(role=[["tool"]] * len(sums), content=[[f"{v}"] for v in sums], batch_size=(len(sums), 1))
+            history.extend(tool, dim=-1)
+            next_tensordict["history"].prompt = history
+            return next_tensordict
+
+    env = api.ChatEnv(input_mode="history", batch_size=(2,), tokenizer=tokenizer, system_prompt="Use the adder.")
+    env = env.append_transform(Adder())
+    td = env.reset(TensorDict({"query": ["What is 2 + 3?", "What is 4 + 5?"]}, batch_size=(2,)))
+    out: dict[str, Any] = {}
+    for turn, answers in enumerate((["add 2 3", "add 4 5"], ["It is 5.", "It is 9."])):
+        response = api.History(role=[["assistant"]] * 2, content=[[a] for a in answers], batch_size=(2, 1))
+        full = td["history"].prompt.extend(response, inplace=False, dim=-1)
+        td.set("history", api.ChatHistory(prompt=td["history"].prompt, full=full, response=response, batch_size=(2,)))
+        stepped, td = env.step_and_maybe_reset(td)
+        prompt = td["history"].prompt
+        out[f"turn {turn}"] = {
+            "next_roles": [list(stepped["next", "history"].prompt[i].role) for i in range(2)],
+            "next_contents": [list(stepped["next", "history"].prompt[i].content) for i in range(2)],
+            "prompt_roles": [list(prompt[i].role) for i in range(2)],
+            "prompt_contents": [list(prompt[i].content) for i in range(2)],
+        }
+    out["rendered"] = list(td["history"].prompt.apply_chat_template(tokenizer=tokenizer, add_generation_prompt=True))
+    return out
+
+
 def library(
     ChatEnv: Any,
     History: Any,
@@ -229,6 +269,7 @@ def library(
     IfEvalScorer: Any = None,
     LLMCollector: Any = None,
     TransformersWrapper: Any = None,
+    Transform: Any = None,
 ) -> SimpleNamespace:
     """The classes a probe uses, from one library."""
     return SimpleNamespace(
@@ -240,4 +281,5 @@ def library(
         IfEvalScorer=IfEvalScorer,
         LLMCollector=LLMCollector,
         TransformersWrapper=TransformersWrapper,
+        Transform=Transform,
     )

@@ -43,7 +43,7 @@ from llmrl_core.collector_registration import CollectorRegistration
 from llmrl_core.data.chat_templates import assistant_char_spans, torchrl_template
 from llmrl_core.data.conversation import Conversation, ConversationBatch, Message
 from llmrl_core.data.llm_data import LLMData, Response
-from llmrl_core.envs.td_list_calls import run_step_transforms, run_td_reset, run_td_step
+from llmrl_core.envs.td_list_calls import adopt_conversations, run_step_transforms, run_td_reset, run_td_step
 from llmrl_core.envs.tensordict_io import (
     Turn,
     actions_from_tensordict,
@@ -266,6 +266,7 @@ class ChatEnv(CollectorRegistration):
             prompts = prompts.update(result)  # as TorchRL: the reset TensorDict is filled in and returned
             for transform in self.td_transforms:
                 prompts = transform._reset(prompts, prompts)
+            adopt_conversations(self, self.slots, list(range(len(self.slots))), prompts, after="reset")
             return prompts
         return self.reset_batch(prompts)
 
@@ -345,6 +346,7 @@ class ChatEnv(CollectorRegistration):
             reset_td = output_to_tensordict(following, self.input_mode)
             for transform in self.td_transforms:
                 reset_td = transform._reset(reset_td, reset_td)
+            adopt_conversations(self, [self.slots[i] for i in done], done, reset_td, after="reset")
             return stepped, reset_td
         out = self.step(actions)
         done = [i for i, d in enumerate(out.done.tolist()) if d]
@@ -525,11 +527,16 @@ class ChatEnv(CollectorRegistration):
             slot.episode_reward += slot.reward
             if self.input_mode == "tokens":
                 self._extend_tokens(slot)
-                limit = self.max_prompt_tokens
-                if limit is not None and not slot.done and sum(len(t) for t in slot.token_segments) > limit:
-                    slot.info["context_full"] = True  # e.g. a tool printed pages: the next prompt would not fit
-                    slot.truncate()
+                self._check_context(slot)
         return turns
+
+    def _check_context(self, slot: SlotState) -> None:
+        """Tokens mode: truncate a slot whose next prompt would not fit ``max_prompt_tokens`` (its ids end with the
+        sampled ones then)."""
+        limit = self.max_prompt_tokens
+        if limit is not None and not slot.done and sum(len(t) for t in slot.token_segments) > limit:
+            slot.info["context_full"] = True  # e.g. a tool printed pages: the next prompt would not fit
+            slot.truncate()
 
     def _apply_response(self, slot: SlotState, response: Response) -> None:
         content, ended = self._strip_end(response.text)
@@ -596,6 +603,39 @@ class ChatEnv(CollectorRegistration):
             slot.token_segments.append(self._encode(glue))
             slot.segment_is_policy.append(False)
         slot.prompt_text = consumed + glue
+
+    def _drop_glue(self, slot: SlotState) -> None:
+        """Tokens mode: take away the ids the template added after the slot's last answer (its next prompt's
+        opening), as for an episode that ended: its ids then end with the sampled ones."""
+        if self.input_mode != "tokens" or not slot.segment_is_policy or slot.segment_is_policy[-1]:
+            return
+        if len(slot.segment_is_policy) == 1:  # the first prompt is not glue
+            return
+        glue = slot.token_segments.pop()
+        slot.segment_is_policy.pop()
+        text = self.tokenizer.decode(glue.tolist(), skip_special_tokens=False)
+        if slot.prompt_text is not None and slot.prompt_text.endswith(text):
+            slot.prompt_text = slot.prompt_text[: len(slot.prompt_text) - len(text)]
+
+    def _retemplate_after_answer(self, slot: SlotState, changed_by: str) -> None:
+        """Tokens mode: the ids after the slot's last answer again, from its conversation as it is now (a TensorDict
+        transform appended messages after the answer, e.g. a tool's output). The ids before stay as they are."""
+        if self.input_mode != "tokens" or slot.done:
+            return
+        self._drop_glue(slot)
+        consumed = slot.prompt_text or ""
+        next_text = self._render(slot.history, add_generation_prompt=True)
+        if not next_text.startswith(consumed):
+            raise ValueError(
+                f"{changed_by} changed slot {slot.index}'s conversation so that the chat template renders the "
+                "text before its last answer differently; in tokens mode a transform may only append messages"
+            )
+        glue = next_text[len(consumed) :]
+        if glue:
+            slot.token_segments.append(self._encode(glue))
+            slot.segment_is_policy.append(False)
+        slot.prompt_text = next_text
+        self._check_context(slot)
 
     def step_layout(self, out: EnvOutput) -> dict[str, Any]:
         """Which entries a TensorDict step writes under ``"next"`` besides the prompt and done flags: ``reward``

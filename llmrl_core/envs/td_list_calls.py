@@ -1,7 +1,12 @@
 """TorchRL TensorDict transforms on ChatEnv's list calls (``reset(prompts)``, ``reset_slots``, ``step(answers)``,
 the calls ``LLMCollector`` and the flows make): each transform's ``_reset``/``_step`` sees the slots in TorchRL's
 layout, and what its ``_step`` writes back (reward, end flags, new entries) becomes the slots'. The TensorDict calls
-(``reset(td)``/``step(td)``) run the transforms in :mod:`llmrl_core.envs.chat_env` itself."""
+(``reset(td)``/``step(td)``) run the transforms in :mod:`llmrl_core.envs.chat_env` itself.
+
+What a transform does to ``("history", "prompt")`` becomes the slots' conversation (:func:`adopt_conversations`):
+TorchRL's tool transforms extend that history with their output (a ``tool`` message), which the next prompt then
+carries. The list calls hand the transforms that history in every input mode (TorchRL's TensorDict carries it in
+history mode only), so a TorchRL-style tool also runs in the flows' tokens-mode envs."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from llmrl_core.data.conversation import Conversation, Message
 from llmrl_core.envs.tensordict_io import (
     Turn,
     add_row_fields,
@@ -27,14 +33,15 @@ if TYPE_CHECKING:
 
 
 def run_td_reset(env: ChatEnv, slots: list[SlotState]) -> None:
-    """List calls: each TensorDict transform's ``_reset`` sees the new slots in TorchRL's layout (its result
-    cannot change a slot: a reset's prompts are the rows')."""
+    """List calls: each TensorDict transform's ``_reset`` sees the new slots in TorchRL's layout; a prompt history
+    it rewrites becomes the slot's prompt."""
     if not env.td_transforms or not slots:
         return
     td = output_to_tensordict(env._output_of(slots), env.input_mode)
-    td = add_row_fields(td, [slot.data for slot in slots], env.input_mode)
+    td = with_prompt_history(add_row_fields(td, [slot.data for slot in slots], env.input_mode), slots)
     for transform in env.td_transforms:
         td = transform._reset(td, td)
+    adopt_conversations(env, slots, list(range(len(slots))), td, after="reset")
 
 
 def run_td_step(env: ChatEnv, turns: list[Turn]) -> None:
@@ -55,6 +62,7 @@ def run_td_step(env: ChatEnv, turns: list[Turn]) -> None:
     action_td = add_row_fields(turns_to_tensordict(turns), [slot.data for slot in slots], env.input_mode)
     out = env._output_of(slots)
     next_td = env._with_row_fields(output_to_tensordict(out, env.input_mode, **env.step_layout(out)), slots)
+    next_td = with_prompt_history(next_td, slots)
     run_step_transforms(env, slots, list(range(len(slots))), action_td, next_td)
 
 
@@ -63,8 +71,9 @@ def run_step_transforms(
 ) -> TensorDictBase:
     """Run each TensorDict transform's ``_step`` on ``(action_td, next_td)`` and write what they changed back to
     ``slots``, the active slots of this step, found at ``rows`` of the two TensorDicts: the reward (its changes
-    in ``reward_components`` under the transform's class name), the entries they added (``next_fields``) and
-    the end flags. Returns the transformed ``next_td``."""
+    in ``reward_components`` under the transform's class name), the messages they appended to the conversation
+    (:func:`adopt_conversations`), the entries they added (``next_fields``) and the end flags. Returns the
+    transformed ``next_td``."""
     base_keys = set(next_td.keys(include_nested=True, leaves_only=True))
     # no reward entry (the env has no reward source): the slots' rewards, until a transform writes one
     baseline = [torch.zeros(1) for _ in range(next_td.batch_size[0])]
@@ -87,6 +96,7 @@ def run_step_transforms(
     for slot, i in zip(slots, rows, strict=True):
         slot.episode_reward += totals[i] - slot.reward
         slot.reward = totals[i]
+    adopt_conversations(env, slots, rows, next_td, after="step")
     for key in next_td.keys(include_nested=True, leaves_only=True):
         if key not in base_keys and key != "reward":
             values = entry_rows(next_td, key)
@@ -101,17 +111,59 @@ def run_step_transforms(
         elif any(flags[key] is not None and bool(flags[key][i].any()) for key in ("terminated", "done")):
             slot.terminate()
         if slot.done:
-            _drop_next_prompt(env, slot)
+            env._drop_glue(slot)
     return next_td
 
 
-def _drop_next_prompt(env: ChatEnv, slot: SlotState) -> None:
-    """Tokens mode: an episode a TensorDict transform ended has no next prompt, so the ids the template added
-    after its last answer go, as when a slot transform ends it (the episode's ids end with the sampled ones)."""
-    if env.input_mode != "tokens" or not slot.segment_is_policy or slot.segment_is_policy[-1]:
+def with_prompt_history(td: TensorDictBase, slots: list[SlotState]) -> TensorDictBase:
+    """``td`` with the slots' conversations as ``("history", "prompt")``, where its input mode left them out (text
+    and tokens modes): what a tool transform reads and extends."""
+    if "history" not in td.keys():
+        from llmrl_core.data.history import History
+        from llmrl_core.modules.policies.common import ChatHistory
+
+        prompt = History.from_conversations([slot.history for slot in slots])
+        td.set("history", ChatHistory(prompt=prompt, batch_size=td.batch_size))
+    return td
+
+
+def _same_messages(old: list[Message], new: list[Message]) -> bool:
+    if len(old) != len(new):
+        return False
+    return all(a.role == b.role and a.content == b.content for a, b in zip(old, new, strict=True))
+
+
+def adopt_conversations(env: ChatEnv, slots: list[SlotState], rows: list[int], td: TensorDictBase, after: str) -> None:
+    """Make each slot's conversation what the TensorDict transforms left at its row of ``td``'s
+    ``("history", "prompt")``. After a ``step`` (TorchRL's tool transforms), messages appended after the answer join
+    the conversation: the next prompt carries them (tokens mode: the ids after the answer are rendered again; the ids
+    before stay, so a transform that rewrote earlier messages is refused there, naming the transforms); in history
+    and text modes a rewritten conversation is taken as it is. After a ``reset`` the prompt is taken as it is."""
+    try:
+        prompt = td.get(("history", "prompt"), None)
+    except (KeyError, AttributeError):
         return
-    glue = slot.token_segments.pop()
-    slot.segment_is_policy.pop()
-    text = env.tokenizer.decode(glue.tolist(), skip_special_tokens=False)
-    if slot.prompt_text is not None and slot.prompt_text.endswith(text):
-        slot.prompt_text = slot.prompt_text[: len(slot.prompt_text) - len(text)]
+    if prompt is None or not hasattr(prompt, "to_conversations"):
+        return
+    conversations = prompt.to_conversations()
+    names = ", ".join(type(transform).__name__ for transform in env.td_transforms)
+    for slot, i in zip(slots, rows, strict=True):
+        old, new = slot.history.messages, conversations[i].messages
+        kept = _same_messages(old, new[: len(old)])
+        if kept and len(new) == len(old):
+            continue
+        if after == "reset":
+            slot.history = Conversation(list(new))
+            env._start_tokens([slot])
+        elif kept:
+            for message in new[len(old) :]:
+                slot.history.append(message)
+            env._retemplate_after_answer(slot, f"the TensorDict transforms ({names})")
+        elif env.input_mode == "tokens":
+            raise ValueError(
+                f"ChatEnv.step: the TensorDict transforms ({names}) changed the conversation up to the answer in "
+                f"slot {slot.index}; in tokens mode they may only append messages after it (the ids sampled so far "
+                "stay as they were), as TorchRL's tool transforms do"
+            )
+        else:
+            slot.history = Conversation(list(new))
