@@ -47,6 +47,7 @@ from torchrl_layout_probes import (  # noqa: E402
     reward_parser_layout,
     step_layout,
     template_choice,
+    tool_framework,
     tool_transform_turns,
 )
 
@@ -500,6 +501,7 @@ def _torchrl_library() -> Any:
     from torchrl.envs import Transform
     from torchrl.envs.llm import ChatEnv
     from torchrl.envs.llm.reward import GSM8KRewardParser, IfEvalScorer
+    from torchrl.envs.llm.transforms import tools
     from torchrl.modules.llm import TransformersWrapper
     from torchrl.modules.llm.policies import ChatHistory, Text
 
@@ -513,6 +515,7 @@ def _torchrl_library() -> Any:
         LLMCollector,
         TransformersWrapper,
         Transform=Transform,
+        tools=tools,
     )
 
 
@@ -550,6 +553,13 @@ def _tool_transform_turns_probes(model_path: str) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     return tool_transform_turns(_torchrl_library(), AutoTokenizer.from_pretrained(model_path))
+
+
+def _tool_framework_probes(model_path: str) -> dict[str, Any]:
+    """TorchRL's tool framework: parsers, ``SimpleToolTransform``, ``ExecuteToolsInOrder`` (``tool_framework``)."""
+    from transformers import AutoTokenizer
+
+    return tool_framework(_torchrl_library(), AutoTokenizer.from_pretrained(model_path))
 
 
 def _reward_parser_layout_probes(model_path: str) -> dict[str, Any]:
@@ -675,6 +685,7 @@ def run_probes(model: str, result_path: Path) -> None:
         ("tokenizer", _tokenizer_probes),
         ("hashing_env", _hashing_env_probes),
         ("tool_transform_turns", _tool_transform_turns_probes),
+        ("tool_framework", _tool_framework_probes),
     )
     for key, probes in probe_sets:
         try:

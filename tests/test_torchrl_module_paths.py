@@ -40,19 +40,9 @@ _NOT_PORTED_GROUPS: dict[str, tuple[str, ...]] = {
         "RemoteTransformersWrapper",
     ),
     "IFEval's row class (llmrl's IFEval rows are the shipped data's dicts)": ("IFEvalData",),
-    "TorchRL's generic tool framework: llmrl's tools are PythonInterpreter, MCPToolTransform, BrowserTransform": (
-        "ExecuteToolsInOrder",
-        "JSONCallParser",
-        "LLMToolParser",
-        "ParseResult",
+    "TorchRL's Python process services: llmrl's PythonInterpreter runs model-written code in its sandbox": (
         "PersistentPythonProcess",
         "PythonExecutorService",
-        "SimpleToolTransform",
-        "ToolCall",
-        "ToolRegistry",
-        "ToolService",
-        "ToolTransformBase",
-        "XMLBlockParser",
     ),
     "MLGym's internal transforms: llmrl's MLGymWrapper/make_mlgym are its own": (
         "EvaluationOutputParser",

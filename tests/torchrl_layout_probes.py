@@ -260,6 +260,109 @@ def tool_transform_turns(api: Any, tokenizer: Any) -> dict[str, Any]:
     return out
 
 
+def _parse_record(result: Any) -> dict[str, Any]:
+    calls = [[call.tool, call.args, call.tag] for call in result["calls"]]
+    return {"text": result["text"], "calls": calls, "meta": result["meta"]}
+
+
+def tool_framework(api: Any, tokenizer: Any) -> dict[str, Any]:
+    """TorchRL's generic tool framework (``api.tools``: its ``tools`` module): the two parsers on sample answers, and
+    ``SimpleToolTransform`` (its default pattern, and ``XMLBlockParser``) and ``ExecuteToolsInOrder`` (a registry
+    with a failing service, ``stop_on_error`` both ways) each on a history-mode ``ChatEnv`` of three slots stepped
+    once: the next prompt's roles and contents (with TorchRL's ``"<none>"`` padding), and the errors it documents."""
+    tools = api.tools
+    out: dict[str, Any] = {}
+    xml, js = tools.XMLBlockParser(), tools.JSONCallParser()
+    out["xml"] = [
+        _parse_record(xml(text))
+        for text in (
+            '<tool name="search" tag="A">{"query": "torchrl"}</tool>\nSome text.',
+            'Before <tool name="echo">not json</tool> middle <tool name="noop"></tool> after',
+            {"text": '<tool name="x">{"a": 1}</tool>'},
+            "no tools here",
+        )
+    ]
+    out["json"] = [
+        _parse_record(js(value))
+        for value in (
+            {"message": "Searching.", "tools": [{"tool": "search", "args": {"query": "q"}, "tag": "A"}]},
+            '{"message": "m", "tools": [{"tool": "t", "args": {}}]}',
+            "plain text",
+        )
+    ]
+
+    def calculator(operation: str, a: float, b: float) -> Any:
+        if operation == "add":
+            return {"result": a + b}
+        if operation == "div":
+            return {"result": a / b}
+        return {"error": "unknown operation"}
+
+    class Add:
+        name, schema_in, schema_out = "add", {"a": int, "b": int}, {"result": int}
+
+        def __call__(self, a: int, b: int, **kwargs: Any) -> dict[str, Any]:
+            return {"result": a + b, "state_keys": sorted(kwargs)}
+
+    class Broken:
+        name, schema_in, schema_out = "broken", {}, {}
+
+        def __call__(self, **kwargs: Any) -> dict[str, Any]:
+            raise ValueError("the service is down")
+
+    def step_once(transform: Any, answers: list[str]) -> dict[str, Any]:
+        env = api.ChatEnv(input_mode="history", batch_size=(3,), tokenizer=tokenizer).append_transform(transform)
+        td = env.reset(TensorDict({"query": ["q0", "q1", "q2"]}, batch_size=(3,)))
+        response = api.History(role=[["assistant"]] * 3, content=[[a] for a in answers], batch_size=(3, 1))
+        full = td["history"].prompt.extend(response, inplace=False, dim=-1)
+        td.set("history", api.ChatHistory(prompt=td["history"].prompt, full=full, response=response, batch_size=(3,)))
+        prompt = env.step(td)["next", "history"].prompt
+        return {
+            "roles": [list(prompt[i].role) for i in range(3)],
+            "contents": [list(prompt[i].content) for i in range(3)],
+        }
+
+    calls = [
+        '<tool>calculator\n{"operation": "add", "a": 2, "b": 3}</tool>',
+        'Two: <tool>calculator\n{"operation": "div", "a": 1, "b": 0}</tool> <tool>nope\n{}</tool>'
+        " <tool>calculator\n{bad json}</tool>",
+        "No call.",
+    ]
+    out["simple"] = step_once(tools.SimpleToolTransform(tools={"calculator": calculator}), calls)
+    xml_calls = [
+        '<tool name="calculator">{"operation": "add", "a": 1, "b": 1}</tool>',
+        "No call.",
+        '<tool name="calculator" tag="t">{"operation": "mul", "a": 1, "b": 1}</tool>',
+    ]
+    out["simple_xml"] = step_once(
+        tools.SimpleToolTransform(tools={"calculator": calculator}, parser=tools.XMLBlockParser()), xml_calls
+    )
+    ordered = [
+        '<tool name="add" tag="first">{"a": 1, "b": 2}</tool> then <tool name="broken">{}</tool>'
+        ' then <tool name="add">{"a": 3, "b": 4}</tool>',
+        '<tool name="missing">{}</tool>',
+        "No call.",
+    ]
+    for stop in (False, True):
+        registry = tools.ToolRegistry([Add()])
+        registry.register(Broken())
+        transform = tools.ExecuteToolsInOrder(registry=registry, parser=tools.XMLBlockParser(), stop_on_error=stop)
+        out[f"in_order stop_on_error={stop}"] = step_once(transform, ordered)
+    registry = tools.ToolRegistry([Add()])
+    out["registry"] = {"contains": ["add" in registry, "broken" in registry]}
+    try:
+        registry.get("broken")
+    except KeyError as err:
+        out["registry"]["error"] = [type(err).__name__, str(err)]
+    off = tools.SimpleToolTransform(tools={})
+    off.use_step = False
+    try:
+        off._step(TensorDict(), TensorDict())
+    except RuntimeError as err:
+        out["use_step_error"] = str(err)
+    return out
+
+
 def library(
     ChatEnv: Any,
     History: Any,
@@ -270,6 +373,7 @@ def library(
     LLMCollector: Any = None,
     TransformersWrapper: Any = None,
     Transform: Any = None,
+    tools: Any = None,
 ) -> SimpleNamespace:
     """The classes a probe uses, from one library."""
     return SimpleNamespace(
@@ -282,4 +386,5 @@ def library(
         LLMCollector=LLMCollector,
         TransformersWrapper=TransformersWrapper,
         Transform=Transform,
+        tools=tools,
     )

@@ -1,7 +1,8 @@
 """Env transforms (TorchRL's ``torchrl.envs.llm.transforms``): the ``Transform`` base class and the built-in
-transforms. The tools (``PythonInterpreter``, ``MCPToolTransform``, ``BrowserTransform``), ``DataLoadingPrimer``
-and the Dask-hosted primer and KL transforms (``RayDataLoadingPrimer``, ``RayKLRewardTransform``, ``RayRetrieveKL``)
-are importable from here too, as in TorchRL; they load on first use (the tools' modules pull in heavier dependencies).
+transforms, with TorchRL's generic tool framework (``SimpleToolTransform``, ``ExecuteToolsInOrder``, ...). The tools
+(``PythonInterpreter``, ``MCPToolTransform``, ``BrowserTransform``), ``DataLoadingPrimer`` and the Dask-hosted primer
+and KL transforms (``RayDataLoadingPrimer``, ``RayKLRewardTransform``, ``RayRetrieveKL``) are importable from here
+too, as in TorchRL; they load on first use (the tools' modules pull in heavier dependencies).
 """
 
 from typing import Any
@@ -14,6 +15,15 @@ from llmrl_core.envs.transforms.stacking import as_nested_tensor, as_padded_tens
 from llmrl_core.envs.transforms.template import TemplateTransform
 from llmrl_core.envs.transforms.thinking import AddThinkingPrompt
 from llmrl_core.envs.transforms.tokenizer import Tokenizer
+from llmrl_core.envs.transforms.tool_calls import (
+    ExecuteToolsInOrder,
+    JSONCallParser,
+    SimpleToolTransform,
+    ToolCall,
+    ToolRegistry,
+    ToolService,
+    XMLBlockParser,
+)
 
 _LAZY = {
     "PythonInterpreter": "llmrl_core.tools.python_interpreter",
@@ -36,6 +46,13 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "AddThinkingPrompt",
+    "ExecuteToolsInOrder",
+    "JSONCallParser",
+    "SimpleToolTransform",
+    "ToolCall",
+    "ToolRegistry",
+    "ToolService",
+    "XMLBlockParser",
     "BrowserTransform",
     "DataLoadingPrimer",
     "MCPToolTransform",
