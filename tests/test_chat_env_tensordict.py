@@ -685,3 +685,24 @@ def test_a_prompt_a_reset_transform_rewrites_is_the_slots(default_model_path, ca
         assert [m.content for m in slot.history.messages] == ["1+1?", "2", question]
         if mode == "tokens":
             assert tokenizer.decode(slot.all_tokens().tolist()) == env._render(slot.history, add_generation_prompt=True)
+
+
+def test_an_ended_tokens_mode_episode_takes_no_tool_message_after_its_last_answer(default_model_path):
+    """Tokens mode, the turn limit reached: the tool still runs (as in TorchRL), but the episode's messages end with
+    its last answer, as its ids do (the row stored is the same either way); in history mode the message is kept."""
+    from transformers import AutoTokenizer
+
+    from llmrl_core.data.llm_data import Response
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
+    ids = tokenizer("add 2 3<|im_end|>", add_special_tokens=False)["input_ids"]
+    roles = {}
+    for mode in ("tokens", "history"):
+        env = ChatEnv(tokenizer=tokenizer, input_mode=mode, max_turns=1).append_transform(_Adder())
+        env.reset(["What is 2 + 3?"])
+        out = env.step([Response("add 2 3<|im_end|>", token_ids=ids, finish_reason="stop")])
+        assert out.done.tolist() == [True]
+        roles[mode] = [m.role for m in out.history[0].messages]
+        if mode == "tokens":
+            assert out.tokens[0][-len(ids) :].tolist() == ids
+    assert roles == {"tokens": ["user", "assistant"], "history": ["user", "assistant", "tool"]}

@@ -556,7 +556,7 @@ def test_a_torchrl_style_tool_in_a_tokens_mode_collector_stores_its_output_outsi
     assert len(rows) == 2
     for row in rows:
         roles = [m["role"] for m in row.episode_messages]
-        assert roles[:3] == ["assistant", "tool", "assistant"] and row.num_turns == 2  # what followed the prompt
+        assert roles == ["assistant", "tool", "assistant"] and row.num_turns == 2  # what followed the prompt
         assert "<|im_start|>tool\nIt is 12:00.<|im_end|>" in policy.tokenizer.decode(row.tokens.tolist())
         tool_ids = policy.tokenizer("It is 12:00.", add_special_tokens=False)["input_ids"]
         ids, mask = row.tokens.tolist(), row.policy_mask.tolist()

@@ -84,7 +84,9 @@ def test_grpo_with_the_python_tool_stores_tool_turns_and_trains_on_the_policy_ma
 @pytest.mark.extended  # the long tier: pytest -m extended (README "Tests")
 @pytest.mark.slow
 def test_grpo_with_a_users_env_factory_and_reward_function(tmp_path, monkeypatch):
-    """A factory env with a TorchRL-style TensorDict reward transform, plus reward functions (one failing once)."""
+    """A factory env with a TorchRL-style TensorDict reward transform and a TorchRL-style tool (two turns), plus
+    reward functions (one failing once): the tool's message sits between the answers in each stored row, its ids in
+    the response outside the policy mask (the trainer's agreement check passes on those ids)."""
     module = tmp_path / "my_env_pkg.py"
     module.write_text(
         textwrap.dedent(
@@ -93,6 +95,7 @@ def test_grpo_with_a_users_env_factory_and_reward_function(tmp_path, monkeypatch
 
             from llmrl_core.envs import ChatEnv
             from llmrl_core.envs.transforms.td_base import Transform
+            from llmrl_core.envs.transforms.tools import ToolTransformBase
 
             CALLS = []
 
@@ -103,9 +106,13 @@ def test_grpo_with_a_users_env_factory_and_reward_function(tmp_path, monkeypatch
                     reward = next_tensordict.get("reward", torch.zeros_like(bonus))  # the reward functions' sum
                     return next_tensordict.set("reward", reward + bonus)
 
+            class Clock(ToolTransformBase):  # a TorchRL-style tool: every answer gets the time back
+                def _process_batch_item(self, content, index):
+                    return ["It is noon."]
+
             def make_env(tokenizer=None, input_mode="history", max_turns=1, greeting="Say hi"):
-                env = ChatEnv(tokenizer=tokenizer, input_mode=input_mode, system_prompt=greeting, max_turns=1)
-                return env.append_transform(Bonus())
+                env = ChatEnv(tokenizer=tokenizer, input_mode=input_mode, system_prompt=greeting, max_turns=2)
+                return env.append_transform(Bonus()).append_transform(Clock())
 
             def short_answer(prompt, completion, row):
                 return 1.0 if len(completion) < 40 else 0.0
@@ -133,11 +140,22 @@ def test_grpo_with_a_users_env_factory_and_reward_function(tmp_path, monkeypatch
     published = json.loads((tmp_path / "runs" / "custom" / "state" / "published-v1.json").read_text())
     assert published.get("metrics", published)["reward_errors"] == 1.0
     assert rows[0].messages[0] == {"role": "system", "content": "Answer in one word."}
+    from transformers import AutoTokenizer
+
+    from llmrl_core.model_store import ensure_default_model
+
+    tokenizer = AutoTokenizer.from_pretrained(ensure_default_model())
+    noon = "<|im_start|>tool\nIt is noon.<|im_end|>"
     for r in rows:
+        assert [m["role"] for m in r.messages] == ["system", "user", "assistant", "tool", "assistant"]
         completion = r.messages[-1]["content"]
         short = 2.0 * (len(completion) < 40)
-        assert r.reward_components == {"short_answer": short, "first_fails": 0.5, "Bonus": 0.25}
-        assert r.reward == pytest.approx(short + 0.5 + 0.25)
+        assert r.reward_components == {"short_answer": short, "first_fails": 0.5, "Bonus": 0.5}  # Bonus: per turn
+        assert r.reward == pytest.approx(short + 0.5 + 0.5)
+        policy = [t for t, m in zip(r.response_tokens, r.response_mask, strict=True) if m]
+        env_ids = [t if not m else -1 for t, m in zip(r.response_tokens, r.response_mask, strict=True)]
+        assert noon in tokenizer.decode(r.response_tokens) and noon not in tokenizer.decode(policy)
+        assert noon in tokenizer.decode([t for t in env_ids if t >= 0])
     sys.modules.pop("my_env_pkg", None)
 
 

@@ -96,7 +96,6 @@ def run_step_transforms(
     for slot, i in zip(slots, rows, strict=True):
         slot.episode_reward += totals[i] - slot.reward
         slot.reward = totals[i]
-    adopt_conversations(env, slots, rows, next_td, after="step")
     for key in next_td.keys(include_nested=True, leaves_only=True):
         if key not in base_keys and key != "reward":
             values = entry_rows(next_td, key)
@@ -112,6 +111,7 @@ def run_step_transforms(
             slot.terminate()
         if slot.done:
             env._drop_glue(slot)
+    adopt_conversations(env, slots, rows, next_td, after="step")
     return next_td
 
 
@@ -137,8 +137,9 @@ def adopt_conversations(env: ChatEnv, slots: list[SlotState], rows: list[int], t
     """Make each slot's conversation what the TensorDict transforms left at its row of ``td``'s
     ``("history", "prompt")``. After a ``step`` (TorchRL's tool transforms), messages appended after the answer join
     the conversation: the next prompt carries them (tokens mode: the ids after the answer are rendered again; the ids
-    before stay, so a transform that rewrote earlier messages is refused there, naming the transforms); in history
-    and text modes a rewritten conversation is taken as it is. After a ``reset`` the prompt is taken as it is."""
+    before stay, so a transform that rewrote earlier messages is refused there, naming the transforms; an episode that
+    ended takes nothing after its last answer, so its messages and ids stay the same); in history and text modes a
+    rewritten conversation is taken as it is. After a ``reset`` the prompt is taken as it is."""
     try:
         prompt = td.get(("history", "prompt"), None)
     except (KeyError, AttributeError):
@@ -148,6 +149,8 @@ def adopt_conversations(env: ChatEnv, slots: list[SlotState], rows: list[int], t
     conversations = prompt.to_conversations()
     names = ", ".join(type(transform).__name__ for transform in env.td_transforms)
     for slot, i in zip(slots, rows, strict=True):
+        if after == "step" and slot.done and env.input_mode == "tokens":
+            continue  # an ended episode's ids end with its last answer: its messages do too
         old, new = slot.history.messages, conversations[i].messages
         kept = _same_messages(old, new[: len(old)])
         if kept and len(new) == len(old):
