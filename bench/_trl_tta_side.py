@@ -82,6 +82,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    parser.add_argument("--seed", type=int, default=0, help="TRL's seed (its sampling and initial state)")
     args = parser.parse_args()
     data = json.loads(Path(args.data).read_text(encoding="utf-8"))
     out = Path(args.out)
@@ -118,7 +119,7 @@ def main() -> None:
         save_strategy="no",
         report_to="none",
         disable_tqdm=True,
-        seed=0,
+        seed=args.seed,
     )
     dataset = Dataset.from_dict({"prompt": data["prompts"], "answer": data["answers"]})
     trainer = GRPOTrainer(

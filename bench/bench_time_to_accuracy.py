@@ -1,7 +1,7 @@
 """Time to accuracy: llmrl's main job against ``trl.GRPOTrainer`` on the same task, held-out accuracy per minute.
 
 Usage: ``.venv/bin/python bench/bench_time_to_accuracy.py [--steps 10] [--llmrl-steps 16] [--eval-questions 200]
-[--out DIR] [--keep]``
+[--out DIR] [--seed 0] [--keep]``
 
 Both sides train the main job's task (two-digit addition, the packaged SmolLM2-135M-Instruct, 8 prompts x 8
 samples, 32 new tokens, temperature 0.7, lr 1e-5, clip 0.2, no KL, bf16 autocast where the CPU has bf16, fp32 on
@@ -62,8 +62,8 @@ def main_job() -> dict[str, Any]:
     return yaml.safe_load(MAIN_JOB.read_text())
 
 
-def run_llmrl(steps: int, runs_dir: Path, log: Path) -> tuple[float, float]:
-    """``llmrl run grpo`` for ``steps`` versions; returns (start, end) on the wall clock."""
+def run_llmrl(steps: int, runs_dir: Path, log: Path, seed: int) -> tuple[float, float]:
+    """``llmrl run grpo`` for ``steps`` versions with ``seed``; returns (start, end) on the wall clock."""
     if runs_dir.exists():
         shutil.rmtree(runs_dir)
     command = [
@@ -80,6 +80,8 @@ def run_llmrl(steps: int, runs_dir: Path, log: Path) -> tuple[float, float]:
         f"keep_checkpoints={steps + 1}",
         "--set",
         "final_eval.questions=0",
+        "--set",
+        f"seed={seed}",
     ]
     print("llmrl:", " ".join(command[1:]), flush=True)
     env = {**os.environ, "LLMRL_VERBOSE": "0"}
@@ -136,14 +138,16 @@ def served_prompts(runs_dir: Path, steps: int, source: str, tokenizer: Any) -> d
     return {"prompts": prompts, "answers": answers}
 
 
-def run_trl(python: Path, task: dict[str, Any], model_dir: str, out: Path, steps: int, scorer: Any, dtype: str) -> dict:
+def run_trl(
+    python: Path, task: dict[str, Any], model_dir: str, out: Path, steps: int, scorer: Any, dtype: str, seed: int
+) -> dict:
     """TRL's side (``_trl_tta_side.py``, training in ``dtype``: ``bf16`` autocast or ``fp32``); answers its reward
     requests with ``scorer``; returns its steps and logs."""
     out.mkdir(parents=True, exist_ok=True)
     data = out / "task.json"
     data.write_text(json.dumps(task))
     command = [str(python), str(TRL_SIDE), "--data", str(data), "--model", model_dir, "--out", str(out)]
-    command += ["--steps", str(steps), "--dtype", dtype]
+    command += ["--steps", str(steps), "--dtype", dtype, "--seed", str(seed)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": ""}
     print("TRL:", " ".join(command[1:]), flush=True)
     start = time.time()
@@ -263,6 +267,9 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep both sides' weights and llmrl's run folder")
     parser.add_argument("--eval-questions", type=int, default=200, help="held-out problems scored per version")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "time_to_accuracy")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="both sides' seed (llmrl's `seed`: prompts served and sampling; TRL's)"
+    )
     args = parser.parse_args()
     if args.steps < 1 or args.eval_questions < 1 or args.llmrl_steps < args.steps:
         raise SystemExit("--steps and --eval-questions must be >= 1, --llmrl-steps >= --steps")
@@ -280,7 +287,7 @@ def main() -> None:
 
     print(f"== llmrl: the main job for {args.llmrl_steps} versions", flush=True)
     runs_dir = args.out / "llmrl-runs"
-    start, end = run_llmrl(args.llmrl_steps, runs_dir, args.out / "llmrl.log")
+    start, end = run_llmrl(args.llmrl_steps, runs_dir, args.out / "llmrl.log", args.seed)
     ours = llmrl_versions(runs_dir, start, args.llmrl_steps)
     print(f"  llmrl: {end - start:.0f} s in all; versions at " + ", ".join(f"{r['time_s']:.0f}" for r in ours))
 
@@ -307,7 +314,14 @@ def main() -> None:
     trl_dtype = "bf16" if precision == "bf16" else "fp32"
     print(f"  both sides train in {trl_dtype} ({why})", flush=True)
     theirs = run_trl(
-        trl_python, task, model_dir, trl_out, args.steps, lambda c, a: float(reward.score(c, a)["reward"]), trl_dtype
+        trl_python,
+        task,
+        model_dir,
+        trl_out,
+        args.steps,
+        lambda c, a: float(reward.score(c, a)["reward"]),
+        trl_dtype,
+        args.seed,
     )
     print(f"  TRL {theirs['setup'].get('trl')}: {theirs['end_s']:.0f} s in all", flush=True)
 

@@ -35,6 +35,7 @@ from tasks.fork import Fork, resolve_fork, start_from_fork
 from tasks.publishing import publish_version
 from tasks.run_identity import identify_run
 from tasks.sft_actor import TrainerSetup, start_trainer
+from tasks.trainer_ranks import TrainerRanks
 
 EPOCH_METRICS = ("loss_first", "loss_last", "loss_mean", "steps", "grad_norm", "epoch_s")
 
@@ -176,7 +177,7 @@ def train_epochs(run: EpochRun, plan: EpochPlan) -> None:
     with dask_cluster(cfg, run.run_dir / "dask", rollout_workers=0) as place:
         trainer = start_trainer(place, plan.setup, run.layout)
         if run.fork is not None:
-            start_from_fork(trainer, run.fork, run.lineage)
+            start_from_fork(TrainerRanks(trainer), run.fork, run.lineage)
             log.info("new run %s, forked from %s", cfg.run_id, run.fork.label)
         if run.published is None and plan.measure is not None:
             metrics = plan.measure(trainer)

@@ -49,6 +49,7 @@ from tasks.rollout_actor import RolloutWorker
 from tasks.rollout_ahead import RolloutAhead
 from tasks.run_identity import identify_run
 from tasks.trainer_actor import TrainerWorker
+from tasks.trainer_ranks import TrainerRanks
 from tasks.weight_sync import choose_weight_route, endpoint_of, weight_sync_for
 
 
@@ -145,8 +146,12 @@ def run_grpo(cfg: GRPOConfig, log: Any) -> dict[str, Any]:
             place.start_actor(RolloutWorker, cfg, worker=a)
             for a in place.rollout
         ]
+        others = [place.start_actor(TrainerWorker, cfg, layout=layout, worker=a) for a in place.trainer_ranks]
         trainer = place.start_actor(TrainerWorker, cfg, layout=layout, worker=place.trainer).result()
+        ranks = TrainerRanks(trainer, [t.result() for t in others])
         engines = [e.result() for e in engines]
+        if joined := ranks.join(place.trainer):
+            log.info(joined)
         log.info("%d rollout engine(s) and the trainer are resident (%.1f s)", len(engines), time.perf_counter() - t0)
         *described, trainer_described = wait_calls(
             [*((e, e.describe()) for e in engines), (trainer, trainer.describe())], "start-up"
@@ -198,12 +203,12 @@ def run_grpo(cfg: GRPOConfig, log: Any) -> dict[str, Any]:
         )
         if published is None:
             if fork is not None:
-                start_from_fork(trainer, fork, lineage)
+                start_from_fork(ranks, fork, lineage)
             info = publish_version(trainer, engines, 0, config_dict, **published_to)
             log.info("version 0 (base model) published: %s", info["checkpoint"])
         elif start > 0:
             # the engines get the weights each batch needs when it is sent
-            wait_calls([(trainer, trainer.restore(start))], "resume", start)
+            ranks.call_all("restore", start, stage="resume", version=start)
             if not with_state:
                 log.warning(
                     "version %d resumed from its weights alone: a fresh optimizer (train.resume_without_state)", start
@@ -227,7 +232,7 @@ def run_grpo(cfg: GRPOConfig, log: Any) -> dict[str, Any]:
             if pending is not None:  # the engines that sampled this batch hold the trainer's weights (fingerprints)
                 pending.verify()
             t_train = time.perf_counter()
-            training = stages.train.submit(trainer, store_uri, batch)
+            training = stages.train.submit(ranks, store_uri, batch)
             if pending is not None:  # committed while the trainer trains (it sealed beside this batch's rollouts)
                 pending.complete()
                 pending = None

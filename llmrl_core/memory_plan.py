@@ -145,28 +145,17 @@ class PlanInputs:
     max_new_tokens: int = 128
     engine_sleep_level: int = 0  # rollout.sleep_level: a CUDA engine sleeps while the trainer trains
     ipc_weights_copy: bool = False  # rollout.weight_sync=cuda_ipc: an fp32 copy of the weights while engines load it
+    other_trainer_ranks: tuple[str, ...] = ()  # train.data_parallel > 1: the devices of trainer ranks 1..
 
 
 def memory_plan(shape: ModelShape, inputs: PlanInputs) -> list[PlanLine]:
     """The plan's lines (see the module docstring)."""
     n = shape.parameters()
     trained = n if inputs.trainable_parameters is None else inputs.trainable_parameters
-    t, h, layers = inputs.token_budget, shape.hidden, shape.layers
     where = inputs.trainer_device
-    lines = [
-        PlanLine(where, "trainer weights", 4 * n, f"fp32: 4 x {n:,} parameters"),
-        PlanLine(where, "gradients", 4 * trained, f"fp32: 4 x {trained:,} trained parameters"),
-        PlanLine(where, "optimizer state", 8 * trained, "AdamW's two fp32 moments: 8 x trained parameters"),
-    ]
-    if inputs.gradient_checkpointing:
-        activations = t * layers * h * 2 + 34 * t * h
-        rule = f"gradient checkpointing: {t} tokens x {layers} layers x {h} x 2 bytes + one layer's 34 x {t} x {h}"
-    else:
-        activations = t * layers * h * 34
-        rule = f"{t} tokens (train.token_budget) x {layers} layers x {h} hidden x 34 bytes"
-    lines.append(PlanLine(where, "activations", activations, rule, "train"))
-    logits = t * shape.vocab * 8
-    lines.append(PlanLine(where, "logits", logits, f"{t} tokens x {shape.vocab} vocab x fp32 x 2", "train"))
+    lines = _trainer_lines(shape, inputs, where, n, trained, "")
+    for rank, device in enumerate(inputs.other_trainer_ranks, start=1):  # each rank a whole trainer, no reference
+        lines += _trainer_lines(shape, inputs, device, n, trained, f"rank {rank} ")
     if inputs.reference_model:
         ref = n * inputs.engine_dtype_bytes
         lines.append(PlanLine(where, "reference model", ref, f"{inputs.engine_dtype_bytes} bytes x {n:,} parameters"))
@@ -200,6 +189,29 @@ def memory_plan(shape: ModelShape, inputs: PlanInputs) -> list[PlanLine]:
         else:
             kv, rule = inputs.cpu_kv_cache_bytes, "rollout.kv_cache_gb (VLLM_CPU_KVCACHE_SPACE)"
         lines.append(PlanLine(device, f"engine {i} KV cache", max(kv, 0), rule, phase))
+    return lines
+
+
+def _trainer_lines(
+    shape: ModelShape, inputs: PlanInputs, where: str, n: int, trained: int, prefix: str
+) -> list[PlanLine]:
+    """One trainer rank's lines: fp32 weights, gradients, AdamW state, and while training its activations at
+    ``train.token_budget`` and the logits (items named with ``prefix``: "" for rank 0)."""
+    t, h, layers = inputs.token_budget, shape.hidden, shape.layers
+    lines = [
+        PlanLine(where, f"{prefix}trainer weights", 4 * n, f"fp32: 4 x {n:,} parameters"),
+        PlanLine(where, f"{prefix}gradients", 4 * trained, f"fp32: 4 x {trained:,} trained parameters"),
+        PlanLine(where, f"{prefix}optimizer state", 8 * trained, "AdamW's two fp32 moments: 8 x trained parameters"),
+    ]
+    if inputs.gradient_checkpointing:
+        activations = t * layers * h * 2 + 34 * t * h
+        rule = f"gradient checkpointing: {t} tokens x {layers} layers x {h} x 2 bytes + one layer's 34 x {t} x {h}"
+    else:
+        activations = t * layers * h * 34
+        rule = f"{t} tokens (train.token_budget) x {layers} layers x {h} hidden x 34 bytes"
+    lines.append(PlanLine(where, f"{prefix}activations", activations, rule, "train"))
+    logits = t * shape.vocab * 8
+    lines.append(PlanLine(where, f"{prefix}logits", logits, f"{t} tokens x {shape.vocab} vocab x fp32 x 2", "train"))
     return lines
 
 

@@ -35,6 +35,7 @@ from tasks.placement_plan import (
     local_worker_resources,
     rollout_count,
     rollout_placement,
+    trainer_ranks,
 )
 
 STOP_TIMEOUT_S = 5.0  # a worker's event loop answers a stop within this, unless the worker hangs
@@ -50,6 +51,8 @@ class Placement:
     rollout: list[str]
     trainer: str
     actors: list[Any] = field(default_factory=list)
+    # the workers of trainer ranks 1.. (``train.data_parallel > 1``); ``trainer`` is rank 0's
+    trainer_ranks: list[str] = field(default_factory=list)
 
     def start_actor(self, cls: type, *args: Any, worker: str, **kwargs: Any) -> Any:
         """Start ``cls(*args, **kwargs)`` as a Dask actor on ``worker``; returns its future (``.result()``: the
@@ -91,24 +94,35 @@ def _call_each(actors: list[Any], method: str, timeout_s: float) -> None:
             _logger().warning("could not %s %s on %s: %s", method, actor._cls.__name__, actor._address, exc)
 
 
-def place_workers(workers: dict[str, dict], n_rollout: int) -> tuple[list[str], str]:
-    """Choose rollout and trainer workers from ``scheduler_info()["workers"]`` by their declared resources."""
-    if n_rollout == 0:
-        return [], trainer_worker(workers)
+def place_workers(workers: dict[str, dict], n_rollout: int, n_trainers: int = 1) -> tuple[list[str], list[str]]:
+    """Choose rollout workers and ``n_trainers`` trainer workers (rank 0 first) from ``scheduler_info()["workers"]``
+    by their declared resources. Trainer workers named ``trainer``, ``trainer-1``, ... (the local cluster's) take
+    the ranks their names say; others go by address."""
+    if n_rollout == 0 and n_trainers == 1:
+        return [], [trainer_worker(workers)]
     addresses = sorted(workers)
-    if len(addresses) < 2:
-        raise RuntimeError(f"need at least 2 Dask workers (rollout + trainer), found {len(addresses)}")
-    trainers = [a for a in addresses if {"GPU", "TRAINER"} & set(workers[a].get("resources", {}))]
-    rollout = [a for a in addresses if "ROLLOUT" in workers[a].get("resources", {}) and a not in trainers[:1]]
-    if not trainers or not rollout:
+    if len(addresses) < n_trainers + min(n_rollout, 1):
+        raise RuntimeError(
+            f"need at least {n_trainers + min(n_rollout, 1)} Dask workers ({n_trainers} trainer rank(s), "
+            f"train.data_parallel={n_trainers}{', + rollout' if n_rollout else ''}), found {len(addresses)}"
+        )
+    declared = [a for a in addresses if {"GPU", "TRAINER"} & set(workers[a].get("resources", {}))]
+    named = {f"trainer-{rank}" if rank else "trainer": rank for rank in range(len(declared))}
+    trainers = sorted(declared, key=lambda a: (named.get(str(workers[a].get("name")), len(declared)), a))
+    trainers = trainers[:n_trainers]
+    rollout = [a for a in addresses if "ROLLOUT" in workers[a].get("resources", {}) and a not in trainers]
+    if len(trainers) < n_trainers or (n_rollout and not rollout):
         raise RuntimeError(
             "the Dask workers must declare resources: ROLLOUT for engine workers and TRAINER or GPU for the "
-            f"trainer; found {[(a, workers[a].get('resources', {})) for a in addresses]}"
+            f"trainer{f' ({n_trainers} workers: train.data_parallel={n_trainers})' if n_trainers > 1 else ''}; "
+            f"found {[(a, workers[a].get('resources', {})) for a in addresses]}"
         )
-    return rollout[:n_rollout], trainers[0]
+    return rollout[:n_rollout], trainers
 
 
-def wait_for_placement(client: Any, n_rollout: int, timeout_s: float, poll_s: float = 2.0) -> tuple[list[str], str]:
+def wait_for_placement(
+    client: Any, n_rollout: int, timeout_s: float, poll_s: float = 2.0, n_trainers: int = 1
+) -> tuple[list[str], list[str]]:
     """:func:`place_workers` on a joined cluster, once it has ``n_rollout`` rollout workers and a trainer: workers
     starting beside the flow, or a lost worker's replacement after a restart, get up to ``timeout_s`` (the run's
     ``dask.join_wait_s``) to join
@@ -120,9 +134,9 @@ def wait_for_placement(client: Any, n_rollout: int, timeout_s: float, poll_s: fl
     while True:
         workers = client.scheduler_info()["workers"]
         try:
-            rollout, trainer = place_workers(workers, n_rollout)
+            rollout, trainers = place_workers(workers, n_rollout, n_trainers)
             if len(rollout) >= n_rollout:
-                return rollout, trainer
+                return rollout, trainers
             missing = (
                 f"rollout.workers={n_rollout} but the cluster has {len(rollout)} worker(s) declaring ROLLOUT "
                 f"(besides the trainer): start more, or set rollout.workers={len(rollout)}"
@@ -210,10 +224,11 @@ def dask_cluster(cfg: RunConfig, scratch: Path, rollout_workers: int | None = No
     from tasks.worker_exit import BoundedExit
 
     n_rollout = rollout_count(cfg, rollout_workers)
+    n_trainers = trainer_ranks(cfg)
     if cfg.dask.address:
         with Client(cfg.dask.address) as client:
-            rollout, trainer = wait_for_placement(client, n_rollout, cfg.dask.join_wait_s)
-            place = Placement(client, rollout, trainer)
+            rollout, trainers = wait_for_placement(client, n_rollout, cfg.dask.join_wait_s, n_trainers=n_trainers)
+            place = Placement(client, rollout, trainers[0], trainer_ranks=trainers[1:])
             try:
                 yield place
             finally:
@@ -258,5 +273,5 @@ def dask_cluster(cfg: RunConfig, scratch: Path, rollout_workers: int | None = No
         client = stack.enter_context(Client(cluster))
         client.wait_for_workers(len(workers), timeout=120)
         client.register_plugin(BoundedExit())  # the workers end when closed, not 4 s later by the Nanny's kill
-        rollout, trainer = place_workers(client.scheduler_info()["workers"], n_rollout)
-        yield Placement(client, rollout, trainer)
+        rollout, trainers = place_workers(client.scheduler_info()["workers"], n_rollout, n_trainers)
+        yield Placement(client, rollout, trainers[0], trainer_ranks=trainers[1:])

@@ -17,7 +17,6 @@ from typing import Any
 
 from storage.checkpoints import CheckpointStore
 from storage.layout import RunLayout
-from tasks.actor_calls import wait_calls
 from tasks.commits import marker_path, published_versions
 
 
@@ -94,12 +93,13 @@ def fork_tree(runs_root: Path, run_id: str) -> list[tuple[int, str, str]]:
     return tree
 
 
-def start_from_fork(trainer: Any, fork: Fork, lineage: Any) -> None:
-    """Load the fork point into the resident ``trainer`` (weights, and its optimizer and RNG state when the source
-    kept them: a warning says when it did not) and record the fork in ``lineage``."""
+def start_from_fork(ranks: Any, fork: Fork, lineage: Any) -> None:
+    """Load the fork point into the resident trainer, every rank of it (``ranks``: a
+    :class:`~tasks.trainer_ranks.TrainerRanks`; weights, and the optimizer and RNG state when the source kept them:
+    a warning says when it did not) and record the fork in ``lineage``."""
     import logging
 
-    if not wait_calls([(trainer, trainer.restore(fork.version, fork.source))], "fork restore", fork.version)[0]:
+    if not ranks.call_all("restore", fork.version, fork.source, stage="fork restore", version=fork.version):
         logging.getLogger("llmrl.fork").warning(
             "%s: the source kept no optimizer state for that version (a run keeps its last two): the fork starts "
             "from its weights with a fresh optimizer",

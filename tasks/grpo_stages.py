@@ -29,6 +29,7 @@ from storage.trajectories import TrajectoryStore
 from tasks.actor_calls import WorkerLost, wait_calls
 from tasks.records import read_shards
 from tasks.rollout_traces import trace_sample
+from tasks.trainer_ranks import TrainerRanks
 
 STAGE = dict(cache_policy=NO_CACHE, persist_result=False)
 
@@ -215,10 +216,11 @@ def reward_spread(rewards: list[float]) -> dict[str, float]:
 
 
 @task(name="train", **STAGE)
-def train(trainer: Any, store_uri: str, batch: Batch) -> dict:
-    """Optimizer steps on a published batch (on the trainer worker): version ``batch.index`` -> ``+ 1``."""
-    call = trainer.train(store_uri, batch.policy_version, batch.shard_prefix, batch.index)
-    return wait_calls([(trainer, call)], "training", batch.index)[0]
+def train(ranks: TrainerRanks, store_uri: str, batch: Batch) -> dict:
+    """Optimizer steps on a published batch (on the trainer worker, or on every data-parallel rank at once):
+    version ``batch.index`` -> ``+ 1``; rank 0's metrics (the global batch's)."""
+    args = (store_uri, batch.policy_version, batch.shard_prefix, batch.index)
+    return ranks.call_all("train", *args, stage="training", version=batch.index)
 
 
 @dataclass
@@ -285,7 +287,8 @@ def verify_engines_hold(staged: StagedVersion) -> dict:
 # Settings that only say where and how fast the run computes: not part of what a version is, so a run resumes on
 # another machine or cluster with other threads or GPU shares.
 PLACEMENT_ONLY = {
-    "rollout": ("threads", "gpu_memory_utilization", "tensor_parallel_size", "weight_sync", "sleep_level")
+    "rollout": ("threads", "gpu_memory_utilization", "tensor_parallel_size", "weight_sync", "sleep_level"),
+    "train": ("data_parallel",),
 }
 # Settings added after runs existed, left out while at their default: an older run's config hash stays the same,
 # so it still resumes.

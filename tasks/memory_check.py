@@ -12,7 +12,7 @@ from llmrl_core.hardware import choose_dtype
 from llmrl_core.memory_plan import DTYPE_BYTES, GIB, ModelShape, PlanInputs, PlanLine, memory_plan, over_budget
 from llmrl_core.model_store import resolve_model
 from llmrl_core.pipeline.grpo_config import GRPOConfig
-from tasks.placement_plan import gpu_assignment, local_worker_names, visible_gpus
+from tasks.placement_plan import gpu_assignment, local_worker_names, trainer_names, visible_gpus
 
 
 @dataclass
@@ -49,11 +49,12 @@ def plan_run(cfg: GRPOConfig, gpus: list[str] | None = None, capacity: dict[str,
         ids = visible.get(name, "")
         return f"cuda:{ids.split(',')[0]}" if ids else "cpu"
 
-    engines = tuple(device(n) for n in local_worker_names(cfg) if n != "trainer")
+    engines = tuple(device(n) for n in local_worker_names(cfg) if n.startswith("rollout-"))
     engine_dtype = choose_dtype(cfg.rollout.dtype, "cuda" if any(e.startswith("cuda") for e in engines) else "cpu")
     lora = cfg.train.lora
     inputs = PlanInputs(
         trainer_device=device("trainer"),
+        other_trainer_ranks=tuple(device(n) for n in trainer_names(cfg)[1:]),
         engine_devices=engines,
         token_budget=cfg.train.token_budget,
         gradient_checkpointing=cfg.train.gradient_checkpointing,
@@ -79,7 +80,7 @@ def _hands_over_by_cuda_ipc(cfg: GRPOConfig, visible: dict[str, str]) -> bool:
     load it."""
     from tasks.weight_sync import local_route
 
-    engines = [n for n in local_worker_names(cfg) if n != "trainer"]
+    engines = [n for n in local_worker_names(cfg) if n.startswith("rollout-")]
     try:
         return local_route(cfg.rollout.weight_sync, visible, engines, backend=cfg.rollout.backend).name == "cuda_ipc"
     except ValueError:  # a route that cannot work is refused by the placement check, not here

@@ -70,11 +70,22 @@ def rollout_count(cfg: RunConfig, rollout_workers: int | None) -> int:
     return cfg.rollout.workers
 
 
+def trainer_ranks(cfg: RunConfig) -> int:
+    """How many trainer ranks the run trains with (``train.data_parallel``; 1 for configs without it)."""
+    return int(getattr(cfg.train, "data_parallel", 1))
+
+
+def trainer_names(cfg: RunConfig) -> list[str]:
+    """The local trainer workers' names, rank 0 first: ``trainer``, then ``trainer-1`` .. ``trainer-{n-1}``."""
+    return ["trainer"] + [f"trainer-{rank}" for rank in range(1, trainer_ranks(cfg))]
+
+
 def local_worker_resources(cfg: RunConfig, rollout_workers: int | None = None) -> dict[str, dict[str, float]]:
-    """Worker name -> Dask resources of the local cluster: the rollout workers, then the trainer."""
+    """Worker name -> Dask resources of the local cluster: the rollout workers, then the trainer ranks."""
     n_rollout = rollout_count(cfg, rollout_workers)
     specs: dict[str, dict[str, float]] = {f"rollout-{i}": {"ROLLOUT": 1} for i in range(n_rollout)}
-    specs["trainer"] = {"TRAINER": 1, **({"GPU": 1} if trainer_on_gpu(cfg) else {})}
+    for name in trainer_names(cfg):
+        specs[name] = {"TRAINER": 1, **({"GPU": 1} if trainer_on_gpu(cfg) else {})}
     return specs
 
 
@@ -125,6 +136,9 @@ def gpu_assignment(cfg: RunConfig, gpus: int | Sequence[str], rollout_workers: i
         )
     trainer_gpu = cfg.train.device in ("cuda", "auto")  # auto: on CUDA, since this host has GPUs
     out = GpuAssignment()
+    ranks = trainer_names(cfg)
+    if trainer_gpu and len(ranks) > 1:
+        return _data_parallel_gpus(ranks, ids, n_rollout, tp)
     need = int(trainer_gpu) + n_rollout * tp
     if need <= len(ids):  # dedicated: trainer first, then one block per engine
         first = int(trainer_gpu)
@@ -183,6 +197,27 @@ def gpu_assignment(cfg: RunConfig, gpus: int | Sequence[str], rollout_workers: i
     return out
 
 
+def _data_parallel_gpus(ranks: list[str], ids: list[str], n_rollout: int, tp: int) -> GpuAssignment:
+    """GPUs for ``train.data_parallel > 1`` on CUDA: every trainer rank and every engine a GPU (block) of its own
+    (NCCL refuses two ranks on one device, and a rank's memory plan is a whole trainer's)."""
+    need = len(ranks) + n_rollout * tp
+    if need > len(ids):
+        raise ValueError(
+            f"train.data_parallel={len(ranks)} puts each trainer rank on a GPU of its own, beside {n_rollout} "
+            f"engine(s) x rollout.tensor_parallel_size={tp}: {need} GPUs needed, this host has {len(ids)}; lower "
+            "train.data_parallel or rollout.workers (or train.device=cpu)"
+        )
+    out = GpuAssignment()
+    for rank, name in enumerate(ranks):
+        out.visible[name] = ids[rank]
+    first = len(ranks)
+    for i in range(n_rollout):
+        out.visible[f"rollout-{i}"] = ",".join(ids[first + i * tp : first + (i + 1) * tp])
+    if need < len(ids):
+        out.notes.append(f"GPUs {','.join(ids[need:])} are not used by this run (it needs {need})")
+    return out
+
+
 def available_cores() -> int:
     """The CPU cores this process may run on (its affinity mask; ``os.cpu_count()`` where there is none)."""
     try:
@@ -212,9 +247,10 @@ def worker_threads(
     engine_threads = rollout_threads or max(1, cores // max(1, sharers))
     threads = dict.fromkeys(cpu_engines, engine_threads)
     if cpu_trainer:
-        threads["trainer"] = cfg.train.threads or (
-            max(1, cores - engine_threads * len(cpu_engines)) if overlap else cores
-        )
+        trainer_cores = max(1, cores - engine_threads * len(cpu_engines)) if overlap else cores
+        ranks = trainer_names(cfg)  # data-parallel ranks train at once: they split the trainer's cores
+        for name in ranks:
+            threads[name] = cfg.train.threads or max(1, trainer_cores // len(ranks))
     return threads
 
 
@@ -234,8 +270,8 @@ def worker_environments(
 
 
 def local_worker_names(cfg: RunConfig, rollout_workers: int | None = None) -> list[str]:
-    """The local workers' names: ``rollout-0`` .. ``rollout-{n-1}``, then ``trainer``."""
-    return [f"rollout-{i}" for i in range(rollout_count(cfg, rollout_workers))] + ["trainer"]
+    """The local workers' names: ``rollout-0`` .. ``rollout-{n-1}``, then the trainer ranks (:func:`trainer_names`)."""
+    return [f"rollout-{i}" for i in range(rollout_count(cfg, rollout_workers))] + trainer_names(cfg)
 
 
 def visible_gpus() -> list[str]:
@@ -262,7 +298,10 @@ def check_local_placement(
     envs, gpus = worker_environments(cfg, visible_gpus(), available_cores(), rollout_count(cfg, rollout_workers))
     if isinstance(cfg, GRPOConfig):  # a weight route or a memory plan that cannot work: refused before any worker
         check_local_route(
-            cfg.rollout.weight_sync, gpus.visible, [n for n in envs if n != "trainer"], backend=cfg.rollout.backend
+            cfg.rollout.weight_sync,
+            gpus.visible,
+            [n for n in envs if n.startswith("rollout-")],
+            backend=cfg.rollout.backend,
         )
         check_run_memory(cfg, warn=warn)
     return envs, gpus

@@ -259,6 +259,35 @@ class TrainerWorker:
         self._prune_states(version)
         return version
 
+    # --- data-parallel ranks (train.data_parallel > 1) ------------------------------------------------
+    _data_parallel: Any = None  # a DataParallelTrainer once join_data_parallel() ran
+
+    def join_data_parallel(self, init_method: str, rank: int, world_size: int) -> dict[str, Any]:
+        """Join the run's trainer ranks (``tcp://host:port`` of rank 0, blocking until all joined): from now on
+        :meth:`train` computes each step over this rank's token-balanced shard of the batch and sums the gradients
+        over the group (gloo on CPU, NCCL on CUDA), so every rank holds the same weights after it. Rank 0's
+        trainable weights are broadcast first (the replicas start identical). Returns ``{"rank", "backend"}``."""
+        from llmrl_core.trainer.data_parallel import DataParallelTrainer, init_process_group
+
+        backend = "nccl" if self.trainer.device.type == "cuda" else "gloo"
+        init_process_group(rank, world_size, backend, init_method=init_method)
+        self._data_parallel = DataParallelTrainer(self.trainer)
+        if rank > 0:
+            self.ref = None  # reference scoring runs on rank 0 (the rows carry its log-probs to every rank)
+        return {"rank": rank, "backend": backend}
+
+    def _check_same_batch(self, samples: list[Any]) -> None:
+        """Data-parallel ranks shard one global batch: refuse a step where they read different rows (or orders)."""
+        import hashlib
+
+        import torch.distributed as dist
+
+        digest = hashlib.sha256("\n".join(s.sample_id or "" for s in samples).encode()).hexdigest()
+        seen: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(seen, digest)
+        if len(set(seen)) > 1:
+            raise RuntimeError(f"the trainer ranks read different batches ({len(samples)} rows here): {seen}")
+
     # --- weight group (trainer = rank 0; tasks/weight_sync.py drives both sides) ---------------------
     def weight_group_port(self) -> int:
         """A TCP port free on this worker's host, for the weight group's rendezvous."""
@@ -437,8 +466,12 @@ class TrainerWorker:
         first: dict[str, float] | None = None
         if trained:
             samples = [record_to_sample(r) for r in trained]
+            step = self.trainer.train_step
+            if self._data_parallel is not None and self._data_parallel.distributed:
+                self._check_same_batch(samples)
+                step = self._data_parallel.train_step  # this rank's shard, gradients summed over the ranks
             for _ in range(self.cfg.train.steps_per_iteration):
-                metrics = self.trainer.train_step(samples)
+                metrics = step(samples)
                 first = first or metrics
         else:
             first = self.trainer.evaluate(one_micro_batch([record_to_sample(r) for r in records], self.cfg.train))

@@ -28,7 +28,7 @@ def test_the_run_waits_for_a_replacement_rollout_worker():
     lost = {"tcp://t:1": TRAINER}  # the rollout worker died; its replacement joins at the third look
     back = {"tcp://t:1": TRAINER, "tcp://r2:1": ROLLOUT}
     client = Scheduler(lost, lost, back)
-    assert wait_for_placement(client, 1, timeout_s=5, poll_s=0.01) == (["tcp://r2:1"], "tcp://t:1")
+    assert wait_for_placement(client, 1, timeout_s=5, poll_s=0.01) == (["tcp://r2:1"], ["tcp://t:1"])
     assert client.calls == 3
 
 
@@ -43,4 +43,4 @@ def test_fewer_rollout_workers_than_asked_is_an_error_after_the_wait_not_a_small
 
 
 def test_a_trainer_only_run_needs_no_rollout_worker():
-    assert wait_for_placement(Scheduler({"tcp://t:1": TRAINER}), 0, timeout_s=0) == ([], "tcp://t:1")
+    assert wait_for_placement(Scheduler({"tcp://t:1": TRAINER}), 0, timeout_s=0) == ([], ["tcp://t:1"])

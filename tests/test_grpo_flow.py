@@ -449,10 +449,35 @@ def test_placement_is_by_declared_resources():
         "tcp://b:1": {"resources": {"GPU": 1}},
         "tcp://c:1": {"resources": {"ROLLOUT": 1}},
     }
-    assert place_workers(workers, 1) == (["tcp://a:1"], "tcp://b:1")
-    assert place_workers(workers, 2) == (["tcp://a:1", "tcp://c:1"], "tcp://b:1")
+    assert place_workers(workers, 1) == (["tcp://a:1"], ["tcp://b:1"])
+    assert place_workers(workers, 2) == (["tcp://a:1", "tcp://c:1"], ["tcp://b:1"])
     with pytest.raises(RuntimeError, match="must declare resources"):
         place_workers({"tcp://a:1": {}, "tcp://b:1": {}}, 1)
+
+
+def test_data_parallel_ranks_get_workers_of_their_own():
+    """train.data_parallel=N: N trainer workers (the local cluster's named by rank, rank 0 ``trainer``), each with
+    its share of the trainer's cores on CPU and a GPU of its own on CUDA; too few GPUs is refused by name."""
+    from tasks.cluster import place_workers
+    from tasks.placement_plan import gpu_assignment, local_worker_resources, worker_threads
+
+    cfg = load_config(GRPOConfig, None, ["train.data_parallel=2", "train.device=cpu"])
+    assert list(local_worker_resources(cfg)) == ["rollout-0", "trainer", "trainer-1"]
+    assert worker_threads(cfg, gpu_assignment(cfg, 0), cores=4) == {"rollout-0": 4, "trainer": 2, "trainer-1": 2}
+    workers = {  # the local cluster's workers carry their names; the ranks follow them, not the addresses
+        "tcp://a:1": {"name": "trainer-1", "resources": {"TRAINER": 1}},
+        "tcp://b:1": {"name": "rollout-0", "resources": {"ROLLOUT": 1}},
+        "tcp://c:1": {"name": "trainer", "resources": {"TRAINER": 1}},
+    }
+    assert place_workers(workers, 1, 2) == (["tcp://b:1"], ["tcp://c:1", "tcp://a:1"])
+    with pytest.raises(RuntimeError, match=r"train.data_parallel=3"):
+        place_workers(workers, 1, 3)
+    gpu = load_config(GRPOConfig, None, ["train.data_parallel=2", "train.device=cuda"])
+    assert gpu_assignment(gpu, 3).visible == {"trainer": "0", "trainer-1": "1", "rollout-0": "2"}
+    with pytest.raises(ValueError, match=r"train.data_parallel=2 puts each trainer rank on a GPU of its own.*3 GPUs"):
+        gpu_assignment(gpu, 2)
+    with pytest.raises(ValueError, match=r"train.data_parallel must be >= 1"):
+        load_config(GRPOConfig, None, ["train.data_parallel=0"])
 
 
 def _reference_logprobs(model, record, temperature):

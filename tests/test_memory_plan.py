@@ -69,6 +69,39 @@ def test_a_7b_plan_on_two_80gb_gpus_by_hand():
     assert totals(memory_plan(shape, fitted))["cuda:0"] < 80 * GIB
 
 
+def test_data_parallel_ranks_each_hold_a_whole_trainer_by_hand():
+    """train.data_parallel=2 on 3 GPUs (the local plan: ranks on GPUs 0 and 1, the engine on 2): rank 1's GPU holds
+    a second trainer (weights, gradients, AdamW state, activations, logits) and no reference model; on CPU both
+    ranks count against the host's memory."""
+    from llmrl_core.pipeline.config_io import load_config
+    from llmrl_core.pipeline.grpo_config import GRPOConfig
+    from tasks.memory_check import plan_run
+
+    shape = ModelShape.from_config(QWEN_05B)
+    n = 494_032_768
+    inputs = PlanInputs(
+        trainer_device="cuda:0", engine_devices=("cuda:2",), other_trainer_ranks=("cuda:1",), reference_model=True
+    )
+    lines = memory_plan(shape, inputs)
+    rank1 = {line.item: line.bytes for line in lines if line.device == "cuda:1"}
+    assert rank1 == {
+        "rank 1 trainer weights": 4 * n,
+        "rank 1 gradients": 4 * n,
+        "rank 1 optimizer state": 8 * n,
+        "rank 1 activations": 2048 * 24 * 896 * 34,
+        "rank 1 logits": 2048 * 151936 * 8,
+    }
+    assert totals(lines)["cuda:1"] == 16 * n + 2048 * 24 * 896 * 34 + 2048 * 151936 * 8
+    assert totals(lines)["cuda:0"] == totals(lines)["cuda:1"] + 2 * n  # rank 0 also holds the reference (bf16)
+
+    cfg = load_config(GRPOConfig, None, ["train.data_parallel=2", "train.device=cuda", "model=default"])
+    plan = plan_run(cfg, gpus=["0", "1", "2"], capacity={"cpu": 64 * GIB, **{f"cuda:{g}": 80 * GIB for g in "012"}})
+    assert plan.inputs.trainer_device == "cuda:0" and plan.inputs.other_trainer_ranks == ("cuda:1",)
+    assert plan.inputs.engine_devices == ("cuda:2",)
+    cpu = plan_run(load_config(GRPOConfig, None, ["train.data_parallel=3", "train.device=cpu"]), gpus=[])
+    assert cpu.inputs.other_trainer_ranks == ("cpu", "cpu")
+
+
 def test_one_gpu_shared_by_trainer_and_engine_and_a_kv_cache_too_small():
     shape = ModelShape.from_config(QWEN_05B)
     inputs = PlanInputs(

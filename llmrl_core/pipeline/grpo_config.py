@@ -254,9 +254,13 @@ class TrainConfig:
     agreement_stop: bool = False  # true: a gap over agreement_warn stops the run (the trained version unpublished)
     threads: int = 0  # torch threads on the trainer worker (0: all cores)
     device: str = "auto"  # "auto" | "cpu" | "cuda"; a GPU trainer is placed on a worker with resource GPU=1
+    # trainer ranks, one per Dask worker: each trains on its token-balanced shard of the batch and the gradients
+    # are summed over a torch.distributed group (gloo on CPU, NCCL on GPU); rank 0 publishes the weights
+    data_parallel: int = 1
 
     def __post_init__(self) -> None:
         _check(math.isfinite(self.lr) and self.lr > 0, "train.lr", "must be > 0", self.lr)
+        _check(self.data_parallel >= 1, "train.data_parallel", "must be >= 1", self.data_parallel)
         _check(self.steps_per_iteration >= 1, "train.steps_per_iteration", "must be >= 1", self.steps_per_iteration)
         _check(0 <= self.clip_epsilon < 1, "train.clip_epsilon", "must be in [0, 1)", self.clip_epsilon)
         if self.clip_epsilon_high is not None:

@@ -69,6 +69,11 @@ class OfflineConfig:
             raise ValueError("rescore.reward 'env' re-scores with env.rewards, which is empty")
         if self.groups_per_step < 1:
             raise ValueError("groups_per_step must be >= 1")
+        if self.train.data_parallel != 1:
+            raise ValueError(
+                f"train.data_parallel={self.train.data_parallel}: offline GRPO trains on one trainer (the GRPO flow "
+                "runs data-parallel ranks); set train.data_parallel=1"
+            )
         if self.run_id == self.source.run_id:
             raise ValueError(
                 f"run_id {self.run_id!r} must differ from source.run_id (offline training writes a new run)"

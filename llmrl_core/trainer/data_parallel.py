@@ -231,8 +231,11 @@ def init_process_group(
     world_size: int,
     backend: str | None = None,
     timeout_s: float = 600.0,
+    init_method: str = "env://",
 ) -> None:
-    """Join the default process group through ``env://`` (``MASTER_ADDR``/``MASTER_PORT`` set by the caller).
+    """Join the default process group through ``init_method``: ``env://`` (``MASTER_ADDR``/``MASTER_PORT`` set by
+    the caller) or ``tcp://host:port`` (rank 0's host and a port free there; the flows' trainer ranks on Dask workers,
+    whose environment is shared by everything on the worker).
 
     With ``nccl``, selects CUDA device ``rank % device_count`` first (the default device of this rank's model).
     """
@@ -243,7 +246,7 @@ def init_process_group(
         torch.cuda.set_device(device_id)
     dist.init_process_group(
         backend=backend,
-        init_method="env://",
+        init_method=init_method,
         rank=rank,
         world_size=world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
