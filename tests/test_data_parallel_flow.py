@@ -2,7 +2,8 @@
 version on their shards of the batch, and the weights they publish are the ones a single trainer reaches on the same
 stored rows.
 
-The flow runs two versions of the main job (shortened) with two ranks; the test then replays the run's stored batches
+The flow runs a version of the main job (shortened) with two ranks, then resumes for a second one (both ranks
+restore version 1: weights, optimizer state); the test then replays the run's stored batches
 through one :class:`~tasks.trainer_actor.TrainerWorker` in this process (the trainer the flow uses with one rank)
 and compares each version's update, ``w(v+1) - w(v)``, with the published one. A rank that did not train, or whose
 gradients were not summed in, would give another update: the test checks that the update of the first half of the
@@ -24,7 +25,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = [
     "run_id=dp2",
-    "iterations=2",
     "progress=false",
     "data.prompts_per_iteration=4",
     "data.group_size=4",
@@ -55,19 +55,22 @@ def test_two_trainer_ranks_publish_the_weights_of_one_trainer(tmp_path):
     from tasks.trainer_actor import TrainerWorker, signal_rows
 
     runs = tmp_path / "runs"
-    args = [a for s in [*SETTINGS, f"runs_dir={runs}", "train.data_parallel=2"] for a in ("--set", s)]
     env = {k: v for k, v in os.environ.items() if k != "LLMRL_VERBOSE"}
-    proc = subprocess.run(
-        [sys.executable, "-c", "from llmrl_cli.main import app; app()", "run", "grpo", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    assert "training data-parallel over 2 trainer ranks (gloo" in out, out[-4000:]
+    for iterations in (1, 2):  # version 1, then a resume to version 2: every rank restores version 1
+        settings = [*SETTINGS, f"runs_dir={runs}", "train.data_parallel=2", f"iterations={iterations}"]
+        proc = subprocess.run(
+            [sys.executable, "-c", "from llmrl_cli.main import app; app()", "run", "grpo"]
+            + [a for s in settings for a in ("--set", s)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out[-4000:]
+        assert "training data-parallel over 2 trainer ranks (gloo" in out, out[-4000:]
+    assert "resuming at version 1" in out, out[-4000:]
 
     layout = RunLayout.for_runs_dir("dp2", str(runs))
     published = CheckpointStore(layout.checkpoints_uri)

@@ -223,3 +223,37 @@ def test_a_grpo_run_on_the_transformers_engine_needs_no_vllm(tmp_path, default_m
         assert all(r.sampling_params["logprobs_mode"] == "processed_logprobs" for r in records)
         metrics = json.loads((runs / "hf1" / "state" / f"published-v{version + 1}.json").read_text())["metrics"]
         assert metrics["agreement_abs_diff_mean"] < 1e-3, metrics  # fp32 engine and trainer, same temperature
+
+
+def _main_job(tmp_path: Path, backend: str) -> tuple[float, float, float, float, str]:
+    """The main job (``llmrl run grpo``, its 10 versions and 100 held-out problems) on ``backend``; returns the
+    held-out line's base, last, delta and its standard error, and the console."""
+    import re
+
+    settings = [f"runs_dir={tmp_path / backend}", f"rollout.backend={backend}", "progress=false"]
+    proc = subprocess.run(
+        [sys.executable, "-c", "from llmrl_cli.main import app; app()", "run", "grpo"]
+        + [a for s in settings for a in ("--set", s)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    line = re.search(r"held-out accuracy (\d\.\d\d) -> (\d\.\d\d) \(([+-]\d\.\d\d) ± (\d\.\d\d)", out)
+    assert line, out[-4000:]
+    base, last, delta, se = (float(line.group(i)) for i in (1, 2, 3, 4))
+    return base, last, delta, se, out
+
+
+@pytest.mark.extended  # the long tier: pytest -m extended (README "Tests"); ~25 min on 2 cores
+def test_the_main_job_learns_on_the_transformers_engine_as_on_vllm(tmp_path):
+    """The main job as a user runs it, once on vLLM and once with rollout.backend=transformers (same seed, same
+    prompts; the engines sample differently): the transformers run learns (held-out accuracy up by more than twice
+    its standard error) and its gain is the vLLM run's within noise (three standard errors of the difference)."""
+    hf = _main_job(tmp_path, "transformers")
+    vllm = _main_job(tmp_path, "vllm")
+    print(f"held-out: transformers {hf[:4]}, vllm {vllm[:4]}")
+    assert hf[2] > 2 * hf[3], hf[4][-2000:]
+    assert abs(hf[2] - vllm[2]) <= 3 * (hf[3] ** 2 + vllm[3] ** 2) ** 0.5, (hf[:4], vllm[:4])
