@@ -15,14 +15,11 @@ from __future__ import annotations
 import copy
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from cli_runs import run_llmrl
 
-ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = [
     "run_id=dp2",
     "progress=false",
@@ -58,15 +55,7 @@ def test_two_trainer_ranks_publish_the_weights_of_one_trainer(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "LLMRL_VERBOSE"}
     for iterations in (1, 2):  # version 1, then a resume to version 2: every rank restores version 1
         settings = [*SETTINGS, f"runs_dir={runs}", "train.data_parallel=2", f"iterations={iterations}"]
-        proc = subprocess.run(
-            [sys.executable, "-c", "from llmrl_cli.main import app; app()", "run", "grpo"]
-            + [a for s in settings for a in ("--set", s)],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
+        proc = run_llmrl("run", "grpo", settings=settings, env=env)
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, out[-4000:]
         assert "training data-parallel over 2 trainer ranks (gloo" in out, out[-4000:]

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_runs import run_llmrl
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,15 +36,7 @@ def test_a_short_main_job_prints_the_held_out_accuracy(tmp_path):
         "final_eval.questions=6",
     ]
     env = {k: v for k, v in os.environ.items() if k != "LLMRL_VERBOSE"}  # the user's default: a quiet console
-    proc = subprocess.run(
-        [sys.executable, "-c", "from llmrl_cli.main import app; app()", "run", "grpo"]
-        + [a for o in overrides for a in ("--set", o)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        env=env,
-    )
+    proc = run_llmrl("run", "grpo", settings=overrides, env=env, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # the console: llmrl's lines, not the libraries' (those are in the run folder's logs/)
     console = (proc.stderr + proc.stdout).splitlines()

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from cli_runs import run_llmrl
 
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
@@ -199,16 +198,8 @@ def test_a_grpo_run_on_the_transformers_engine_needs_no_vllm(tmp_path, default_m
         "final_eval.samples=1",
         "progress=false",
     ]
-    args = ["--config", "recipes/gsm8k-demo.yaml", *(a for o in overrides for a in ("--set", o))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocker.parent), str(ROOT)])}
-    done = subprocess.run(
-        [sys.executable, "-c", "from llmrl_cli.main import app; app()", "run", "grpo", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    done = run_llmrl("run", "grpo", "--config", "recipes/gsm8k-demo.yaml", settings=overrides, env=env)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     assert "held-out accuracy" in out
@@ -231,14 +222,7 @@ def _main_job(tmp_path: Path, backend: str) -> tuple[float, float, float, float,
     import re
 
     settings = [f"runs_dir={tmp_path / backend}", f"rollout.backend={backend}", "progress=false"]
-    proc = subprocess.run(
-        [sys.executable, "-c", "from llmrl_cli.main import app; app()", "run", "grpo"]
-        + [a for s in settings for a in ("--set", s)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    )
+    proc = run_llmrl("run", "grpo", settings=settings, timeout=3600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     line = re.search(r"held-out accuracy (\d\.\d\d) -> (\d\.\d\d) \(([+-]\d\.\d\d) ± (\d\.\d\d)", out)
