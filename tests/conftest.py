@@ -37,7 +37,7 @@ for key, value in {
     os.environ.setdefault(key, value)
 
 
-# CI runs the tests on two pytest-xdist workers (README). The tests marked ``xdist_group("dev-shm")`` run one after
+# The default run (scripts/test.sh, CI's) runs the quick tests on two pytest-xdist workers (README). The tests marked ``xdist_group("dev-shm")`` run one after
 # another on one worker: some kill a trainer, whose /dev/shm handoff folder stays until a later trainer sweeps it,
 # and one asserts that its own run left nothing there to sweep.
 

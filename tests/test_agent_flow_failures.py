@@ -16,6 +16,10 @@ AGENTS = Path(__file__).parent / "agent_examples"
 
 @pytest.mark.slow
 @pytest.mark.isolated
+# extended tier (README "Tests"): the default run reaches the same episodes' failures at the route
+# (tests/test_agent_route.py, the same flaky agents, sync and async) and the agent route in the flow
+# (tests/test_agent_flow.py); this adds the group that lost rows training on the rest (~2-3 min)
+@pytest.mark.extended
 def test_a_crashing_and_a_hung_episode_fail_alone_in_the_flow(tmp_path, monkeypatch):
     from flows.grpo import grpo
     from storage.trajectories import TrajectoryStore

@@ -79,7 +79,7 @@ def _agent_rollout(engine, agent: str, version: int, max_new_tokens: int, seed: 
     )
 
 
-@pytest.mark.parametrize("agent", [pytest.param("flaky", marks=pytest.mark.extended), "flaky_async"])
+@pytest.mark.parametrize("agent", ["flaky", "flaky_async"])
 def test_a_crashing_and_a_hung_agent_fail_only_their_episode(agents_on_path, vllm_engine_fp32, agent):
     """4 episodes at once: the first crashes, the second hangs past the timeout; the other two are stored rows
     whose masked tokens are exactly the engine's sampled ids."""

@@ -227,9 +227,24 @@ def mocking_classes():
         sys.modules.pop(name, None)
 
 
+@pytest.fixture
+def eager_vllm(monkeypatch):
+    """``vllm.LLM(model)`` with vLLM's defaults compiles the model with torch.inductor on CPU (~100 s of this test's
+    ~140 s here); the example's output does not depend on it, so the test's vLLM runs eagerly, as llmrl's engines do
+    on CPU. The example's text is unchanged: the default is set where vLLM reads it, in ``LLM``'s keyword arguments."""
+    import vllm
+
+    class EagerLLM(vllm.LLM):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("enforce_eager", True)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(vllm, "LLM", EagerLLM)
+
+
 @pytest.mark.slow
 @pytest.mark.isolated  # the example starts its own vLLM engine: give it a process of its own
-def test_002_llm_collector(default_model_path, mocking_classes):
+def test_002_llm_collector(default_model_path, mocking_classes, eager_vllm):
     """TorchRL 0.14.1 cannot run this example (its side venv has no vLLM, and its LLMEnv writes a "text" observation
     its history-mode vLLMWrapper does not read): the text is the spec. An LLMEnv over the endless string loader,
     the collector hands out one dialog turn per batch, three in all; the third is printed."""
