@@ -37,9 +37,9 @@ for key, value in {
     os.environ.setdefault(key, value)
 
 
-# The default run (scripts/test.sh, CI's) runs the quick tests on two pytest-xdist workers (README). The tests marked ``xdist_group("dev-shm")`` run one after
-# another on one worker: some kill a trainer, whose /dev/shm handoff folder stays until a later trainer sweeps it,
-# and one asserts that its own run left nothing there to sweep.
+# The default run (scripts/test.sh, CI's) runs the quick tests on two pytest-xdist workers (README). The tests
+# marked ``xdist_group("dev-shm")`` run one after another on one worker: some kill a trainer, whose /dev/shm
+# handoff folder stays until a later trainer sweeps it, and one asserts that its own run left nothing there to sweep.
 
 
 def _pin_xdist_worker() -> None:
