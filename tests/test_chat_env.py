@@ -13,13 +13,13 @@ from llmrl_core.envs import (
     DatasetChatEnv,
     GSM8KRewardParser,
     PolicyVersion,
+    SlotTransform,
     TemplateTransform,
     Tokenizer,
-    Transform,
 )
 
 
-class Calculator(Transform):
+class Calculator(SlotTransform):
     """A toy tool: a response containing 'CALC a+b' gets a tool message with the sum."""
 
     def step_slot(self, slot):
@@ -30,7 +30,7 @@ class Calculator(Transform):
             slot.info["num_tool_calls"] = slot.info.get("num_tool_calls", 0) + 1
 
 
-class ExactMatch(Transform):
+class ExactMatch(SlotTransform):
     """Reward 1 and terminate when the response equals the row's 'answer'."""
 
     def step_slot(self, slot):
@@ -226,9 +226,9 @@ def test_transform_belongs_to_one_env():
 
 
 def test_close_releases_transform_resources():
-    from llmrl_core.envs import ChatEnv, Transform
+    from llmrl_core.envs import ChatEnv, SlotTransform
 
-    class Holder(Transform):
+    class Holder(SlotTransform):
         closed = 0
 
         def close(self) -> None:
@@ -240,7 +240,7 @@ def test_close_releases_transform_resources():
 
 
 # --- partial resets, step_and_maybe_reset, set_seed, from_dataloader ----------------------------------------
-class RecordResets(Transform):
+class RecordResets(SlotTransform):
     """Records which slots each on_reset call received, and ends a slot when its answer is 'stop'."""
 
     def __init__(self) -> None:
@@ -395,11 +395,11 @@ def test_a_transform_that_raises_is_named_as_the_users_code():
     from llmrl_core.envs.transforms.base import EnvTransformError
     from llmrl_core.user_code import UserCodeError
 
-    class Broken(Transform):
+    class Broken(SlotTransform):
         def step_slot(self, slot):
             raise KeyError("answer_field")
 
-    class Failing(Transform):
+    class Failing(SlotTransform):
         def step_slot(self, slot):
             raise RewardFunctionError("env.rewards[0].function 'm:f' raised")
 

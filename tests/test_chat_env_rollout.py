@@ -7,7 +7,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from llmrl_core.envs import ChatEnv, Transform
+from llmrl_core.envs import ChatEnv, SlotTransform
 from llmrl_core.envs.dataset_chat_env import DatasetChatEnv
 
 QUERIES = ["What is 2+3?", "Name a colour."]
@@ -28,7 +28,7 @@ def _numbered_answers(td: TensorDict) -> TensorDict:
     return td.set("text_response", answers)
 
 
-class EndAfter(Transform):
+class EndAfter(SlotTransform):
     """Ends a conversation after ``slot.data['turns']`` turns."""
 
     def step_slot(self, slot) -> None:

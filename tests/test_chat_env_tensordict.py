@@ -11,7 +11,7 @@ from llmrl_core.collectors import LLMCollector
 from llmrl_core.collectors.tensordict_batches import rows as episodes
 from llmrl_core.data import History, LLMData
 from llmrl_core.envs import ChatEnv
-from llmrl_core.envs.transforms import Transform
+from llmrl_core.envs.transforms import SlotTransform
 from llmrl_core.envs.transforms.td_base import Transform as TensorDictTransform
 from llmrl_core.modules.policies import ChatHistory
 from tests.torchrl_layout_probes import (
@@ -210,6 +210,37 @@ class AnswerCheck(TensorDictTransform):
         return next_tensordict.set("done", next_tensordict["done"] | right)
 
 
+def test_the_ported_torchrl_import_of_transform_is_torchrls_transform():
+    """``from torchrl.envs import Transform, Compose`` ported by the import rule gives TorchRL's TensorDict transform:
+    a subclass's ``_step`` runs on the env's step. llmrl's per-conversation base is ``SlotTransform``; a
+    ``Transform`` subclass that defines its hooks (code written against llmrl's earlier ``Transform``) is refused
+    with the fix, not silently skipped."""
+    import llmrl_core.envs as envs
+    import llmrl_core.envs.transforms as transforms
+
+    assert envs.Transform is transforms.Transform is TensorDictTransform
+    assert envs.Compose is transforms.Compose and envs.SlotTransform is transforms.SlotTransform is SlotTransform
+    assert not issubclass(SlotTransform, TensorDictTransform)
+
+    class Double(envs.Transform):
+        def _step(self, tensordict, next_tensordict):
+            return next_tensordict.set("reward", torch.full((next_tensordict.batch_size[0], 1), 2.0))
+
+    env = ChatEnv(batch_size=(1,)).append_transform(envs.Compose(Double()))
+    obs = env.reset(TensorDict({"query": ["a"]}, batch_size=(1,)))
+    out = env.step(obs.clone().set("text_response", ["x"]))
+    assert out["next", "reward"].tolist() == [[2.0]]
+
+    class OldStyle(envs.Transform):
+        def step_slot(self, slot):
+            slot.add_reward(1.0)
+
+    with pytest.raises(TypeError, match=r"OldStyle defines step_slot: .*Subclass SlotTransform"):
+        ChatEnv(batch_size=(1,)).append_transform(OldStyle())
+    with pytest.raises(TypeError, match=r"expects a Transform \(TorchRL's TensorDict transform\) or a SlotTransform"):
+        ChatEnv(batch_size=(1,)).append_transform(object())
+
+
 def test_a_tensordict_reward_transform_rewards_and_ends_episodes_under_the_collector():
     """LLMCollector steps the env with list calls: a TorchRL-style ``_step`` transform still decides the reward and
     when an episode ends, with the prompt row's fields beside the answer."""
@@ -258,7 +289,7 @@ def test_what_a_tensordict_transform_writes_on_step_td_becomes_the_slots():
     assert wrong.reward_components == {"AnswerCheck": 1.0}
 
 
-class ZeroReward(Transform):
+class ZeroReward(SlotTransform):
     """A reward source that pays 0: the env's step data then carries a ``reward`` (a bare env's has none)."""
 
     def step_slot(self, slot):
@@ -312,7 +343,6 @@ def test_a_reward_widened_to_tokens_changes_the_slot_by_the_per_token_difference
     """A transform that spreads the answer's reward over its tokens and takes a penalty from each (as TorchRL's KL
     transforms do: reward - coeff * kl per token) changes the slot's reward by the sum of those differences, not by
     the number of tokens times the reward; what it adds to the "next" data is kept per slot."""
-    from llmrl_core.envs.transforms.base import Transform as SlotTransform
 
     class Parser(SlotTransform):
         def on_step(self, slots):
@@ -503,11 +533,11 @@ def test_a_step_carries_reward_and_truncated_when_the_env_has_their_sources():
     ``truncated`` once the env can cut episodes short (``max_turns``, as TorchRL's ``StepCounter``); a transform
     that only shapes prompts adds neither."""
 
-    class Pays(Transform):
+    class Pays(SlotTransform):
         def step_slot(self, slot):
             slot.add_reward(2.0)
 
-    class Shapes(Transform):
+    class Shapes(SlotTransform):
         writes_reward = False
 
     def step_once(env):

@@ -13,7 +13,7 @@ from llmrl_core.collectors import LLMCollector
 from llmrl_core.collectors.tensordict_batches import EpisodeRow
 from llmrl_core.collectors.tensordict_batches import rows as episodes
 from llmrl_core.data import LLMData
-from llmrl_core.envs import ChatEnv, PolicyVersion, Transform, make_gsm8k_env
+from llmrl_core.envs import ChatEnv, PolicyVersion, SlotTransform, make_gsm8k_env
 from llmrl_core.policies.base import SamplingConfig
 from llmrl_core.policies.vllm_wrapper import vLLMWrapper
 
@@ -118,7 +118,7 @@ def test_flatten_data_views_the_dialog_turn_batch_slot_after_slot():
     assert [b.batch_size for b in partial] == [(2, 1), (1,)] and partial[1][0]["turn"] == 2
 
 
-class StuckTool(Transform):
+class StuckTool(SlotTransform):
     """A tool that hangs (until released) for conversations whose query says "stuck"."""
 
     def __init__(self, release: threading.Event) -> None:
@@ -169,7 +169,7 @@ def scripted_policy(data: LLMData) -> LLMData:
     return LLMData(text_response=["ok"] * data.batch_size, finish_reasons=["stop"] * data.batch_size)
 
 
-class EpisodeLength(Transform):
+class EpisodeLength(SlotTransform):
     """Ends an episode after ``slot.data['turns']`` turns (default 1) and logs starts, ends and env steps."""
 
     def __init__(self) -> None:

@@ -49,6 +49,26 @@ def test_the_import_rule():
     )
 
 
+def test_the_seeds_user_facing_imports_resolve_after_the_rule():
+    """Names a TorchRL user imports beside the examples (custom transforms, type hints) resolve after the rule to
+    the classes of the same role."""
+    from llmrl_core.envs.transforms.td_base import Compose as TensorDictCompose
+    from llmrl_core.envs.transforms.td_base import Transform as TensorDictTransform
+    from llmrl_core.modules.policies.llm_wrapper_base import LLMWrapperBase as WrapperBase
+
+    namespace: dict[str, Any] = {}
+    exec(
+        port(
+            "from torchrl.envs import Transform, Compose\n"
+            "from torchrl.envs.llm.transforms import Transform as T2\n"
+            "from torchrl.modules.llm.policies.common import LLMWrapperBase\n"
+        ),
+        namespace,
+    )
+    assert namespace["Transform"] is namespace["T2"] is TensorDictTransform
+    assert namespace["Compose"] is TensorDictCompose and namespace["LLMWrapperBase"] is WrapperBase
+
+
 class EnoughOutput(Exception):
     """Raised by the harness's print once an endless example (a bare ``for data in collector``) has shown enough."""
 

@@ -256,12 +256,12 @@ def test_a_torchrl_style_grpo_iteration_runs_end_to_end(hf_model_fp32):
     scores of the sampled tokens agree with the sampler's (same weights), and the step changes the weights."""
     from llmrl_core.collectors import LLMCollector
     from llmrl_core.envs import ChatEnv
-    from llmrl_core.envs.transforms import Transform
+    from llmrl_core.envs.transforms import SlotTransform
     from llmrl_core.objectives import MCAdvantage
 
     model, tokenizer = hf_model_fp32
 
-    class LengthReward(Transform):  # a reward that differs within a group: the answer's length, mod 5
+    class LengthReward(SlotTransform):  # a reward that differs within a group: the answer's length, mod 5
         def step_slot(self, slot):
             slot.add_reward(float(len(slot.last_response.text) % 5))
             slot.terminate()

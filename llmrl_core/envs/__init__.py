@@ -3,7 +3,8 @@
 ``ChatEnv`` (batched multi-turn chat), ``DatasetChatEnv`` (ChatEnv + ``DataLoadingPrimer``), GSM8K
 (``GSM8KEnv``, ``make_gsm8k_env``, ``GSM8KPrepareQuestion``, ``GSM8KRewardParser``), Countdown (``CountdownEnv``,
 ``CountdownRewardParser``), MATH (``MATHEnv``, ``MATHRewardParser``), ``LLMEnv`` and
-``LLMHashingEnv``, and the ``Transform`` base with the built-in transforms.
+``LLMHashingEnv``, TorchRL's ``Transform`` and ``Compose`` (TensorDict transforms), llmrl's ``SlotTransform``
+(per-conversation hooks) and the built-in transforms.
 """
 
 from typing import Any
@@ -22,11 +23,13 @@ from llmrl_core.envs.primer import DataLoadingPrimer
 from llmrl_core.envs.primer_hosted import RayDataLoadingPrimer
 from llmrl_core.envs.transforms import (
     AddThinkingPrompt,
+    Compose,
     KLComputation,
     KLRewardTransform,
     PolicyVersion,
     RetrieveKL,
     RetrieveLogProb,
+    SlotTransform,
     TemplateTransform,
     Tokenizer,
     Transform,
@@ -53,6 +56,7 @@ __all__ = [
     "AddThinkingPrompt",
     "BrowserTransform",
     "ChatEnv",
+    "Compose",
     "CountdownEnv",
     "CountdownRewardParser",
     "DataLoadingPrimer",
@@ -79,6 +83,7 @@ __all__ = [
     "RetrieveKL",
     "RetrieveLogProb",
     "SlotState",
+    "SlotTransform",
     "TemplateTransform",
     "Tokenizer",
     "Transform",

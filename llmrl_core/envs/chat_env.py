@@ -51,7 +51,7 @@ from llmrl_core.envs.tensordict_io import (
     output_to_tensordict,
     rows_from_tensordict,
 )
-from llmrl_core.envs.transforms.base import Transform, run_hook
+from llmrl_core.envs.transforms.base import SlotTransform, run_hook
 from llmrl_core.envs.types import EnvOutput, PromptRow, SlotState
 
 if TYPE_CHECKING:
@@ -59,6 +59,21 @@ if TYPE_CHECKING:
 
 InputMode = Literal["history", "text", "tokens"]
 Action = str | Response | None
+
+
+_SLOT_HOOKS = ("provide_prompts", "on_reset", "reset_slot", "on_step", "step_slot", "on_output")
+
+
+def _refuse_slot_hooks(transform: Any) -> None:
+    """A TensorDict ``Transform`` that defines llmrl's slot hooks was written against llmrl's old ``Transform`` base
+    (renamed ``SlotTransform``): its hooks would never run. Say so, with the fix, instead of ignoring them."""
+    defined = [hook for hook in _SLOT_HOOKS if any(hook in vars(cls) for cls in type(transform).__mro__)]
+    if defined:
+        raise TypeError(
+            f"{type(transform).__name__} defines {', '.join(defined)}: llmrl's per-conversation hooks, which belong to "
+            "llmrl_core.envs.SlotTransform (llmrl's Transform before it took TorchRL's TensorDict interface). Subclass "
+            "SlotTransform for those hooks, or Transform with TorchRL's _step / _reset / _call (README, 'Migrating')."
+        )
 
 
 class ChatEnvInputError(ValueError, RuntimeError):
@@ -110,7 +125,7 @@ class ChatEnv(CollectorRegistration):
         # Tokens mode: a slot whose next prompt would be longer is truncated (``info["context_full"]``) instead of
         # being sent to an engine that cannot take it. Rollout loops set it from the engine's context length.
         self.max_prompt_tokens: int | None = None
-        self.transforms: list[Transform] = []
+        self.transforms: list[SlotTransform] = []
         self.td_transforms: list[Any] = []  # TorchRL TensorDict transforms (td_base.Transform): the TensorDict calls
         self.slots: list[SlotState] = []
         # TorchRL's choice (its History's): a tokenizer's own template only when it marks generations, else ChatML;
@@ -212,7 +227,7 @@ class ChatEnv(CollectorRegistration):
     def append_transform(self, transform: Any) -> ChatEnv:
         """Add a transform at the end of the chain; returns the env (chainable).
 
-        A slot transform (:class:`~llmrl_core.envs.transforms.base.Transform`: tools, reward parsers, the primer)
+        A slot transform (:class:`~llmrl_core.envs.transforms.base.SlotTransform`: tools, reward parsers, the primer)
         runs on every reset and step. A TorchRL TensorDict transform
         (:class:`~llmrl_core.envs.transforms.td_base.Transform`: ``RetrieveKL``, ``KLRewardTransform``, ...) runs on
         the TensorDict calls, as in a TorchRL ``TransformedEnv``: ``_reset`` on ``reset(td)``, ``_inv_call`` on the
@@ -221,19 +236,23 @@ class ChatEnv(CollectorRegistration):
         from llmrl_core.envs.transforms import td_base
 
         if isinstance(transform, td_base.Transform):
+            _refuse_slot_hooks(transform)
             transform.set_container(self)
             self.td_transforms.append(transform)
             return self
-        if not isinstance(transform, Transform):
-            raise TypeError(f"append_transform expects a Transform, got {type(transform).__name__}")
+        if not isinstance(transform, SlotTransform):
+            raise TypeError(
+                f"append_transform expects a Transform (TorchRL's TensorDict transform) or a SlotTransform, got "
+                f"{type(transform).__name__}"
+            )
         transform.set_parent(self)
         self.transforms.append(transform)
         return self
 
-    def insert_transform(self, index: int, transform: Transform) -> ChatEnv:
-        """Insert a transform at ``index`` in the chain."""
-        if not isinstance(transform, Transform):
-            raise TypeError(f"insert_transform expects a Transform, got {type(transform).__name__}")
+    def insert_transform(self, index: int, transform: SlotTransform) -> ChatEnv:
+        """Insert a slot transform at ``index`` in the chain."""
+        if not isinstance(transform, SlotTransform):
+            raise TypeError(f"insert_transform expects a SlotTransform, got {type(transform).__name__}")
         transform.set_parent(self)
         self.transforms.insert(index, transform)
         return self
@@ -639,7 +658,7 @@ class ChatEnv(CollectorRegistration):
 
     def step_layout(self, out: EnvOutput) -> dict[str, Any]:
         """Which entries a TensorDict step writes under ``"next"`` besides the prompt and done flags: ``reward``
-        when a transform may reward (``Transform.writes_reward``; each row of the longest ``reward_shape`` among
+        when a transform may reward (``SlotTransform.writes_reward``; each row of the longest ``reward_shape`` among
         them), ``truncated`` when the env can cut an episode short (``max_turns``, ``max_prompt_tokens``) or a
         transform did. TorchRL's bare ``ChatEnv`` writes neither; its ``DatasetChatEnv`` both (a reward parser, a
         step counter)."""

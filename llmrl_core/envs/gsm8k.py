@@ -18,7 +18,7 @@ from llmrl_core.builtin_data import gsm8k_path
 from llmrl_core.envs.chat_env import InputMode
 from llmrl_core.envs.dataset_chat_env import DatasetChatEnv
 from llmrl_core.envs.gsm8k_reward import GSM8KRewardParser
-from llmrl_core.envs.transforms.base import Transform
+from llmrl_core.envs.transforms.base import SlotTransform
 from llmrl_core.envs.transforms.few_shot import FewShotExamples
 from llmrl_core.envs.types import SlotState
 
@@ -44,7 +44,7 @@ def _text_keys(keys: Sequence[Any] | None, name: str) -> list[str]:
     return keys
 
 
-class GSM8KPrepareQuestion(Transform):
+class GSM8KPrepareQuestion(SlotTransform):
     """Rewrites the user question at reset with a format instruction (``template`` with ``{question}``).
 
     ``in_keys`` / ``out_keys`` come first as in TorchRL, where they name the text entries rewritten at reset.

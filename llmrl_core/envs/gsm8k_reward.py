@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from llmrl_core.envs.transforms.base import Transform
+from llmrl_core.envs.transforms.base import SlotTransform
 from llmrl_core.envs.types import SlotState
 
 _THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
@@ -60,7 +60,7 @@ def _key_root(key: Any) -> Any:
     return key[0] if isinstance(key, tuple) and key else key
 
 
-class GSM8KRewardParser(Transform):
+class GSM8KRewardParser(SlotTransform):
     """Scores the policy's answer against the row's gold ``answer`` (TorchRL's GSM8K reward scheme).
 
     The arguments follow TorchRL's order. ``in_keys`` is ``[response_key, answer_key]`` as in TorchRL: the

@@ -40,7 +40,7 @@ from tensordict import TensorDictBase
 
 from llmrl_core.data.conversation import Message
 from llmrl_core.envs.chat_env import ChatEnv, InputMode
-from llmrl_core.envs.transforms.base import Transform
+from llmrl_core.envs.transforms.base import SlotTransform
 from llmrl_core.envs.types import EnvOutput, PromptRow, SlotState
 
 
@@ -93,7 +93,7 @@ def _is_factory(obj: Any) -> bool:
 
 
 # --- the transform that plays the games ----------------------------------------------------------------------
-class GymEnvTransform(Transform):
+class GymEnvTransform(SlotTransform):
     """Owns one Gymnasium-style text game per slot and plays it (the engine of :class:`MLGymWrapper`).
 
     ``provide_prompts`` makes the placeholder rows of a reset without prompts (``games`` games x ``repeats``

@@ -22,7 +22,7 @@ import numpy as np
 from torch.utils.data import DataLoader
 
 from llmrl_core.envs.data_sources import RowSource, RowStream, is_stream, open_source
-from llmrl_core.envs.transforms.base import Transform
+from llmrl_core.envs.transforms.base import SlotTransform
 from llmrl_core.envs.types import PromptRow
 
 _STATE_VERSION = 1
@@ -71,7 +71,7 @@ class _HostedOnRequest:
         return super().__new__(cls)
 
 
-class DataLoadingPrimer(_HostedOnRequest, Transform):
+class DataLoadingPrimer(_HostedOnRequest, SlotTransform):
     """Draws prompt rows from a source in seeded order and expands them into GRPO groups."""
 
     writes_reward = False
@@ -185,7 +185,7 @@ class DataLoadingPrimer(_HostedOnRequest, Transform):
         return PromptRow(data=data, prompt_id=prompt_id, group_id=group_id, sample_index=sample_index)
 
     def provide_prompts(self, batch_size: int | None) -> list[PromptRow]:
-        """Transform hook: a reset without prompts draws the next batch."""
+        """SlotTransform hook: a reset without prompts draws the next batch."""
         rows = self.next_batch()
         if batch_size is not None and len(rows) != batch_size:
             raise ValueError(

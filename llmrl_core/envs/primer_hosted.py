@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmrl_core.envs.primer import refuse_torchrl_only
-from llmrl_core.envs.transforms.base import Transform
+from llmrl_core.envs.transforms.base import SlotTransform
 from llmrl_core.envs.types import PromptRow
 
 __all__ = ["RayDataLoadingPrimer"]
@@ -32,7 +32,7 @@ def _workers_of(dataloader: Any) -> int:
     return max(1, int(getattr(dataloader, "num_workers", 1) or 1))
 
 
-class RayDataLoadingPrimer(Transform):
+class RayDataLoadingPrimer(SlotTransform):
     """A ``DataLoadingPrimer`` in a Dask actor, shared by every env that names the same actor (module docstring)."""
 
     writes_reward = False

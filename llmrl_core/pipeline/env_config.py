@@ -38,7 +38,7 @@ from typing import Any
 from llmrl_core.data.chat_templates import MODEL_TEMPLATE
 from llmrl_core.data.conversation import episode_prompt
 from llmrl_core.envs.reward_calls import REWARD_ERRORS, RewardFunctionError, describe_row, reward_value
-from llmrl_core.envs.transforms.base import Transform
+from llmrl_core.envs.transforms.base import SlotTransform
 from llmrl_core.user_code import UserCodeError
 
 SINGLE_TURN = ("gsm8k", "arithmetic")
@@ -176,7 +176,7 @@ def _transform_class(name: str) -> Any:
     return import_object(TRANSFORMS[name], f"env.transforms.{name}")
 
 
-def make_transform(name: str, **options: Any) -> Transform:
+def make_transform(name: str, **options: Any) -> SlotTransform:
     """Build transform ``name`` from config options, filling what a config cannot hold or may leave out."""
     if name == "mcp":
         options["servers"] = dict(options.get("servers") or calculator_servers())
@@ -293,7 +293,7 @@ def load_reward_functions(specs: list[RewardFunctionConfig]) -> list[tuple[Any, 
     return loaded
 
 
-class RewardFunctions(Transform):
+class RewardFunctions(SlotTransform):
     """Pays the configured reward functions once per episode, when it ends (see the module docstring)."""
 
     def __init__(

@@ -22,7 +22,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from llmrl_core.envs.transforms.base import Transform
+from llmrl_core.envs.transforms.base import SlotTransform
 from llmrl_core.envs.types import SlotState
 from llmrl_core.tools.browser_cdp import LOOPBACK_HOSTS, BrowserError, ChromiumBrowser, host_allowed
 from llmrl_core.tools.tool_calls import ToolCall, ToolCallFormat, parse_tool_calls
@@ -57,7 +57,7 @@ class ToolFailure(Exception):
     """A browser action that could not be done (the message is shown to the model)."""
 
 
-class BrowserTransform(Transform):
+class BrowserTransform(SlotTransform):
     """Run ``browser`` tool calls from the assistant's message in headless Chromium; append the results.
 
     The first five arguments are TorchRL's, in its order; the others are llmrl's (keyword-only).

@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from llmrl_core.envs.transforms.base import Transform
+from llmrl_core.envs.transforms.base import SlotTransform
 from llmrl_core.envs.types import SlotState
 from llmrl_core.tools.mcp_client import MCPCallResult, MCPClientPool, MCPServerSpec, MCPToolInfo
 from llmrl_core.tools.tool_calls import ToolCall, ToolCallFormat, parse_tool_calls, tool_call_record
@@ -71,7 +71,7 @@ def parse_pattern_calls(text: str, pattern: re.Pattern[str]) -> list[ToolCall]:
     return calls
 
 
-class MCPToolTransform(Transform):
+class MCPToolTransform(SlotTransform):
     """Call MCP tools named in the assistant's message and append the results as ``tool`` messages.
 
     The first four arguments are TorchRL's, in its order; the others are llmrl's (keyword-only).

@@ -28,7 +28,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from llmrl_core.envs.transforms.base import Transform
+from llmrl_core.envs.transforms.base import SlotTransform
 from llmrl_core.envs.types import SlotState
 from llmrl_core.tools.sandbox import ExecResult, Sandbox, SandboxConfig, SandboxLimits
 from llmrl_core.tools.tool_calls import tool_call_record
@@ -68,7 +68,7 @@ def _failed(text: str) -> bool:
     return text.split("\n", 1)[0].endswith("failed:")
 
 
-class PythonInterpreter(Transform):
+class PythonInterpreter(SlotTransform):
     """Execute the assistant's Python code blocks in a sandbox and append the results as tool messages.
 
     Failure is judged by the exception raised, not by stderr, in both modes: a block "failed" when it raised (or

@@ -24,7 +24,7 @@ from typing import Any
 
 from llmrl_core.envs.ifeval.evaluation import IFEvalScoreData, score_response
 from llmrl_core.envs.ifeval.reward import IFEVAL_WEIGHTS, extract_blocks, ifeval_reward, metric_components
-from llmrl_core.envs.transforms.base import Transform
+from llmrl_core.envs.transforms.base import SlotTransform
 from llmrl_core.envs.types import SlotState
 
 _LOG = logging.getLogger("llmrl_core.envs.ifeval")
@@ -37,7 +37,7 @@ METRIC_NAMES: tuple[str, ...] = (
 )
 
 
-class IfEvalScorer(Transform):
+class IfEvalScorer(SlotTransform):
     """Scores IFEval responses and turns the four metrics into a reward (see the module docstring).
 
     The keyword arguments are TorchRL's, in its order, then llmrl's ``answer_only``. ``prompt_key`` and

@@ -1,17 +1,20 @@
-"""Env transforms (TorchRL's ``torchrl.envs.llm.transforms``): the ``Transform`` base class and the built-in
-transforms, with TorchRL's generic tool framework (``SimpleToolTransform``, ``ExecuteToolsInOrder``, ...). The tools
-(``PythonInterpreter``, ``MCPToolTransform``, ``BrowserTransform``), ``DataLoadingPrimer`` and the Dask-hosted primer
-and KL transforms (``RayDataLoadingPrimer``, ``RayKLRewardTransform``, ``RayRetrieveKL``) are importable from here
-too, as in TorchRL; they load on first use (the tools' modules pull in heavier dependencies).
+"""Env transforms (TorchRL's ``torchrl.envs.llm.transforms``): ``Transform`` and ``Compose`` (TorchRL's TensorDict
+transform interface, :mod:`llmrl_core.envs.transforms.td_base`), ``SlotTransform`` (llmrl's per-conversation
+hooks, :mod:`llmrl_core.envs.transforms.base`) and the built-in transforms, with TorchRL's generic tool framework
+(``SimpleToolTransform``, ``ExecuteToolsInOrder``, ...). The tools (``PythonInterpreter``, ``MCPToolTransform``,
+``BrowserTransform``), ``DataLoadingPrimer`` and the Dask-hosted primer and KL transforms (``RayDataLoadingPrimer``,
+``RayKLRewardTransform``, ``RayRetrieveKL``) are importable from here too, as in TorchRL; they load on first use
+(the tools' modules pull in heavier dependencies).
 """
 
 from typing import Any
 
-from llmrl_core.envs.transforms.base import Transform
+from llmrl_core.envs.transforms.base import SlotTransform
 from llmrl_core.envs.transforms.few_shot import FewShotExamples
 from llmrl_core.envs.transforms.kl import KLComputation, KLRewardTransform, RetrieveKL, RetrieveLogProb
 from llmrl_core.envs.transforms.policy_version import PolicyVersion
 from llmrl_core.envs.transforms.stacking import as_nested_tensor, as_padded_tensor
+from llmrl_core.envs.transforms.td_base import Compose, Transform
 from llmrl_core.envs.transforms.template import TemplateTransform
 from llmrl_core.envs.transforms.thinking import AddThinkingPrompt
 from llmrl_core.envs.transforms.tokenizer import Tokenizer
@@ -46,6 +49,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "AddThinkingPrompt",
+    "Compose",
     "ExecuteToolsInOrder",
     "JSONCallParser",
     "SimpleToolTransform",
@@ -66,6 +70,7 @@ __all__ = [
     "PolicyVersion",
     "RetrieveKL",
     "RetrieveLogProb",
+    "SlotTransform",
     "TemplateTransform",
     "Tokenizer",
     "Transform",

@@ -1,27 +1,27 @@
-"""The :class:`Transform` base class: how env add-ons (rewards, tools, primers, stamps) plug into ``ChatEnv``.
+"""The :class:`SlotTransform` base class: how env add-ons (rewards, tools, primers, stamps) plug into ``ChatEnv``.
 
 Lifecycle inside ``ChatEnv`` (transforms run in the order they were appended):
 
 ``reset(prompts=None)``
-  1. If no prompts are passed, the env asks each transform's :meth:`Transform.provide_prompts` in order; the
+  1. If no prompts are passed, the env asks each transform's :meth:`SlotTransform.provide_prompts` in order; the
      first non-None answer (a list of :class:`~llmrl_core.envs.types.PromptRow`) is used (DataLoadingPrimer).
   2. The env builds one :class:`~llmrl_core.envs.types.SlotState` per prompt: history = [system prompt] +
      the query as a user message (or the given conversation); ``slot.data`` holds the row's fields.
-  3. :meth:`Transform.on_reset` is called with all slots (default: :meth:`reset_slot` for each). Transforms
+  3. :meth:`SlotTransform.on_reset` is called with all slots (default: :meth:`reset_slot` for each). Transforms
      may rewrite the prompt here (e.g. GSM8KPrepareQuestion edits the user message).
 
 ``step(actions)``
   1. For every slot that is not done, the env appends the assistant message (``slot.history``), stores
      the :class:`~llmrl_core.data.llm_data.Response` in ``slot.responses``, increments ``slot.turn`` and zeroes
      ``slot.reward`` / ``slot.reward_components`` for this step.
-  2. :meth:`Transform.on_step` is called with those *active* slots only (default: :meth:`step_slot` for
+  2. :meth:`SlotTransform.on_step` is called with those *active* slots only (default: :meth:`step_slot` for
      each). A transform may add messages (``slot.add_message("tool", ...)``: they become part of the next
      prompt), add rewards (``slot.add_reward(v, name=...)``), set ``slot.info[...]``, and end the episode with
      ``slot.terminate()`` (task over) or ``slot.truncate()`` (cut short). Later transforms see earlier ones'
      changes; a transform should skip slots that an earlier one already ended if that matters to it.
   3. The env truncates slots that reached ``max_turns`` and are not yet done.
 
-Both: :meth:`Transform.on_output` is called last with the :class:`~llmrl_core.envs.types.EnvOutput` (stamp
+Both: :meth:`SlotTransform.on_output` is called last with the :class:`~llmrl_core.envs.types.EnvOutput` (stamp
 versions, add rendered text or tokens). Transforms with state to checkpoint implement
 :meth:`state_dict` / :meth:`load_state_dict`; ``ChatEnv.state_dict`` collects them by position.
 """
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from llmrl_core.envs.types import EnvOutput, PromptRow, SlotState
 
 
-class Transform:
+class SlotTransform:
     """Base class for env transforms: override the per-slot hooks, or the batch hooks for batched work.
 
     ``writes_reward`` says whether the transform may reward a step (``slot.add_reward``): a TensorDict step's
@@ -99,7 +99,7 @@ class EnvTransformError(UserCodeError):
     """An env transform's hook raised; the message names the transform's class, the hook and the error."""
 
 
-def run_hook(transform: Transform, hook: str, *args: Any) -> None:
+def run_hook(transform: SlotTransform, hook: str, *args: Any) -> None:
     """``transform.<hook>(*args)``; a failure becomes an :class:`EnvTransformError` naming the transform (an error
     already said as the user's code, e.g. a reward function's, passes as it is)."""
     try:

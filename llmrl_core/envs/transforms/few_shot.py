@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llmrl_core.data.conversation import Message
-from llmrl_core.envs.transforms.base import Transform
+from llmrl_core.envs.transforms.base import SlotTransform
 from llmrl_core.envs.types import SlotState
 
 
@@ -44,7 +44,7 @@ def example_turns(example: Mapping[str, Any], where: str, assistant_role: str = 
     return out
 
 
-class FewShotExamples(Transform):
+class FewShotExamples(SlotTransform):
     """Inserts ``examples`` as earlier turns before the last user message of each new conversation (after the
     system prompt, if any). An example is ``{"question", "response"}`` or, to show a tool round trip,
     ``{"question", "turns": [{"role", "content"}, ...]}`` (see :func:`example_turns`).

@@ -10,11 +10,11 @@ from __future__ import annotations
 import uuid
 from typing import Any, Literal
 
-from llmrl_core.envs.transforms.base import Transform
+from llmrl_core.envs.transforms.base import SlotTransform
 from llmrl_core.envs.types import EnvOutput
 
 
-class PolicyVersion(Transform):
+class PolicyVersion(SlotTransform):
     """Keeps a policy version (int or uuid) and stamps it on every env output."""
 
     writes_reward = False

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmrl_core.envs.transforms.base import Transform
+from llmrl_core.envs.transforms.base import SlotTransform
 from llmrl_core.envs.types import EnvOutput
 
 
-class TemplateTransform(Transform):
+class TemplateTransform(SlotTransform):
     """Renders each slot's Conversation into ``output.text`` (with the generation prompt for active slots)."""
 
     writes_reward = False

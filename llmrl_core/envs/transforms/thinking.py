@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from typing import Literal
 
-from llmrl_core.envs.transforms.base import Transform
+from llmrl_core.envs.transforms.base import SlotTransform
 from llmrl_core.envs.types import SlotState
 
 FIRST_PERSON_PROMPTS = (
@@ -31,7 +31,7 @@ SECOND_PERSON_PROMPTS = (
 _LAST_ANSWER = re.compile(r"<answer>.*?</answer>", re.DOTALL)
 
 
-class AddThinkingPrompt(Transform):
+class AddThinkingPrompt(SlotTransform):
     """Adds a reconsider prompt to slots where ``cond(slot)`` is True (see the module docstring)."""
 
     writes_reward = False

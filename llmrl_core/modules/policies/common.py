@@ -85,4 +85,14 @@ class ChatHistory(TensorClass["nocast"]):
         return history.apply_chat_template(**kwargs)
 
 
+def __getattr__(name: str) -> Any:
+    """``LLMWrapperBase`` lives in TorchRL's ``policies.common`` too (for ``from ... .common import LLMWrapperBase``);
+    it loads on first use, since its module imports this one."""
+    if name == "LLMWrapperBase":
+        from llmrl_core.modules.policies.llm_wrapper_base import LLMWrapperBase
+
+        return LLMWrapperBase
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = ["ChatHistory", "LogProbs", "Masks", "Text", "Tokens"]
