@@ -41,6 +41,7 @@ import torch  # noqa: E402
 from torchrl_golden_format import dumps, summarize, summarize_globals, to_jsonable  # noqa: E402
 from torchrl_layout_probes import (  # noqa: E402
     collector_rows_layout,
+    env_specs,
     ifeval_scorer_layout,
     library,
     reset_layout,
@@ -534,6 +535,13 @@ def _step_layout_probes(model_path: str) -> dict[str, Any]:
     return step_layout(_torchrl_library(), AutoTokenizer.from_pretrained(model_path))
 
 
+def _env_specs_probes(model_path: str) -> dict[str, Any]:
+    """TorchRL's ``ChatEnv`` specs per input mode (``tests/torchrl_layout_probes.py`` ``env_specs``)."""
+    from transformers import AutoTokenizer
+
+    return env_specs(_torchrl_library(), AutoTokenizer.from_pretrained(model_path))
+
+
 def _ifeval_scorer_layout_probes(model_path: str) -> dict[str, Any]:
     """TorchRL's ``IfEvalScorer`` on a primed ``ChatEnv``, stepped once (``tests/torchrl_layout_probes.py``)."""
     from transformers import AutoTokenizer
@@ -686,6 +694,7 @@ def run_probes(model: str, result_path: Path) -> None:
         ("hashing_env", _hashing_env_probes),
         ("tool_transform_turns", _tool_transform_turns_probes),
         ("tool_framework", _tool_framework_probes),
+        ("env_specs", _env_specs_probes),
     )
     for key, probes in probe_sets:
         try:

@@ -15,6 +15,7 @@ from llmrl_core.envs.transforms import SlotTransform
 from llmrl_core.envs.transforms.td_base import Transform as TensorDictTransform
 from llmrl_core.modules.policies import ChatHistory
 from tests.torchrl_layout_probes import (
+    env_specs,
     ifeval_scorer_layout,
     library,
     reset_layout,
@@ -455,6 +456,43 @@ def test_a_bare_reset_answers_torchrls_tensordict(default_model_path):
         # is TorchRL's template choice: ChatML, not SmolLM2's own template with its default system turn)
         assert golden[mode].pop("type") == "LazyStackedTensorDict" and ours[mode].pop("type") == "TensorDict"
         assert ours[mode] == golden[mode]
+
+
+def test_env_specs_are_torchrls(default_model_path):
+    """``observation_spec``, ``action_spec``, ``state_spec``, ``reward_spec``, ``done_spec`` and the ``*_keys`` of a
+    ``ChatEnv`` in each input mode, and its reward spec with a ``GSM8KRewardParser``, equal TorchRL 0.14.1's
+    (``api_probes.json`` ``env_specs``: the same probe run there): leaves' classes, shapes (-1 for ragged) and dtypes,
+    the composites' tensorclasses, the sorted key lists and which shortcut answers a leaf."""
+    from transformers import AutoTokenizer
+
+    ours = env_specs(_llmrl_library(), AutoTokenizer.from_pretrained(default_model_path))
+    assert ours == _api_golden("env_specs")
+
+
+def test_spec_zero_examples_and_the_env_limits():
+    """The specs build zero examples as TorchRL's do (ragged dimensions as 1, tensorclasses from ``data_cls``), nest
+    by tuple keys, and the done spec gains ``truncated`` once the env can cut an episode short (llmrl's step writes
+    it then); a reward transform's spec shape follows its ``reward_shape``."""
+    from llmrl_core.data.tensor_specs import Categorical, Composite, NonTensor, Unbounded
+    from llmrl_core.modules.policies.common import Tokens
+
+    spec = Composite(
+        a=Unbounded(shape=(2, 1)), b=Composite(c=Categorical(2, shape=(2, 1), dtype=torch.bool), shape=(2,)), shape=(2,)
+    )
+    assert list(spec.keys(True, True)) == ["a", ("b", "c")] and list(spec.keys(True)) == ["a", ("b", "c"), "b"]
+    zero = spec.zero()
+    assert zero["b", "c"].dtype == torch.bool and zero["a"].shape == (2, 1) and not zero["b", "c"].any()
+    assert type(Unbounded(shape=(1,), dtype=torch.bool)).__name__ == "UnboundedDiscrete"
+    assert NonTensor(shape=(2,), example_data="x").zero().data == "x"
+    tokens = Tokens.default_spec(shape=(2,), keys=["prompt"]).zero()
+    assert isinstance(tokens, Tokens) and tokens.prompt.shape == (2, 1) and tokens.padded is False
+    with pytest.raises(ValueError, match="unknown keys"):
+        Tokens.default_spec(shape=(2,), keys=["answer"])
+
+    env = ChatEnv(batch_size=(3,), max_turns=2).append_transform(ZeroReward())
+    assert env.done_keys == ["done", "terminated", "truncated"] and env.reward_keys == ["reward"]
+    assert env.reward_spec.shape == (3, 1) and env.observation_spec.shape == (3,)
+    assert ChatEnv(batch_size=(3,)).reward_spec.is_empty()
 
 
 def test_slot_next_fields_stack_as_torchrl_writes_them():

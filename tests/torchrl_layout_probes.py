@@ -363,6 +363,44 @@ def tool_framework(api: Any, tokenizer: Any) -> dict[str, Any]:
     return out
 
 
+def _spec_record(spec: Any) -> dict[str, Any]:
+    """A composite spec's leaves: class name, shape and dtype, and the tensorclass (``data_cls``) of each composite."""
+    leaves = {}
+    for key in sorted(spec.keys(True, True), key=str):
+        leaf = spec[key]
+        leaves[str(key)] = [type(leaf).__name__, list(leaf.shape), str(leaf.dtype)]
+    classes = {}
+    for key in sorted(spec.keys(True), key=str):
+        data_cls = getattr(spec[key], "data_cls", None)
+        if data_cls is not None:
+            classes[str(key)] = data_cls.__name__
+    return {"shape": list(spec.shape), "leaves": leaves, "data_cls": classes}
+
+
+def env_specs(api: Any, tokenizer: Any) -> dict[str, Any]:
+    """A ``ChatEnv`` of batch size 2's specs in each input mode (observation, action, state, reward, done: their
+    leaves' classes, shapes and dtypes, the composites' tensorclasses, the ``*_keys`` lists, the spec classes of
+    ``reward_spec`` / ``done_spec``), and the reward spec with a ``GSM8KRewardParser`` appended."""
+    out: dict[str, Any] = {}
+    for mode in ("history", "text", "tokens"):
+        env = api.ChatEnv(input_mode=mode, batch_size=(2,), tokenizer=tokenizer)
+        record = {
+            name: _spec_record(getattr(env, f"full_{name}_spec"))
+            for name in ("observation", "action", "state", "reward", "done")
+        }
+        record["keys"] = {
+            name: [str(k) for k in getattr(env, f"{name}_keys")] for name in ("observation", "action", "reward", "done")
+        }
+        record["shortcut_types"] = {
+            name: type(getattr(env, f"{name}_spec")).__name__ for name in ("observation", "action", "reward", "done")
+        }
+        out[mode] = record
+    env = api.ChatEnv(input_mode="history", batch_size=(2,), tokenizer=tokenizer)
+    env = env.append_transform(api.GSM8KRewardParser(tokenizer=tokenizer))
+    out["gsm8k_reward"] = {"reward": _spec_record(env.full_reward_spec), "keys": [str(k) for k in env.reward_keys]}
+    return out
+
+
 def library(
     ChatEnv: Any,
     History: Any,

@@ -70,6 +70,17 @@ class History(TensorClass["nocast"]):
                 "at the start of the script (or set LIST_TO_STACK=1)."
             )
 
+    @classmethod
+    def default_spec(cls, shape: tuple[int, ...] = (-1,)) -> Any:
+        """TorchRL's spec of a History batch of ``shape``: each field one entry per message (``shape + (-1,)``)."""
+        from llmrl_core.data.tensor_specs import Composite, NonTensor
+
+        ragged = (*shape, -1)
+        fields = {name: NonTensor(shape=ragged) for name in ("role", "content")}
+        fields["is_complete"] = NonTensor(shape=ragged, example_data=True)
+        fields.update({name: NonTensor(shape=ragged) for name in ("tool_calls", "tool_responses")})
+        return Composite(fields, shape=shape, data_cls=cls)
+
     # --- construction -----------------------------------------------------------------------------
     @classmethod
     def from_chats(cls, chats: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]]) -> History:

@@ -43,6 +43,7 @@ from llmrl_core.collector_registration import CollectorRegistration
 from llmrl_core.data.chat_templates import assistant_char_spans, torchrl_template
 from llmrl_core.data.conversation import Conversation, ConversationBatch, Message
 from llmrl_core.data.llm_data import LLMData, Response
+from llmrl_core.envs.env_specs import EnvSpecs
 from llmrl_core.envs.td_list_calls import adopt_conversations, run_step_transforms, run_td_reset, run_td_step
 from llmrl_core.envs.tensordict_io import (
     Turn,
@@ -81,7 +82,7 @@ class ChatEnvInputError(ValueError, RuntimeError):
     has caught them as ``ValueError``: both work)."""
 
 
-class ChatEnv(CollectorRegistration):
+class ChatEnv(EnvSpecs, CollectorRegistration):
     """A batched multi-turn chat env with composable transforms (TorchRL's ``ChatEnv`` semantics)."""
 
     def __init__(

@@ -74,6 +74,12 @@ class GSM8KRewardParser(SlotTransform):
     """
 
     reward_shape = (1, 1)
+    reward_fields = (
+        ("reward_answer", torch.float32),
+        ("reward_think", torch.float32),
+        ("reward_right", torch.float32),
+        ("success", torch.bool),
+    )
 
     def __init__(
         self,

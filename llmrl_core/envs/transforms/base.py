@@ -44,10 +44,13 @@ class SlotTransform:
     ``"next"`` data carries ``reward`` when one of the env's transforms may (as TorchRL's carries it when a reward
     transform is appended, and not for a bare ``ChatEnv``). Transforms that only shape prompts or run tools set it
     to False. ``reward_shape`` is the shape of one row's reward there: ``(1,)`` by default, ``(1, 1)`` for the
-    reward parsers whose TorchRL counterparts write ``(B, 1, 1)`` (GSM8K, IFEval)."""
+    reward parsers whose TorchRL counterparts write ``(B, 1, 1)`` (GSM8K, IFEval). ``reward_fields`` names what such a
+    transform writes beside ``reward`` (GSM8K's ``reward_answer``, ``success``, ...), for the env's reward spec."""
 
     writes_reward: bool = True
     reward_shape: tuple[int, ...] = (1,)
+    # fields a step's "next" data carries beside ``reward`` (name, dtype; in ``reward_shape``): the env's reward spec
+    reward_fields: tuple[tuple[str, Any], ...] = ()
 
     def __init__(self) -> None:
         self.parent: ChatEnv | None = None

@@ -16,7 +16,8 @@ Containment follows TorchRL: :meth:`Transform.set_container` stores a weak refer
 :class:`Compose` that holds the transform; :attr:`Transform.container` walks up the ``Compose`` chain to the env;
 :attr:`Transform.parent` is that env (TorchRL rebuilds a ``TransformedEnv`` holding only the transforms before
 this one; llmrl returns the containing env itself) and :attr:`Transform.collector` the collector the env was
-registered with. Specs are not modelled: the ``transform_*_spec`` hooks return their argument.
+registered with. The ``transform_*_spec`` hooks return their argument unless overridden; an env passes its
+specs (:mod:`llmrl_core.data.tensor_specs`) through them, as a TorchRL ``TransformedEnv`` does.
 """
 
 from __future__ import annotations
@@ -378,6 +379,21 @@ class Compose(Transform):
         for transform in self.transforms:
             reward_spec = transform.transform_reward_spec(reward_spec)
         return reward_spec
+
+    def transform_done_spec(self, done_spec: Any) -> Any:
+        for transform in self.transforms:
+            done_spec = transform.transform_done_spec(done_spec)
+        return done_spec
+
+    def transform_action_spec(self, action_spec: Any) -> Any:
+        for transform in self.transforms:
+            action_spec = transform.transform_action_spec(action_spec)
+        return action_spec
+
+    def transform_state_spec(self, state_spec: Any) -> Any:
+        for transform in self.transforms:
+            state_spec = transform.transform_state_spec(state_spec)
+        return state_spec
 
     def transform_output_spec(self, output_spec: Any) -> Any:
         for transform in self.transforms:

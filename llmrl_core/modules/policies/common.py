@@ -17,6 +17,17 @@ import torch
 from tensordict import TensorClass, lazy_stack
 
 from llmrl_core.data.history import History
+from llmrl_core.data.tensor_specs import Composite, NonTensor, Unbounded
+
+_FIELDS = ("prompt", "response", "full")
+
+
+def _spec_keys(cls: type, keys: list[str] | None) -> list[str]:
+    keys = list(_FIELDS if keys is None else keys)
+    unknown = [key for key in keys if key not in _FIELDS]
+    if unknown:
+        raise ValueError(f"{cls.__name__}.default_spec: unknown keys {unknown} (one of {list(_FIELDS)})")
+    return keys
 
 
 class Tokens(TensorClass["nocast"]):
@@ -26,6 +37,13 @@ class Tokens(TensorClass["nocast"]):
     response: torch.Tensor | None = None
     full: torch.Tensor | None = None
     padded: bool | None = None
+
+    @classmethod
+    def default_spec(cls, shape: tuple[int, ...] = (-1,), keys: list[str] | None = None) -> Composite:
+        """TorchRL's spec of these fields: each asked key ragged token ids ``shape + (-1,)``, and ``padded``."""
+        specs: dict[str, Any] = {key: Unbounded(shape=(*shape, -1)) for key in _spec_keys(cls, keys)}
+        specs["padded"] = NonTensor(shape=shape, example_data=False)
+        return Composite(specs, shape=shape, data_cls=cls)
 
 
 class Masks(TensorClass["nocast"]):
@@ -52,6 +70,12 @@ class Text(TensorClass["nocast"]):
     response: str | None = None
     full: str | None = None
 
+    @classmethod
+    def default_spec(cls, shape: tuple[int, ...] = (-1,), keys: list[str] | None = None) -> Composite:
+        """TorchRL's spec of these fields: each asked key a string per sample."""
+        specs = {key: NonTensor(shape=shape, example_data="a string") for key in _spec_keys(cls, keys)}
+        return Composite(specs, shape=shape, data_cls=cls)
+
 
 class ChatHistory(TensorClass["nocast"]):
     """Conversations (:class:`~llmrl_core.data.History`) of the prompt, the response and the full exchange.
@@ -75,6 +99,12 @@ class ChatHistory(TensorClass["nocast"]):
                     stacklevel=2,
                 )
                 setattr(self, name, lazy_stack([value], -1))
+
+    @classmethod
+    def default_spec(cls, shape: tuple[int, ...] = (-1,), keys: list[str] | None = None) -> Composite:
+        """TorchRL's spec of these fields: each asked key a :meth:`History.default_spec`."""
+        specs = {key: History.default_spec(shape=shape) for key in _spec_keys(cls, keys)}
+        return Composite(specs, shape=shape, data_cls=cls)
 
     def apply_chat_template(self, **kwargs: Any) -> Any:
         """Render the conversation a policy continues next — ``prompt`` (else ``full``) — with
