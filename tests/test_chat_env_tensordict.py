@@ -494,6 +494,16 @@ def test_spec_zero_examples_and_the_env_limits():
     assert env.reward_spec.shape == (3, 1) and env.observation_spec.shape == (3,)
     assert ChatEnv(batch_size=(3,)).reward_spec.is_empty()
 
+    class ReadsTheBaseEnv(TensorDictTransform):  # as TorchRL's KL transforms find their action key
+        def _step(self, tensordict, next_tensordict):
+            seen.append((self.parent.base_env.input_mode, self.parent.action_keys[0]))
+            return next_tensordict
+
+    seen: list = []
+    env = ChatEnv(batch_size=(1,)).append_transform(ReadsTheBaseEnv())
+    env.step(env.reset(TensorDict({"query": ["a"]}, batch_size=(1,))).set("text_response", ["x"]))
+    assert seen == [("history", ("history", "full", "content"))]
+
 
 def test_slot_next_fields_stack_as_torchrl_writes_them():
     """``stack_next_fields``: equal-shaped tensors stack, ragged ones become one nested tensor (TorchRL's KL layout),

@@ -213,6 +213,12 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
         return env
 
     @property
+    def base_env(self) -> ChatEnv:
+        """The env without its transforms, as a TorchRL transform reaches it (``self.parent.base_env.input_mode``):
+        llmrl's env holds its transforms itself, so it is its own base env."""
+        return self
+
+    @property
     def batch_size(self) -> torch.Size:
         """TorchRL's batch size, ``torch.Size([slots])`` (before the first reset of an env without a fixed size:
         ``torch.Size([])``); set it with an int, a one-dimensional size or None (as many slots as prompts)."""
