@@ -15,8 +15,8 @@ import pytest
 
 PROBES = json.loads((Path(__file__).parent / "goldens" / "torchrl" / "api_probes.json").read_text())["signatures"]
 
-# Names whose TorchRL form needs TorchRL itself: ``default_spec`` builds a torchrl ``Composite`` spec.
-NOT_PORTED = {"History.default_spec", "ChatHistory.default_spec"}
+# Names whose TorchRL form needs TorchRL itself (none left: ``default_spec`` builds llmrl's own ``Composite``).
+NOT_PORTED: set[str] = set()
 
 
 def ported(import_line: str) -> str:
@@ -68,6 +68,26 @@ def test_the_names_not_ported_need_torchrl_itself():
     for name in NOT_PORTED:
         owner, _, member = name.partition(".")
         assert not hasattr(ours(owner, PROBES[name]["import"]), member)
+
+
+def test_default_specs_are_torchrls():
+    """``History.default_spec`` and ``ChatHistory.default_spec`` equal TorchRL 0.14.1's (``api_probes.json``
+    ``history``, recorded by ``scripts/torchrl_goldens.py``): class, the composite's shape, the leaf keys."""
+    import json
+    from pathlib import Path
+
+    from llmrl_core.data import History
+    from llmrl_core.modules.policies import ChatHistory
+
+    golden = json.loads((Path(__file__).parent / "goldens" / "torchrl" / "api_probes.json").read_text())["history"]
+    for label, spec in (
+        ("History.default_spec", History.default_spec(shape=(1,))),
+        ("ChatHistory.default_spec(prompt)", ChatHistory.default_spec(shape=(1,), keys=["prompt"])),
+        ("ChatHistory.default_spec(full)", ChatHistory.default_spec(shape=(1,), keys=["full"])),
+    ):
+        keys = sorted("/".join((k,) if isinstance(k, str) else k) for k in spec.keys(True, True))
+        ours = {"class": type(spec).__name__, "shape": list(spec.shape), "keys": keys}
+        assert ours == {k: golden[label][k] for k in ours}, label
 
 
 def test_the_tokenizer_transform_gives_torchrls_ids_masks_and_text():

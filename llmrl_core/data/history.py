@@ -72,14 +72,14 @@ class History(TensorClass["nocast"]):
 
     @classmethod
     def default_spec(cls, shape: tuple[int, ...] = (-1,)) -> Any:
-        """TorchRL's spec of a History batch of ``shape``: each field one entry per message (``shape + (-1,)``)."""
+        """TorchRL's spec of History fields of ``shape`` (the messages' dimension last, ``-1`` when ragged); the
+        composite's own shape is ``shape[:-1]`` (as TorchRL's; nested in an env's spec it takes the env's)."""
         from llmrl_core.data.tensor_specs import Composite, NonTensor
 
-        ragged = (*shape, -1)
-        fields = {name: NonTensor(shape=ragged) for name in ("role", "content")}
-        fields["is_complete"] = NonTensor(shape=ragged, example_data=True)
-        fields.update({name: NonTensor(shape=ragged) for name in ("tool_calls", "tool_responses")})
-        return Composite(fields, shape=shape, data_cls=cls)
+        fields = {name: NonTensor(shape=shape) for name in ("role", "content")}
+        fields["is_complete"] = NonTensor(shape=shape, example_data=True)
+        fields.update({name: NonTensor(shape=shape) for name in ("tool_calls", "tool_responses")})
+        return Composite(fields, shape=tuple(shape)[:-1], data_cls=cls)
 
     # --- construction -----------------------------------------------------------------------------
     @classmethod

@@ -190,6 +190,8 @@ class Composite:
         key = unravel_key(key)
         if isinstance(spec, Mapping):
             spec = Composite(spec, shape=self.shape, device=self.device)
+        elif isinstance(spec, Composite) and len(spec.shape) < len(self.shape):
+            spec = spec._widened(self.shape)
         if isinstance(key, tuple):
             head, *rest = key
             if head not in self._specs:
@@ -231,6 +233,17 @@ class Composite:
     ) -> Iterator[tuple[NestedKey, TensorSpec | Composite]]:
         for key in self.keys(include_nested, leaves_only):
             yield key, self[key]
+
+    def _widened(self, shape: torch.Size) -> Composite:
+        """A copy with the batch shape ``shape`` (nested composites too): a composite nested in a wider one takes
+        its batch shape, as TorchRL's does (``ChatHistory.default_spec(shape=(B,))`` inside an env's ``(B,)``)."""
+        clone = self.clone()
+        clone.shape = torch.Size(shape)
+        clone._specs = {
+            key: spec._widened(shape) if isinstance(spec, Composite) and len(spec.shape) < len(shape) else spec
+            for key, spec in clone._specs.items()
+        }
+        return clone
 
     # --- examples and copies ---------------------------------------------------------------------
     def zero(self, shape: torch.Size | None = None) -> TensorDictBase | Any:

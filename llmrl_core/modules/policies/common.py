@@ -40,10 +40,11 @@ class Tokens(TensorClass["nocast"]):
 
     @classmethod
     def default_spec(cls, shape: tuple[int, ...] = (-1,), keys: list[str] | None = None) -> Composite:
-        """TorchRL's spec of these fields: each asked key ragged token ids ``shape + (-1,)``, and ``padded``."""
+        """TorchRL's spec of these fields: each asked key ragged token ids ``shape + (-1,)``, and ``padded``; the
+        composite's own shape is ``shape[:-1]`` (as TorchRL's; nested in an env's spec it takes the env's)."""
         specs: dict[str, Any] = {key: Unbounded(shape=(*shape, -1)) for key in _spec_keys(cls, keys)}
         specs["padded"] = NonTensor(shape=shape, example_data=False)
-        return Composite(specs, shape=shape, data_cls=cls)
+        return Composite(specs, shape=shape[:-1], data_cls=cls)
 
 
 class Masks(TensorClass["nocast"]):
@@ -72,9 +73,9 @@ class Text(TensorClass["nocast"]):
 
     @classmethod
     def default_spec(cls, shape: tuple[int, ...] = (-1,), keys: list[str] | None = None) -> Composite:
-        """TorchRL's spec of these fields: each asked key a string per sample."""
+        """TorchRL's spec of these fields: each asked key a string per sample (composite shape ``shape[:-1]``)."""
         specs = {key: NonTensor(shape=shape, example_data="a string") for key in _spec_keys(cls, keys)}
-        return Composite(specs, shape=shape, data_cls=cls)
+        return Composite(specs, shape=shape[:-1], data_cls=cls)
 
 
 class ChatHistory(TensorClass["nocast"]):
@@ -102,9 +103,10 @@ class ChatHistory(TensorClass["nocast"]):
 
     @classmethod
     def default_spec(cls, shape: tuple[int, ...] = (-1,), keys: list[str] | None = None) -> Composite:
-        """TorchRL's spec of these fields: each asked key a :meth:`History.default_spec`."""
-        specs = {key: History.default_spec(shape=shape) for key in _spec_keys(cls, keys)}
-        return Composite(specs, shape=shape, data_cls=cls)
+        """TorchRL's spec of these fields: each asked key a :meth:`History.default_spec` of ``shape + (-1,)``
+        (one entry per message; composite shape ``shape[:-1]``)."""
+        specs = {key: History.default_spec(shape=(*shape, -1)) for key in _spec_keys(cls, keys)}
+        return Composite(specs, shape=shape[:-1], data_cls=cls)
 
     def apply_chat_template(self, **kwargs: Any) -> Any:
         """Render the conversation a policy continues next — ``prompt`` (else ``full``) — with
