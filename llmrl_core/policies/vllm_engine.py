@@ -204,7 +204,10 @@ def make_llm(config: EngineConfig | None = None) -> Any:
 
         kwargs["worker_extension_cls"] = WEIGHT_SYNC_EXTENSION
     kwargs.update(config.extra)
-    llm = LLM(**kwargs)
+    from llmrl_core.policies.vllm_module_scan import modules_hidden_from_vllm_scan
+
+    with modules_hidden_from_vllm_scan():  # a Flask global in this process would stop vLLM's start-up scan
+        llm = LLM(**kwargs)
     quiet_reload_warnings()  # after LLM(): vLLM's logging set-up, where it runs, replaces handlers, not filters
     return llm
 
