@@ -669,10 +669,8 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
         them), ``truncated`` when the env can cut an episode short (``max_turns``, ``max_prompt_tokens``) or a
         transform did. TorchRL's bare ``ChatEnv`` writes neither; its ``DatasetChatEnv`` both (a reward parser, a
         step counter)."""
-        limits = self.max_turns is not None or self.max_prompt_tokens is not None
-        shapes = [transform.reward_shape for transform in self.transforms if transform.writes_reward]
-        reward = max(shapes, key=len) if shapes else None
-        return {"step": True, "reward": reward, "truncated": limits or bool(out.truncated.any())}
+        truncated = self.can_cut_short() or bool(out.truncated.any())
+        return {"step": True, "reward": self.reward_row_shape(), "truncated": truncated}
 
     def _with_row_fields(self, next_td: TensorDictBase, slots: Sequence[SlotState]) -> TensorDictBase:
         """An env fed by a ``DataLoadingPrimer`` carries the prompt rows' fields (``query``, ``answer``, ...) in a

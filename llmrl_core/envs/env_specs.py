@@ -35,6 +35,16 @@ class EnvSpecs:
     max_turns: int | None
     max_prompt_tokens: int | None
 
+    # --- what a step writes (the specs and ChatEnv.step_layout both read these) -------------------
+    def reward_row_shape(self) -> tuple[int, ...] | None:
+        """One row's ``reward`` shape once a slot transform may reward (the longest ``reward_shape``), else None."""
+        shapes = [t.reward_shape for t in self.transforms if t.writes_reward]
+        return max(shapes, key=len) if shapes else None
+
+    def can_cut_short(self) -> bool:
+        """Whether the env itself may truncate an episode (``max_turns``, ``max_prompt_tokens``)."""
+        return self.max_turns is not None or self.max_prompt_tokens is not None
+
     # --- the composites --------------------------------------------------------------------------
     def _io_spec(self, field: str) -> Composite:
         from llmrl_core.modules.policies.common import ChatHistory, Text, Tokens
@@ -70,11 +80,11 @@ class EnvSpecs:
     def full_reward_spec(self) -> Composite:
         """``reward`` once a transform may reward (its longest ``reward_shape``), else empty."""
         spec = Composite(shape=self.batch_size, device=self.device)
-        rewarding = [t for t in self.transforms if t.writes_reward]
-        if rewarding:
-            shape = (*self.batch_size, *max((t.reward_shape for t in rewarding), key=len))
+        row = self.reward_row_shape()
+        if row is not None:
+            shape = (*self.batch_size, *row)
             spec["reward"] = Unbounded(shape=shape, device=self.device)
-            for transform in rewarding:
+            for transform in (t for t in self.transforms if t.writes_reward):
                 for name, dtype in transform.reward_fields:
                     spec[name] = Unbounded(shape=shape, device=self.device, dtype=dtype)
         return self._through_transforms("transform_reward_spec", spec)
@@ -83,7 +93,7 @@ class EnvSpecs:
     def full_done_spec(self) -> Composite:
         """``done`` and ``terminated`` (and ``truncated`` when the env can cut an episode short), ``(B, 1)`` bools."""
         names = ["done", "terminated"]
-        if self.max_turns is not None or self.max_prompt_tokens is not None:
+        if self.can_cut_short():
             names.append("truncated")
         flag = Categorical(2, shape=(*self.batch_size, 1), device=self.device, dtype=torch.bool)
         spec = Composite({name: flag.clone() for name in names}, shape=self.batch_size, device=self.device)
