@@ -62,8 +62,11 @@ def main_job() -> dict[str, Any]:
     return yaml.safe_load(MAIN_JOB.read_text())
 
 
-def run_llmrl(steps: int, runs_dir: Path, log: Path, seed: int) -> tuple[float, float]:
-    """``llmrl run grpo`` for ``steps`` versions with ``seed``; returns (start, end) on the wall clock."""
+def run_llmrl(
+    steps: int, runs_dir: Path, log: Path, seed: int, overrides: list[str] | None = None
+) -> tuple[float, float]:
+    """``llmrl run grpo`` for ``steps`` versions with ``seed`` (and ``--set`` ``overrides``); returns (start, end)
+    on the wall clock."""
     if runs_dir.exists():
         shutil.rmtree(runs_dir)
     command = [
@@ -83,6 +86,8 @@ def run_llmrl(steps: int, runs_dir: Path, log: Path, seed: int) -> tuple[float, 
         "--set",
         f"seed={seed}",
     ]
+    for override in overrides or []:
+        command += ["--set", override]
     print("llmrl:", " ".join(command[1:]), flush=True)
     env = {**os.environ, "LLMRL_VERBOSE": "0"}
     start = time.time()
@@ -270,6 +275,13 @@ def main() -> None:
     parser.add_argument(
         "--seed", type=int, default=0, help="both sides' seed (llmrl's `seed`: prompts served and sampling; TRL's)"
     )
+    parser.add_argument(
+        "--llmrl-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an extra `--set` for llmrl's run (repeatable), e.g. rollout.backend=transformers (TRL's sampler)",
+    )
     args = parser.parse_args()
     if args.steps < 1 or args.eval_questions < 1 or args.llmrl_steps < args.steps:
         raise SystemExit("--steps and --eval-questions must be >= 1, --llmrl-steps >= --steps")
@@ -287,7 +299,7 @@ def main() -> None:
 
     print(f"== llmrl: the main job for {args.llmrl_steps} versions", flush=True)
     runs_dir = args.out / "llmrl-runs"
-    start, end = run_llmrl(args.llmrl_steps, runs_dir, args.out / "llmrl.log", args.seed)
+    start, end = run_llmrl(args.llmrl_steps, runs_dir, args.out / "llmrl.log", args.seed, args.llmrl_set)
     ours = llmrl_versions(runs_dir, start, args.llmrl_steps)
     print(f"  llmrl: {end - start:.0f} s in all; versions at " + ", ".join(f"{r['time_s']:.0f}" for r in ours))
 

@@ -78,11 +78,12 @@ def iteration_metrics(
 
 def iteration_lines(version: int, metrics: dict[str, float], written: dict[str, Any], staleness: int) -> list[str]:
     """The flow's log lines for a trained version: one always, one for an asynchronous batch, one for a tool env."""
-    trained = (
-        f"loss {metrics['loss']:.4f}"
-        if "loss" in metrics
-        else f"nothing trained ({metrics.get('groups_with_signal', 0):.0f} groups with signal)"
-    )
+    if "loss" in metrics:
+        trained = f"loss {metrics['loss']:.4f}"
+    elif metrics.get("zero_gradient_step"):
+        trained = "no group with signal: the optimizer's step with zero gradients (momentum)"
+    else:
+        trained = f"nothing trained ({metrics.get('groups_with_signal', 0):.0f} groups with signal)"
     lines = [
         f"version {version} -> {version + 1}: {written['rows']} rollouts, reward {metrics['reward_mean']:.3f}, "
         f"accuracy {metrics.get('accuracy', NAN):.3f}, distinct {metrics.get('distinct_responses', NAN):.2f}, "

@@ -442,7 +442,10 @@ class TrainerWorker:
         A synchronous run trains on rows its current weights sampled: the first step's forward pass then gives
         the iteration's agreement metrics (``agreement_*``: mean and max |trainer - sampler| log-prob, k3 KL to
         the sampler, ESS of the ratio). When no group has signal (nothing to train), they are measured with a
-        forward pass alone, over the rows of one micro-batch (:func:`one_micro_batch`). ``agreement_off`` is 1
+        forward pass alone, over the rows of one micro-batch (:func:`one_micro_batch`); with ``train.exact_skip``
+        the optimizer still takes its step on zero gradients (:meth:`Trainer.zero_gradient_step`, AdamW's
+        momentum), as it would have after training those rows, and on a version with signal the left-out rows count
+        in the loss's mean (``zero_gradient_rows``). ``agreement_off`` is 1
         when the mean gap exceeds ``train.agreement_warn`` (e.g. engines holding other weights than the
         trainer). Rows sampled by an older version (asynchronous runs,
         ``rollout.max_staleness``) are refused when older than ``max_staleness`` versions; for them the same
@@ -462,19 +465,28 @@ class TrainerWorker:
         trained = signal_rows(records) if self.cfg.train.skip_zero_signal_groups else records
         if not records:
             return {"train_samples": 0.0}
+        exact = self.cfg.train.exact_skip and len(trained) < len(records)
         metrics: dict[str, float] = {}
         first: dict[str, float] | None = None
         if trained:
             samples = [record_to_sample(r) for r in trained]
+            kept = {id(r) for r in trained}
+            # exact_skip: the left-out rows (no advantage, so no gradient) count in the loss's mean as if trained
+            left_out = [record_to_sample(r) for r in records if id(r) not in kept] if exact else []
             step = self.trainer.train_step
             if self._data_parallel is not None and self._data_parallel.distributed:
                 self._check_same_batch(samples)
                 step = self._data_parallel.train_step  # this rank's shard, gradients summed over the ranks
             for _ in range(self.cfg.train.steps_per_iteration):
-                metrics = step(samples)
+                metrics = step(samples, zero_gradient_rows=left_out)
                 first = first or metrics
         else:
             first = self.trainer.evaluate(one_micro_batch([record_to_sample(r) for r in records], self.cfg.train))
+            if exact:
+                # no row has an advantage: the step training them would take (zero gradients, AdamW's momentum),
+                # on every rank alike (no collective: the gradients are zero everywhere)
+                for _ in range(self.cfg.train.steps_per_iteration):
+                    metrics = self.trainer.zero_gradient_step()
         stale = max(staleness) > 0
         label = "offpolicy" if stale else "agreement"
         agreement = {f"{label}_{k.removeprefix('sampler_')}": first[k] for k in AGREEMENT_KEYS if k in first}

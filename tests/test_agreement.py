@@ -3,6 +3,7 @@ diagnostics, and the alarm when the trainer holds other weights than the engine 
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -129,11 +130,14 @@ def test_one_micro_batch_takes_the_first_rows_within_the_token_budget():
     assert one_micro_batch(rows, SimpleNamespace(token_budget=180)) == rows
 
 
-def test_with_no_signal_one_micro_batch_measures_the_agreement_and_nothing_trains(
+def test_with_no_signal_one_micro_batch_measures_the_agreement_and_only_momentum_steps(
     vllm_engine_fp32, trainer_worker, tmp_path, monkeypatch
 ):
-    """Every group's rewards equal: no optimizer step, and the agreement comes from a forward pass over the
-    rows of one micro-batch (here 2 of the 6 rows) — still enough to flag a trainer holding other weights."""
+    """Every group's rewards equal: no row is trained (no loss); with ``train.exact_skip`` the optimizer takes
+    its zero-gradient step (what training those zero-advantage rows would give: AdamW's momentum, the same weights as
+    torch's AdamW stepping on zeros from the same state), without it nothing moves; the agreement comes from a
+    forward pass over the rows of one micro-batch (here 2 of the 6 rows) — still enough to flag a trainer holding
+    other weights."""
     records = _sampled_records(vllm_engine_fp32, vllm_engine_fp32.get_tokenizer())
     for r in records:
         r.reward, r.advantage = 1.0, 0.0
@@ -141,25 +145,45 @@ def test_with_no_signal_one_micro_batch_measures_the_agreement_and_nothing_train
     budget = lengths[0] + lengths[1]
     monkeypatch.setattr(trainer_worker.cfg.train, "token_budget", budget)
     monkeypatch.setattr(trainer_worker.cfg.train, "skip_zero_signal_groups", True)
+    monkeypatch.setattr(trainer_worker.cfg.train, "exact_skip", True)
     scored: list[int] = []
     evaluate = trainer_worker.trainer.evaluate
     monkeypatch.setattr(
         trainer_worker.trainer, "evaluate", lambda samples: scored.append(len(samples)) or evaluate(samples)
     )
     state = {k: v.clone() for k, v in trainer_worker.model.state_dict().items()}
+    optimizer_state = copy.deepcopy(trainer_worker.trainer.optimizer.state_dict())
     step = trainer_worker.trainer.step_count
+    # the reference: torch's AdamW from the same state, one step on zero gradients
+    reference = [p.detach().clone().requires_grad_(True) for p in trainer_worker.trainer.params]
+    adamw = torch.optim.AdamW(reference)
+    adamw.load_state_dict(copy.deepcopy(optimizer_state))
+    for p in reference:
+        p.grad = torch.zeros_like(p)
+    adamw.step()
     try:
         same = _train(trainer_worker, tmp_path / "same", records)
-        assert all(torch.equal(v, state[k]) for k, v in trainer_worker.model.state_dict().items())
+        for got, want in zip(trainer_worker.trainer.params, reference, strict=True):
+            torch.testing.assert_close(got.detach(), want.detach(), atol=0.0, rtol=0.0)
+        trainer_worker.model.load_state_dict(state)
         gen = torch.Generator().manual_seed(0)
         with torch.no_grad():
             for p in trainer_worker.model.model.layers[-1].parameters():
                 p.add_(torch.randn(p.shape, generator=gen) * 0.05)
         other = _train(trainer_worker, tmp_path / "other", records)
+        trainer_worker.model.load_state_dict(state)
+        monkeypatch.setattr(trainer_worker.cfg.train, "exact_skip", False)  # the default: no step at all
+        before = trainer_worker.trainer.step_count
+        still = _train(trainer_worker, tmp_path / "still", records)
+        assert trainer_worker.trainer.step_count == before and "zero_gradient_step" not in still
+        assert all(torch.equal(v, state[k]) for k, v in trainer_worker.model.state_dict().items())
     finally:
         trainer_worker.model.load_state_dict(state)
-    assert scored == [2, 2] and trainer_worker.trainer.step_count == step
-    assert same["train_samples"] == 0 and "loss" not in same
+        trainer_worker.trainer.optimizer.load_state_dict(optimizer_state)
+        trainer_worker.trainer.step_count = step
+    assert scored == [2, 2, 2]
+    assert same["train_samples"] == 0 and "loss" not in same and same["zero_gradient_step"] == 1.0
+    assert same["step"] == step + 1 and other["step"] == step + 2
     assert same["agreement_abs_diff_mean"] < 1e-3 and same["agreement_off"] == 0.0, same
     assert other["agreement_abs_diff_mean"] > trainer_worker.cfg.train.agreement_warn, other
     assert other["agreement_off"] == 1.0

@@ -235,6 +235,57 @@ def test_untrainable_batches_and_none_aggregation():
         )
 
 
+@pytest.mark.parametrize("aggregation", ["token_mean", "prompt_mean", "sequence_sum"])
+def test_rows_left_out_with_zero_gradient_count_in_the_mean_as_if_trained(aggregation):
+    """``train.exact_skip``: the zero-advantage rows are not run, yet the gradient is the whole batch's (their units
+    join the normaliser); without them counted it is larger (the mean over the trained rows alone)."""
+    model = tiny_llama()
+    samples = tiny_samples(model, n=8)
+    for s in samples[::2]:
+        s.advantage, s.ref_logprobs = 0.0, None
+    for s in samples[1::2]:
+        s.ref_logprobs = None
+    options = {"norm_constant": 16} if aggregation == "sequence_sum" else {}
+    objective = GRPOLoss(model, entropy_bonus=False, aggregation=aggregation, **options)
+    trainer = Trainer(objective, TrainerConfig(mixed_precision="no"))
+    _, whole = grads_of(trainer, samples)
+    signal, flat = samples[1::2], samples[::2]
+    metrics = trainer.backward(signal, zero_gradient_rows=flat)
+    left_out = [p.grad.detach().clone() for p in trainer.params]
+    _, alone = grads_of(trainer, signal)
+    for a, b in zip(whole, left_out, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-9)
+    ratio = float(torch.cat([g.flatten() for g in alone]).norm() / torch.cat([g.flatten() for g in whole]).norm())
+    assert ratio > 1.2, f"the trained rows' own mean should be larger than the whole batch's (ratio {ratio:.2f})"
+    assert metrics["num_samples"] == len(signal)
+
+
+def test_a_zero_gradient_step_is_the_step_of_a_batch_without_advantage():
+    """What the flows take on a version with no group with signal (``train.skip_zero_signal_groups``): the
+    optimizer step that training those zero-advantage rows would give (AdamW's momentum), without their compute."""
+    model = tiny_llama()
+    samples = tiny_samples(model)
+    flat = [TrainSample(**{**vars(s), "advantage": 0.0, "ref_logprobs": None}) for s in samples]
+    fresh = Trainer(GRPOLoss(tiny_llama(), entropy_bonus=False), TrainerConfig(mixed_precision="no"))
+    untouched = [p.detach().clone() for p in fresh.params]
+    assert fresh.zero_gradient_step()["step"] == 1.0  # no momentum yet: the weights stay
+    assert all(torch.equal(a, p) for a, p in zip(untouched, fresh.params, strict=True))
+
+    trained, skipped = (
+        Trainer(GRPOLoss(tiny_llama(), entropy_bonus=False), TrainerConfig(mixed_precision="no")) for _ in range(2)
+    )
+    for trainer in (trained, skipped):
+        trainer.train_step(samples)
+    after_one = [p.detach().clone() for p in trained.params]
+    metrics = trained.train_step(flat)  # the rows trained: their gradient is zero, the step is taken
+    assert metrics["grad_norm"] == 0.0 and metrics["step"] == 2.0
+    assert skipped.zero_gradient_step()["step"] == 2.0
+    for a, b in zip(trained.params, skipped.params, strict=True):
+        torch.testing.assert_close(a, b, atol=0.0, rtol=0.0)
+    moved = max(float((a - before).abs().max()) for a, before in zip(skipped.params, after_one, strict=True))
+    assert moved > 0.5 * trained.config.lr, f"the momentum step moved the weights by only {moved:.2e}"
+
+
 # ------------------------------------------------------------------------------------------------ real model
 
 

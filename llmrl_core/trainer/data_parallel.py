@@ -126,15 +126,23 @@ class DataParallelTrainer:
         shard = shard_samples([s.length for s in samples], self.world_size)[self.rank]
         return [samples[i] for i in shard]
 
-    def backward(self, samples: Sequence[TrainSample], *, local: bool = False) -> dict[str, float]:
+    def backward(
+        self,
+        samples: Sequence[TrainSample],
+        *,
+        local: bool = False,
+        zero_gradient_rows: Sequence[TrainSample] = (),
+    ) -> dict[str, float]:
         """Gradients of the objective over the global batch, identical on every rank; no optimizer step.
 
         ``samples`` is the global batch (each rank takes its shard), or with ``local=True`` this rank's shard
-        (the shards of all ranks together forming the batch). Returns the global batch's metrics.
+        (the shards of all ranks together forming the batch). ``zero_gradient_rows`` (the global batch's rows
+        left out, counted in the normaliser: :meth:`Trainer.backward`) are the same on every rank. Returns the
+        global batch's metrics.
         """
         if not self.distributed:
-            return self.trainer.backward(samples)
-        return self._run(samples, local=local, with_grad=True)
+            return self.trainer.backward(samples, zero_gradient_rows=zero_gradient_rows)
+        return self._run(samples, local=local, with_grad=True, zero_gradient_rows=zero_gradient_rows)
 
     @torch.no_grad()
     def evaluate(self, samples: Sequence[TrainSample], *, local: bool = False) -> dict[str, float]:
@@ -143,12 +151,26 @@ class DataParallelTrainer:
             return self.trainer.evaluate(samples)
         return self._run(samples, local=local, with_grad=False)
 
-    def train_step(self, samples: Sequence[TrainSample], *, local: bool = False) -> dict[str, float]:
+    def train_step(
+        self,
+        samples: Sequence[TrainSample],
+        *,
+        local: bool = False,
+        zero_gradient_rows: Sequence[TrainSample] = (),
+    ) -> dict[str, float]:
         """One optimizer step on the global batch, on every rank (collective: all ranks must call it)."""
         start = time.perf_counter()
-        return self.trainer.optimizer_step(self.backward(samples, local=local), start)
+        metrics = self.backward(samples, local=local, zero_gradient_rows=zero_gradient_rows)
+        return self.trainer.optimizer_step(metrics, start)
 
-    def _run(self, samples: Sequence[TrainSample], *, local: bool, with_grad: bool) -> dict[str, float]:
+    def _run(
+        self,
+        samples: Sequence[TrainSample],
+        *,
+        local: bool,
+        with_grad: bool,
+        zero_gradient_rows: Sequence[TrainSample] = (),
+    ) -> dict[str, float]:
         trainer = self.trainer
         mine = list(samples) if local else self.local_samples(samples)
         batches = trainer.micro_batches(mine) if mine else []
@@ -159,6 +181,7 @@ class DataParallelTrainer:
         )
         dist.all_reduce(counts, group=self.group)
         total_units, total_samples = (float(x) for x in counts.cpu())
+        total_units += trainer.unit_count(zero_gradient_rows)  # the same rows on every rank: added once
         if total_samples == 0:
             raise ValueError("train_step needs at least one sample (every rank's shard is empty)")
         totals = trainer.accumulate(batches, units, with_grad=with_grad, total_units=total_units)

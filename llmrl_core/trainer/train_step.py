@@ -169,28 +169,43 @@ class Trainer:
         plan = plan_micro_batches([s.length for s in samples], self.config.token_budget)
         return [pack_samples([samples[i] for i in group]) for group in plan]
 
-    def backward(self, samples: Sequence[TrainSample]) -> dict[str, float]:
+    def backward(
+        self, samples: Sequence[TrainSample], *, zero_gradient_rows: Sequence[TrainSample] = ()
+    ) -> dict[str, float]:
         """Zero the gradients, then accumulate the batch-level objective's gradient over the micro-batches.
 
-        Returns the loss metrics (``loss_*`` terms combined with the accumulation weights, diagnostics averaged
-        over trained tokens) and the batch counts; no optimizer step.
+        ``zero_gradient_rows`` are rows of the same batch left out because their gradient is zero (no advantage,
+        no KL or entropy term): not run, but counted in the batch-level mean's normaliser, so the gradient is the
+        one the whole batch gives. Returns the loss metrics (``loss_*`` terms combined with the accumulation
+        weights, diagnostics averaged over trained tokens) and the batch counts; no optimizer step.
         """
-        return self._run(samples, with_grad=True)
+        return self._run(samples, with_grad=True, zero_gradient_rows=zero_gradient_rows)
 
     @torch.no_grad()
     def evaluate(self, samples: Sequence[TrainSample]) -> dict[str, float]:
         """The metrics :meth:`backward` would report, without gradients (e.g. the loss before/after a step)."""
         return self._run(samples, with_grad=False)
 
-    def _run(self, samples: Sequence[TrainSample], with_grad: bool) -> dict[str, float]:
+    def _run(
+        self, samples: Sequence[TrainSample], with_grad: bool, zero_gradient_rows: Sequence[TrainSample] = ()
+    ) -> dict[str, float]:
         if not samples:
             raise ValueError("train_step needs at least one sample")
         batches = self.micro_batches(samples)
-        return self.accumulate(batches, self.batch_units(batches), with_grad=with_grad).metrics()
+        units = self.batch_units(batches)
+        total = sum(u for u in units if u is not None) + self.unit_count(zero_gradient_rows)
+        return self.accumulate(batches, units, with_grad=with_grad, total_units=total).metrics()
 
     def batch_units(self, batches: Sequence[PackedBatch]) -> list[float | None]:
         """The objective's ``accumulation_units`` of each micro-batch (``None``: that batch's loss is summed)."""
         return [self.objective.accumulation_units(b) for b in batches]
+
+    def unit_count(self, samples: Sequence[TrainSample]) -> float:
+        """The objective's ``accumulation_units`` of ``samples`` in all (packed, not run; 0 for none): what rows
+        left out of a step add to its normaliser."""
+        if not samples:
+            return 0.0
+        return sum(u for u in self.batch_units(self.micro_batches(samples)) if u is not None)
 
     def accumulate(
         self,
@@ -252,13 +267,16 @@ class Trainer:
         desc = f"train step {self.step_count + 1}" if with_grad else "evaluate"
         return tqdm(items, total=total, desc=desc, unit="micro-batch", leave=False)
 
-    def train_step(self, samples: Sequence[TrainSample]) -> dict[str, float]:
+    def train_step(
+        self, samples: Sequence[TrainSample], *, zero_gradient_rows: Sequence[TrainSample] = ()
+    ) -> dict[str, float]:
         """One optimizer step on ``samples`` (gradients accumulated over micro-batches); returns metrics.
 
-        A batch with no trained token at all (every unit 0) takes no optimizer step (``skipped = 1``).
+        ``zero_gradient_rows``: see :meth:`backward`. A batch with no trained token at all (every unit 0, none
+        left out) takes no optimizer step (``skipped = 1``).
         """
         start = time.perf_counter()
-        return self.optimizer_step(self.backward(samples), start)
+        return self.optimizer_step(self.backward(samples, zero_gradient_rows=zero_gradient_rows), start)
 
     def optimizer_step(self, metrics: dict[str, float], start: float) -> dict[str, float]:
         """Clip the accumulated gradients, step the optimizer (unless ``metrics["skipped"]``), zero the gradients.
@@ -281,6 +299,26 @@ class Trainer:
             step=float(self.step_count),
         )
         return metrics
+
+    def zero_gradient_step(self) -> dict[str, float]:
+        """One optimizer step with every gradient zero: the step a trainer takes on a batch whose rows all have zero
+        advantage (no group with signal), as TRL's and every standard loop's ``optimizer.step()`` does after a
+        backward pass that gave zeros. AdamW then still moves the weights along its momentum (about ``0.67 x lr``
+        per weight after one real step), so skipping the zero-signal rows' compute does not also skip the step.
+        A trainer that has taken no step yet has no momentum: the weights stay as they are."""
+        start = time.perf_counter()
+        for param in self.params:
+            param.grad = torch.zeros_like(param)
+        self.optimizer.step()
+        self.step_count += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        return {
+            "grad_norm": 0.0,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "step_time_s": time.perf_counter() - start,
+            "step": float(self.step_count),
+            "zero_gradient_step": 1.0,
+        }
 
     @torch.no_grad()
     def score(self, samples: Sequence[TrainSample]) -> list[list[float]]:
