@@ -54,6 +54,9 @@ def test_the_lines_of_a_version():
     assert lines[2] == "version 3: 38% of rollouts called a tool, 75% of the calls worked"
     untrained = {k: v for k, v in m.items() if k != "loss"}
     assert "nothing trained (2 groups with signal)" in iteration_lines(3, untrained, WRITTEN, staleness=0)[0]
+    momentum = {**untrained, "zero_gradient_step": 1.0}  # train.exact_skip on a version without signal
+    line = iteration_lines(3, momentum, WRITTEN, staleness=0)[0]
+    assert "no group with signal: the optimizer's step with zero gradients (momentum)" in line
     assert bar_postfix(m) == {"reward": "0.625", "acc": "0.625", "distinct": "nan", "s": "9"}
 
 
