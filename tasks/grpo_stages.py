@@ -295,6 +295,7 @@ PLACEMENT_ONLY = {
 ADDED_LATER = {
     "rollout": {"max_staleness": 0, "backend": "vllm"},
     "env": {"reward_errors": "raise"},
+    "train": {"exact_skip": False},
     "init": {"from_": None, "data_cursor": False},  # a section left out whole while at its defaults
 }
 
