@@ -41,6 +41,14 @@ def signal_rows(records: list[Any]) -> list[Any]:
     return [r for r in records if len(rewards[r.group_id]) > 1]
 
 
+def skips_groups(train: Any) -> bool:
+    """Whether a step leaves out the groups without signal: ``train.skip_zero_signal_groups``, except with
+    ``train.exact_skip`` where those rows have a gradient (a KL or entropy term): exact then means training them."""
+    if not train.skip_zero_signal_groups:
+        return False
+    return not (train.exact_skip and (train.kl_coef > 0 or train.entropy_coeff > 0))
+
+
 def one_micro_batch(samples: list[Any], train: Any) -> list[Any]:
     """The first ``samples`` that fit one packed micro-batch of ``train.token_budget`` tokens (at least one):
     what the agreement check scores when no group has signal. Agreement is a property of the weights the engine
@@ -462,7 +470,7 @@ class TrainerWorker:
                 f"{sorted({r.policy_version for r in records})}: rollout.max_staleness={bound} allows "
                 f"versions {max(0, trains - bound)}..{trains}"
             )
-        trained = signal_rows(records) if self.cfg.train.skip_zero_signal_groups else records
+        trained = signal_rows(records) if skips_groups(self.cfg.train) else records
         if not records:
             return {"train_samples": 0.0}
         exact = self.cfg.train.exact_skip and len(trained) < len(records)

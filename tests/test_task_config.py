@@ -164,20 +164,16 @@ def test_skip_zero_signal_groups_keeps_only_groups_whose_rewards_differ():
     assert signal_rows(rows[:2]) == []
 
 
-def test_exact_skip_is_refused_where_the_skipped_groups_have_a_gradient():
-    """With a KL or entropy term the all-equal groups still pull the weights: leaving them out is not exact."""
+def test_exact_skip_trains_every_row_where_the_skipped_groups_have_a_gradient():
+    """With a KL or entropy term the all-equal groups still pull the weights: exact means training them."""
+    from tasks.trainer_actor import skips_groups
+
     recipe = str(ROOT / "recipes" / "arithmetic" / "grpo.yaml")
-    cfg = load_config(GRPOConfig, recipe, ["train.exact_skip=true"])
-    assert cfg.train.exact_skip and cfg.train.skip_zero_signal_groups
+    assert skips_groups(load_config(GRPOConfig, recipe, ["train.exact_skip=true"]).train)
+    assert skips_groups(load_config(GRPOConfig, recipe, ["train.kl_coef=0.05"]).train)  # the old skip: left out
     for setting in ("train.kl_coef=0.05", "train.entropy_coeff=0.01"):
-        with pytest.raises(
-            ValueError, match=r"train\.exact_skip needs train\.kl_coef = 0 and train\.entropy_coeff = 0"
-        ):
-            load_config(GRPOConfig, recipe, ["train.exact_skip=true", setting])
-    # without skipping nothing is left out: the setting has nothing to make exact and is accepted
-    load_config(
-        GRPOConfig, recipe, ["train.exact_skip=true", "train.skip_zero_signal_groups=false", "train.kl_coef=0.05"]
-    )
+        assert not skips_groups(load_config(GRPOConfig, recipe, ["train.exact_skip=true", setting]).train)
+    assert not skips_groups(load_config(GRPOConfig, recipe, ["train.skip_zero_signal_groups=false"]).train)
 
 
 def _factory_returning_a_number(tokenizer=None, input_mode="tokens"):

@@ -248,9 +248,9 @@ class TrainConfig:
     skip_zero_signal_groups: bool = False
     # With skip_zero_signal_groups, true: skipping saves the left-out groups' compute and changes nothing else: the
     # update is the one training every row gives (TRL's): their tokens count in the loss's mean, and a version with
-    # no signal still takes the optimizer's step on zero gradients (AdamW moves along its momentum). Needs
-    # kl_coef = 0 and entropy_coeff = 0 (else those rows have a gradient). False: the mean is over the trained
-    # groups' tokens alone, and a version with no signal leaves the weights and the optimizer as they were.
+    # no signal still takes the optimizer's step on zero gradients (AdamW moves along its momentum). With kl_coef or
+    # entropy_coeff > 0 those rows have a gradient: every row is then trained (no saving). False: the mean is over
+    # the trained groups' tokens alone, and a version with no signal leaves the weights and the optimizer as they were.
     exact_skip: bool = False
     token_budget: int = 2048  # tokens per packed micro-batch: bounds the (tokens x vocab) logits memory
     mixed_precision: Literal["auto", "bf16", "no"] = "auto"  # auto: bf16 autocast where bf16 is native (as dtype)
@@ -273,14 +273,6 @@ class TrainConfig:
             _check(self.clip_epsilon_high >= 0, "train.clip_epsilon_high", "must be >= 0", self.clip_epsilon_high)
         _check(math.isfinite(self.kl_coef) and self.kl_coef >= 0, "train.kl_coef", "must be >= 0", self.kl_coef)
         _check(self.entropy_coeff >= 0, "train.entropy_coeff", "must be >= 0", self.entropy_coeff)
-        if self.exact_skip and self.skip_zero_signal_groups:
-            _check(
-                self.kl_coef == 0 and self.entropy_coeff == 0,
-                "train.exact_skip",
-                "needs train.kl_coef = 0 and train.entropy_coeff = 0 (with either term the skipped groups have a "
-                "gradient: set train.skip_zero_signal_groups=false to train them)",
-                {"kl_coef": self.kl_coef, "entropy_coeff": self.entropy_coeff},
-            )
         _check(self.max_grad_norm > 0, "train.max_grad_norm", "must be > 0", self.max_grad_norm)
         _check(self.token_budget >= 16, "train.token_budget", "must be >= 16", self.token_budget)
         _check(self.agreement_warn > 0, "train.agreement_warn", "must be > 0", self.agreement_warn)
