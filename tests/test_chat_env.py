@@ -200,22 +200,74 @@ def test_policy_version_stamped_and_incremented():
 
 
 def test_add_thinking_prompt_reopens_wrong_answers():
+    """TorchRL's calling convention: ``cond`` gets each row's "next" TensorDict (here its reward); the rows it
+    chooses get the prompt in place of their answer, a zero reward, and go on."""
     env = ChatEnv(chat_template_name="chatml", max_turns=4)
     env.append_transform(GSM8KRewardParser())
-    env.append_transform(AddThinkingPrompt(cond=lambda slot: slot.reward < 1.0, prompt="Let me re-check."))
+    chosen = []
+
+    def wrong(td):
+        chosen.append(float(td["reward"].sum()))
+        return bool((td["reward"] < 1.0).all())
+
+    env.append_transform(AddThinkingPrompt(cond=wrong, prompt="Let me re-check."))
     env.reset([{"query": "2+2?", "answer": "#### 4"}, {"query": "3+3?", "answer": "#### 6"}])
     out = env.step(["<think>2+2=5</think><answer>5</answer>", "<answer>6</answer>"])
+    assert chosen == pytest.approx([0.1, 1.0])  # GSM8K's 0.1 for a wrong answer in its tag, then the right one
     assert out.done.tolist() == [False, True]
     assert out.reward.tolist() == [0.0, 1.0]  # zeroed for the edited turn
     assert out.history[0][-1].content == "<think>2+2=5</think>Let me re-check."
-    assert out.info[0]["thinking_prompt_added"] and "thinking_prompt_added" not in out.info[1]
+    assert out.history[1][-1].content == "<answer>6</answer>"
     with pytest.raises(ValueError, match="edit_last_turn=True needs role='assistant'"):
-        AddThinkingPrompt(cond=lambda s: True, role="user")
-    appended = AddThinkingPrompt(cond=lambda s: True, role="user", edit_last_turn=False)
+        AddThinkingPrompt(cond=lambda td: True, role="user")
+    appended = AddThinkingPrompt(cond=lambda td: True, role="user", edit_last_turn=False)
     env2 = ChatEnv(chat_template_name="chatml", max_turns=2).append_transform(appended)
     env2.reset(["q"])
     out = env2.step(["a"])
     assert out.history[0].role[-1] == "user" and not out.done.any()
+    assert out.history[0][-1].content == appended.prompt
+    out = env2.step(["b"])
+    assert out.done.tolist() == [True]  # the turn limit holds: undo_done does not reopen it
+
+
+def test_add_thinking_prompt_on_torchrl_tensordict_calls():
+    """The TensorDict step of a history-mode env: the chosen row's "next" history ends with the edited answer, its
+    reward and done flags are cleared, the other row's are kept (TorchRL's documented behaviour)."""
+    from tensordict import TensorDict
+
+    env = ChatEnv(chat_template_name="chatml", batch_size=(2,), max_turns=4)
+    env.append_transform(GSM8KRewardParser())
+    env.append_transform(AddThinkingPrompt(cond=lambda td: bool((td["reward"] < 1.0).all()), prompt="Wait."))
+    td = env.reset(TensorDict({"query": ["2+2?", "3+3?"], "answer": ["#### 4", "#### 6"]}, batch_size=(2,)))
+    td["text_response"] = ["<answer>5</answer>", "<answer>6</answer>"]
+    nxt = env.step(td)["next"]
+    assert nxt["reward"].flatten().tolist() == [0.0, 1.0]
+    assert nxt["done"].flatten().tolist() == [False, True]
+    last = [conv.messages[-1].content for conv in nxt["history"].prompt.to_conversations()]
+    assert last == ["Wait.", "<answer>6</answer>"]
+    assert [slot.done for slot in env.slots] == [False, True]
+
+
+def test_add_thinking_prompt_in_tokens_mode(default_model_path):
+    """Tokens mode keeps the ids sampled: rewriting the answer is refused with the advice; a user message after it
+    reopens the episode and its ids are the template's rendering of the new conversation."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
+    env = ChatEnv(tokenizer=tokenizer, input_mode="tokens", max_turns=3)
+    env.append_transform(AddThinkingPrompt(cond=lambda td: True))
+    env.reset(["2+2?"])
+    with pytest.raises(ValueError, match="edit_last_turn=False with role='user'"):
+        env.step(["<answer>5</answer><|im_end|>"])
+    env = ChatEnv(tokenizer=tokenizer, input_mode="tokens", max_turns=3)
+    env.append_transform(GSM8KRewardParser())
+    env.append_transform(AddThinkingPrompt(cond=lambda td: True, role="user", edit_last_turn=False, prompt="Sure?"))
+    env.reset([{"query": "2+2?", "answer": "#### 4"}])
+    out = env.step(["<answer>5</answer><|im_end|>"])
+    slot = env.slots[0]
+    assert not slot.done and [m.role for m in slot.history.messages][-2:] == ["assistant", "user"]
+    assert tokenizer.decode(slot.all_tokens().tolist()) == env._render(slot.history, add_generation_prompt=True)
+    assert out.tokens[0].tolist() == slot.all_tokens().tolist()
 
 
 def test_transform_belongs_to_one_env():

@@ -234,6 +234,7 @@ def test_grpo_on_ifeval(tmp_path):
         ("env.factory=json", "must look like 'module:function'"),
         ("env.transforms=[{sandbox: {}}]", r"env.transforms\[0\]: unknown transform 'sandbox'"),
         ("env.transforms=[{python_interpreter: {persistant: true}}]", r"unknown option\(s\) \['persistant'\]"),
+        ("env.transforms=[{add_thinking_prompt: {}}]", r"env.transforms\[0\].add_thinking_prompt: the flows run"),
         ("env.rewards=[{function: 'json:nope'}]", r"env.rewards\[0\].function: module 'json' has no attribute"),
         ("env.rewards=[{function: 'json:dumps', weight: x}]", r"env.rewards\[0\].weight: expected float"),
         ("env.rewards=[{function: 'math:sqrt'}]", r"must accept \(prompt, completion, row\)"),

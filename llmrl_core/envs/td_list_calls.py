@@ -10,7 +10,7 @@ history mode only), so a TorchRL-style tool also runs in the flows' tokens-mode 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -102,8 +102,12 @@ def run_step_transforms(
             for slot, i in zip(slots, rows, strict=True):
                 slot.next_fields[key] = values[i]
     flags = {key: next_td.get(key, None) for key in ("terminated", "truncated", "done")}
+    reopened = []
     for slot, i in zip(slots, rows, strict=True):
         if slot.done:
+            if _reopens(env, slot, flags, i):
+                slot.terminated = slot.truncated = False
+                reopened.append(slot)
             continue
         if flags["truncated"] is not None and bool(flags["truncated"][i].any()):
             slot.truncate()
@@ -112,7 +116,22 @@ def run_step_transforms(
         if slot.done:
             env._drop_glue(slot)
     adopt_conversations(env, slots, rows, next_td, after="step")
+    names = ", ".join(type(transform).__name__ for transform in env.td_transforms)
+    for slot in reopened:
+        if env.input_mode == "tokens" and slot.segment_is_policy and slot.segment_is_policy[-1]:
+            env._retemplate_after_answer(slot, f"the TensorDict transforms ({names})")  # the next prompt's opening
     return next_td
+
+
+def _reopens(env: ChatEnv, slot: SlotState, flags: dict[str, Any], row: int) -> bool:
+    """A transform cleared the done flags of an episode that had ended (``AddThinkingPrompt(undo_done=True)``): it
+    goes on, unless it reached the env's turn limit."""
+    done = flags["done"]
+    if done is None or bool(done[row].any()):
+        return False
+    if any(flags[key] is not None and bool(flags[key][row].any()) for key in ("terminated", "truncated")):
+        return False
+    return env.max_turns is None or slot.turn < env.max_turns
 
 
 def with_prompt_history(td: TensorDictBase, slots: list[SlotState]) -> TensorDictBase:

@@ -334,17 +334,18 @@ def _turn_tokens(turn: Turn, with_prompt: bool) -> Any:
 
 
 def reward_rows(td: TensorDictBase, transform: Any, missing: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
-    """The ``reward`` entry of a step's ``"next"`` data, one tensor per slot; ``missing`` when the data has none
-    (an env without a reward source, before any transform rewarded), else an error naming ``transform``."""
+    """The ``reward`` entry of a step's ``"next"`` data, one tensor (a copy) per slot; ``missing`` when the data has
+    none (an env without a reward source, before any transform rewarded), else an error naming ``transform``."""
     reward = td.get("reward", None)
     if reward is None and missing is not None:
         return missing
     if reward is None:
         after = f" after {type(transform).__name__}._step" if transform is not None else ""
         raise KeyError(f"ChatEnv.step: the step data has no 'reward'{after}; keys {sorted(map(str, td.keys()))}")
+    # copies: a transform may change the entry in place (``reward.zero_()``, as TorchRL's do)
     if isinstance(reward, torch.Tensor) and not reward.is_nested:
-        return list(reward.detach().to(torch.float32).unbind(0))
-    return [torch.as_tensor(row).detach().to(torch.float32) for row in reward.unbind(0)]
+        return list(reward.detach().to(torch.float32, copy=True).unbind(0))
+    return [torch.as_tensor(row).detach().to(torch.float32, copy=True) for row in reward.unbind(0)]
 
 
 def reward_change(before: torch.Tensor, after: torch.Tensor) -> float:

@@ -176,14 +176,14 @@ def _transform_class(name: str) -> Any:
     return import_object(TRANSFORMS[name], f"env.transforms.{name}")
 
 
-def make_transform(name: str, **options: Any) -> SlotTransform:
+def make_transform(name: str, **options: Any) -> Any:
     """Build transform ``name`` from config options, filling what a config cannot hold or may leave out."""
     if name == "mcp":
         options["servers"] = dict(options.get("servers") or calculator_servers())
     elif name == "few_shot":
         options["examples"] = list(options.get("examples") or [])
     elif name == "add_thinking_prompt":
-        options.setdefault("cond", lambda slot: True)  # a config cannot hold a callable: think on every turn
+        options.setdefault("cond", lambda td: True)  # a config cannot hold a callable: think on every turn
     return _transform_class(name)(**options)
 
 
@@ -207,6 +207,11 @@ def _transform_items(cfg: EnvConfig) -> list[tuple[str, dict[str, Any]]]:
             options = {}
         if not isinstance(options, Mapping):
             raise ValueError(f"{where}.{name}: options must be a mapping, got {options!r}")
+        if name == "add_thinking_prompt" and options.get("edit_last_turn", True):
+            raise ValueError(
+                f"{where}.{name}: the flows run the env in tokens mode (the sampled ids are kept), where the answer "
+                "cannot be rewritten: set edit_last_turn: false and role: user (the prompt follows the answer)"
+            )
         items.append((name, dict(options)))
     return items
 
