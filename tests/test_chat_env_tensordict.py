@@ -784,3 +784,61 @@ def test_an_ended_tokens_mode_episode_takes_no_tool_message_after_its_last_answe
         if mode == "tokens":
             assert out.tokens[0][-len(ids) :].tolist() == ids
     assert roles == {"tokens": ["user", "assistant"], "history": ["user", "assistant", "tool"]}
+
+
+class _EndsAtOnce(TensorDictTransform):
+    """A TorchRL-style judge: pays 0.25 and ends every episode at its first answer."""
+
+    def _step(self, tensordict, next_tensordict):
+        n = next_tensordict.batch_size[0]
+        paid = next_tensordict.get("reward", torch.zeros(n, 1)) + 0.25
+        ended = torch.ones(n, 1, dtype=torch.bool)
+        return next_tensordict.set("reward", paid).set("terminated", ended).set("done", ended)
+
+
+def _length_reward(prompt, completion, row):
+    return float(len(completion))
+
+
+@pytest.mark.parametrize("mode", ["tokens", "history"])
+def test_slot_transforms_appended_after_a_tensordict_transform_run_after_it(default_model_path, mode):
+    """Append order across the two kinds: ``env.rewards``' functions, appended to a factory env whose TensorDict
+    transform ends the episode, see that end and pay once (they ran before it and never paid, with max_turns > 1);
+    a slot transform appended before it still runs first. Both calls: the list call (the flows', tokens mode) and
+    TorchRL's TensorDict call, whose "next" data carries the late reward."""
+    from transformers import AutoTokenizer
+
+    from llmrl_core.pipeline.env_config import RewardFunctionConfig, RewardFunctions
+
+    seen = []
+
+    class SeesNoEnd(SlotTransform):
+        writes_reward = False
+
+        def step_slot(self, slot):
+            seen.append(slot.done)
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
+    env = ChatEnv(tokenizer=tokenizer, input_mode=mode, max_turns=3, batch_size=(2,))
+    env.append_transform(SeesNoEnd()).append_transform(_EndsAtOnce())
+    specs = [RewardFunctionConfig(function=f"{__name__}:_length_reward", weight=0.5, name="length")]
+    env.append_transform(RewardFunctions(specs))
+    assert [type(t).__name__ for p in env.step_phases() for t in p] == ["SeesNoEnd", "RewardFunctions"]
+    answers = ["abcd<|im_end|>", "ab<|im_end|>"]
+    if mode == "tokens":
+        env.reset(["q1", "q2"])
+        out = env.step(answers)
+        rewards, done = out.reward.tolist(), out.done.tolist()
+        for slot in env.slots:  # an ended episode's ids end with its answer: no next prompt's opening
+            assert slot.segment_is_policy[-1] and tokenizer.decode(slot.all_tokens()).endswith("<|im_end|>")
+    else:
+        td = env.reset(TensorDict({"query": ["q1", "q2"]}, batch_size=(2,)))
+        nxt = env.step(td.set("text_response", answers))["next"]
+        rewards, done = nxt["reward"].flatten().tolist(), nxt["done"].flatten().tolist()
+    assert seen == [False, False]
+    assert rewards == [0.25 + 2.0, 0.25 + 1.0] and done == [True, True]
+    assert [slot.reward_components for slot in env.slots] == [
+        {"_EndsAtOnce": 0.25, "length": 2.0},
+        {"_EndsAtOnce": 0.25, "length": 1.0},
+    ]
+    assert [slot.episode_reward for slot in env.slots] == rewards

@@ -332,8 +332,8 @@ def test_the_readme_example_env_builds_and_pays(tmp_path, monkeypatch, default_m
         out = env.reset([{"query": "What is the capital of France?"}, {"query": "Name a colour."}])
         assert out.history[0].messages[0].text == "Answer in capitals, briefly."
         out = env.step([Response("PARIS"), Response("I think the colour is blue, " + "really " * 20)])
-        assert out.reward_components[0] == {"shout": 1.0, "brevity": 0.5}
-        assert out.reward_components[1] == {"shout": 0.0, "brevity": 0.0}
+        assert out.reward_components[0] == {"Shout": 1.0, "brevity": 0.5}
+        assert out.reward_components[1] == {"brevity": 0.0}  # a transform's zero is no change: no component
         assert out.reward.tolist() == [1.5, 0.0] and out.done.tolist() == [True, True]
     finally:
         env.close()

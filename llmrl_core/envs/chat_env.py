@@ -44,7 +44,13 @@ from llmrl_core.data.chat_templates import assistant_char_spans, torchrl_templat
 from llmrl_core.data.conversation import Conversation, ConversationBatch, Message
 from llmrl_core.data.llm_data import LLMData, Response
 from llmrl_core.envs.env_specs import EnvSpecs
-from llmrl_core.envs.td_list_calls import adopt_conversations, run_step_transforms, run_td_reset, run_td_step
+from llmrl_core.envs.td_list_calls import (
+    adopt_conversations,
+    run_late_slot_transforms,
+    run_step_transforms,
+    run_td_reset,
+    run_td_step,
+)
 from llmrl_core.envs.tensordict_io import (
     Turn,
     actions_from_tensordict,
@@ -128,6 +134,9 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
         self.max_prompt_tokens: int | None = None
         self.transforms: list[SlotTransform] = []
         self.td_transforms: list[Any] = []  # TorchRL TensorDict transforms (td_base.Transform): the TensorDict calls
+        # how many slot transforms were appended before the first TensorDict transform (None: no such transform):
+        # a step runs those, then the TensorDict transforms, then the slot transforms appended after them
+        self._slot_transforms_before_td: int | None = None
         self.slots: list[SlotState] = []
         # TorchRL's choice (its History's): a tokenizer's own template only when it marks generations, else ChatML;
         # chat_template_name="tokenizer" keeps the model's own (the flows' envs do)
@@ -238,7 +247,10 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
         runs on every reset and step. A TorchRL TensorDict transform
         (:class:`~llmrl_core.envs.transforms.td_base.Transform`: ``RetrieveKL``, ``KLRewardTransform``, ...) runs on
         the TensorDict calls, as in a TorchRL ``TransformedEnv``: ``_reset`` on ``reset(td)``, ``_inv_call`` on the
-        action and ``_step`` on the ``"next"`` data of ``step(td)``, in the order appended.
+        action and ``_step`` on the ``"next"`` data of ``step(td)``, in the order appended (and on the list calls,
+        on the slots in TorchRL's layout). A step runs the slot transforms appended before the first TensorDict
+        transform, then the TensorDict transforms, then the slot transforms appended after it
+        (:meth:`step_phases`); resets run the slot transforms first.
         """
         from llmrl_core.envs.transforms import td_base
 
@@ -246,6 +258,8 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
             _refuse_slot_hooks(transform)
             transform.set_container(self)
             self.td_transforms.append(transform)
+            if self._slot_transforms_before_td is None:
+                self._slot_transforms_before_td = len(self.transforms)
             return self
         if not isinstance(transform, SlotTransform):
             raise TypeError(
@@ -261,8 +275,21 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
         if not isinstance(transform, SlotTransform):
             raise TypeError(f"insert_transform expects a SlotTransform, got {type(transform).__name__}")
         transform.set_parent(self)
+        position = index if index >= 0 else max(len(self.transforms) + index, 0)
         self.transforms.insert(index, transform)
+        if self._slot_transforms_before_td is not None and position <= self._slot_transforms_before_td:
+            self._slot_transforms_before_td += 1
         return self
+
+    def step_phases(self) -> tuple[list[SlotTransform], list[SlotTransform]]:
+        """The slot transforms a step runs before the TensorDict transforms (those appended before the first of
+        them, or all) and after them (those appended later: e.g. ``env.rewards``' functions appended to a factory
+        env whose TensorDict transform ends the episode see that end). A slot transform appended between two
+        TensorDict transforms runs after both."""
+        k = self._slot_transforms_before_td
+        if k is None:
+            return list(self.transforms), []
+        return self.transforms[:k], self.transforms[k:]
 
     @property
     def end_of_turn(self) -> str | None:
@@ -516,6 +543,7 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
                 position = {id(slot): i for i, slot in enumerate(self.slots)}
                 rows = [position[id(slot)] for slot in slots]
                 next_td = run_step_transforms(self, slots, rows, actions, next_td)
+                next_td = run_late_slot_transforms(self, slots, rows, next_td)
             return actions.set("next", next_td)
         turns = self._apply_actions(actions)
         run_td_step(self, turns)
@@ -545,7 +573,7 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
             self._apply_response(slot, response)
             active.append(slot)
             turns.append(Turn(slot, len(slot.history.messages), response, prompt_text, prompt_ids))
-        for transform in self.transforms:
+        for transform in self.step_phases()[0]:
             run_hook(transform, "on_step", active)
         for slot in active:
             if self.max_turns is not None and slot.turn >= self.max_turns and not slot.done:

@@ -24,6 +24,7 @@ from llmrl_core.envs.tensordict_io import (
     reward_rows,
     turns_to_tensordict,
 )
+from llmrl_core.envs.transforms.base import run_hook
 from llmrl_core.envs.types import SlotState
 
 if TYPE_CHECKING:
@@ -63,7 +64,9 @@ def run_td_step(env: ChatEnv, turns: list[Turn]) -> None:
     out = env._output_of(slots)
     next_td = env._with_row_fields(output_to_tensordict(out, env.input_mode, **env.step_layout(out)), slots)
     next_td = with_prompt_history(next_td, slots)
-    run_step_transforms(env, slots, list(range(len(slots))), action_td, next_td)
+    rows = list(range(len(slots)))
+    run_step_transforms(env, slots, rows, action_td, next_td)
+    run_late_slot_transforms(env, slots, rows, None)
 
 
 def run_step_transforms(
@@ -189,3 +192,63 @@ def adopt_conversations(env: ChatEnv, slots: list[SlotState], rows: list[int], t
             )
         else:
             slot.history = Conversation(list(new))
+
+
+def run_late_slot_transforms(
+    env: ChatEnv, slots: list[SlotState], rows: list[int], next_td: TensorDictBase | None
+) -> TensorDictBase | None:
+    """Run ``on_step`` of the slot transforms appended after the first TensorDict transform (``env.step_phases()``)
+    on this step's slots, after the TensorDict transforms: they see the reward, end flags and messages those left.
+    What they change is the slots' (the episode's reward; tokens mode: an episode they end loses its next prompt's
+    opening, messages they add are rendered after the answer) and, given the step's ``"next"`` TensorDict (TorchRL's
+    call), its rows ``rows``: reward, end flags and ``("history", "prompt")``."""
+    late = env.step_phases()[1]
+    if not late or not slots:
+        return next_td
+    before = [(slot.reward, len(slot.history.messages), slot.done) for slot in slots]
+    for transform in late:
+        run_hook(transform, "on_step", slots)
+    names = ", ".join(type(transform).__name__ for transform in late)
+    changed_history = False
+    for slot, (reward, n_messages, was_done) in zip(slots, before, strict=True):
+        slot.episode_reward += slot.reward - reward
+        changed_history |= len(slot.history.messages) != n_messages
+        if env.input_mode != "tokens":
+            continue
+        if slot.done and not was_done:
+            env._drop_glue(slot)
+        elif not slot.done and len(slot.history.messages) != n_messages:
+            env._retemplate_after_answer(slot, f"the slot transforms ({names})")
+    if next_td is not None:
+        _write_back(next_td, slots, rows, before, changed_history)
+    return next_td
+
+
+def _write_back(
+    next_td: TensorDictBase,
+    slots: list[SlotState],
+    rows: list[int],
+    before: list[tuple[float, int, bool]],
+    changed_history: bool,
+) -> None:
+    """The late slot transforms' changes on TorchRL's ``"next"`` data: a one-value reward becomes the slot's, a
+    per-token reward takes the change on its last token; the end flags are the slots'."""
+    reward = next_td.get("reward", None)
+    for slot, i, (old_reward, _, _) in zip(slots, rows, before, strict=True):
+        change = slot.reward - old_reward
+        if change and isinstance(reward, torch.Tensor) and not reward.is_nested:
+            flat = reward[i].reshape(-1)
+            flat[-1] += change
+            reward[i] = flat.reshape(reward[i].shape)
+        for key, value in (("terminated", slot.terminated), ("truncated", slot.truncated), ("done", slot.done)):
+            flags = next_td.get(key, None)
+            if isinstance(flags, torch.Tensor):
+                flags[i] = value
+    if changed_history and "history" in next_td.keys():
+        from llmrl_core.data.history import History
+
+        prompt = next_td.get(("history", "prompt"))
+        conversations = prompt.to_conversations()
+        for slot, i in zip(slots, rows, strict=True):
+            conversations[i] = slot.history
+        next_td["history"].prompt = History.from_conversations(conversations)
