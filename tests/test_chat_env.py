@@ -246,6 +246,19 @@ def test_add_thinking_prompt_on_torchrl_tensordict_calls():
     last = [conv.messages[-1].content for conv in nxt["history"].prompt.to_conversations()]
     assert last == ["Wait.", "<answer>6</answer>"]
     assert [slot.done for slot in env.slots] == [False, True]
+    # at the turn limit the episode stays ended, and the step data says so
+    env = ChatEnv(chat_template_name="chatml", batch_size=(1,), max_turns=1)
+    env.append_transform(AddThinkingPrompt(cond=lambda td: True, prompt="Wait."))
+    td = env.reset(TensorDict({"query": ["2+2?"]}, batch_size=(1,)))
+    nxt = env.step(td.set("text_response", ["<answer>5</answer>"]))["next"]
+    assert nxt["done"].flatten().tolist() == [True] and nxt["truncated"].flatten().tolist() == [True]
+    assert env.slots[0].done
+    # TorchRL's TensorDict call carries the conversation in history mode only: elsewhere, say so
+    env = ChatEnv(chat_template_name="chatml", batch_size=(1,), input_mode="text", max_turns=3)
+    env.append_transform(AddThinkingPrompt(cond=lambda td: True))
+    td = env.reset(TensorDict({"query": ["2+2?"]}, batch_size=(1,)))
+    with pytest.raises(RuntimeError, match="input_mode='history'"):
+        env.step(td.set(("text", "response"), ["<answer>5</answer>"]))
 
 
 def test_add_thinking_prompt_in_tokens_mode(default_model_path):

@@ -111,6 +111,8 @@ def run_step_transforms(
             if _reopens(env, slot, flags, i):
                 slot.terminated = slot.truncated = False
                 reopened.append(slot)
+            elif flags["done"] is not None and not bool(flags["done"][i].any()):
+                _set_flags(next_td, slot, i)  # cleared, but the turn limit holds: the data says the episode ended
             continue
         if flags["truncated"] is not None and bool(flags["truncated"][i].any()):
             slot.truncate()
@@ -124,6 +126,14 @@ def run_step_transforms(
         if env.input_mode == "tokens" and slot.segment_is_policy and slot.segment_is_policy[-1]:
             env._retemplate_after_answer(slot, f"the TensorDict transforms ({names})")  # the next prompt's opening
     return next_td
+
+
+def _set_flags(next_td: TensorDictBase, slot: SlotState, row: int) -> None:
+    """Row ``row`` of the step data's end flags from ``slot``."""
+    for key, value in (("terminated", slot.terminated), ("truncated", slot.truncated), ("done", slot.done)):
+        flags = next_td.get(key, None)
+        if isinstance(flags, torch.Tensor):
+            flags[row] = value
 
 
 def _reopens(env: ChatEnv, slot: SlotState, flags: dict[str, Any], row: int) -> bool:
@@ -240,10 +250,7 @@ def _write_back(
             flat = reward[i].reshape(-1)
             flat[-1] += change
             reward[i] = flat.reshape(reward[i].shape)
-        for key, value in (("terminated", slot.terminated), ("truncated", slot.truncated), ("done", slot.done)):
-            flags = next_td.get(key, None)
-            if isinstance(flags, torch.Tensor):
-                flags[i] = value
+        _set_flags(next_td, slot, i)
     if changed_history and "history" in next_td.keys():
         from llmrl_core.data.history import History
 

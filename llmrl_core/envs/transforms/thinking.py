@@ -8,10 +8,11 @@ otherwise the prompt is added as a new message of ``role``. ``zero_reward`` (def
 row's reward, ``undo_done`` clears its done flags, which reopens the episode. Append it after the reward parser so
 ``cond`` can read the reward (``cond=lambda td: td["reward"] < 1.0``).
 
-Modes: TorchRL runs it in ``history`` mode only. llmrl also runs it in ``text`` mode, and in ``tokens`` mode with
+Modes: TorchRL runs it in ``history`` mode only, as llmrl does on TorchRL's TensorDict calls. On llmrl's list calls
+(the flows' and ``LLMCollector``'s) it also runs in ``text`` mode, and in ``tokens`` mode with
 ``edit_last_turn=False`` (the message is appended after the ids sampled so far; an answer already sampled as ids
 cannot be rewritten, so ``edit_last_turn=True`` there is refused with that advice). An episode that reached the env's
-``max_turns`` stays ended (a turn bound TorchRL's ``undo_done`` would also undo).
+``max_turns`` stays ended, and its step data says so (a turn bound TorchRL's ``undo_done`` would also undo).
 """
 
 from __future__ import annotations
@@ -119,7 +120,13 @@ class AddThinkingPrompt(Transform):
             chosen = [bool(self.cond(next_tensordict[i])) for i in rows]
         if not any(chosen):
             return next_tensordict
-        history = next_tensordict.get(("history", "prompt"))
+        history = next_tensordict.get(("history", "prompt"), None)
+        if history is None:
+            raise RuntimeError(
+                "AddThinkingPrompt needs the conversation under ('history', 'prompt') of the step's data: on "
+                "TorchRL's TensorDict calls only a history-mode ChatEnv carries it (input_mode='history'); the list "
+                "calls hand it in every mode"
+            )
         conversations = history.to_conversations() if rows != [None] else [history.to_conversations()[0]]
         for row, add in zip(rows, chosen, strict=True):
             if not add:
