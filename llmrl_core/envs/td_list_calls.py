@@ -121,9 +121,9 @@ def run_step_transforms(
         if slot.done:
             env._drop_glue(slot)
     adopt_conversations(env, slots, rows, next_td, after="step")
-    names = ", ".join(type(transform).__name__ for transform in env.td_transforms)
     for slot in reopened:
         if env.input_mode == "tokens" and slot.segment_is_policy and slot.segment_is_policy[-1]:
+            names = ", ".join(type(transform).__name__ for transform in env.td_transforms)
             env._retemplate_after_answer(slot, f"the TensorDict transforms ({names})")  # the next prompt's opening
     return next_td
 

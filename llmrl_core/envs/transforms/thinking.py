@@ -127,7 +127,7 @@ class AddThinkingPrompt(Transform):
                 "TorchRL's TensorDict calls only a history-mode ChatEnv carries it (input_mode='history'); the list "
                 "calls hand it in every mode"
             )
-        conversations = history.to_conversations() if rows != [None] else [history.to_conversations()[0]]
+        conversations = history.to_conversations()  # one per row (one for an unbatched step)
         for row, add in zip(rows, chosen, strict=True):
             if not add:
                 continue
