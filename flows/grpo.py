@@ -6,8 +6,8 @@
 
 A version is *published* once its commit marker exists (checkpoint, optimizer/RNG state, engines loaded,
 lineage logged, data cursor saved). The engines get a new version as soon as its weights file is written; the
-rest of its publish (checkpoint file, hash and manifest, optimizer state: beside the next batch's rollouts;
-lineage and marker: beside the next train step) completes during the next iteration. Running the same run id
+rest of its publish (checkpoint file, hash and manifest, optimizer state, then lineage and marker) completes
+beside the next batch's rollouts. Running the same run id
 again resumes after the last published version: that iteration's partition is rebuilt from scratch (same prompts,
 same seeds), nothing published is repeated. Run it with
 ``llmrl run grpo [--config x.yaml] [--set section.key=value ...]``.
@@ -218,10 +218,13 @@ def run_grpo(cfg: GRPOConfig, log: Any) -> dict[str, Any]:
         bar = iteration_bar(cfg, start)
         if bar is not None:  # closed on any way out: an error line then starts a line of its own
             quiet.callback(bar.close)
-        pending: PendingPublish | None = None  # the version the engines hold, committed beside the next train step
+        pending: PendingPublish | None = None  # the version the engines hold, committed beside the next rollouts
         for version in range(start, cfg.iterations):
             t_iter = time.perf_counter()
             ahead.send(version + cfg.rollout.max_staleness)  # sampled by `version` while the trainer trains
+            if pending is not None:  # committed beside the rollouts now in flight (the trainer seals meanwhile)
+                pending.complete()  # also checks the engines that sample them hold the trainer's weights
+                pending = None
             arrived = ahead.take(version)
             batch, shards, next_primer_state = arrived.batch, arrived.shards, arrived.primer_state
             _maybe_fail(cfg, "rollout", version)
@@ -229,14 +232,8 @@ def run_grpo(cfg: GRPOConfig, log: Any) -> dict[str, Any]:
             ref_info = stages.score_reference(trainer, batch.staging_uri, sampled) if cfg.train.kl_coef > 0 else {}
             written = stages.write_trajectories(cfg, batch.staging_uri, store_uri, sampled, batch.shard_prefix)
             _maybe_fail(cfg, "write_trajectories", version)
-            if pending is not None:  # the engines that sampled this batch hold the trainer's weights (fingerprints)
-                pending.verify()
             t_train = time.perf_counter()
-            training = stages.train.submit(ranks, store_uri, batch)
-            if pending is not None:  # committed while the trainer trains (it sealed beside this batch's rollouts)
-                pending.complete()
-                pending = None
-            train_metrics = training.result()
+            train_metrics = stages.train.submit(ranks, store_uri, batch).result()
             train_s = time.perf_counter() - t_train
             _maybe_fail(cfg, "train", version)
             if disagree := agreement_off_line(version, train_metrics, cfg):

@@ -4,8 +4,8 @@ What makes a version count, in order: its weights written and loaded into the ro
 sealed (sha256, manifest, optimizer/RNG state: on the trainer, once the engines hold it), MLflow lineage, the
 commit marker (written last), then the per-version report. :func:`publish_version` does it all in one call;
 :func:`start_publish` stops once the engines hold the version and leaves the rest to
-:meth:`PendingPublish.complete`, which the GRPO flow calls beside the next train step (the seal runs beside the
-next batch's rollouts, the report beside the train step).
+:meth:`PendingPublish.complete`, which the GRPO flow calls as soon as it has sent the next batch's rollouts (the
+seal, the lineage, the commit marker and the report run beside them).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 from storage.checkpoints import CheckpointStore
 from storage.lineage import DataRef, LineageRecorder
 from tasks.commits import commit_version, marker_path
-from tasks.grpo_stages import StagedVersion, publish_weights, seal_checkpoint, verify_engines_hold
+from tasks.grpo_stages import StagedVersion, publish_weights, seal_checkpoint
 from tasks.reporting import BackgroundReports, report_iteration
 
 
@@ -40,8 +40,10 @@ class PendingPublish:
     """A version the rollout engines already hold whose commit is still to come: :meth:`complete` waits for the
     trainer's seal of its checkpoint, logs its lineage, writes the commit marker and starts its report.
 
-    The GRPO flow completes it once the next batch's rollouts arrived, while the trainer trains on them (the seal
-    ran while the engines sampled); until then the version is not published (a resume starts before it)."""
+    The GRPO flow completes it once the next batch's rollouts are sent, while the engines sample them (the
+    trainer seals meanwhile); until then the version is not published (a resume starts before it). The check
+    that the engines hold the version's weights (fingerprints) is part of it, so it runs before the trainer
+    touches the rows those engines sample."""
 
     staged: StagedVersion
     run_id: str
@@ -54,11 +56,6 @@ class PendingPublish:
     reports: BackgroundReports | None
     markers_uri: str | None = None
     traces: list[dict[str, Any]] | None = None  # the trained-on rollouts to show as MLflow traces (its report)
-
-    def verify(self) -> None:
-        """Stop here unless the engines hold the weights the trainer published for this version (their
-        fingerprints; :func:`tasks.grpo_stages.verify_engines_hold`): called before training on their rows."""
-        verify_engines_hold(self.staged)
 
     def complete(self) -> dict[str, Any]:
         """Commit the version (see the class); returns the checkpoint info (path, sha256)."""
