@@ -185,18 +185,35 @@ def test_template_and_tokenizer_transforms(tokenizer):
 
 
 def test_policy_version_stamped_and_incremented():
+    """TorchRL's PolicyVersion: "policy_version" in the reset data and in each step's "next" data (int64 per row, or
+    the uuid per row), in the observation spec; on the list calls, per slot with the TensorDict transforms' entries."""
+    from tensordict import TensorDict
+
     version = PolicyVersion()
-    env = ChatEnv(chat_template_name="chatml").append_transform(version)
-    assert env.reset(["q"]).policy_version == 0
+    env = ChatEnv(chat_template_name="chatml", input_mode="text", batch_size=(2,)).append_transform(version)
+    assert env.observation_spec["policy_version"].dtype == torch.int64
+    reset = env.reset(TensorDict({"query": ["q", "r"]}, batch_size=(2,)))
+    assert reset["policy_version"].dtype == torch.int64 and reset["policy_version"].tolist() == [0, 0]
+    assert version.increment_version() == 1
+    stepped = env.step(reset.set(("text", "response"), ["a", "b"]))
+    assert stepped["next", "policy_version"].tolist() == [1, 1] and stepped["policy_version"].tolist() == [0, 0]
+    assert [(c.old_version, c.new_version) for c in version.version_history] == [(None, 0), (0, 1)]
+    env.reset(["q", "r"])
     version.increment_version()
-    out = env.step(["a"])
-    assert out.policy_version == 1 and out.info[0]["policy_version"] == 1
+    out = env.step(["a", "b"])
+    assert [fields["policy_version"].item() for fields in out.next_fields] == [2, 2]
+    assert env.state_dict() == {"transforms": []} and version.state_dict() == {"version_type": "int", "version": 2}
+
     uid = PolicyVersion("uuid")
     first = uid.version
     assert isinstance(first, str) and uid.increment_version() != first
+    env = ChatEnv(chat_template_name="chatml", input_mode="text", batch_size=(2,)).append_transform(uid)
+    reset = env.reset(TensorDict({"query": ["q", "r"]}, batch_size=(2,)))
+    assert reset["policy_version"] == uid.version  # one value for the batch, as TorchRL's expanded NonTensorData
     with pytest.raises(ValueError, match="version_type"):
         PolicyVersion("float")
-    assert env.state_dict() == {"transforms": [{"version_type": "int", "version": 1}]}
+    with pytest.raises(TypeError, match="int policy version expected"):
+        version.version = "v3"
 
 
 def test_add_thinking_prompt_reopens_wrong_answers():
@@ -337,7 +354,6 @@ def test_reset_slots_restarts_only_the_given_slots():
     assert out.history[1].role == ["system", "user"] and out.history[1][1].content == "d"
     assert out.prompt_id[1] == "new" and out.turn.tolist() == [1, 0, 1] and out.active == [0, 1, 2]
     assert env.slots[0].history is kept and out.history[0].role == ["system", "user", "assistant"]
-    assert out.policy_version == 1 and out.info[1]["policy_version"] == 1
     out = env.step(["stop", "z", "stop"])
     assert out.done.tolist() == [True, False, True] and out.turn.tolist() == [2, 1, 2]
     assert env.reset_slots([]).done.tolist() == [True, False, True]

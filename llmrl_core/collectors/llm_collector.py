@@ -78,8 +78,8 @@ class LLMCollector(PolicyWeights):
     (``yield_completed_trajectories`` is then True, as in TorchRL; False is a TypeError).
     ``track_policy_version`` (default False, as TorchRL; an env's own ``PolicyVersion`` or a ``policy_version``
     given is used anyway): True stamps the version of the env's ``PolicyVersion``, else of a collector-owned one
-    (unlike TorchRL, the collector never appends a ``PolicyVersion`` to the env, so ``env.state_dict()``
-    keeps its shape and async envs work); a ``PolicyVersion`` is used as given; False stamps None.
+    (unlike TorchRL, the collector never appends a ``PolicyVersion`` to the env: it stamps each row itself, so
+    async envs work); a ``PolicyVersion`` is used as given; False stamps None.
     ``weight_updater`` (e.g. a ``vLLMUpdater``, any object with ``push_weights(weights)``, or a callable) is
     what :meth:`update_policy_weights_` pushes through. ``rolling_reset`` resets each finished slot on its own
     (see the module docstring); its default is on for dialog turns of one fixed-size env (TorchRL's

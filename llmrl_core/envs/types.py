@@ -144,7 +144,6 @@ class EnvOutput:
     prompt_id: list[str | int | None] = field(default_factory=list)
     group_id: list[int | None] = field(default_factory=list)
     sample_index: list[int] = field(default_factory=list)
-    policy_version: int | str | None = None
 
     @property
     def batch_size(self) -> int:
