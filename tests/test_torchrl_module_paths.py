@@ -72,11 +72,10 @@ _NOT_PORTED_GROUPS: dict[str, tuple[str, ...]] = {
         "pre_tokenization_hook",
         "add_chat_template",
     ),
-    "other TorchRL internals: TRL interop, incremental tokenization, version-change signal, log-prob distribution": (
+    "other TorchRL internals: TRL interop, incremental tokenization, log-prob distribution": (
         "HFRewardModelWrapper",
         "TorchRLBufferDataset",
         "IncrementalTokenizer",
-        "VersionChange",
         "LogProbDistribution",
     ),
 }
