@@ -293,8 +293,9 @@ def test_sigkill_mid_iteration_then_resume_repeats_nothing(tmp_path, default_mod
 def test_a_hung_rollout_worker_is_named_within_a_minute(tmp_path, default_model_path):
     """The rollout worker's process stops (SIGSTOP, as a frozen node would) when asked for version 1's rollouts. The
     flow notices its silence within a minute (its actor call alone would wait until Dask's worker TTL, ~8 min) and
-    ends with one line naming the worker, the stage and the version, exit 1; version 0 stays committed, nothing of
-    version 1 is, and no process of the run is left behind (the stopped worker included)."""
+    ends with one line naming the worker, the stage and the version, exit 1; versions 0 and 1 stay committed (version
+    1 was sealed and committed while the worker was asked for its rollouts), nothing version 1 sampled is stored,
+    and no process of the run is left behind (the stopped worker included)."""
     import signal
     import time
     from pathlib import Path
@@ -332,7 +333,7 @@ def test_a_hung_rollout_worker_is_named_within_a_minute(tmp_path, default_model_
     print(f"hung worker named after {silent:.0f} s of silence; the whole run took {took:.0f} s")
     assert not left, f"processes left behind: {[d for _, d in left]}"
     state = tmp_path / "runs" / "hung" / "state"
-    assert sorted(p.name for p in state.glob("published-v*.json")) == ["published-v0.json"]
+    assert sorted(p.name for p in state.glob("published-v*.json")) == ["published-v0.json", "published-v1.json"]
     assert TrajectoryStore(tmp_path / "runs" / "trajectories").versions("hung") == [0]
 
 

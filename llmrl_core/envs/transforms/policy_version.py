@@ -8,7 +8,8 @@ observation spec gains that entry. On the list calls (``reset(prompts)``/``step(
 kept per slot with the other entries TensorDict transforms add (``slot.next_fields``).
 
 llmrl's extras: ``initial`` (start at a given version, e.g. a resumed run's), ``state_dict``/``load_state_dict`` of
-the version, and :meth:`increment_version` returns the new version.
+the version, :meth:`increment_version` returns the new version, and setting ``version`` checks its type (an int for
+``"int"``, a string for ``"uuid"``; TorchRL takes any value).
 """
 
 from __future__ import annotations
