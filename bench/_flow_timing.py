@@ -6,7 +6,7 @@ real ones, so nothing is converted or compiled again, and no running ``llmrl ui`
 
 - the Prefect database of that home (``prefect/prefect.db``, table ``task_run``): start and end of every task
   run (``load-prompts``, ``rollout``, ``write-trajectories``, ``train``, ``publish-weights``,
-  ``seal-checkpoint`` and ``commit-version`` (the previous version's, beside this iteration's train step),
+  ``seal-checkpoint`` and ``commit-version`` (the previous version's, beside this iteration's rollouts),
   ``report-iteration``). Iteration ``k`` is the span from its ``load-prompts`` start to the
   next iteration's ``load-prompts`` start (the last one: to the end of its last task);
 - the commit markers ``RUN/state/published-v<N>.json``: the metrics the flow records per version, of which
@@ -113,7 +113,7 @@ class Iteration:
             "train task - step time (Dask call, Parquet read, samples)": self.task_seconds("train")
             - self.train_compute,
             "publish-weights (weights file, engine load)": self.task_seconds("publish-weights"),
-            "seal-checkpoint (waiting for the trainer's seal; beside the train step: overlaps it)": self.task_seconds(
+            "seal-checkpoint (waiting for the trainer's seal, beside the next rollouts)": self.task_seconds(
                 "seal-checkpoint"
             ),
             "write-trajectories (advantages, Parquet staging -> store)": self.task_seconds("write-trajectories"),
@@ -121,7 +121,7 @@ class Iteration:
                 self.task_seconds("report-iteration")
             ),
             "load-prompts": self.task_seconds("load-prompts"),
-            "commit-version (marker; beside the train step: overlaps it)": self.task_seconds("commit-version"),
+            "commit-version (marker; beside the next rollouts: overlaps them)": self.task_seconds("commit-version"),
             "score-reference": self.task_seconds("score-reference"),
         }
         gaps = self.gaps()

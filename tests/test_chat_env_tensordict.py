@@ -737,11 +737,12 @@ def test_a_tool_that_rewrites_earlier_messages_is_refused_in_tokens_mode_and_tak
     assert [m.content for m in out.history[0].messages] == ["[redacted]", "ok"]
 
 
-@pytest.mark.parametrize("call", ["list", "tensordict"])
+@pytest.mark.parametrize("call", ["list", "tensordict", "tensordict_tokens"])
 def test_a_prompt_a_reset_transform_rewrites_is_the_slots(default_model_path, call):
     """A ``_reset`` transform that puts an example exchange before the question (few-shot) changes the prompt the
     policy answers, on both calls (the list call in tokens mode renders the ids from the new conversation; TorchRL's
-    call in history mode, the mode whose TensorDict carries the history)."""
+    call in history mode, the mode whose TensorDict carries the history, and in tokens mode, where the conversations
+    are lent to the transforms under ``("history", "prompt")`` and the returned ids are the new conversation's)."""
     from transformers import AutoTokenizer
 
     class FewShot(TensorDictTransform):
@@ -753,16 +754,20 @@ def test_a_prompt_a_reset_transform_rewrites_is_the_slots(default_model_path, ca
             return tensordict_reset
 
     tokenizer = AutoTokenizer.from_pretrained(default_model_path)
-    mode = "tokens" if call == "list" else "history"
+    mode = "history" if call == "tensordict" else "tokens"
     env = ChatEnv(tokenizer=tokenizer, input_mode=mode, batch_size=(2,)).append_transform(FewShot())
     if call == "list":
         env.reset(["2+2?", "3+3?"])
     else:
-        env.reset(TensorDict({"query": ["2+2?", "3+3?"]}, batch_size=(2,)))
+        reset = env.reset(TensorDict({"query": ["2+2?", "3+3?"]}, batch_size=(2,)))
     for slot, question in zip(env.slots, ["2+2?", "3+3?"], strict=True):
         assert [m.content for m in slot.history.messages] == ["1+1?", "2", question]
         if mode == "tokens":
             assert tokenizer.decode(slot.all_tokens().tolist()) == env._render(slot.history, add_generation_prompt=True)
+    if call == "tensordict_tokens":
+        assert "history" not in reset.keys()  # TorchRL's tokens-mode layout: the conversations were only lent
+        ids = [row.tolist() for row in reset.get(("tokens", "prompt"), as_list=True)]
+        assert ids == [slot.all_tokens().tolist() for slot in env.slots]
 
 
 def test_an_ended_tokens_mode_episode_takes_no_tool_message_after_its_last_answer(default_model_path):

@@ -88,7 +88,7 @@ def test_rows_in_memory_and_a_collate_fn_work_as_a_folder_does(tokenizer):
     env = MATHEnv(dataset=rows, tokenizer=tokenizer, shuffle=False, format_reward=0.3)
     td = env.reset()
     assert td["answer"][0] == CASES.ROWS[0]["solution"]
-    assert env.transforms[-1].score_row("<answer>5</answer>", {"answer": CASES.ROWS[0]["solution"]})["reward"] == 0.3
+    assert env.td_transforms[-1].score_row("<answer>5</answer>", {"answer": CASES.ROWS[0]["solution"]})["reward"] == 0.3
 
     def collate(batch):  # a user's collate_fn replaces the renaming, as in TorchRL
         return [{"query": r["problem"].upper(), "answer": r["solution"]} for r in batch]

@@ -137,7 +137,7 @@ def test_gsm8k_defaults_and_errors():
         GSM8KPrepareQuestion(template="no placeholder")
     bad = GSM8KEnv([{"question": "q", "solution": "4"}], chat_template_name="chatml")
     bad.reset()
-    with pytest.raises(ValueError, match="row has no 'answer' field"):
+    with pytest.raises(ValueError, match="prompt row has no .answer. field"):
         bad.step(["<answer>4</answer>"])
 
 
@@ -220,3 +220,71 @@ def test_make_gsm8k_env_torchrl_defaults_use_the_shipped_data():
     out = env.reset_batch()
     assert out.batch_size == 4 and out.group_id == [0, 0, 1, 1]
     assert len(make_gsm8k_env(split="test").primer.source) == 1319  # seed=None (TorchRL's default): a random order
+
+
+def test_the_parser_and_the_question_are_torchrls_tensordict_transforms():
+    """``GSM8KRewardParser`` and ``GSM8KPrepareQuestion`` are TensorDict ``Transform``s, as in TorchRL: TorchRL's
+    ``in_keys`` once appended, the reward spec's ``(B, 1, 1)`` entries, the prepared question in a text-mode
+    ``reset(td)`` (the conversations are lent to the transforms and the prompt text rendered again), TorchRL's text
+    step scored under ``"next"``, and a subclass that overrides ``_step`` changes what the list calls pay."""
+    from tensordict import TensorDict
+
+    from llmrl_core.envs import Transform
+
+    rows = [{"question": "What is 2 + 2?", "answer": "so #### 4"}, {"question": "What is 3 + 3?", "answer": "#### 6"}]
+    env = GSM8KEnv(rows, batch_size=2, input_mode="text", chat_template_name="chatml", shuffle=False)
+    parser, prepare = env.td_transforms[-1], env.td_transforms[0]
+    assert isinstance(parser, Transform) and isinstance(prepare, Transform)
+    assert isinstance(parser, GSM8KRewardParser) and isinstance(prepare, GSM8KPrepareQuestion)
+    assert parser.in_keys == [("text", "full"), "answer"] and parser.input_mode == "text"
+    spec = env.full_reward_spec
+    assert {"reward", "reward_answer", "reward_think", "reward_right", "success"} <= set(spec.keys())
+    assert spec["reward"].shape == (*env.batch_size, 1, 1) and spec["success"].dtype == torch.bool
+
+    reset = env.reset(TensorDict(batch_size=()))
+    assert "history" not in reset.keys()  # text mode's layout: the conversations were only lent
+    prompts = list(reset["text", "prompt"])
+    assert all("put only the final number inside <answer></answer>" in p for p in prompts)
+    assert "What is 2 + 2?" in prompts[0] and prompts[0].endswith("<|im_start|>assistant\n")
+    step = env.step(reset.set(("text", "response"), ["<think>ok</think><answer>4</answer>", "<answer>7</answer>"]))
+    nxt = step["next"]
+    assert nxt["reward"].shape == (2, 1, 1) and nxt["reward"].flatten().tolist() == pytest.approx([1.0, 0.1])
+    assert nxt["reward_think"].flatten().tolist() == [1.0, 0.0] and nxt["success"].flatten().tolist() == [True, False]
+    assert nxt["terminated"].flatten().tolist() == [True, True] and nxt["done"].flatten().tolist() == [True, True]
+    assert [slot.terminated and not slot.truncated for slot in env.slots] == [True, True]  # the answer, not the limit
+
+    class Doubled(GSM8KRewardParser):
+        def _step(self, tensordict, next_tensordict):
+            next_tensordict = super()._step(tensordict, next_tensordict)
+            return next_tensordict.set("reward", next_tensordict["reward"] * 2)
+
+    env = GSM8KEnv(rows, batch_size=2, compute_reward=False, chat_template_name="chatml", shuffle=False)
+    env.append_transform(Doubled())
+    out = env.reset_batch()
+    assert "<answer></answer>" in out.history[0][-1].content  # prepared on the list call too
+    out = env.step(["<answer>4</answer>", "I do not know"])
+    assert out.reward.tolist() == pytest.approx([2.0, 0.0])
+    assert [info["success"] for info in out.info] == [True, False]
+    assert out.reward_components[0] == {"reward_answer": 1.0, "reward_think": 0.0, "reward_right": 1.0}
+    assert out.terminated.tolist() == [True, False] and out.truncated.tolist() == [False, True]
+
+
+def test_a_partial_reset_prepares_the_new_questions_only():
+    """TorchRL's ``step_and_maybe_reset`` on a two-turn GSM8K env: the answered row starts a new prepared question,
+    the running row's conversation keeps its question templated once (the transforms see TorchRL's ``_reset``
+    flags)."""
+    from tensordict import TensorDict
+
+    rows = [{"question": f"What is {n} + {n}?", "answer": f"#### {2 * n}"} for n in range(1, 5)]
+    env = GSM8KEnv(rows, batch_size=2, max_steps=2, chat_template_name="chatml", shuffle=False)
+    reset = env.reset(TensorDict(batch_size=()))
+    first = [list(h.to_conversations()[0].messages) for h in (reset["history", "prompt"][i : i + 1] for i in range(2))]
+    step, following = env.step_and_maybe_reset(reset.set(("text", "response"), ["<answer>2</answer>", "hmm"]))
+    assert step["next", "done"].flatten().tolist() == [True, False]
+    conversations = following["history", "prompt"].to_conversations()
+    assert conversations[0].messages[-1].text.startswith("What is 3 + 3?")  # the next row, prepared
+    assert conversations[0].messages[-1].text.count("<answer></answer>") == 1
+    running = [m.text for m in conversations[1].messages]
+    assert running[: len(first[1])] == [m.text for m in first[1]] and running[-1] == "hmm"
+    assert sum(text.count("<answer></answer>") for text in running) == 1
+    assert env.slots[0].history.messages[-1].text == conversations[0].messages[-1].text

@@ -50,6 +50,7 @@ from llmrl_core.envs.td_list_calls import (
     run_step_transforms,
     run_td_reset,
     run_td_step,
+    with_prompt_history,
 )
 from llmrl_core.envs.tensordict_io import (
     Turn,
@@ -317,18 +318,35 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
             if prompts.batch_size != result.batch_size:
                 prompts = prompts.expand(result.batch_size).clone() if not prompts.batch_dims else prompts
             prompts = prompts.update(result)  # as TorchRL: the reset TensorDict is filled in and returned
-            for transform in self.td_transforms:
-                prompts = transform._reset(prompts, prompts)
-            adopt_conversations(self, self.slots, list(range(len(self.slots))), prompts, after="reset")
-            return prompts
+            return self._reset_transforms(prompts, prompts, list(range(len(self.slots))))
         return self.reset_batch(prompts)
+
+    def _reset_transforms(self, given: TensorDictBase, reset_td: TensorDictBase, rows: list[int]) -> TensorDictBase:
+        """TorchRL's reset hooks on a TensorDict call: each TensorDict transform's ``_reset(given, reset_td)``, where
+        ``rows`` are the slots that start new episodes (``given["_reset"]`` marks them on a partial reset); a prompt
+        they rewrite becomes those slots' conversation. In text and tokens modes the conversations are lent under
+        ``("history", "prompt")`` meanwhile (as on the list calls) and the prompt entry is rendered again after."""
+        if not self.td_transforms:
+            return reset_td
+        lent_history = "history" not in reset_td.keys()
+        reset_td = with_prompt_history(reset_td, self.slots)
+        for transform in self.td_transforms:
+            reset_td = transform._reset(given, reset_td)
+        adopt_conversations(self, [self.slots[i] for i in rows], rows, reset_td, after="reset")
+        if lent_history:
+            fresh = output_to_tensordict(self._output_of(self.slots), self.input_mode)
+            reset_td.set(self.input_mode, fresh.get(self.input_mode))  # the prompts as the conversations now read
+            del reset_td["history"]
+        return reset_td
 
     def reset_batch(self, prompts: Sequence[Any] | None = None) -> EnvOutput:
         """llmrl's slot call: start B new conversations (from ``prompts``, else the primer) and return the batch as
         an :class:`EnvOutput` (what the collector and the flows' rollout actors read); TensorDict transforms'
         ``_reset`` runs on the new slots."""
         out = self._reset_rows(prompts)
-        run_td_reset(self, self.slots)
+        if self.td_transforms:
+            run_td_reset(self, self.slots)
+            out = self._output()  # the conversations as the TensorDict transforms left them
         return out
 
     def _reset_rows(self, prompts: Sequence[Any] | None) -> EnvOutput:
@@ -349,7 +367,9 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
         output covers all slots; the others' ``reward``/``done`` are those of their last step.
         """
         out, new_slots = self._reset_slot_rows(indices, prompts)
-        run_td_reset(self, new_slots)
+        if self.td_transforms and new_slots:
+            run_td_reset(self, new_slots)
+            out = self._output()  # the conversations as the TensorDict transforms left them
         return out
 
     def _reset_slot_rows(
@@ -397,10 +417,10 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
             done = [i for i, d in enumerate(stepped.get(("next", "done")).reshape(-1).tolist()) if d]
             following = self._output() if not done else self._reset_slot_rows(done, prompts)[0]
             reset_td = output_to_tensordict(following, self.input_mode)
-            for transform in self.td_transforms:
-                reset_td = transform._reset(reset_td, reset_td)
-            adopt_conversations(self, [self.slots[i] for i in done], done, reset_td, after="reset")
-            return stepped, reset_td
+            mask = torch.zeros(len(self.slots), 1, dtype=torch.bool)
+            mask[done] = True
+            given = TensorDict({"_reset": mask}, batch_size=reset_td.batch_size)  # TorchRL's partial-reset flags
+            return stepped, self._reset_transforms(given, reset_td, done)
         out = self.step(actions)
         done = [i for i, d in enumerate(out.done.tolist()) if d]
         if not done:

@@ -37,8 +37,14 @@ class EnvSpecs:
 
     # --- what a step writes (the specs and ChatEnv.step_layout both read these) -------------------
     def reward_row_shape(self) -> tuple[int, ...] | None:
-        """One row's ``reward`` shape once a slot transform may reward (the longest ``reward_shape``), else None."""
+        """One row's ``reward`` shape once a transform may reward (the longest of the slot transforms'
+        ``reward_shape`` and of the ``reward`` a TensorDict transform declares in its ``transform_reward_spec``, as
+        the GSM8K parser does), else None."""
         shapes = [t.reward_shape for t in self.transforms if t.writes_reward]
+        if self.td_transforms:
+            declared = self._through_transforms("transform_reward_spec", Composite(shape=self.batch_size))
+            if "reward" in declared.keys():
+                shapes.append(tuple(declared["reward"].shape[len(self.batch_size) :]))
         return max(shapes, key=len) if shapes else None
 
     def can_cut_short(self) -> bool:

@@ -8,19 +8,21 @@ answer, so the format bonus cannot be earned by copying an example number.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from tensordict import TensorDictBase
 
 from llmrl_core.builtin_data import gsm8k_path
+from llmrl_core.data.conversation import Conversation
 from llmrl_core.envs.chat_env import InputMode
 from llmrl_core.envs.dataset_chat_env import DatasetChatEnv
 from llmrl_core.envs.gsm8k_reward import GSM8KRewardParser
-from llmrl_core.envs.transforms.base import SlotTransform
 from llmrl_core.envs.transforms.few_shot import FewShotExamples
-from llmrl_core.envs.types import SlotState
+from llmrl_core.envs.transforms.td_base import Transform
 
 GSM8K_SYSTEM_PROMPT = (
     "You solve grade-school math word problems. Reason step by step inside <think> and </think>, "
@@ -44,15 +46,16 @@ def _text_keys(keys: Sequence[Any] | None, name: str) -> list[str]:
     return keys
 
 
-class GSM8KPrepareQuestion(SlotTransform):
-    """Rewrites the user question at reset with a format instruction (``template`` with ``{question}``).
+class GSM8KPrepareQuestion(Transform):
+    """Rewrites the user question at reset with a format instruction (``template`` with ``{question}``), as
+    TorchRL's TensorDict transform of the same name: its ``_reset`` rewrites the last ``role`` message of each row's
+    ``("history", "prompt")``, which the env then takes as the conversation (its text or ids follow in the text
+    and tokens modes). Steps pass through unchanged.
 
     ``in_keys`` / ``out_keys`` come first as in TorchRL, where they name the text entries rewritten at reset.
     Here the question is always the last ``role`` message of the new conversation, so only TorchRL's default
     (None, or ``["text"]`` read and written in place) is accepted; other keys raise ``ValueError``.
     """
-
-    writes_reward = False
 
     def __init__(
         self,
@@ -62,24 +65,48 @@ class GSM8KPrepareQuestion(SlotTransform):
         template: str = GSM8K_QUESTION_TEMPLATE,
         role: str = "user",
     ) -> None:
-        super().__init__()
         in_keys = _text_keys(in_keys, "in_keys")
         out_keys = in_keys if out_keys is None else _text_keys(out_keys, "out_keys")
         if out_keys != in_keys:
             raise ValueError("GSM8KPrepareQuestion: out_keys must equal in_keys (the text is rewritten in place)")
         if "{question}" not in template:
             raise ValueError("GSM8KPrepareQuestion template must contain '{question}'")
-        self.in_keys = in_keys
-        self.out_keys = out_keys
+        super().__init__(in_keys=in_keys, out_keys=out_keys)
         self.template = template
         self.role = role
 
-    def reset_slot(self, slot: SlotState) -> None:
-        """Format the last ``role`` message of the new conversation."""
-        message = slot.last_message(self.role)
-        if message is None:
-            raise ValueError(f"slot {slot.index}: no {self.role!r} message to prepare")
-        message.content = self.template.format(question=message.text)
+    def prepare(self, conversation: Conversation, row: int) -> Conversation:
+        """``conversation`` with its last ``role`` message formatted by the template."""
+        messages = list(conversation.messages)
+        last = max((i for i, m in enumerate(messages) if m.role == self.role), default=None)
+        if last is None:
+            raise ValueError(f"GSM8KPrepareQuestion: row {row} has no {self.role!r} message to prepare")
+        messages[last] = dataclasses.replace(messages[last], content=self.template.format(question=messages[last].text))
+        return Conversation(messages)
+
+    def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
+        """Format each new conversation's question (``("history", "prompt")`` of the reset data; on a partial reset,
+        the rows ``tensordict["_reset"]`` marks)."""
+        history = tensordict_reset.get(("history", "prompt"), None)
+        if history is None:
+            raise RuntimeError(
+                "GSM8KPrepareQuestion needs the new conversations under ('history', 'prompt') of the reset data "
+                "(a ChatEnv hands them to its TensorDict transforms in every input mode)"
+            )
+        chosen = tensordict.get("_reset", None) if tensordict is not None else None  # a partial reset's rows
+        conversations = [
+            self.prepare(c, i) if chosen is None or bool(chosen[i].any()) else c
+            for i, c in enumerate(history.to_conversations())
+        ]
+        tensordict_reset["history"].prompt = type(history).from_conversations(conversations)
+        return tensordict_reset
+
+    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
+        """Steps are left as they are (the question is prepared once, at reset)."""
+        return next_tensordict
+
+    def __repr__(self) -> str:
+        return f"GSM8KPrepareQuestion(role={self.role!r})"
 
 
 class GSM8KEnv(DatasetChatEnv):

@@ -1,4 +1,4 @@
-"""``GSM8KRewardParser``: TorchRL's current GSM8K reward scheme as an env transform.
+"""``GSM8KRewardParser``: TorchRL's current GSM8K reward scheme as a TensorDict env transform.
 
 * The answer is the content of the first ``<answer>...</answer>`` in the policy's last message (stripped);
   ``<think>...</think>`` likewise gives the reasoning. The end-of-turn / EOS marker is removed first.
@@ -7,9 +7,11 @@
   for decimals, trailing zeros removed (``"120.00"`` -> ``"120"``).
 * Reward: ``correct_reward`` (1.0) if equal, ``format_reward`` (0.1) if an answer tag with non-empty content
   is present but wrong, 0.0 without one.
-* Outputs per slot: ``reward_components`` = ``reward_answer`` (1.0 if an answer was given), ``reward_think``
-  (1.0 if a non-empty think block), ``reward_right`` (the reward); ``info["success"]`` (bool). The episode
-  terminates once an answer is given (``set_done_if_answer``).
+* A step's ``"next"`` data gets, per row, as TorchRL's parser writes them (each ``(B, 1, 1)``): ``reward`` (added to
+  a reward already there), ``reward_answer`` (1.0 if an answer was given), ``reward_think`` (1.0 if a non-empty think
+  block), ``reward_right`` (the reward) and ``success`` (bool); ``done`` / ``terminated`` are set once an answer is
+  given (``set_done_if_answer``). On llmrl's list calls the parts become the slots' ``reward_components`` and
+  ``success`` their ``info["success"]`` (:mod:`llmrl_core.envs.td_list_calls`).
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from tensordict import TensorDictBase
 
-from llmrl_core.envs.transforms.base import SlotTransform
-from llmrl_core.envs.types import SlotState
+from llmrl_core.data.tensor_specs import Composite, Unbounded
+from llmrl_core.envs.tensordict_io import responses_from_tensordict, row_field_lists
+from llmrl_core.envs.transforms.td_base import Transform
 
 _THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -60,26 +64,19 @@ def _key_root(key: Any) -> Any:
     return key[0] if isinstance(key, tuple) and key else key
 
 
-class GSM8KRewardParser(SlotTransform):
-    """Scores the policy's answer against the row's gold ``answer`` (TorchRL's GSM8K reward scheme).
+class GSM8KRewardParser(Transform):
+    """Scores the policy's answer against the row's gold ``answer`` (TorchRL's GSM8K reward scheme, as its
+    TensorDict ``Transform``: ``_step`` writes the reward and its parts into the step's ``"next"`` data).
 
-    The arguments follow TorchRL's order. ``in_keys`` is ``[response_key, answer_key]`` as in TorchRL: the
-    response is always the slot's last policy message here (any TorchRL response key rooted at ``history``,
-    ``text``, ``tokens`` or ``text_response`` is accepted), and a string second key names the row field holding
-    the gold answer (it overrides ``answer_key``). ``out_keys`` must be None or TorchRL's default list: the
-    outputs always go to ``reward_components`` / ``info["success"]``. ``input_mode`` is checked and stored; the
-    message text is scored in every mode. ``answer_key`` (llmrl only) names the gold answer field. A TensorDict
-    step's ``"next"`` data carries the reward and its parts as TorchRL's does: ``reward``, ``reward_answer``,
-    ``reward_think``, ``reward_right`` (float) and ``success`` (bool), each ``(B, 1, 1)``.
+    The arguments follow TorchRL's order. ``in_keys`` is ``[response_key, answer_key]`` as in TorchRL (once the
+    parser is appended to an env and none were given: ``[(<input_mode>, "full"), "answer"]``): the response is
+    always the policy's last message of the step's action data (the conversation's last message, the sampled text,
+    or the sampled ids decoded with ``tokenizer``), so any TorchRL response key rooted at ``history``, ``text``,
+    ``tokens`` or ``text_response`` is accepted; a string second key names the row field holding the gold answer
+    (it overrides ``answer_key``). ``out_keys`` must be None or TorchRL's default list. ``input_mode`` is checked
+    and stored; the message text is scored in every mode. ``answer_key`` (llmrl only) names the gold answer field.
+    Subclasses change the check (:meth:`is_correct`) or the scoring of a row (:meth:`score_row`).
     """
-
-    reward_shape = (1, 1)
-    reward_fields = (
-        ("reward_answer", torch.float32),
-        ("reward_think", torch.float32),
-        ("reward_right", torch.float32),
-        ("success", torch.bool),
-    )
 
     def __init__(
         self,
@@ -108,25 +105,40 @@ class GSM8KRewardParser(SlotTransform):
                         f"{type(self).__name__}: the answer key must be a row field name, got {in_keys[1]!r}"
                     )
                 answer_key = in_keys[1]
+            self.in_keys = in_keys
         if out_keys is not None and tuple(out_keys) != _DEFAULT_OUT_KEYS:
             raise ValueError(
                 f"{type(self).__name__}: out_keys={list(out_keys)!r} is not supported; the outputs are fixed to "
-                f"{list(_DEFAULT_OUT_KEYS)} (reward_components and info['success'])"
+                f"{list(_DEFAULT_OUT_KEYS)}"
             )
         if input_mode is not None and input_mode not in _INPUT_MODES:
             raise ValueError(
                 f"{type(self).__name__}: input_mode must be None or one of {_INPUT_MODES}, got {input_mode!r}"
             )
         self.tokenizer = tokenizer
-        self.in_keys = in_keys
         self.out_keys = list(_DEFAULT_OUT_KEYS)
-        self.input_mode = input_mode
+        self._input_mode = input_mode
         self.eos_token = eos_token if eos_token is not None else getattr(tokenizer, "eos_token", None)
         self.set_done_if_answer = set_done_if_answer
         self.format_reward = float(format_reward)
         self.correct_reward = float(correct_reward)
         self.answer_key = answer_key
 
+    @property
+    def input_mode(self) -> str | None:
+        """The mode given, else the env's once appended (None before)."""
+        if self._input_mode is not None:
+            return self._input_mode
+        env = self.parent
+        return getattr(getattr(env, "base_env", env), "input_mode", None) if env is not None else None
+
+    def set_container(self, container: Any) -> None:
+        """Attach to an env; without ``in_keys`` given, they become TorchRL's for the env's mode."""
+        super().set_container(container)
+        if not self.in_keys and self.input_mode is not None:
+            self.in_keys = [(self.input_mode, "full"), self.answer_key]
+
+    # --- scoring (also used directly: the evaluators, rescoring) ---------------------------------
     def score(self, response: str, answer_field: str) -> dict[str, float | bool]:
         """The reward outputs for one response text and one gold ``answer`` field."""
         think, answer = extract_tags(self.strip_end(response))
@@ -164,23 +176,72 @@ class GSM8KRewardParser(SlotTransform):
                 response = response[: -len(marker)]
         return response
 
-    def step_slot(self, slot: SlotState) -> None:
-        """Score the slot's last policy message, add the reward, terminate when an answer was given."""
-        role = self.parent.policy_role if self.parent is not None else "assistant"
-        message = slot.last_message(role)
-        if message is None:
-            raise ValueError(f"slot {slot.index}: no {role!r} message to score")
-        if self.answer_key not in slot.data:
+    # --- the env hooks ---------------------------------------------------------------------------
+    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
+        """Score each row's answer (the action data ``tensordict``) against its row's gold answer; write the
+        outputs into ``next_tensordict`` (see the module docstring)."""
+        if next_tensordict.batch_dims != 1:
+            if next_tensordict.batch_dims == 0:
+                raise ValueError(f"{type(self).__name__}: the step data has no batch dimension")
+            with tensordict.view(-1) as flat, next_tensordict.view(-1) as next_flat:
+                self._step(flat, next_flat)
+            return next_tensordict
+        size = next_tensordict.batch_size[0]
+        texts = [r.text for r in responses_from_tensordict(tensordict, self.tokenizer)]
+        rows = self._rows(tensordict, next_tensordict, size)
+        scores = [self.score_row(text, row) for text, row in zip(texts, rows, strict=True)]
+        device = next_tensordict.device
+
+        def column(name: str, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor([[[score[name]]] for score in scores], dtype=dtype, device=device)
+
+        for name in ("reward_answer", "reward_think", "reward_right", "reward"):
+            value = column(name, torch.float32)
+            existing = next_tensordict.get(name, None)
+            next_tensordict.set(name, value if existing is None else _add_per_row(existing, value, name))
+        success = column("success", torch.bool)
+        existing = next_tensordict.get("success", None)
+        next_tensordict.set("success", success if existing is None else success | existing.reshape(success.shape))
+        if self.set_done_if_answer:
+            answered = column("reward_answer", torch.float32) > 0
+            for key in ("done", "terminated"):
+                flags = next_tensordict.get(key, None)
+                if isinstance(flags, torch.Tensor):
+                    next_tensordict.set(key, flags | answered.reshape(size, -1)[:, :1].expand_as(flags))
+        return next_tensordict
+
+    def _rows(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase, size: int) -> list[dict[str, Any]]:
+        """Each row's fields (the ``"next"`` data's, then the action data's), checked for the gold answer."""
+        fields = row_field_lists(tensordict) if tensordict.batch_dims == 1 else {}
+        fields.update(row_field_lists(next_tensordict))
+        if self.answer_key not in fields:
             raise ValueError(
-                f"slot {slot.index} (prompt {slot.prompt_id!r}): row has no {self.answer_key!r} field "
-                f"(fields: {sorted(slot.data)})"
+                f"{type(self).__name__}: the prompt row has no {self.answer_key!r} field (the gold answer), so the "
+                f"step data has none (fields: {sorted(fields)})"
             )
-        out = self.score_row(message.text, slot.data)
-        slot.add_reward(float(out["reward"]))
-        for key in ("reward_answer", "reward_think", "reward_right"):
-            slot.reward_components[key] = float(out[key])
-            slot.next_fields[key] = torch.tensor([[float(out[key])]])  # TorchRL's step data: (1, 1) per row
-        slot.info["success"] = bool(out["success"])
-        slot.next_fields["success"] = torch.tensor([[bool(out["success"])]])
-        if self.set_done_if_answer and out["reward_answer"] > 0:
-            slot.terminate()
+        return [{name: values[i] for name, values in fields.items()} for i in range(size)]
+
+    def transform_reward_spec(self, reward_spec: Composite) -> Composite:
+        """``reward``, ``reward_answer``, ``reward_think``, ``reward_right`` (float) and ``success`` (bool), each of
+        shape ``batch + (1, 1)``."""
+        shape = (*reward_spec.shape, 1, 1)
+        for name in ("reward_answer", "reward_think", "reward_right", "reward"):
+            reward_spec[name] = Unbounded(shape=shape, device=reward_spec.device)
+        reward_spec["success"] = Unbounded(shape=shape, device=reward_spec.device, dtype=torch.bool)
+        return reward_spec
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(answer_key={self.answer_key!r}, format_reward={self.format_reward}, "
+            f"correct_reward={self.correct_reward})"
+        )
+
+
+def _add_per_row(existing: torch.Tensor, value: torch.Tensor, name: str) -> torch.Tensor:
+    """``existing`` (one value per row, any trailing shape) plus ``value`` ``(B, 1, 1)``, in ``value``'s shape."""
+    if existing.numel() != value.numel():
+        raise ValueError(
+            f"GSM8KRewardParser: the step data's {name!r} has shape {tuple(existing.shape)}, not one value per row; "
+            f"the parser adds its {name!r} of shape {tuple(value.shape)} to it"
+        )
+    return existing.reshape(value.shape).to(value.dtype) + value

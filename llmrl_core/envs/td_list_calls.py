@@ -50,7 +50,9 @@ def run_td_step(env: ChatEnv, turns: list[Turn]) -> None:
     ``TransformedEnv`` runs it after the base env's step; what they write back under ``reward``,
     ``terminated``, ``truncated`` and ``done`` becomes the slots' (a change of reward is kept in
     ``reward_components`` under the transform's class name, measured by :func:`reward_change`: a per-token
-    reward ``(T, 1)`` counts as its sum, a one-value reward spread over the tokens by the per-token differences).
+    reward ``(T, 1)`` counts as its sum, a one-value reward spread over the tokens by the per-token differences;
+    a transform that writes its reward's parts, ``reward_<part>`` entries as TorchRL's reward parsers do, has those
+    kept instead, and a ``success`` entry becomes the slot's ``info["success"]``).
     Entries they add (``kl_penalty``, ``("ref_log_probs", "full")``, ...) are kept per slot in
     ``next_fields`` (the collector hands them out under ``"next"``).
     The action data is built from the answers: ``history`` (``prompt``/``response``/``full``), ``text``
@@ -86,15 +88,20 @@ def run_step_transforms(
     had_reward = "reward" in next_td.keys()
     totals = {i: float(rewards[i].sum()) for i in rows}
     for transform in env.td_transforms:
+        keys_before = set(next_td.keys())
         next_td = transform._step(action_td, next_td)
         after = reward_rows(next_td, transform, None if had_reward else rewards)  # a reward taken away is named
         had_reward = had_reward or "reward" in next_td.keys()
+        parts = [key for key in next_td.keys() if key not in keys_before and str(key).startswith("reward_")]
         for slot, i in zip(slots, rows, strict=True):
             change = reward_change(rewards[i], after[i])
-            if change != 0.0:
+            if parts:  # the transform names its reward's parts (TorchRL's parsers: reward_answer, reward_right, ...)
+                for key in parts:
+                    slot.reward_components[key] = float(next_td.get(key)[i].sum())
+            elif change != 0.0:
                 name = type(transform).__name__
                 slot.reward_components[name] = slot.reward_components.get(name, 0.0) + change
-                totals[i] += change
+            totals[i] += change
         rewards = after
     for slot, i in zip(slots, rows, strict=True):
         slot.episode_reward += totals[i] - slot.reward
@@ -104,6 +111,8 @@ def run_step_transforms(
             values = entry_rows(next_td, key)
             for slot, i in zip(slots, rows, strict=True):
                 slot.next_fields[key] = values[i]
+                if key == "success":  # TorchRL's reward parsers' flag: the episode's success (accuracy, evaluations)
+                    slot.info["success"] = bool(torch.as_tensor(values[i]).any())
     flags = {key: next_td.get(key, None) for key in ("terminated", "truncated", "done")}
     reopened = []
     for slot, i in zip(slots, rows, strict=True):
@@ -111,6 +120,10 @@ def run_step_transforms(
             if _reopens(env, slot, flags, i):
                 slot.terminated = slot.truncated = False
                 reopened.append(slot)
+            elif _flag(flags, "terminated", i) and _cut_at_turn_limit(env, slot):
+                slot.terminate()  # a reward parser's answer on the last turn: the task ended (_ended_by_the_task)
+                _ended_by_the_task(env, slot)
+                _set_flags(next_td, slot, i)
             elif flags["done"] is not None and not bool(flags["done"][i].any()):
                 _set_flags(next_td, slot, i)  # cleared, but the turn limit holds: the data says the episode ended
             continue
@@ -129,11 +142,33 @@ def run_step_transforms(
 
 
 def _set_flags(next_td: TensorDictBase, slot: SlotState, row: int) -> None:
-    """Row ``row`` of the step data's end flags from ``slot``."""
+    """Row ``row`` of the step data's end flags (``terminated``, ``truncated``, ``done``) from ``slot``."""
     for key, value in (("terminated", slot.terminated), ("truncated", slot.truncated), ("done", slot.done)):
         flags = next_td.get(key, None)
         if isinstance(flags, torch.Tensor):
             flags[row] = value
+
+
+def _flag(flags: dict[str, Any], key: str, row: int) -> bool:
+    return flags[key] is not None and bool(flags[key][row].any())
+
+
+def _cut_at_turn_limit(env: ChatEnv, slot: SlotState) -> bool:
+    """The env truncated the slot at its turn limit in this step (not for a prompt that outgrew the context)."""
+    return (
+        slot.truncated
+        and env.max_turns is not None
+        and slot.turn >= env.max_turns
+        and not slot.info.get("context_full", False)
+    )
+
+
+def _ended_by_the_task(env: ChatEnv, slot: SlotState) -> None:
+    """A transform that runs after the turn limit (a TensorDict transform, a slot transform appended after one)
+    ended the task on the last turn (a reward parser saw an answer): the episode is terminated, not truncated, as
+    when the transform runs before the limit."""
+    if slot.terminated and _cut_at_turn_limit(env, slot):
+        slot.truncated = False
 
 
 def _reopens(env: ChatEnv, slot: SlotState, flags: dict[str, Any], row: int) -> bool:
@@ -221,6 +256,7 @@ def run_late_slot_transforms(
     names = ", ".join(type(transform).__name__ for transform in late)
     changed_history = False
     for slot, (reward, n_messages, was_done) in zip(slots, before, strict=True):
+        _ended_by_the_task(env, slot)
         slot.episode_reward += slot.reward - reward
         changed_history |= len(slot.history.messages) != n_messages
         if env.input_mode != "tokens":

@@ -45,10 +45,9 @@ def plain_value(value: Any) -> Any:
     return value
 
 
-def rows_from_tensordict(td: TensorDictBase, data_key: str) -> list[dict[str, Any]]:
-    """One prompt row per batch entry of a reset TensorDict: every non-tensor field (``query``, ``answer``, ...)."""
-    if td.batch_dims != 1:
-        raise ValueError(f"ChatEnv.reset expects a TensorDict with one batch dimension, got {tuple(td.batch_size)}")
+def row_field_lists(td: TensorDictBase) -> dict[str, list[Any]]:
+    """The prompt rows' fields a one-dimensional TensorDict carries (``query``, ``answer``, ...: every top-level
+    entry outside TorchRL's layout with one plain value per row), as ``{name: [value per row]}``."""
     size = td.batch_size[0]
     fields: dict[str, list[Any]] = {}
     for key in td.keys():
@@ -57,6 +56,15 @@ def rows_from_tensordict(td: TensorDictBase, data_key: str) -> list[dict[str, An
         values = plain_value(td.get(key))
         if isinstance(values, list) and len(values) == size:
             fields[key] = values
+    return fields
+
+
+def rows_from_tensordict(td: TensorDictBase, data_key: str) -> list[dict[str, Any]]:
+    """One prompt row per batch entry of a reset TensorDict: every non-tensor field (``query``, ``answer``, ...)."""
+    if td.batch_dims != 1:
+        raise ValueError(f"ChatEnv.reset expects a TensorDict with one batch dimension, got {tuple(td.batch_size)}")
+    size = td.batch_size[0]
+    fields = row_field_lists(td)
     if data_key not in fields and isinstance(td.get("text", None), NonTensorData | NonTensorStack):
         fields[data_key] = plain_value(td.get("text"))  # TorchRL's older calls: reset(TensorDict(text=...))
         if not isinstance(fields[data_key], list):

@@ -8,7 +8,7 @@ Lifecycle inside ``ChatEnv`` (transforms run in the order they were appended):
   2. The env builds one :class:`~llmrl_core.envs.types.SlotState` per prompt: history = [system prompt] +
      the query as a user message (or the given conversation); ``slot.data`` holds the row's fields.
   3. :meth:`SlotTransform.on_reset` is called with all slots (default: :meth:`reset_slot` for each). Transforms
-     may rewrite the prompt here (e.g. GSM8KPrepareQuestion edits the user message).
+     may rewrite the prompt here (e.g. FewShotExamples puts worked examples before the question).
 
 ``step(actions)``
   1. For every slot that is not done, the env appends the assistant message (``slot.history``), stores
@@ -44,8 +44,8 @@ class SlotTransform:
     ``"next"`` data carries ``reward`` when one of the env's transforms may (as TorchRL's carries it when a reward
     transform is appended, and not for a bare ``ChatEnv``). Transforms that only shape prompts or run tools set it
     to False. ``reward_shape`` is the shape of one row's reward there: ``(1,)`` by default, ``(1, 1)`` for the
-    reward parsers whose TorchRL counterparts write ``(B, 1, 1)`` (GSM8K, IFEval). ``reward_fields`` names what such a
-    transform writes beside ``reward`` (GSM8K's ``reward_answer``, ``success``, ...), for the env's reward spec."""
+    reward parsers whose TorchRL counterparts write ``(B, 1, 1)`` (IFEval's; GSM8K's is a TensorDict ``Transform``).
+    ``reward_fields`` names what such a transform writes beside ``reward``, for the env's reward spec."""
 
     writes_reward: bool = True
     reward_shape: tuple[int, ...] = (1,)
