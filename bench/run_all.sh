@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The benchmark suite, one script after the other (never side by side: each measures ours against the raw
-# library interleaved in one process). 15.5 minutes on 2 Intel Xeon cores, ~29 on
-# 2 AMD EPYC cores before the time-to-accuracy run added last (~12 minutes more at this size, estimated; the
-# first run adds ~1 minute to create bench/.venv-trl); on 2 Intel Xeon cores without bf16, 29 min before it (bench/README.md).
-# P2, P3 and scaling run smaller sizes here than their defaults. Results: bench/README.md.
+# library interleaved in one process); each script's time and the suite's are printed. 25.8 min on 2 AMD EPYC cores
+# (2026-11-30, the time-to-accuracy part at its smoke size here: 5.3 min of it); 15.5 min on 2 Intel Xeon cores
+# with AMX before that part was added. P2, P3, scaling and time to accuracy run smaller sizes here than their
+# defaults (the full time-to-accuracy comparison is its own ~35 min run). Results: bench/README.md.
 #   bash bench/run_all.sh [--quick]
 set -euo pipefail
 cd "$(dirname "$0")/.."
