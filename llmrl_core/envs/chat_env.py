@@ -45,12 +45,11 @@ from llmrl_core.data.conversation import Conversation, ConversationBatch, Messag
 from llmrl_core.data.llm_data import LLMData, Response
 from llmrl_core.envs.env_specs import EnvSpecs
 from llmrl_core.envs.td_list_calls import (
-    adopt_conversations,
     run_late_slot_transforms,
+    run_reset_transforms,
     run_step_transforms,
     run_td_reset,
     run_td_step,
-    with_prompt_history,
 )
 from llmrl_core.envs.tensordict_io import (
     Turn,
@@ -329,10 +328,7 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
         if not self.td_transforms:
             return reset_td
         lent_history = "history" not in reset_td.keys()
-        reset_td = with_prompt_history(reset_td, self.slots)
-        for transform in self.td_transforms:
-            reset_td = transform._reset(given, reset_td)
-        adopt_conversations(self, [self.slots[i] for i in rows], rows, reset_td, after="reset")
+        reset_td = run_reset_transforms(self, given, reset_td, self.slots, rows)
         if lent_history:
             fresh = output_to_tensordict(self._output_of(self.slots), self.input_mode)
             reset_td.set(self.input_mode, fresh.get(self.input_mode))  # the prompts as the conversations now read

@@ -203,11 +203,11 @@ class GSM8KRewardParser(Transform):
         existing = next_tensordict.get("success", None)
         next_tensordict.set("success", success if existing is None else success | existing.reshape(success.shape))
         if self.set_done_if_answer:
-            answered = column("reward_answer", torch.float32) > 0
+            answered = torch.tensor([score["reward_answer"] > 0 for score in scores], device=device).reshape(size, 1)
             for key in ("done", "terminated"):
                 flags = next_tensordict.get(key, None)
                 if isinstance(flags, torch.Tensor):
-                    next_tensordict.set(key, flags | answered.reshape(size, -1)[:, :1].expand_as(flags))
+                    next_tensordict.set(key, flags | answered.expand_as(flags))
         return next_tensordict
 
     def _rows(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase, size: int) -> list[dict[str, Any]]:

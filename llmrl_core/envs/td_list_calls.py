@@ -38,11 +38,23 @@ def run_td_reset(env: ChatEnv, slots: list[SlotState]) -> None:
     it rewrites becomes the slot's prompt."""
     if not env.td_transforms or not slots:
         return
-    td = output_to_tensordict(env._output_of(slots), env.input_mode)
-    td = with_prompt_history(add_row_fields(td, [slot.data for slot in slots], env.input_mode), slots)
+    td = add_row_fields(
+        output_to_tensordict(env._output_of(slots), env.input_mode), [s.data for s in slots], env.input_mode
+    )
+    run_reset_transforms(env, td, td, slots, list(range(len(slots))))
+
+
+def run_reset_transforms(
+    env: ChatEnv, given: TensorDictBase, td: TensorDictBase, td_slots: list[SlotState], rows: list[int]
+) -> TensorDictBase:
+    """Each TensorDict transform's ``_reset(given, td)`` on reset data ``td`` whose rows are ``td_slots``, with
+    their conversations under ``("history", "prompt")`` (lent where the input mode leaves them out); the
+    conversation a transform leaves at each of ``rows`` becomes that slot's. Returns the transformed ``td``."""
+    td = with_prompt_history(td, td_slots)
     for transform in env.td_transforms:
-        td = transform._reset(td, td)
-    adopt_conversations(env, slots, list(range(len(slots))), td, after="reset")
+        td = transform._reset(given, td)
+    adopt_conversations(env, [td_slots[i] for i in rows], rows, td, after="reset")
+    return td
 
 
 def run_td_step(env: ChatEnv, turns: list[Turn]) -> None:
