@@ -63,6 +63,18 @@ def test_append_and_extend_grow_the_right_dimension():
         history.append(more)
 
 
+def test_extending_chats_of_different_lengths_along_the_messages_grows_each():
+    """A tool transform's ``history.extend(results, dim=-1)`` on chats of 2 and 1 messages (a ragged lazy stack)."""
+    history = History.from_chats([CHAT[:2], CHAT[:1]])
+    results = History(role=[["tool"], ["tool"]], content=[["a"], ["b"]], batch_size=(2, 1))
+    assert history.extend(results, dim=-1) is history
+    assert list(history[0].content) == [CHAT[0]["content"], CHAT[1]["content"], "a"]
+    assert list(history[1].content) == [CHAT[0]["content"], "b"]
+    copy = history.extend(results, inplace=False, dim=-1)
+    assert [len(c.messages) for c in copy.to_conversations()] == [4, 3]
+    assert [len(c.messages) for c in history.to_conversations()] == [3, 2]
+
+
 def test_growing_a_chat_taken_from_a_batch_in_place_grows_it_in_the_batch():
     """TorchRL 0.14.1: ``h[i].append(msg)`` (in place by default) grows the ``i``-th chat of ``h``, and so does
     ``extend``; ``inplace=False`` leaves both alone (probe run in TorchRL's venv: the first chat went from 2 to 3

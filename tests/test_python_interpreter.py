@@ -50,7 +50,9 @@ def test_messages_use_torchrl_wording_and_tool_role(make_env):
     assert msgs[-2].text == "Code block 1 executed successfully:\n42\n"
     assert msgs[-1].text.startswith("Code block 2 failed:\nTraceback (most recent call last):")
     assert msgs[-1].text.rstrip().endswith("ZeroDivisionError: division by zero")
-    assert out.info[0]["python_blocks"] == 2 and out.info[0]["python_failures"] == 1
+    assert out.info[0]["num_tool_calls"] == 2 and out.info[0]["tool_errors"] == 1
+    assert [call["error"] for call in out.info[0]["tool_calls"]] == [False, True]
+    assert out.info[0]["tool_calls"][0]["name"] == "python" and "6 * 7" in out.info[0]["tool_calls"][0]["arguments"]
 
 
 def test_no_code_no_message(make_env):
@@ -93,7 +95,7 @@ def test_stderr_output_alone_is_not_a_failure(make_env, persistent):
     code = "import sys, warnings\nprint('note', file=sys.stderr)\nwarnings.warn('careful')\nprint(6 * 7)"
     out = env.step([block(code)])
     assert tool_messages(out.history[0])[-1] == "Code block 1 executed successfully:\n42\n"
-    assert out.info[0]["python_failures"] == 0 and out.info[0]["tool_calls"][-1]["error"] is False
+    assert out.info[0]["tool_errors"] == 0 and out.info[0]["tool_calls"][-1]["error"] is False
 
 
 def test_timeout_and_crash_are_reported_and_env_goes_on(make_env):
@@ -157,3 +159,56 @@ def test_assistant_mask_excludes_tool_output(default_model_path):
     assert "Code block 1 executed successfully" not in masked
     assert "Code block 1 executed successfully" in unmasked and "42" in unmasked
     assert "Let me run it." in masked and "The answer is 42." in masked
+
+
+def test_it_is_torchrls_tool_transform_and_its_override_points_work():
+    """A TorchRL user's subclass overriding ``_execute_python_code`` (TorchRL's dict) changes what the env adds."""
+    from llmrl_core.envs.transforms import Transform
+    from llmrl_core.envs.transforms.tools import ToolTransformBase
+
+    class Echo(PythonInterpreter):
+        def _execute_python_code(self, code, i):
+            return {"success": i == 0, "stdout": f"ran {code!r}\n", "stderr": "refused\n", "returncode": 0}
+
+    assert isinstance(PythonInterpreter(), ToolTransformBase) and isinstance(PythonInterpreter(), Transform)
+    env = ChatEnv(batch_size=2).append_transform(Echo())
+    env.reset(["a", "b"])
+    out = env.step([block("x = 1"), block("y = 2")])
+    assert tool_messages(out.history[0]) == ["Code block 1 executed successfully:\nran 'x = 1'\n"]
+    assert tool_messages(out.history[1]) == ["Code block 1 failed:\nrefused\n"]
+    assert out.info[1]["tool_errors"] == 1 and out.info[0]["tool_errors"] == 0
+    clone = PythonInterpreter(persistent=True, timeout=2).clone()
+    assert clone.persistent and clone.timeout == 2 and clone.parent is None
+
+
+def test_persistent_interpreters_follow_their_slot_when_others_have_ended(make_env):
+    """The list calls give the transforms the active slots only: row 0 of a step is then slot 1, whose interpreter
+    (not slot 0's) runs its code; a partial reset discards the reset slot's interpreter only."""
+    env, interp = make_env(batch_size=3, persistent=True)
+    env.reset(["a", "b", "c"])
+    env.step([block("x = 'zero'"), block("x = 'one'"), block("x = 'two'")])
+    env.slots[0].terminate()
+    out = env.step([None, block("print(x)"), block("print(x)")])
+    assert tool_messages(out.history[1])[-1] == "Code block 1 executed successfully:\none\n"
+    assert tool_messages(out.history[2])[-1] == "Code block 1 executed successfully:\ntwo\n"
+    env.reset_slots([1], ["again"])
+    assert sorted(interp._sandboxes) == [0, 2]
+    out = env.step([None, block("print(x)"), block("print(x)")])
+    assert "NameError" in tool_messages(out.history[1])[-1]
+    assert tool_messages(out.history[2])[-1] == "Code block 1 executed successfully:\ntwo\n"
+
+
+def test_an_ended_episode_runs_no_code(make_env):
+    """The turn limit ended the episode with this answer: its code has no reader and does not run."""
+    interp = PythonInterpreter(timeout=3)
+    env = ChatEnv(batch_size=2, max_turns=2).append_transform(interp)
+    try:
+        env.reset(["a", "b"])
+        out = env.step([block("print(1)"), "no code"])
+        assert tool_messages(out.history[0]) and out.info[0]["num_tool_calls"] == 1
+        out = env.step([block("print(2)"), block("print(3)")])
+        assert bool(out.done.all())
+        assert len(tool_messages(out.history[0])) == 1 and not tool_messages(out.history[1])
+        assert out.info[0]["num_tool_calls"] == 1 and "num_tool_calls" not in out.info[1]
+    finally:
+        env.close()

@@ -233,7 +233,11 @@ class History(TensorClass["nocast"]):
         if inplace and self._grows_in_place(dim):
             self._tensordict.extend(list(history._tensordict.unbind(dim)))
             return self
-        grown = lazy_stack([*self.unbind(dim), *history.unbind(dim)], dim=dim)
+        if dim > 0 and self._grows_in_place(0):  # chats of different lengths (ragged): each grows on its own
+            rows = zip(self.unbind(0), history.unbind(0), strict=True)
+            grown = lazy_stack([row.extend(new, inplace=False, dim=dim - 1) for row, new in rows], dim=0)
+        else:
+            grown = lazy_stack([*self.unbind(dim), *history.unbind(dim)], dim=dim)
         if not inplace:
             return grown
         self.__dict__["_tensordict"] = grown._tensordict

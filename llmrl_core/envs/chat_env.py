@@ -134,6 +134,8 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
         self.max_prompt_tokens: int | None = None
         self.transforms: list[SlotTransform] = []
         self.td_transforms: list[Any] = []  # TorchRL TensorDict transforms (td_base.Transform): the TensorDict calls
+        # while the TensorDict transforms run: the env slot of each row of their data (td_list_calls.rows_as_slots)
+        self.td_row_slots: dict[int, int] | None = None
         # how many slot transforms were appended before the first TensorDict transform (None: no such transform):
         # a step runs those, then the TensorDict transforms, then the slot transforms appended after them
         self._slot_transforms_before_td: int | None = None
@@ -781,7 +783,7 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
 
     def close(self) -> None:
         """Release what the transforms hold (sandboxed interpreters, MCP servers, browsers)."""
-        for transform in self.transforms:
+        for transform in [*self.transforms, *self.td_transforms]:
             close = getattr(transform, "close", None)
             if callable(close):
                 close()

@@ -10,6 +10,8 @@ history mode only), so a TorchRL-style tool also runs in the flows' tokens-mode 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -26,6 +28,7 @@ from llmrl_core.envs.tensordict_io import (
 )
 from llmrl_core.envs.transforms.base import run_hook
 from llmrl_core.envs.types import SlotState
+from llmrl_core.tools.tool_calls import tool_call_record
 
 if TYPE_CHECKING:
     from tensordict import TensorDictBase
@@ -51,8 +54,9 @@ def run_reset_transforms(
     their conversations under ``("history", "prompt")`` (lent where the input mode leaves them out); the
     conversation a transform leaves at each of ``rows`` becomes that slot's. Returns the transformed ``td``."""
     td = with_prompt_history(td, td_slots)
-    for transform in env.td_transforms:
-        td = transform._reset(given, td)
+    with rows_as_slots(env, {row: slot.index for row, slot in enumerate(td_slots)}):
+        for transform in env.td_transforms:
+            td = transform._reset(given, td)
     adopt_conversations(env, [td_slots[i] for i in rows], rows, td, after="reset")
     return td
 
@@ -101,7 +105,9 @@ def run_step_transforms(
     totals = {i: float(rewards[i].sum()) for i in rows}
     for transform in env.td_transforms:
         keys_before = set(next_td.keys())
-        next_td = transform._step(action_td, next_td)
+        with rows_as_slots(env, {i: slot.index for slot, i in zip(slots, rows, strict=True)}):
+            next_td = transform._step(action_td, next_td)
+        keep_tool_calls(transform, slots, rows)
         after = reward_rows(next_td, transform, None if had_reward else rewards)  # a reward taken away is named
         had_reward = had_reward or "reward" in next_td.keys()
         parts = [key for key in next_td.keys() if key not in keys_before and str(key).startswith("reward_")]
@@ -145,12 +151,42 @@ def run_step_transforms(
             slot.terminate()
         if slot.done:
             env._drop_glue(slot)
+    running = [not slot.done for slot in slots]
     adopt_conversations(env, slots, rows, next_td, after="step")
+    for slot, i, was_running in zip(slots, rows, running, strict=True):
+        if was_running and slot.done:  # the tools' output made the next prompt too long (tokens mode's context limit)
+            _set_flags(next_td, slot, i)
     for slot in reopened:
         if env.input_mode == "tokens" and slot.segment_is_policy and slot.segment_is_policy[-1]:
             names = ", ".join(type(transform).__name__ for transform in env.td_transforms)
             env._retemplate_after_answer(slot, f"the TensorDict transforms ({names})")  # the next prompt's opening
     return next_td
+
+
+@contextmanager
+def rows_as_slots(env: ChatEnv, slot_of_row: dict[int, int]) -> Iterator[None]:
+    """While the transforms run: which env slot each row of their data is (``env.td_row_slots``; the list calls
+    give them the active slots only), for the state they keep per episode (a persistent interpreter)."""
+    env.td_row_slots = slot_of_row
+    try:
+        yield
+    finally:
+        env.td_row_slots = None
+
+
+def keep_tool_calls(transform: Any, slots: list[SlotState], rows: list[int]) -> None:
+    """The calls a tool transform ran this step (``ToolTransformBase._record_call``) into each slot's ``info``:
+    ``tool_calls`` (turn, tool, arguments, result, error), ``num_tool_calls`` and ``tool_errors``."""
+    take = getattr(transform, "take_call_records", None)
+    records = take() if callable(take) else None
+    if not records:
+        return
+    for slot, i in zip(slots, rows, strict=True):
+        for tool, arguments, result, failed in records.get(i, ()):
+            record = tool_call_record(slot.turn - 1, tool, arguments, result, failed)
+            slot.info.setdefault("tool_calls", []).append(record)
+            slot.info["num_tool_calls"] = slot.info.get("num_tool_calls", 0) + 1
+            slot.info["tool_errors"] = slot.info.get("tool_errors", 0) + int(failed)
 
 
 def _set_flags(next_td: TensorDictBase, slot: SlotState, row: int) -> None:

@@ -10,6 +10,12 @@ words it::
     Code block 2 failed:
     <stderr>
 
+It is TorchRL's tool transform (a :class:`~llmrl_core.envs.transforms.tool_calls.ToolTransformBase`): on each
+step it reads the answer at the end of ``("history", "prompt")`` and extends that history with one message per
+block; TorchRL's override points are kept (``_extract_python_code``, ``_execute_python_code(code, i)`` returning
+``{"success", "stdout", "stderr", "returncode"}``, ``_process_batch_item``). ChatEnv keeps each block run in the
+slot's ``info["tool_calls"]`` (and ``num_tool_calls`` / ``tool_errors``).
+
 Modes:
 
 * ``persistent=True``: one long-lived sandboxed interpreter per env slot, so variables, imports and files
@@ -28,10 +34,11 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from llmrl_core.envs.transforms.base import SlotTransform
-from llmrl_core.envs.types import SlotState
+import torch
+from tensordict import TensorDictBase
+
+from llmrl_core.envs.transforms.tool_calls import ToolTransformBase
 from llmrl_core.tools.sandbox import ExecResult, Sandbox, SandboxConfig, SandboxLimits
-from llmrl_core.tools.tool_calls import tool_call_record
 
 CODE_BLOCK = re.compile(r"```python[ \t]*\r?\n(.*?)\r?\n?```", re.DOTALL)
 
@@ -68,29 +75,30 @@ def _failed(text: str) -> bool:
     return text.split("\n", 1)[0].endswith("failed:")
 
 
-class PythonInterpreter(SlotTransform):
+class PythonInterpreter(ToolTransformBase):
     """Execute the assistant's Python code blocks in a sandbox and append the results as tool messages.
 
     Failure is judged by the exception raised, not by stderr, in both modes: a block "failed" when it raised (or
     timed out, or crashed). Code that writes to stderr (a library warning, a ``print(..., file=sys.stderr)``) and
     finishes is a success, and its message carries its stdout only, as TorchRL's success message does. TorchRL's
     persistent mode counts any stderr output as a failure; we differ on purpose, since warnings would otherwise
-    fail correct code.
+    fail correct code. Rows whose episode has ended run nothing (see ``ToolTransformBase``).
 
     Args:
         tokenizer: accepted for TorchRL's signature (the env renders the messages; none is needed here).
         tool_name: role of the result messages (TorchRL's name), ``"tool"`` by default.
-        persistent: keep one interpreter per slot across turns (reset with the env), else one per block.
+        persistent: keep one interpreter per env slot across turns (reset with the slot's episode), else one per
+            block.
         timeout: wall-clock seconds per block (also the per-block CPU budget unless ``sandbox_config`` sets it).
         services, service_name, namespace: TorchRL's Ray-hosted interpreter pool; refused (``services``/``namespace``
             set): llmrl runs each interpreter in its own sandboxed process.
         tool_role: llmrl's name for ``tool_name`` (either may be given).
         sandbox_config: limits and confinement options (:class:`~llmrl_core.tools.sandbox.SandboxConfig`).
         max_blocks: run at most this many blocks per message (the rest get a "skipped" message).
-        max_workers: slots executed concurrently.
+        max_workers: rows executed concurrently.
     """
 
-    writes_reward = False
+    use_step = True
 
     def __init__(
         self,
@@ -113,30 +121,38 @@ class PythonInterpreter(SlotTransform):
                 "PythonInterpreter: services=/namespace= select TorchRL's Ray-hosted interpreter pool; llmrl runs "
                 "each interpreter in its own sandboxed process (drop these arguments)"
             )
-        self.tokenizer, self.service_name = tokenizer, service_name
-        tool_role = tool_role if tool_role is not None else tool_name
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0, got {timeout}")
         if max_blocks < 1 or max_workers < 1:
             raise ValueError("max_blocks and max_workers must be >= 1")
-        if sandbox_config is None:
-            sandbox_config = SandboxConfig(limits=SandboxLimits(wall_time_s=timeout, cpu_time_s=timeout))
+        self.tokenizer, self.service_name = tokenizer, service_name
+        self.services, self.namespace = services, namespace
+        self.tool_role = tool_role if tool_role is not None else tool_name
+        self.sandbox_config = sandbox_config or SandboxConfig(
+            limits=SandboxLimits(wall_time_s=timeout, cpu_time_s=timeout)
+        )
         self.persistent = persistent
         self.timeout = timeout
-        self.tool_role = tool_role
-        self.sandbox_config = sandbox_config
         self.max_blocks = max_blocks
         self.max_workers = max_workers
         self._sandboxes: dict[int, Sandbox] = {}
 
     # --- lifecycle -------------------------------------------------------------------------------
-    def on_reset(self, slots: list[SlotState]) -> None:
-        """New episodes in ``slots``: their persistent interpreters are discarded (fresh state per episode);
-        other slots' interpreters live on (a rolling reset restarts some slots while others run)."""
-        for slot in slots:
-            box = self._sandboxes.pop(slot.index, None)
+    def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
+        """New episodes (every row, or those TorchRL's ``"_reset"`` entry marks): their persistent interpreters are
+        discarded (fresh state per episode); other slots' interpreters live on (a rolling reset restarts some
+        slots while others run)."""
+        flags = tensordict.get("_reset", None) if tensordict is not None else None
+        size = tensordict_reset.batch_size[0] if tensordict_reset.batch_dims else 1
+        if flags is None:
+            rows = list(range(size))
+        else:
+            rows = [i for i, flag in enumerate(torch.as_tensor(flags).reshape(size, -1).any(-1).tolist()) if flag]
+        for i in rows:
+            box = self._sandboxes.pop(self._slot_of(i), None)
             if box is not None:
                 box.close()
+        return tensordict_reset
 
     def close(self) -> None:
         """Stop all interpreters and delete their working directories."""
@@ -144,72 +160,85 @@ class PythonInterpreter(SlotTransform):
         for box in sandboxes.values():
             box.close()
 
+    def clone(self) -> PythonInterpreter:
+        """The same settings, no interpreters, no env (TorchRL's ``clone``)."""
+        return type(self)(
+            tokenizer=self.tokenizer,
+            tool_name=self.tool_role,
+            persistent=self.persistent,
+            timeout=self.timeout,
+            service_name=self.service_name,
+            sandbox_config=self.sandbox_config,
+            max_blocks=self.max_blocks,
+            max_workers=self.max_workers,
+        )
+
     def __del__(self) -> None:
         try:
             self.close()
         except Exception:  # noqa: BLE001 (interpreter shutdown)
             pass
 
-    # --- execution -------------------------------------------------------------------------------
-    def _run_block(self, slot_index: int, code: str) -> ExecResult:
-        if not self.persistent:
-            with Sandbox(self.sandbox_config) as box:
-                return box.run(code, wall_time_s=self.timeout)
-        box = self._sandboxes.get(slot_index)
-        if box is None:
-            box = self._sandboxes[slot_index] = Sandbox(self.sandbox_config)
-        return box.run(code, wall_time_s=self.timeout)
+    # --- execution (TorchRL's override points) ---------------------------------------------------
+    def _extract_python_code(self, text: str) -> list[str]:
+        """The ```` ```python ```` blocks of ``text``, in order."""
+        return extract_python_blocks(text)
 
-    def _run_slot(self, slot: SlotState, blocks: list[str]) -> list[str]:
+    def _execute_python_code(self, code: str, i: int) -> dict[str, Any]:
+        """Run ``code`` for row ``i`` (in its slot's interpreter when persistent, else a fresh one): TorchRL's
+        ``{"success", "stdout", "stderr", "returncode"}``, plus llmrl's ``"result"`` (the sandbox's
+        :class:`~llmrl_core.tools.sandbox.ExecResult`, which words timeouts and lost state)."""
+        try:
+            if not self.persistent:
+                with Sandbox(self.sandbox_config) as box:
+                    result = box.run(code, wall_time_s=self.timeout)
+            else:
+                slot = self._slot_of(i)
+                box = self._sandboxes.get(slot)
+                if box is None:
+                    box = self._sandboxes[slot] = Sandbox(self.sandbox_config)
+                result = box.run(code, wall_time_s=self.timeout)
+        except Exception as exc:  # noqa: BLE001 (the sandbox could not even start: report, don't crash the env)
+            result = ExecResult(False, "crashed", stderr=f"{type(exc).__name__}: {exc}\n", error=str(exc))
+        return {
+            "success": result.ok,
+            "stdout": result.stdout,
+            "stderr": result.stderr,
+            "returncode": 0 if result.ok else -1,
+            "result": result,
+        }
+
+    def _process_batch_item(self, content: str, index: int) -> list[str] | None:
+        """Run each block of ``content`` (at most ``max_blocks``); one message per block, or None without code."""
+        blocks = self._extract_python_code(content)
+        if not blocks:
+            return None
         messages = []
         for k, code in enumerate(blocks[: self.max_blocks], start=1):
-            try:
-                result = self._run_block(slot.index, code)
-            except Exception as exc:  # noqa: BLE001 (the sandbox could not even start: report, don't crash the env)
-                result = ExecResult(False, "crashed", stderr=f"{type(exc).__name__}: {exc}\n", error=str(exc))
-            messages.append(format_block_result(k, result))
+            outcome = self._execute_python_code(code, index)
+            if isinstance(outcome.get("result"), ExecResult):
+                text = format_block_result(k, outcome["result"])
+            elif outcome["success"]:  # a subclass's own executor: TorchRL's wording
+                text = f"Code block {k} executed successfully:\n{outcome['stdout']}"
+            else:
+                text = f"Code block {k} failed:\n{outcome['stderr']}"
+            messages.append(text)
+            self._record_call(index, "python", {"code": code}, text, _failed(text))
         for k in range(self.max_blocks + 1, len(blocks) + 1):
-            messages.append(f"Code block {k} failed:\n[skipped: at most {self.max_blocks} blocks run per message]")
+            text = f"Code block {k} failed:\n[skipped: at most {self.max_blocks} blocks run per message]"
+            messages.append(text)
+            self._record_call(index, "python", {"code": ""}, text, True)
         return messages
 
-    def on_step(self, slots: list[SlotState]) -> None:
-        """Run the code blocks of every active slot (slots in parallel) and append the tool messages."""
-        work: list[tuple[SlotState, list[str]]] = []
-        for slot in slots:
-            if slot.done:
-                continue
-            message = slot.last_message()
-            if message is None or message.role != self.parent_policy_role():
-                continue
-            blocks = extract_python_blocks(message.text)
-            if blocks:
-                work.append((slot, blocks))
-        if not work:
-            return
-        if len(work) == 1:
-            outputs = [self._run_slot(*work[0])]
-        else:
-            with ThreadPoolExecutor(max_workers=min(self.max_workers, len(work))) as pool:
-                outputs = list(pool.map(lambda item: self._run_slot(*item), work))
-        for (slot, blocks), messages in zip(work, outputs, strict=True):
-            calls = slot.info.setdefault("tool_calls", [])
-            for k, text in enumerate(messages):
-                slot.add_message(self.tool_role, text)
-                code = blocks[k] if k < len(blocks) else ""
-                calls.append(tool_call_record(slot.turn - 1, "python", {"code": code}, text, _failed(text)))
-            failed = sum(1 for text in messages if _failed(text))
-            slot.info["python_blocks"] = slot.info.get("python_blocks", 0) + len(messages)
-            slot.info["python_failures"] = slot.info.get("python_failures", 0) + failed
-            slot.info["num_tool_calls"] = slot.info.get("num_tool_calls", 0) + len(messages)
-            slot.info["tool_errors"] = slot.info.get("tool_errors", 0) + failed
-
-    def parent_policy_role(self) -> str:
-        """The role of the policy's messages in the parent env (``"assistant"`` without a parent)."""
-        return getattr(self.parent, "policy_role", "assistant")
-
-    def state_dict(self) -> dict[str, Any]:
-        """Interpreter state is process memory and is not checkpointed; only the settings are."""
-        return {"persistent": self.persistent, "timeout": self.timeout}
+    def _process_rows(self, contents: list[str], rows: list[int]) -> list[list[str] | None]:
+        """The rows run concurrently (at most ``max_workers``): the work is in the sandbox processes."""
+        with_code = [i for i in rows if self._extract_python_code(contents[i])]
+        if len(with_code) <= 1:
+            return [self._process_batch_item(contents[i], i) for i in rows]
+        with ThreadPoolExecutor(max_workers=min(self.max_workers, len(with_code))) as pool:
+            ran = pool.map(lambda i: self._process_batch_item(contents[i], i), with_code)
+            found = dict(zip(with_code, ran, strict=True))
+        return [found.get(i) for i in rows]
 
     def __repr__(self) -> str:
         return f"PythonInterpreter(persistent={self.persistent}, timeout={self.timeout})"

@@ -142,10 +142,36 @@ class ToolTransformBase(Transform):
 
     ``use_step`` (True) runs the tool in ``_step`` (env steps); False runs it in ``_call`` instead (TorchRL's switch:
     calling the other one raises ``RuntimeError``). Override :meth:`_format_result` to change how each result reads.
+
+    Unlike TorchRL's, a row whose episode has ended (``done`` set by the env's turn limit or a transform before this
+    one, e.g. a reward parser that saw the answer) runs no tool: its output would have no reader. A subclass may
+    note the calls it ran (:meth:`_record_call`): ChatEnv keeps them in the slot's ``info`` (the tool metrics).
     """
 
     use_step: bool = True
     tool_role: str = "tool"
+
+    # llmrl: the calls a step ran, per row ({row: [(tool, arguments, result, failed), ...]}), for the env to keep
+    _call_records: dict[int, list[tuple[str, Any, str, bool]]]
+
+    def _slot_of(self, index: int) -> int:
+        """The env slot that row ``index`` of the data being transformed is (llmrl's list calls hand the
+        transforms the active slots only, so a row is not always its slot): what per-episode state (a persistent
+        interpreter) is kept under."""
+        rows = getattr(self.parent, "td_row_slots", None)
+        return rows.get(index, index) if rows else index
+
+    def _record_call(self, index: int, tool: str, arguments: Any, result: str, failed: bool) -> None:
+        """Note one call run for row ``index``; the env keeps it in the slot's ``info["tool_calls"]`` and counts it
+        in ``info["num_tool_calls"]`` / ``info["tool_errors"]`` (the flows' and evaluators' tool metrics)."""
+        records = self.__dict__.setdefault("_call_records", {})
+        records.setdefault(index, []).append((tool, arguments, result, failed))
+
+    def take_call_records(self) -> dict[int, list[tuple[str, Any, str, bool]]]:
+        """The calls recorded since the last take, per row (then forgotten)."""
+        records = self.__dict__.get("_call_records") or {}
+        self.__dict__["_call_records"] = {}
+        return records
 
     def _validate_and_extract_history(self, next_tensordict: TensorDictBase) -> tuple[History, History]:
         """The prompt history of the step and its last message per row; ``RuntimeError`` outside a ChatEnv or
@@ -193,8 +219,17 @@ class ToolTransformBase(Transform):
         history, last = self._validate_and_extract_history(next_tensordict)
         content = last.content
         contents = [content] if isinstance(content, str) else list(content)
-        results = [self._process_batch_item(text, i) for i, text in enumerate(contents)]
+        done = next_tensordict.get("done", None)
+        rows = [i for i in range(len(contents)) if done is None or not bool(done[i].any())]
+        results: list[list[str] | None] = [None] * len(contents)
+        for i, found in zip(rows, self._process_rows(contents, rows), strict=True):
+            results[i] = found
         return self._inject_results_to_history(history, results, next_tensordict)
+
+    def _process_rows(self, contents: list[str], rows: list[int]) -> list[list[str] | None]:
+        """:meth:`_process_batch_item` of each row in ``rows`` (one after the other; a subclass may run them
+        concurrently). Rows whose episode has ended (``done``) are not given: nobody reads a tool's output there."""
+        return [self._process_batch_item(contents[i], i) for i in rows]
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         if not self.use_step:
