@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -221,5 +222,46 @@ def test_transform_takes_torchrl_positional_arguments():
         out = env.step(['<call:calc.add>{"a": 2, "b": 3}</call> <tool_call>{"name": "calc.add"}</tool_call>'])
         results = [m.text for m in out.history[0].messages if m.role == "observation"]
         assert results == ["Tool calc.add executed successfully:\n5.0"]  # only the pattern's form is parsed
+    finally:
+        transform.close()
+
+
+def test_it_is_torchrls_tool_transform_and_its_override_points_work():
+    """TorchRL's hooks: ``_extract_tool_calls`` gives (server, tool, args_json); a subclass overriding
+    ``_execute_tool_sync`` is run through it, and its calls are counted in the slot's info."""
+    from llmrl_core.envs.transforms.tools import ToolTransformBase
+
+    class Audited(MCPToolTransform):
+        seen: list = []
+
+        def _execute_tool_sync(self, server_name, tool_name, args_json):
+            self.seen.append((server_name, tool_name, json.loads(args_json)))
+            if tool_name == "divide":
+                return {"success": False, "error": "audited: no division"}
+            return super()._execute_tool_sync(server_name, tool_name, args_json)
+
+    transform = Audited({"calc": CALC}, timeout=10)
+    try:
+        assert isinstance(transform, ToolTransformBase)
+        text = (
+            '<tool>calc.add\n{"a": 2, "b": 3}</tool> '
+            '<tool_call>{"name": "calc.divide", "arguments": {"a": 1, "b": 2}}</tool_call>'
+        )
+        assert transform._extract_tool_calls(text) == [
+            ("calc", "add", '{"a": 2, "b": 3}'),
+            ("calc", "divide", '{"a": 1, "b": 2}'),
+        ]
+        env = ChatEnv(batch_size=2).append_transform(transform)
+        env.reset(["q1", "q2"])
+        out = env.step([text, "no tools"])
+        results = [m.text for m in out.history[0].messages if m.role == "tool"]
+        assert results == [
+            "Tool calc.add executed successfully:\n5.0",
+            "Tool calc.divide failed:\naudited: no division",
+        ]
+        assert [m.role for m in out.history[1].messages][-1] == "assistant"
+        assert transform.seen == [("calc", "add", {"a": 2, "b": 3}), ("calc", "divide", {"a": 1, "b": 2})]
+        assert out.info[0]["num_tool_calls"] == 2 and out.info[0]["tool_errors"] == 1
+        assert [c["name"] for c in out.info[0]["tool_calls"]] == ["calc.add", "calc.divide"]
     finally:
         transform.close()

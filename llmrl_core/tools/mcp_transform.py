@@ -1,8 +1,9 @@
 """``MCPToolTransform``: the env calls MCP tools that the assistant asks for, and appends the results.
 
-After each step the last assistant message of every active slot is parsed for tool calls (JSON and
-XML-tag forms, see :mod:`llmrl_core.tools.tool_calls`); all calls of all slots go out together and run
-concurrently (:class:`~llmrl_core.tools.mcp_client.MCPClientPool`), each under ``timeout``. Every call
+It is TorchRL's tool transform (a :class:`~llmrl_core.envs.transforms.tool_calls.ToolTransformBase`). After each
+step the answer of every row whose episode goes on is parsed for tool calls (JSON and XML-tag forms, see
+:mod:`llmrl_core.tools.tool_calls`); all calls of all rows go out together and run concurrently
+(:class:`~llmrl_core.tools.mcp_client.MCPClientPool`), each under ``timeout``. Every call
 adds one message with role ``"tool"`` (outside the assistant mask), worded as TorchRL words it::
 
     Tool calc.add executed successfully:
@@ -24,10 +25,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from llmrl_core.envs.transforms.base import SlotTransform
-from llmrl_core.envs.types import SlotState
+from llmrl_core.envs.transforms.tool_calls import ToolTransformBase
 from llmrl_core.tools.mcp_client import MCPCallResult, MCPClientPool, MCPServerSpec, MCPToolInfo
-from llmrl_core.tools.tool_calls import ToolCall, ToolCallFormat, parse_tool_calls, tool_call_record
+from llmrl_core.tools.tool_calls import ToolCall, ToolCallFormat, parse_tool_calls
 
 
 def format_tool_result(result: MCPCallResult, max_chars: int) -> str:
@@ -71,8 +71,12 @@ def parse_pattern_calls(text: str, pattern: re.Pattern[str]) -> list[ToolCall]:
     return calls
 
 
-class MCPToolTransform(SlotTransform):
+class MCPToolTransform(ToolTransformBase):
     """Call MCP tools named in the assistant's message and append the results as ``tool`` messages.
+
+    TorchRL's override points work: ``_extract_tool_calls(text)`` (``(server, tool, args_json)`` triples),
+    ``_execute_tool_sync(server, tool, args_json)`` (``{"success", "result"}`` or ``{"success", "error"}``) and
+    ``_process_batch_item``; a subclass that overrides one of them is run row by row, through them.
 
     The first four arguments are TorchRL's, in its order; the others are llmrl's (keyword-only).
 
@@ -89,7 +93,7 @@ class MCPToolTransform(SlotTransform):
             fail). max_result_chars: result text kept per call.
     """
 
-    writes_reward = False
+    use_step = True
 
     def __init__(
         self,
@@ -146,29 +150,73 @@ class MCPToolTransform(SlotTransform):
         )
         return "\n".join(lines)
 
-    def on_step(self, slots: list[SlotState]) -> None:
-        """Parse every active slot's last assistant message, run all calls concurrently, append results."""
-        role = getattr(self.parent, "policy_role", "assistant")
-        per_slot: list[tuple[SlotState, list[ToolCall]]] = []
-        for slot in slots:
-            if slot.done:
+    # --- TorchRL's override points ----------------------------------------------------------------
+    def _extract_tool_calls(self, text: str) -> list[tuple[str, str, str]]:
+        """TorchRL's triples ``(server, tool, args_json)`` of the calls in ``text`` (calls that do not parse are
+        left out here; the env reports them as failed calls)."""
+        triples = []
+        for call in self.parse_calls(text):
+            if call.error or not call.name:
                 continue
-            message = slot.last_message()
-            if message is None or message.role != role:
-                continue
-            calls = self.parse_calls(message.text)
-            if calls:
-                per_slot.append((slot, calls))
-        if not per_slot:
-            return
+            server, _, tool = call.name.rpartition(".")
+            triples.append((server or next(iter(self.pool.specs), ""), tool, json.dumps(call.arguments)))
+        return triples
+
+    def _execute_tool_sync(self, server_name: str, tool_name: str, args_json: str) -> dict[str, Any]:
+        """One call, blocking: TorchRL's ``{"success": True, "result": ...}`` or
+        ``{"success": False, "error": ...}``."""
+        try:
+            args = json.loads(args_json) if args_json.strip() else {}
+        except json.JSONDecodeError as exc:
+            return {"success": False, "error": f"Failed to parse tool arguments: {exc}"}
+        (result,) = self.pool.call_many([(f"{server_name}.{tool_name}", args)], self.timeout)
+        return {"success": True, "result": result.text} if result.ok else {"success": False, "error": result.error}
+
+    def _process_batch_item(self, content: str, index: int) -> list[str] | None:
+        """The result messages of one row's calls (None without calls)."""
+        return self._run_rows([content], [index])[0]
+
+    # --- llmrl: every row's calls at once -------------------------------------------------------
+    def _overridden(self) -> bool:
+        own = MCPToolTransform
+        kind = type(self)
+        return any(
+            getattr(kind, name) is not getattr(own, name)
+            for name in ("_extract_tool_calls", "_execute_tool_sync", "_process_batch_item")
+        )
+
+    def _process_rows(self, contents: list[str], rows: list[int]) -> list[list[str] | None]:
+        """All rows' calls go out together (run concurrently by the client pool); a subclass overriding TorchRL's
+        hooks is run row by row through them."""
+        if self._overridden():
+            return [self._torchrl_row(contents[i], i) for i in rows]
+        return self._run_rows([contents[i] for i in rows], rows)
+
+    def _torchrl_row(self, content: str, index: int) -> list[str] | None:
+        if type(self)._process_batch_item is not MCPToolTransform._process_batch_item:
+            return self._process_batch_item(content, index)
+        messages = []
+        for server, tool, args_json in self._extract_tool_calls(content):
+            outcome = self._execute_tool_sync(server, tool, args_json)
+            ok = bool(outcome.get("success"))
+            verdict = "executed successfully" if ok else "failed"
+            text = f"Tool {server}.{tool} {verdict}:\n{outcome.get('result') if ok else outcome.get('error')}"
+            messages.append(text)
+            self._record_call(index, f"{server}.{tool}", args_json, text, not ok)
+        return messages or None
+
+    def _run_rows(self, contents: list[str], rows: list[int]) -> list[list[str] | None]:
+        per_row = [self.parse_calls(text) for text in contents]
         requests = [
             (call.name, call.arguments)
-            for _, calls in per_slot
+            for calls in per_row
             for call in calls[: self.max_calls]
             if not call.error and call.name
         ]
-        results = iter(self.pool.call_many(requests, self.timeout))
-        for slot, calls in per_slot:
+        results = iter(self.pool.call_many(requests, self.timeout)) if requests else iter(())
+        out: list[list[str] | None] = []
+        for index, calls in zip(rows, per_row, strict=True):
+            messages = []
             for k, call in enumerate(calls):
                 if k >= self.max_calls:
                     result = MCPCallResult(call.name, False, error=f"skipped: at most {self.max_calls} calls per turn")
@@ -177,13 +225,10 @@ class MCPToolTransform(SlotTransform):
                 else:
                     result = next(results)
                 text = format_tool_result(result, self.max_result_chars)
-                slot.add_message(self.tool_role, text)
-                slot.info.setdefault("tool_calls", []).append(
-                    tool_call_record(slot.turn - 1, result.tool, call.arguments, text, not result.ok)
-                )
-                slot.info["num_tool_calls"] = slot.info.get("num_tool_calls", 0) + 1
-                if not result.ok:
-                    slot.info["tool_errors"] = slot.info.get("tool_errors", 0) + 1
+                messages.append(text)
+                self._record_call(index, result.tool, call.arguments, text, not result.ok)
+            out.append(messages or None)
+        return out
 
     def close(self) -> None:
         """Stop the MCP servers and the client loop."""
