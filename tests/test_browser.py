@@ -104,6 +104,29 @@ def test_disallowed_domains_are_refused(browser_env, site):
     assert "unknown action 'fly'" in last_tool(out)
 
 
+def test_a_partial_reset_blanks_only_the_reset_slots_page(site):
+    """One tab per env slot: resetting slot 0 alone leaves slot 1 where it was; the list calls' rows map to their
+    slots (slot 0 ended, so slot 1 is row 0 of the step's data)."""
+    from llmrl_core.envs.transforms.tools import ToolTransformBase
+
+    transform = BrowserTransform(timeout=30)
+    try:
+        assert isinstance(transform, ToolTransformBase)
+        env = ChatEnv(batch_size=2).append_transform(transform)
+        env.reset(["one", "two"])
+        out = env.step([call({"action": "navigate", "url": site + "/next.html"})] * 2)
+        assert [c["name"] for c in out.info[1]["tool_calls"]] == ["browser"]
+        env.reset_slots([0], ["again"])
+        out = env.step([call({"action": "read"})] * 2)
+        texts = [conversation.messages[-1].text for conversation in out.history]
+        assert "URL: about:blank" in texts[0] and "You reached page two." in texts[1]
+        env.slots[0].terminate()
+        out = env.step([None, call({"action": "read"})])
+        assert "You reached page two." in out.history[1].messages[-1].text
+    finally:
+        transform.close()
+
+
 def test_reset_gives_a_blank_page(browser_env, site):
     env, _ = browser_env
     env.reset(["one"])

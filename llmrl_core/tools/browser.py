@@ -13,7 +13,8 @@ message, "Tool browser executed successfully:\\n<url, title, page text>" or "Too
 Where the browser may go is an allow-list of domains, loopback only by default; a refused URL is
 reported to the model. Enforcement (request interception plus a dead proxy for every other host) is in
 :mod:`llmrl_core.tools.browser_cdp`. One Chromium process serves the transform, with one tab per env slot;
-``ChatEnv.reset`` closes the tabs (fresh pages, no history), and a crashed browser is restarted.
+a slot's reset closes its tab (a fresh page, no history; other slots' pages stay), and a crashed browser is
+restarted. It is TorchRL's tool transform (a :class:`~llmrl_core.envs.transforms.tool_calls.ToolTransformBase`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from llmrl_core.envs.transforms.base import SlotTransform
-from llmrl_core.envs.types import SlotState
+from tensordict import TensorDictBase
+
+from llmrl_core.envs.transforms.tool_calls import ToolTransformBase
 from llmrl_core.tools.browser_cdp import LOOPBACK_HOSTS, BrowserError, ChromiumBrowser, host_allowed
 from llmrl_core.tools.tool_calls import ToolCall, ToolCallFormat, parse_tool_calls
 
@@ -57,7 +59,7 @@ class ToolFailure(Exception):
     """A browser action that could not be done (the message is shown to the model)."""
 
 
-class BrowserTransform(SlotTransform):
+class BrowserTransform(ToolTransformBase):
     """Run ``browser`` tool calls from the assistant's message in headless Chromium; append the results.
 
     The first five arguments are TorchRL's, in its order; the others are llmrl's (keyword-only).
@@ -77,8 +79,7 @@ class BrowserTransform(SlotTransform):
     The model calls the tool by the name in ``browser_tool_name`` (``"browser"``).
     """
 
-    writes_reward = False
-
+    use_step = True
     browser_tool_name = "browser"
 
     def __init__(
@@ -135,12 +136,14 @@ class BrowserTransform(SlotTransform):
             self._browser.close()
         self._browser, self._pages = None, {}
 
-    def on_reset(self, slots: list[SlotState]) -> None:
-        """Close every tab: each episode starts on a blank page."""
-        if self._browser is not None:
-            for session in self._pages.values():
+    def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
+        """Close the tabs of the slots starting new episodes (every row, or those TorchRL's ``"_reset"`` entry
+        marks): each episode starts on a blank page; other slots keep theirs."""
+        for slot in self._reset_slots(tensordict, tensordict_reset):
+            session = self._pages.pop(slot, None)
+            if session is not None and self._browser is not None:
                 self._browser.close_page(session)
-        self._pages = {}
+        return tensordict_reset
 
     def close(self) -> None:
         """Stop Chromium."""
@@ -249,20 +252,16 @@ class BrowserTransform(SlotTransform):
                 calls.append(call)
         return calls
 
-    def on_step(self, slots: list[SlotState]) -> None:
-        """Run the browser calls of every active slot, in order, and append one tool message per call."""
-        role = getattr(self.parent, "policy_role", "assistant")
-        for slot in slots:
-            message = slot.last_message()
-            if slot.done or message is None or message.role != role:
-                continue
-            for call in self._browser_calls(message.text):
-                ok, text = (False, call.error) if call.error else self.run_action(slot.index, call.arguments)
-                verdict = "executed successfully" if ok else "failed"
-                slot.add_message(self.tool_role, f"Tool {self.browser_tool_name} {verdict}:\n{text}")
-                slot.info["num_tool_calls"] = slot.info.get("num_tool_calls", 0) + 1
-                if not ok:
-                    slot.info["tool_errors"] = slot.info.get("tool_errors", 0) + 1
+    def _process_batch_item(self, content: str, index: int) -> list[str] | None:
+        """Run the browser calls of one row's answer, in order, in its slot's tab: one message per call."""
+        messages = []
+        for call in self._browser_calls(content):
+            ok, text = (False, call.error) if call.error else self.run_action(self._slot_of(index), call.arguments)
+            verdict = "executed successfully" if ok else "failed"
+            message = f"Tool {self.browser_tool_name} {verdict}:\n{text}"
+            messages.append(message)
+            self._record_call(index, self.browser_tool_name, call.arguments, message, not ok)
+        return messages or None
 
     def __repr__(self) -> str:
         return f"BrowserTransform(allowed_domains={list(self.allowed_domains)})"

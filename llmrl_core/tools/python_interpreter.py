@@ -34,7 +34,6 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import torch
 from tensordict import TensorDictBase
 
 from llmrl_core.envs.transforms.tool_calls import ToolTransformBase
@@ -142,14 +141,8 @@ class PythonInterpreter(ToolTransformBase):
         """New episodes (every row, or those TorchRL's ``"_reset"`` entry marks): their persistent interpreters are
         discarded (fresh state per episode); other slots' interpreters live on (a rolling reset restarts some
         slots while others run)."""
-        flags = tensordict.get("_reset", None) if tensordict is not None else None
-        size = tensordict_reset.batch_size[0] if tensordict_reset.batch_dims else 1
-        if flags is None:
-            rows = list(range(size))
-        else:
-            rows = [i for i, flag in enumerate(torch.as_tensor(flags).reshape(size, -1).any(-1).tolist()) if flag]
-        for i in rows:
-            box = self._sandboxes.pop(self._slot_of(i), None)
+        for slot in self._reset_slots(tensordict, tensordict_reset):
+            box = self._sandboxes.pop(slot, None)
             if box is not None:
                 box.close()
         return tensordict_reset

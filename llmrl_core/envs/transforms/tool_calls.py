@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypedDict
 
+import torch
 from tensordict import TensorDictBase, lazy_stack
 
 from llmrl_core.data.history import History
@@ -160,6 +161,16 @@ class ToolTransformBase(Transform):
         interpreter) is kept under."""
         rows = getattr(self.parent, "td_row_slots", None)
         return rows.get(index, index) if rows else index
+
+    def _reset_slots(self, tensordict: TensorDictBase | None, tensordict_reset: TensorDictBase) -> list[int]:
+        """The env slots a ``_reset`` starts new episodes in: every row of ``tensordict_reset``, or the rows
+        TorchRL's ``"_reset"`` entry of ``tensordict`` marks (a partial reset)."""
+        flags = tensordict.get("_reset", None) if tensordict is not None else None
+        size = tensordict_reset.batch_size[0] if tensordict_reset.batch_dims else 1
+        if flags is None:
+            return [self._slot_of(i) for i in range(size)]
+        marked = torch.as_tensor(flags).reshape(size, -1).any(-1).tolist()
+        return [self._slot_of(i) for i, flag in enumerate(marked) if flag]
 
     def _record_call(self, index: int, tool: str, arguments: Any, result: str, failed: bool) -> None:
         """Note one call run for row ``index``; the env keeps it in the slot's ``info["tool_calls"]`` and counts it
