@@ -560,8 +560,11 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
                 slots = [turn.slot for turn in turns]
                 position = {id(slot): i for i, slot in enumerate(self.slots)}
                 rows = [position[id(slot)] for slot in slots]
+                lent = [name for name in self.slots[0].data if name not in next_td.keys()] if self.slots else []
+                add_row_fields(next_td, [slot.data for slot in self.slots], self.input_mode)  # lent to the transforms
                 next_td = run_step_transforms(self, slots, rows, actions, next_td)
                 next_td = run_late_slot_transforms(self, slots, rows, next_td)
+                next_td = next_td.exclude(*[name for name in lent if name in next_td.keys()])
             return actions.set("next", next_td)
         turns = self._apply_actions(actions)
         run_td_step(self, turns)

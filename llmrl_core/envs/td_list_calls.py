@@ -20,6 +20,7 @@ from llmrl_core.data.conversation import Conversation, Message
 from llmrl_core.envs.tensordict_io import (
     Turn,
     add_row_fields,
+    entry_keys,
     entry_rows,
     output_to_tensordict,
     reward_change,
@@ -95,7 +96,7 @@ def run_step_transforms(
     in ``reward_components`` under the transform's class name), the messages they appended to the conversation
     (:func:`adopt_conversations`), the entries they added (``next_fields``) and the end flags. Returns the
     transformed ``next_td``."""
-    base_keys = set(next_td.keys(include_nested=True, leaves_only=True))
+    base_keys = set(entry_keys(next_td))
     # no reward entry (the env has no reward source): the slots' rewards, until a transform writes one
     baseline = [torch.zeros(1) for _ in range(next_td.batch_size[0])]
     for slot, i in zip(slots, rows, strict=True):
@@ -107,7 +108,7 @@ def run_step_transforms(
         keys_before = set(next_td.keys())
         with rows_as_slots(env, {i: slot.index for slot, i in zip(slots, rows, strict=True)}):
             next_td = transform._step(action_td, next_td)
-        keep_tool_calls(transform, slots, rows)
+        named = keep_row_notes(transform, slots, rows)
         after = reward_rows(next_td, transform, None if had_reward else rewards)  # a reward taken away is named
         had_reward = had_reward or "reward" in next_td.keys()
         parts = [key for key in next_td.keys() if key not in keys_before and str(key).startswith("reward_")]
@@ -116,7 +117,7 @@ def run_step_transforms(
             if parts:  # the transform names its reward's parts (TorchRL's parsers: reward_answer, reward_right, ...)
                 for key in parts:
                     slot.reward_components[key] = float(next_td.get(key)[i].sum())
-            elif change != 0.0:
+            elif change != 0.0 and i not in named:  # (a transform's noted components name its reward's parts)
                 name = type(transform).__name__
                 slot.reward_components[name] = slot.reward_components.get(name, 0.0) + change
             totals[i] += change
@@ -124,7 +125,7 @@ def run_step_transforms(
     for slot, i in zip(slots, rows, strict=True):
         slot.episode_reward += totals[i] - slot.reward
         slot.reward = totals[i]
-    for key in next_td.keys(include_nested=True, leaves_only=True):
+    for key in entry_keys(next_td):
         if key not in base_keys and key != "reward":
             values = entry_rows(next_td, key)
             for slot, i in zip(slots, rows, strict=True):
@@ -174,19 +175,26 @@ def rows_as_slots(env: ChatEnv, slot_of_row: dict[int, int]) -> Iterator[None]:
         env.td_row_slots = None
 
 
-def keep_tool_calls(transform: Any, slots: list[SlotState], rows: list[int]) -> None:
-    """The calls a tool transform ran this step (``ToolTransformBase._record_call``) into each slot's ``info``:
-    ``tool_calls`` (turn, tool, arguments, result, error), ``num_tool_calls`` and ``tool_errors``."""
-    take = getattr(transform, "take_call_records", None)
-    records = take() if callable(take) else None
-    if not records:
-        return
+def keep_row_notes(transform: Any, slots: list[SlotState], rows: list[int]) -> set[int]:
+    """What a transform noted about this step's rows (``Transform._note_row``) into each slot: reward components,
+    ``info`` entries, and the tool calls it ran (``info["tool_calls"]`` with the turn, ``num_tool_calls``,
+    ``tool_errors``). Returns the rows it gave reward components for."""
+    take = getattr(transform, "take_row_notes", None)
+    notes = take() if callable(take) else None
+    if not notes:
+        return set()
     for slot, i in zip(slots, rows, strict=True):
-        for tool, arguments, result, failed in records.get(i, ()):
+        note = notes.get(i)
+        if note is None:
+            continue
+        slot.reward_components.update(note["reward_components"])
+        slot.info.update(note["info"])
+        for tool, arguments, result, failed in note["tool_calls"]:
             record = tool_call_record(slot.turn - 1, tool, arguments, result, failed)
             slot.info.setdefault("tool_calls", []).append(record)
             slot.info["num_tool_calls"] = slot.info.get("num_tool_calls", 0) + 1
             slot.info["tool_errors"] = slot.info.get("tool_errors", 0) + int(failed)
+    return {i for i in rows if i in notes and notes[i]["reward_components"]}
 
 
 def _set_flags(next_td: TensorDictBase, slot: SlotState, row: int) -> None:

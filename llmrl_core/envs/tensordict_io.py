@@ -24,7 +24,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase, is_tensor_collection, lazy_stack
+from tensordict import (
+    NonTensorData,
+    NonTensorStack,
+    TensorDict,
+    TensorDictBase,
+    is_tensor_collection,
+    is_tensorclass,
+    lazy_stack,
+)
 from tensordict.utils import NestedKey
 
 from llmrl_core.data.conversation import Conversation
@@ -54,6 +62,8 @@ def row_field_lists(td: TensorDictBase) -> dict[str, list[Any]]:
         if key in _LAYOUT_KEYS:
             continue
         values = plain_value(td.get(key))
+        if isinstance(values, torch.Tensor) and values.ndim == 1 and len(values) == size:
+            values = values.tolist()  # numbers, one per row (a row's integer id)
         if isinstance(values, list) and len(values) == size:
             fields[key] = values
     return fields
@@ -365,9 +375,31 @@ def reward_change(before: torch.Tensor, after: torch.Tensor) -> float:
     return float(after.sum() - before.sum())
 
 
+def entry_is_leaf(kind: type) -> bool:
+    """Where the keys of a step's data stop: at tensors, non-tensor data and tensorclasses (a transform's typed
+    entry, e.g. IFEval's ``IFEvalScoreData``, stays one entry with its class)."""
+    return not is_tensor_collection(kind) or is_tensorclass(kind) or issubclass(kind, NonTensorData | NonTensorStack)
+
+
+def entry_keys(td: TensorDictBase) -> list[NestedKey]:
+    """The keys of ``td``'s entries down to :func:`entry_is_leaf` (a top-level entry by its name, a nested one by
+    its tuple): a tensorclass is one entry, not the fields inside it."""
+    keys: list[NestedKey] = []
+    for key, value in td.items():
+        if is_tensor_collection(value) and not entry_is_leaf(type(value)):
+            keys.extend((key, *(sub if isinstance(sub, tuple) else (sub,))) for sub in entry_keys(value))
+        else:
+            keys.append(key)
+    return keys
+
+
 def entry_rows(td: TensorDictBase, key: NestedKey) -> list[Any]:
     """One value per row of ``td``'s entry ``key``: a tensor per row (ragged rows of a lazy stack or a nested
-    tensor come back at their own lengths), the plain value of a non-tensor entry."""
+    tensor come back at their own lengths), a tensorclass's rows as that class, the plain value of a non-tensor
+    entry."""
+    whole = td.get(key)
+    if is_tensorclass(whole) and not isinstance(whole, NonTensorData | NonTensorStack):
+        return list(whole.unbind(0))
     value = td.get(key, as_list=True)
     if isinstance(value, torch.Tensor):
         return [row.detach() for row in value.unbind(0)]

@@ -5,14 +5,17 @@ Semantics follow TorchRL 0.14.1's ``IfEvalScorer``:
 * The scored text is the content of the first ``<answer>...</answer>`` block of the policy's last message
   (an empty string when there is none, which follows no instruction). ``answer_only=False`` scores the whole
   message instead, which is plain IFEval evaluation of a model that is not asked for tags.
-* The row's ``instruction_id_list`` and ``kwargs`` (keys configurable) give the instructions; the result is
-  an :class:`~llmrl_core.envs.ifeval.evaluation.IFEvalScoreData` stored in ``slot.info[score_key]`` and, as
-  TorchRL writes it, under ``("next", score_key)`` of the step's TensorDict (and of the collector's rows).
+* It is a TorchRL TensorDict transform: ``_step`` reads each row's answer from the step's action data and its
+  ``instruction_id_list`` and ``kwargs`` (keys configurable) from the row's fields; the result is an
+  :class:`~llmrl_core.envs.ifeval.evaluation.IFEvalScoreData` written, as TorchRL writes it, under
+  ``("next", score_key)`` of the step's TensorDict (and of the collector's rows); a ChatEnv keeps it in
+  ``slot.info[score_key]`` too (``Transform._note_row``). Unlike TorchRL's, it runs in every input mode.
 * With ``aggregate_reward=True`` the step reward is :func:`~llmrl_core.envs.ifeval.reward.ifeval_reward`
   (weights ``format_weights``, default 0.4/0.3/0.2/0.1, plus 0.1/0.05 for exactly one answer/think block).
   A callable replaces it: ``fn(score, think_blocks=..., answer_blocks=..., complete=...) -> float``.
   ``aggregate_reward=False`` records the scores without adding a reward.
-* ``reward_components`` get the four metrics (instruction-level ones as fractions) and the two format flags.
+* The slots' ``reward_components`` get the four metrics (instruction-level ones as fractions) and the two format
+  flags (noted for the env, as the step's TensorDict has no place for them).
 * With ``set_done_if_answer`` the episode terminates once the response has an answer block.
 """
 
@@ -22,10 +25,15 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
+from tensordict import TensorDictBase
+
+from llmrl_core.data.tensor_specs import Composite, Unbounded
 from llmrl_core.envs.ifeval.evaluation import IFEvalScoreData, score_response
 from llmrl_core.envs.ifeval.reward import IFEVAL_WEIGHTS, extract_blocks, ifeval_reward, metric_components
-from llmrl_core.envs.transforms.base import SlotTransform
-from llmrl_core.envs.types import SlotState
+from llmrl_core.envs.tensordict_io import responses_from_tensordict, row_field_lists, stack_next_fields
+from llmrl_core.envs.transforms.td_base import Transform
+from llmrl_core.envs.types import Response
 
 _LOG = logging.getLogger("llmrl_core.envs.ifeval")
 RewardAggregator = Callable[..., float]
@@ -37,7 +45,7 @@ METRIC_NAMES: tuple[str, ...] = (
 )
 
 
-class IfEvalScorer(SlotTransform):
+class IfEvalScorer(Transform):
     """Scores IFEval responses and turns the four metrics into a reward (see the module docstring).
 
     The keyword arguments are TorchRL's, in its order, then llmrl's ``answer_only``. ``prompt_key`` and
@@ -47,8 +55,6 @@ class IfEvalScorer(SlotTransform):
     In a TensorDict step's ``"next"`` data the reward is ``(B, 1, 1)``, as TorchRL writes it (none without
     ``aggregate_reward``), beside the score under ``score_key``.
     """
-
-    reward_shape = (1, 1)
 
     def __init__(
         self,
@@ -66,7 +72,6 @@ class IfEvalScorer(SlotTransform):
         answer_only: bool = True,
     ) -> None:
         super().__init__()
-        self.writes_reward = bool(aggregate_reward)
         weights = tuple(format_weights) if format_weights is not None else IFEVAL_WEIGHTS
         if len(weights) != 4:
             raise ValueError(f"format_weights must have 4 entries, got {weights}")
@@ -81,15 +86,6 @@ class IfEvalScorer(SlotTransform):
         self.format_weights = weights
         self.answer_only = answer_only
         self.set_done_if_answer = set_done_if_answer
-
-    def _instructions(self, slot: SlotState) -> tuple[Any, Any]:
-        missing = [k for k in (self.instruction_ids_key, self.keyword_args_key) if k not in slot.data]
-        if missing:
-            raise ValueError(
-                f"IfEvalScorer: slot {slot.index} (prompt {slot.data.get(self.id_key, slot.prompt_id)!r}) has no "
-                f"field(s) {missing}; row fields: {sorted(slot.data)}"
-            )
-        return slot.data[self.instruction_ids_key], slot.data[self.keyword_args_key]
 
     def _evaluate(
         self, text: str, instruction_id_list: Any, kwargs_list: Any
@@ -117,34 +113,96 @@ class IfEvalScorer(SlotTransform):
             return ifeval_reward(score, think_blocks, answer_blocks, self.format_weights)
         return 0.0
 
-    def step_slot(self, slot: SlotState) -> None:
-        """Score the slot's last policy message, record the metrics, add the reward, maybe terminate."""
-        role = self.parent.policy_role if self.parent is not None else "assistant"
-        message = slot.last_message(role)
-        if message is None:
-            raise ValueError(f"IfEvalScorer: slot {slot.index} has no {role!r} message to score")
-        instruction_ids, kwargs_list = self._instructions(slot)
-        try:
-            score, think_blocks, answer_blocks = self._evaluate(message.text, instruction_ids, kwargs_list)
-        except ValueError as err:
-            where = f"prompt {slot.data.get(self.id_key, slot.prompt_id)!r}"
-            raise type(err)(f"IfEvalScorer: {where}: {err}") from None
-        slot.info[self.score_key] = score
-        slot.next_fields[self.score_key] = score  # TorchRL writes it in the step's "next" data
-        for name, value in zip(METRIC_NAMES, metric_components(score), strict=True):
-            slot.reward_components[name] = value
-        slot.reward_components["answer_block"] = float(len(answer_blocks) == 1)
-        slot.reward_components["think_block"] = float(len(think_blocks) == 1)
-        reward = self._reward(score, think_blocks, answer_blocks, complete=message.is_complete)
+    # --- the env hooks ---------------------------------------------------------------------------
+    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
+        """Score each row's answer (the step's action data ``tensordict``) against its row's instructions; write
+        the score under ``score_key`` and the reward ``(B, 1, 1)`` (added to one already there) into
+        ``next_tensordict``, end answered episodes (see the module docstring). A row whose episode had ended
+        before the step gets a zeroed score and no reward."""
+        if next_tensordict.batch_dims != 1:
+            if next_tensordict.batch_dims == 0:
+                raise ValueError("IfEvalScorer: the step data has no batch dimension")
+            with tensordict.view(-1) as flat, next_tensordict.view(-1) as next_flat:
+                self._step(flat, next_flat)
+            return next_tensordict
+        size = next_tensordict.batch_size[0]
+        answers = responses_from_tensordict(tensordict, getattr(self.parent, "tokenizer", None))
+        rows = self._rows(tensordict, next_tensordict, size)
+        active = self._active_rows(size)
+        scores: list[IFEvalScoreData | None] = [None] * size
+        rewards = [0.0] * size
+        answered = [False] * size
+        for i in active:
+            score, rewards[i], answered[i] = self._score_row(i, answers[i], rows[i])
+            scores[i] = score
+        stacked = stack_next_fields([{self.score_key: score} if score is not None else {} for score in scores])
+        if self.score_key in stacked:
+            next_tensordict.set(self.score_key, stacked[self.score_key])
+        device = next_tensordict.device
         if self.aggregate_reward:
-            slot.add_reward(reward)
+            value = torch.tensor(rewards, dtype=torch.float32, device=device).reshape(size, 1, 1)
+            existing = next_tensordict.get("reward", None)
+            next_tensordict.set("reward", value if existing is None else _add_per_row(existing, value))
+        if self.set_done_if_answer:
+            ended = torch.tensor(answered, device=device).reshape(size, 1)
+            for key in ("done", "terminated"):
+                flags = next_tensordict.get(key, None)
+                if isinstance(flags, torch.Tensor):
+                    next_tensordict.set(key, flags | ended.expand_as(flags))
+        return next_tensordict
+
+    def _score_row(self, index: int, answer: Response, row: dict[str, Any]) -> tuple[IFEvalScoreData, float, bool]:
+        """``(score, reward, answered)`` of one row; its metrics, format flags and score are noted for the env."""
+        where = f"slot {self._slot_of(index)} (prompt {row.get(self.id_key)!r})"
+        missing = [k for k in (self.instruction_ids_key, self.keyword_args_key) if k not in row]
+        if missing:
+            raise ValueError(f"IfEvalScorer: {where} has no field(s) {missing}; row fields: {sorted(row)}")
+        try:
+            score, think_blocks, answer_blocks = self._evaluate(
+                answer.text, row[self.instruction_ids_key], row[self.keyword_args_key]
+            )
+        except ValueError as err:
+            raise type(err)(f"IfEvalScorer: prompt {row.get(self.id_key)!r}: {err}") from None
+        components = dict(zip(METRIC_NAMES, metric_components(score), strict=True))
+        components["answer_block"] = float(len(answer_blocks) == 1)
+        components["think_block"] = float(len(think_blocks) == 1)
+        complete = answer.finish_reason != "length"
+        reward = self._reward(score, think_blocks, answer_blocks, complete=complete)
+        self._note_row(index, reward_components=components, info={self.score_key: score})
         if self.verbose:
-            _LOG.info("IfEvalScorer: slot %d prompt %r: %s, reward %.4f", slot.index, slot.prompt_id, score, reward)
-        if self.set_done_if_answer and answer_blocks:
-            slot.terminate()
+            _LOG.info("IfEvalScorer: %s: %s, reward %.4f", where, score, reward)
+        return score, reward, bool(answer_blocks)
+
+    def _active_rows(self, size: int) -> list[int]:
+        """The rows that answered in this step: in a ChatEnv, those whose slots were running (``td_row_slots``),
+        else all."""
+        rows = getattr(self.parent, "td_row_slots", None)
+        return sorted(i for i in rows if i < size) if rows else list(range(size))
+
+    def _rows(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase, size: int) -> list[dict[str, Any]]:
+        """Each row's fields (the ``"next"`` data's, then the action data's)."""
+        fields = row_field_lists(tensordict) if tensordict.batch_dims == 1 else {}
+        fields.update(row_field_lists(next_tensordict))
+        return [{name: values[i] for name, values in fields.items()} for i in range(size)]
+
+    def transform_reward_spec(self, reward_spec: Composite) -> Composite:
+        """``reward`` of shape ``batch + (1, 1)`` when the scorer rewards (TorchRL's)."""
+        if self.aggregate_reward:
+            reward_spec["reward"] = Unbounded(shape=(*reward_spec.shape, 1, 1), device=reward_spec.device)
+        return reward_spec
 
     def __repr__(self) -> str:
         return (
             f"IfEvalScorer(score_key={self.score_key!r}, format_weights={self.format_weights}, "
             f"answer_only={self.answer_only}, set_done_if_answer={self.set_done_if_answer})"
         )
+
+
+def _add_per_row(existing: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``existing`` (one value per row) plus ``value`` ``(B, 1, 1)``, in ``value``'s shape."""
+    if existing.numel() != value.numel():
+        raise ValueError(
+            f"IfEvalScorer: the step data's 'reward' has shape {tuple(existing.shape)}, not one value per row; the "
+            f"scorer adds its reward of shape {tuple(value.shape)} to it"
+        )
+    return existing.reshape(value.shape).to(value.dtype) + value

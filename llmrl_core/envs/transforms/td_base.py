@@ -23,7 +23,7 @@ specs (:mod:`llmrl_core.data.tensor_specs`) through them, as a TorchRL ``Transfo
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from copy import copy
 from textwrap import indent
@@ -254,6 +254,41 @@ class Transform(nn.Module):
     def parent(self) -> Any:
         """The env this transform is attached to, or None (see the module docstring)."""
         return self.container
+
+    # --- llmrl: the env slots behind the rows, and what a transform tells the env about a row -----
+    def _slot_of(self, index: int) -> int:
+        """The env slot that row ``index`` of the data being transformed is: llmrl's list calls hand the transforms
+        the active slots only, so a row is not always its slot (``env.td_row_slots`` says which, while they run).
+        Per-episode state (a persistent interpreter, a browser tab) is kept under it."""
+        rows = getattr(self.parent, "td_row_slots", None)
+        return rows.get(index, index) if rows else index
+
+    def _note_row(
+        self,
+        index: int,
+        *,
+        reward_components: Mapping[str, float] | None = None,
+        info: Mapping[str, Any] | None = None,
+        tool_call: tuple[str, Any, str, bool] | None = None,
+    ) -> None:
+        """Tell the env more about row ``index`` of this step than TorchRL's layout carries: the parts of the reward
+        this transform wrote (the slot's ``reward_components``: stored with the rollout, averaged per version),
+        ``info`` entries (e.g. IFEval's score) and a tool call run ``(tool, arguments, result, failed)`` (the slot's
+        ``info["tool_calls"]``, counted in ``num_tool_calls`` / ``tool_errors``). ChatEnv takes the notes after
+        the transform's ``_step`` (:meth:`take_row_notes`); outside a ChatEnv they are dropped at the next take."""
+        notes = self.__dict__.setdefault("_row_notes", {}).setdefault(
+            index, {"reward_components": {}, "info": {}, "tool_calls": []}
+        )
+        notes["reward_components"].update(reward_components or {})
+        notes["info"].update(info or {})
+        if tool_call is not None:
+            notes["tool_calls"].append(tool_call)
+
+    def take_row_notes(self) -> dict[int, dict[str, Any]]:
+        """The notes since the last take, per row (then forgotten)."""
+        notes = self.__dict__.get("_row_notes") or {}
+        self.__dict__["_row_notes"] = {}
+        return notes
 
     @property
     def collector(self) -> Any:

@@ -152,16 +152,6 @@ class ToolTransformBase(Transform):
     use_step: bool = True
     tool_role: str = "tool"
 
-    # llmrl: the calls a step ran, per row ({row: [(tool, arguments, result, failed), ...]}), for the env to keep
-    _call_records: dict[int, list[tuple[str, Any, str, bool]]]
-
-    def _slot_of(self, index: int) -> int:
-        """The env slot that row ``index`` of the data being transformed is (llmrl's list calls hand the
-        transforms the active slots only, so a row is not always its slot): what per-episode state (a persistent
-        interpreter) is kept under."""
-        rows = getattr(self.parent, "td_row_slots", None)
-        return rows.get(index, index) if rows else index
-
     def _reset_slots(self, tensordict: TensorDictBase | None, tensordict_reset: TensorDictBase) -> list[int]:
         """The env slots a ``_reset`` starts new episodes in: every row of ``tensordict_reset``, or the rows
         TorchRL's ``"_reset"`` entry of ``tensordict`` marks (a partial reset)."""
@@ -173,16 +163,10 @@ class ToolTransformBase(Transform):
         return [self._slot_of(i) for i, flag in enumerate(marked) if flag]
 
     def _record_call(self, index: int, tool: str, arguments: Any, result: str, failed: bool) -> None:
-        """Note one call run for row ``index``; the env keeps it in the slot's ``info["tool_calls"]`` and counts it
-        in ``info["num_tool_calls"]`` / ``info["tool_errors"]`` (the flows' and evaluators' tool metrics)."""
-        records = self.__dict__.setdefault("_call_records", {})
-        records.setdefault(index, []).append((tool, arguments, result, failed))
-
-    def take_call_records(self) -> dict[int, list[tuple[str, Any, str, bool]]]:
-        """The calls recorded since the last take, per row (then forgotten)."""
-        records = self.__dict__.get("_call_records") or {}
-        self.__dict__["_call_records"] = {}
-        return records
+        """Note one call run for row ``index`` (:meth:`~llmrl_core.envs.transforms.td_base.Transform._note_row`):
+        the env keeps it in the slot's ``info["tool_calls"]`` and counts it in ``info["num_tool_calls"]`` /
+        ``info["tool_errors"]`` (the flows' and evaluators' tool metrics)."""
+        self._note_row(index, tool_call=(tool, arguments, result, failed))
 
     def _validate_and_extract_history(self, next_tensordict: TensorDictBase) -> tuple[History, History]:
         """The prompt history of the step and its last message per row; ``RuntimeError`` outside a ChatEnv or
