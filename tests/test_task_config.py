@@ -246,3 +246,29 @@ def test_a_failing_env_factory_is_named_as_the_users_code(tokenizer, factory, me
             raise caught.value
 
     assert retry_unless_user_error(None, None, Failed()) is False
+
+
+def test_few_shot_examples_are_a_tensordict_reset_transform_that_prepares_new_episodes_only():
+    """TorchRL's ``reset(td)`` and llmrl's partial reset both put the examples before the question once, in the new
+    conversations only."""
+    from tensordict import TensorDict
+
+    from llmrl_core.envs import ChatEnv
+    from llmrl_core.envs.transforms import Transform
+
+    shots = FewShotExamples([{"question": "1 + 1?", "response": "<answer>2</answer>"}])
+    assert isinstance(shots, Transform)
+    env = ChatEnv(batch_size=2, system_prompt="S").append_transform(shots)
+    reset = env.reset(TensorDict({"query": ["2 + 2?", "3 + 3?"]}, batch_size=(2,)))
+    roles = [[m.role for m in c.messages] for c in reset["history", "prompt"].to_conversations()]
+    assert roles == [["system", "user", "assistant", "user"]] * 2
+    env.step(["<answer>4</answer>", "<answer>6</answer>"])
+    out = env.reset_slots([1], ["4 + 4?"])
+    assert [m.text for m in out.history[1].messages] == ["S", "1 + 1?", "<answer>2</answer>", "4 + 4?"]
+    assert [m.text for m in out.history[0].messages] == [
+        "S",
+        "1 + 1?",
+        "<answer>2</answer>",
+        "2 + 2?",
+        "<answer>4</answer>",
+    ]

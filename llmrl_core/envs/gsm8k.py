@@ -93,11 +93,8 @@ class GSM8KPrepareQuestion(Transform):
                 "GSM8KPrepareQuestion needs the new conversations under ('history', 'prompt') of the reset data "
                 "(a ChatEnv hands them to its TensorDict transforms in every input mode)"
             )
-        chosen = tensordict.get("_reset", None) if tensordict is not None else None  # a partial reset's rows
-        conversations = [
-            self.prepare(c, i) if chosen is None or bool(chosen[i].any()) else c
-            for i, c in enumerate(history.to_conversations())
-        ]
+        chosen = set(self._reset_rows(tensordict, tensordict_reset))  # a partial reset's rows, else all
+        conversations = [self.prepare(c, i) if i in chosen else c for i, c in enumerate(history.to_conversations())]
         tensordict_reset["history"].prompt = type(history).from_conversations(conversations)
         return tensordict_reset
 

@@ -8,7 +8,8 @@ Lifecycle inside ``ChatEnv`` (transforms run in the order they were appended):
   2. The env builds one :class:`~llmrl_core.envs.types.SlotState` per prompt: history = [system prompt] +
      the query as a user message (or the given conversation); ``slot.data`` holds the row's fields.
   3. :meth:`SlotTransform.on_reset` is called with all slots (default: :meth:`reset_slot` for each). Transforms
-     may rewrite the prompt here (e.g. FewShotExamples puts worked examples before the question).
+     may rewrite the prompt here (a TensorDict transform's ``_reset`` does it on ``("history", "prompt")``, as
+     FewShotExamples and GSM8KPrepareQuestion do).
 
 ``step(actions)``
   1. For every slot that is not done, the env appends the assistant message (``slot.history``), stores

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llmrl_core.data.conversation import Message
-from llmrl_core.envs.transforms.base import SlotTransform
-from llmrl_core.envs.types import SlotState
+from tensordict import TensorDictBase
+
+from llmrl_core.data.conversation import Conversation, Message
+from llmrl_core.envs.transforms.td_base import Transform
 
 
 def example_turns(example: Mapping[str, Any], where: str, assistant_role: str = "assistant") -> list[tuple[str, str]]:
@@ -44,17 +45,17 @@ def example_turns(example: Mapping[str, Any], where: str, assistant_role: str = 
     return out
 
 
-class FewShotExamples(SlotTransform):
+class FewShotExamples(Transform):
     """Inserts ``examples`` as earlier turns before the last user message of each new conversation (after the
     system prompt, if any). An example is ``{"question", "response"}`` or, to show a tool round trip,
     ``{"question", "turns": [{"role", "content"}, ...]}`` (see :func:`example_turns`).
 
     Small instruct models follow a shown format far more reliably than a described one (SmolLM2-135M: 1-3 %
     answer tags from an instruction, ~100 % from three examples). Examples are prompt, never policy tokens.
-    TorchRL has no few-shot transform; this one is ours.
+    TorchRL has no few-shot transform; this one is ours, written as TorchRL's TensorDict transforms are: its
+    ``_reset`` rewrites ``("history", "prompt")`` of the reset data (a ChatEnv lends the new conversations there in
+    every input mode), on a partial reset only in the rows TorchRL's ``"_reset"`` entry marks.
     """
-
-    writes_reward = False
 
     def __init__(
         self, examples: Sequence[Mapping[str, Any]], user_role: str = "user", assistant_role: str = "assistant"
@@ -67,14 +68,38 @@ class FewShotExamples(SlotTransform):
         self.user_role = user_role
         self.assistant_role = assistant_role
 
-    def reset_slot(self, slot: SlotState) -> None:
-        """Insert the example turns just before the slot's last user message."""
-        messages = slot.history.messages
+    def with_examples(self, conversation: Conversation, row: int) -> Conversation:
+        """``conversation`` with the example turns just before its last user message."""
+        messages = list(conversation.messages)
         where = max((i for i, m in enumerate(messages) if m.role == self.user_role), default=None)
         if where is None:
-            raise ValueError(f"slot {slot.index}: no {self.user_role!r} message to put the examples before")
+            raise ValueError(f"row {row}: no {self.user_role!r} message to put the few-shot examples before")
         turns = []
         for question, answer in self.examples:
             turns.append(Message(self.user_role, question))
             turns += [Message(role, text) for role, text in answer]
         messages[where:where] = turns
+        return Conversation(messages)
+
+    def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
+        """Put the examples into each new conversation of the reset data."""
+        history = tensordict_reset.get(("history", "prompt"), None)
+        if history is None:
+            raise RuntimeError(
+                "FewShotExamples needs the new conversations under ('history', 'prompt') of the reset data (a "
+                "ChatEnv hands them to its TensorDict transforms in every input mode)"
+            )
+        chosen = set(self._reset_rows(tensordict, tensordict_reset))
+        conversations = [
+            self.with_examples(c, self._slot_of(i)) if i in chosen else c
+            for i, c in enumerate(history.to_conversations())
+        ]
+        tensordict_reset["history"].prompt = type(history).from_conversations(conversations)
+        return tensordict_reset
+
+    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
+        """Steps are left as they are (the examples are placed once, at reset)."""
+        return next_tensordict
+
+    def __repr__(self) -> str:
+        return f"FewShotExamples(examples={len(self.examples)})"

@@ -29,6 +29,7 @@ from copy import copy
 from textwrap import indent
 from typing import Any
 
+import torch
 from tensordict import TensorDictBase, unravel_key
 from tensordict.utils import NestedKey
 from torch import nn
@@ -262,6 +263,16 @@ class Transform(nn.Module):
         Per-episode state (a persistent interpreter, a browser tab) is kept under it."""
         rows = getattr(self.parent, "td_row_slots", None)
         return rows.get(index, index) if rows else index
+
+    def _reset_rows(self, tensordict: TensorDictBase | None, tensordict_reset: TensorDictBase) -> list[int]:
+        """The rows of ``tensordict_reset`` a ``_reset`` starts new episodes in: all, or those TorchRL's
+        ``"_reset"`` entry of ``tensordict`` marks (a partial reset)."""
+        flags = tensordict.get("_reset", None) if tensordict is not None else None
+        size = tensordict_reset.batch_size[0] if tensordict_reset.batch_dims else 1
+        if flags is None:
+            return list(range(size))
+        marked = torch.as_tensor(flags).reshape(size, -1).any(-1).tolist()
+        return [i for i, flag in enumerate(marked) if flag]
 
     def _note_row(
         self,

@@ -29,7 +29,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypedDict
 
-import torch
 from tensordict import TensorDictBase, lazy_stack
 
 from llmrl_core.data.history import History
@@ -153,14 +152,8 @@ class ToolTransformBase(Transform):
     tool_role: str = "tool"
 
     def _reset_slots(self, tensordict: TensorDictBase | None, tensordict_reset: TensorDictBase) -> list[int]:
-        """The env slots a ``_reset`` starts new episodes in: every row of ``tensordict_reset``, or the rows
-        TorchRL's ``"_reset"`` entry of ``tensordict`` marks (a partial reset)."""
-        flags = tensordict.get("_reset", None) if tensordict is not None else None
-        size = tensordict_reset.batch_size[0] if tensordict_reset.batch_dims else 1
-        if flags is None:
-            return [self._slot_of(i) for i in range(size)]
-        marked = torch.as_tensor(flags).reshape(size, -1).any(-1).tolist()
-        return [self._slot_of(i) for i, flag in enumerate(marked) if flag]
+        """The env slots a ``_reset`` starts new episodes in (:meth:`_reset_rows`, as slots)."""
+        return [self._slot_of(i) for i in self._reset_rows(tensordict, tensordict_reset)]
 
     def _record_call(self, index: int, tool: str, arguments: Any, result: str, failed: bool) -> None:
         """Note one call run for row ``index`` (:meth:`~llmrl_core.envs.transforms.td_base.Transform._note_row`):
