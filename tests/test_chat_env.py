@@ -455,7 +455,7 @@ def test_from_dataloader_builds_a_primed_env(tmp_path):
         max_turns=2,
     )
     assert isinstance(env, DatasetChatEnv) and env.batch_size == (4,) and env.max_turns == 2
-    assert env.transforms == [env.primer]
+    assert env.td_transforms == [env.primer] and not env.transforms
     out = env.reset_batch()
     assert out.prompt_id == [0, 0, 1, 1] and out.group_id == [0, 0, 1, 1] and out.sample_index == [0, 1, 0, 1]
     assert [m.content for m in out.history[2]] == ["S", "q1"]

@@ -233,7 +233,7 @@ def test_the_parser_and_the_question_are_torchrls_tensordict_transforms():
 
     rows = [{"question": "What is 2 + 2?", "answer": "so #### 4"}, {"question": "What is 3 + 3?", "answer": "#### 6"}]
     env = GSM8KEnv(rows, batch_size=2, input_mode="text", chat_template_name="chatml", shuffle=False)
-    parser, prepare = env.td_transforms[-1], env.td_transforms[0]
+    parser, prepare = env.td_transforms[-1], env.td_transforms[1]  # after the primer
     assert isinstance(parser, Transform) and isinstance(prepare, Transform)
     assert isinstance(parser, GSM8KRewardParser) and isinstance(prepare, GSM8KPrepareQuestion)
     assert parser.in_keys == [("text", "full"), "answer"] and parser.input_mode == "text"

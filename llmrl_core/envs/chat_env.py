@@ -74,7 +74,8 @@ _SLOT_HOOKS = ("provide_prompts", "on_reset", "reset_slot", "on_step", "step_slo
 def _refuse_slot_hooks(transform: Any) -> None:
     """A TensorDict ``Transform`` that defines llmrl's slot hooks was written against llmrl's old ``Transform`` base
     (renamed ``SlotTransform``): its hooks would never run. Say so, with the fix, instead of ignoring them."""
-    defined = [hook for hook in _SLOT_HOOKS if any(hook in vars(cls) for cls in type(transform).__mro__)]
+    hooks = [hook for hook in _SLOT_HOOKS if hook != "provide_prompts"]  # a prompt source may be either kind
+    defined = [hook for hook in hooks if any(hook in vars(cls) for cls in type(transform).__mro__)]
     if defined:
         raise TypeError(
             f"{type(transform).__name__} defines {', '.join(defined)}: llmrl's per-conversation hooks, which belong to "
@@ -445,7 +446,7 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
 
         seed = secrets.randbits(31) if seed is None else int(seed)
         self._pending_rows = []
-        for transform in self.transforms:
+        for transform in [*self.transforms, *self.td_transforms]:
             set_seed = getattr(transform, "set_seed", None)
             if callable(set_seed):
                 set_seed(seed)
@@ -455,8 +456,11 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
         return seed
 
     def _provided_rows(self, caller: str) -> list[Any]:
-        for transform in self.transforms:
-            provided = transform.provide_prompts(self.num_slots)
+        """The next batch of the env's prompt source: the first transform (slot or TensorDict, e.g. the
+        ``DataLoadingPrimer``) whose ``provide_prompts`` answers."""
+        for transform in [*self.transforms, *self.td_transforms]:
+            provide = getattr(transform, "provide_prompts", None)
+            provided = provide(self.num_slots) if callable(provide) else None
             if provided is not None:
                 return list(provided)
         raise ChatEnvInputError(f"{caller} got no prompts and no transform provides them (add a DataLoadingPrimer)")
@@ -483,15 +487,7 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
             # Rows left over from a partial reset come first, so none is skipped.
             prompts = self._draw_rows(self.num_slots or len(self.slots) or len(self._pending_rows), "reset()")
         if prompts is None:
-            for transform in self.transforms:
-                provided = transform.provide_prompts(self.num_slots)
-                if provided is not None:
-                    prompts = provided
-                    break
-            else:
-                raise ChatEnvInputError(
-                    "reset() got no prompts and no transform provides them (add a DataLoadingPrimer)"
-                )
+            prompts = self._provided_rows("reset()")
         if isinstance(prompts, str | Conversation | dict | PromptRow):
             prompts = [prompts]
         rows = [self._as_row(item, i) for i, item in enumerate(prompts)]
@@ -726,7 +722,7 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
         step's ``"next"`` data too, as TorchRL's primer does (its reward parsers read ``("next", "answer")``)."""
         from llmrl_core.envs.primer import DataLoadingPrimer
 
-        if any(isinstance(transform, DataLoadingPrimer) for transform in self.transforms):
+        if any(isinstance(transform, DataLoadingPrimer) for transform in self.td_transforms):
             add_row_fields(next_td, [slot.data for slot in slots], self.input_mode)
         return next_td
 
@@ -763,11 +759,15 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
 
     # --- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The transforms' checkpointable state, by position (e.g. the primer's cursor).
+        """The transforms' checkpointable state, by position: the slot transforms' (``transforms``) and the
+        TensorDict transforms' that are checkpointed with the env (``td_transforms``: those whose
+        ``env_checkpoint`` is True, e.g. the primer's cursor).
 
         After a partial reset, the primer rows no slot has taken yet are saved too (``pending_prompts``).
         """
         state: dict[str, Any] = {"transforms": [t.state_dict() for t in self.transforms]}
+        if self._checkpointed_td_transforms():
+            state["td_transforms"] = [t.state_dict() for t in self._checkpointed_td_transforms()]
         if self._pending_rows:
             state["pending_prompts"] = [
                 {"data": r.data, "prompt_id": r.prompt_id, "group_id": r.group_id, "sample_index": r.sample_index}
@@ -782,7 +782,20 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
             raise ValueError(f"state has {len(states)} transform entries, env has {len(self.transforms)} transforms")
         for transform, sub in zip(self.transforms, states, strict=True):
             transform.load_state_dict(sub)
+        checkpointed, td_states = self._checkpointed_td_transforms(), state.get("td_transforms", [])
+        if len(td_states) != len(checkpointed):
+            names = [type(t).__name__ for t in checkpointed]
+            raise ValueError(
+                f"state has {len(td_states)} TensorDict transform entries, the env checkpoints {len(checkpointed)} "
+                f"({names}); a state saved before the primer became a TensorDict transform lists it under "
+                "'transforms'"
+            )
+        for transform, sub in zip(checkpointed, td_states, strict=True):
+            transform.load_state_dict(sub)
         self._pending_rows = [PromptRow(**dict(row)) for row in state.get("pending_prompts", [])]
+
+    def _checkpointed_td_transforms(self) -> list[Any]:
+        return [t for t in self.td_transforms if getattr(t, "env_checkpoint", False)]
 
     def close(self) -> None:
         """Release what the transforms hold (sandboxed interpreters, MCP servers, browsers)."""

@@ -2,7 +2,7 @@
 
 ``reset()`` with no arguments draws the next batch of prompts (a TensorDict, as TorchRL's; ``reset_batch()`` gives
 llmrl's :class:`~llmrl_core.envs.types.EnvOutput`), so a rollout loop only calls ``reset`` / ``step``. The primer
-is the first transform; its cursor is part of ``env.state_dict()`` for resuming.
+is the first (TensorDict) transform; its cursor is part of ``env.state_dict()`` for resuming.
 
 TorchRL's arguments work as documented: ``num_envs`` slots per reset (with ``group_repeats`` they hold
 ``num_envs // repeats`` prompts, all copies together), ``dataset`` + ``name`` + ``split`` load with

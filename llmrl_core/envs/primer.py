@@ -22,7 +22,7 @@ import numpy as np
 from torch.utils.data import DataLoader
 
 from llmrl_core.envs.data_sources import RowSource, RowStream, is_stream, open_source
-from llmrl_core.envs.transforms.base import SlotTransform
+from llmrl_core.envs.transforms.td_base import Transform
 from llmrl_core.envs.types import PromptRow
 
 _STATE_VERSION = 1
@@ -71,10 +71,15 @@ class _HostedOnRequest:
         return super().__new__(cls)
 
 
-class DataLoadingPrimer(_HostedOnRequest, SlotTransform):
-    """Draws prompt rows from a source in seeded order and expands them into GRPO groups."""
+class DataLoadingPrimer(_HostedOnRequest, Transform):
+    """Draws prompt rows from a source in seeded order and expands them into GRPO groups.
 
-    writes_reward = False
+    A TorchRL TensorDict transform (TorchRL's primer is one): appended to a ``ChatEnv`` it is the env's prompt source
+    (llmrl's ``provide_prompts`` hook: a reset without prompts draws the next batch), its rows' fields are carried
+    in the reset's and each step's data (TorchRL's layout) and its cursor is part of ``env.state_dict()``.
+    """
+
+    env_checkpoint = True
 
     def __init__(
         self,
@@ -185,7 +190,7 @@ class DataLoadingPrimer(_HostedOnRequest, SlotTransform):
         return PromptRow(data=data, prompt_id=prompt_id, group_id=group_id, sample_index=sample_index)
 
     def provide_prompts(self, batch_size: int | None) -> list[PromptRow]:
-        """SlotTransform hook: a reset without prompts draws the next batch."""
+        """The env's hook: a reset without prompts draws the next batch."""
         rows = self.next_batch()
         if batch_size is not None and len(rows) != batch_size:
             raise ValueError(
@@ -214,7 +219,7 @@ class DataLoadingPrimer(_HostedOnRequest, SlotTransform):
         return self._epoch + (1 if self._position >= len(self._order) else 0)
 
     # --- cursor ----------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
         """JSON-able cursor: where the next prompt comes from, and the copies still owed."""
         if self.stream is not None:
             return {
@@ -236,7 +241,7 @@ class DataLoadingPrimer(_HostedOnRequest, SlotTransform):
             "pending": [list(p) for p in self._pending],
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
         """Restore a cursor saved by :meth:`state_dict` (same source, same seed and shuffle setting)."""
         if state.get("version") != _STATE_VERSION:
             raise ValueError(f"primer state version {state.get('version')!r} is not {_STATE_VERSION}")

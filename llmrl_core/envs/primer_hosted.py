@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmrl_core.envs.primer import refuse_torchrl_only
-from llmrl_core.envs.transforms.base import SlotTransform
+from llmrl_core.envs.transforms.td_base import Transform
 from llmrl_core.envs.types import PromptRow
 
 __all__ = ["RayDataLoadingPrimer"]
@@ -32,10 +32,10 @@ def _workers_of(dataloader: Any) -> int:
     return max(1, int(getattr(dataloader, "num_workers", 1) or 1))
 
 
-class RayDataLoadingPrimer(SlotTransform):
+class RayDataLoadingPrimer(Transform):
     """A ``DataLoadingPrimer`` in a Dask actor, shared by every env that names the same actor (module docstring)."""
 
-    writes_reward = False
+    env_checkpoint = True
 
     def __init__(
         self,
@@ -85,11 +85,11 @@ class RayDataLoadingPrimer(SlotTransform):
         self._host.call("reset_dataloader", seed)
         return self
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
         """The shared cursor (what a checkpoint of an env holding this primer keeps)."""
         return self._host.call("state_dict")
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
         """Set the shared cursor (every env sharing the actor continues from it)."""
         self._host.call("load_state_dict", state)
 

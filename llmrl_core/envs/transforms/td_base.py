@@ -264,6 +264,9 @@ class Transform(nn.Module):
         rows = getattr(self.parent, "td_row_slots", None)
         return rows.get(index, index) if rows else index
 
+    # llmrl: whether ``env.state_dict()`` holds this transform's ``state_dict()`` (a prompt source's cursor)
+    env_checkpoint: bool = False
+
     def _reset_rows(self, tensordict: TensorDictBase | None, tensordict_reset: TensorDictBase) -> list[int]:
         """The rows of ``tensordict_reset`` a ``_reset`` starts new episodes in: all, or those TorchRL's
         ``"_reset"`` entry of ``tensordict`` marks (a partial reset)."""
