@@ -1,6 +1,7 @@
 """Weight publish: ``vLLMWorker.load_weights`` vs an in-memory copy of the same bytes (target P4: <= 2x).
 
-Usage: ``.venv/bin/python bench/bench_weight_publish.py [--repeats 3] [--dtype float32] [--kv-cache-gb 1.0]``
+Usage: ``.venv/bin/python bench/bench_weight_publish.py [--repeats 3] [--dtype float32] [--kv-cache-gb 1.0]
+[--reload-path auto|vllm]`` (``vllm``: vLLM's own ``reload_weights`` instead of llmrl's in-place CPU reload).
 
 Starts one resident :class:`~llmrl_core.policies.vllm_worker.vLLMWorker` (packaged SmolLM2-135M) and loads the
 base weights (tied ``lm_head.weight`` spelled out, as ``tasks/evaluate.py`` does). Then, interleaved and
@@ -36,6 +37,13 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "auto"])
     parser.add_argument("--kv-cache-gb", type=float, default=1.0)
     parser.add_argument("--tmpdir", default=None, help="Where to write the safetensors file (default: system temp).")
+    parser.add_argument(
+        "--reload-path",
+        default="auto",
+        choices=["auto", "vllm"],
+        help="auto: llmrl's choice (in place on an eligible CPU engine, llmrl_core.weight_sync.cpu_reload); "
+        "vllm: vLLM's own reload_weights, for the comparison.",
+    )
     args = parser.parse_args()
 
     import torch
@@ -56,6 +64,8 @@ def main() -> None:
     worker = vLLMWorker(EngineConfig(model=None, dtype=args.dtype, kv_cache_gb=args.kv_cache_gb, seed=0))
     startup_s = time.perf_counter() - t
     version = 0
+    if args.reload_path == "vllm":
+        worker.llm.collective_rpc(_use_vllms_reload)
 
     def load_file() -> None:
         nonlocal version
@@ -107,6 +117,7 @@ def main() -> None:
                 t = time.perf_counter()
                 fn()
                 timings[name].append(time.perf_counter() - t)
+        reload_path = "in place" if worker.llm.collective_rpc(_reloads_in_place)[0] else "vLLM reload_weights"
     finally:
         shutdown_llm(worker.llm)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -117,7 +128,7 @@ def main() -> None:
     print(
         f"weights: {len(state)} tensors, safetensors blob {len(blob) / 1e6:.1f} MB (file "
         f"{path.name}); engine dtype={args.dtype}, started in {startup_s:.1f} s; {args.repeats} repeats; "
-        f"last version loaded {worker.policy_version}"
+        f"last version loaded {worker.policy_version}; reload path: {reload_path}"
     )
     print(f"{'side':<18} {'min s':>9} {'median s':>9} {'MB/s (med)':>11}")
     for name in sides:
@@ -131,6 +142,19 @@ def main() -> None:
             f"ratio {ours[:3]}/{base[:4]:<4}: median {med:7.2f}, min {low:7.2f}  "
             f"(P4 target <= 2, lower is better; median {verdict} it)"
         )
+
+
+def _use_vllms_reload(worker: object) -> None:
+    """In the engine: take vLLM's ``reload_weights`` for every reload of this run."""
+    from llmrl_core.weight_sync.worker_extension import _worker
+
+    _worker(worker).model_runner._llmrl_packs_in_place = False
+
+
+def _reloads_in_place(worker: object) -> bool:
+    from llmrl_core.weight_sync.worker_extension import _worker
+
+    return bool(getattr(_worker(worker).model_runner, "_llmrl_packs_in_place", False))
 
 
 if __name__ == "__main__":

@@ -9,9 +9,10 @@ worker understands three more names:
 * ``llmrl_init_weight_group(...)`` / ``llmrl_receive_weights(...)``: join a trainer's weight group (NCCL on CUDA,
   gloo on CPU) and receive broadcast tensors.
 
-All paths end in :func:`reload_and_fingerprint`: the model runner's ``reload_weights``, which re-packs weights
-for the device (a plain ``load_weights`` fails on CPU, where weights are repacked at load), then the fingerprint
-of what was loaded (:mod:`llmrl_core.weight_sync.fingerprint`), in the dtype the engine holds it.
+All paths end in :func:`reload_and_fingerprint`: the weights re-packed for the device (on CPU in place, with
+vLLM's own loaders and packing, :mod:`llmrl_core.weight_sync.cpu_reload`; elsewhere the model runner's
+``reload_weights``), then the fingerprint of what was loaded (:mod:`llmrl_core.weight_sync.fingerprint`), in the
+dtype the engine holds it.
 :func:`held_fingerprint` answers it (``collective_rpc(held_fingerprint)``). Why over the tensors the loader took
 in and not over the model's parameters: on CPU vLLM packs every linear layer's weight into a oneDNN handle and
 leaves a zero-size parameter behind, so the parameters no longer show the values.
@@ -38,12 +39,14 @@ def _held_as(worker: Any) -> tuple[Any, bool]:
 
 
 def reload_and_fingerprint(worker: Any, weights: list[tuple[str, Any]]) -> int:
-    """Reload ``weights`` into ``worker``'s model (vLLM's ``reload_weights``) and record their fingerprint in the
-    engine's dtype; returns the number of tensors. Runs in the vLLM worker (``collective_rpc``)."""
+    """Reload ``weights`` into ``worker``'s model (:func:`~llmrl_core.weight_sync.cpu_reload.reload_weights`) and
+    record their fingerprint in the engine's dtype; returns the number of tensors. Runs in the vLLM worker
+    (``collective_rpc``)."""
+    from llmrl_core.weight_sync.cpu_reload import reload_weights
     from llmrl_core.weight_sync.fingerprint import weights_fingerprint
 
     worker = _worker(worker)
-    worker.model_runner.reload_weights(weights_iterator=weights)
+    reload_weights(worker.model_runner, weights)
     dtype, tied = _held_as(worker)
     setattr(worker, _FINGERPRINT, weights_fingerprint(weights, dtype, tied=tied))
     return len(weights)
