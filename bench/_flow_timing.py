@@ -13,7 +13,7 @@ real ones, so nothing is converted or compiled again, and no running ``llmrl ui`
   ``rollout_s`` (the rollout actor's own time for its stage, engine generation included) and ``step_time_s``
   (the trainer's optimizer step) are the compute inside the iteration; ``publish_write_s``, ``publish_load_s``
   and ``seal_s`` split the publish, and ``engine_reload_s`` (recorded with the next version's rollouts) is the
-  engines' own share of the load: vLLM's ``reload_weights``, which re-packs the weights for its kernels.
+  engines' own share of the load: the engine's reload, which re-packs the weights for its kernels.
 
 Everything else in the span is orchestration: task calls, Dask actor calls, Parquet stages, checkpoint +
 engine reload (``publish-weights``), waiting for the checkpoint's seal (``seal-checkpoint``), MLflow lineage writes
@@ -92,7 +92,7 @@ class Iteration:
     @property
     def compute_with_reload(self) -> float:
         """:attr:`compute` plus the engines' own weight reload: the work a hand-written loop around the same
-        engine and trainer does too (vLLM's ``reload_weights`` re-packs the weights for its kernels)."""
+        engine and trainer does too (the engine's reload re-packs the weights for its kernels)."""
         return self.compute + self.engine_reload
 
     def task_seconds(self, name: str) -> float:

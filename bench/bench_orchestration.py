@@ -8,7 +8,7 @@ rollout worker and the trainer on a local Dask cluster, MLflow lineage, Parquet 
 a subprocess with an isolated ``LLMRL_HOME`` (see ``bench/_flow_timing.py``), then times every iteration from
 the Prefect task-run records and the per-version metrics the flow commits. Compute = the rollout actor's stage
 time (``rollout_s``: engine generation, env, reward, its staging shard) + the optimizer step (``step_time_s``) +
-the engines' own weight reload (``engine_reload_s``: vLLM's ``reload_weights``, which re-packs the weights for its
+the engines' own weight reload (``engine_reload_s``: the engine's reload, which re-packs the weights for its
 kernels); the rest of the iteration is orchestration, listed by where it goes, and the overhead counting that
 reload as orchestration too is printed beside it. The first iteration (warm-up: first Parquet/MLflow writes, first
 report) and the last (the end of the run: it waits for its own checkpoint's seal) are reported apart. The "raw"
@@ -84,9 +84,7 @@ def main() -> None:
         f"min {100 * min(strict):.1f}%"
     )
     print(f"where the time goes (median over {span}; seconds, share):")
-    splits = [
-        {**it.split(), "engine reload (vLLM reload_weights, inside publish-weights)": it.engine_reload} for it in steady
-    ]
+    splits = [{**it.split(), "engine reload (re-packing, inside publish-weights)": it.engine_reload} for it in steady]
     medians = {k: statistics.median(s.get(k, 0.0) for s in splits) for k in splits[0]}
     wall = statistics.median(it.wall for it in steady)
     for key, seconds in sorted(medians.items(), key=lambda kv: -kv[1]):

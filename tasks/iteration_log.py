@@ -65,7 +65,7 @@ def iteration_metrics(
         "trainer_wait_s": trainer_wait_s,  # the trainer idle, waiting for this batch's rollouts
         # the engines idle (no rollout, no weight load) before they started this batch
         "rollout_idle_s": max(s["engine_idle_s"] for s in shards),
-        # the engines' own reload of the weights they sampled with (vLLM reload_weights, kernel re-packing)
+        # the engines' own reload of the weights they sampled with (kernel re-packing included)
         "engine_reload_s": max(s.get("engine_reload_s", 0.0) for s in shards),
         "train_s": train_s,
         "sampled_by_version": float(sampled),

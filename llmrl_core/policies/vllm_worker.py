@@ -30,7 +30,7 @@ class vLLMWorker:  # noqa: N801 - TorchRL's naming
         self.config = config or EngineConfig()
         self.llm = make_llm(self.config)
         self.policy_version: int | str = 0
-        self.last_reload_s = 0.0  # the engine's own reload of the last weights loaded (vLLM reload_weights)
+        self.last_reload_s = 0.0  # the engine's own reload of the last weights loaded (re-packing included)
         self.last_wake_s = 0.0  # the last wake from sleep mode (config.sleep_level)
         self._asleep = False
         self._weights_dropped = False  # slept at level 2: the weights must be loaded again before any use
