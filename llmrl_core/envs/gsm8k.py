@@ -87,16 +87,7 @@ class GSM8KPrepareQuestion(Transform):
     def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
         """Format each new conversation's question (``("history", "prompt")`` of the reset data; on a partial reset,
         the rows ``tensordict["_reset"]`` marks)."""
-        history = tensordict_reset.get(("history", "prompt"), None)
-        if history is None:
-            raise RuntimeError(
-                "GSM8KPrepareQuestion needs the new conversations under ('history', 'prompt') of the reset data "
-                "(a ChatEnv hands them to its TensorDict transforms in every input mode)"
-            )
-        chosen = set(self._reset_rows(tensordict, tensordict_reset))  # a partial reset's rows, else all
-        conversations = [self.prepare(c, i) if i in chosen else c for i, c in enumerate(history.to_conversations())]
-        tensordict_reset["history"].prompt = type(history).from_conversations(conversations)
-        return tensordict_reset
+        return self._rewrite_reset_prompts(tensordict, tensordict_reset, self.prepare)
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         """Steps are left as they are (the question is prepared once, at reset)."""

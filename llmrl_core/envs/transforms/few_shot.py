@@ -83,19 +83,7 @@ class FewShotExamples(Transform):
 
     def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
         """Put the examples into each new conversation of the reset data."""
-        history = tensordict_reset.get(("history", "prompt"), None)
-        if history is None:
-            raise RuntimeError(
-                "FewShotExamples needs the new conversations under ('history', 'prompt') of the reset data (a "
-                "ChatEnv hands them to its TensorDict transforms in every input mode)"
-            )
-        chosen = set(self._reset_rows(tensordict, tensordict_reset))
-        conversations = [
-            self.with_examples(c, self._slot_of(i)) if i in chosen else c
-            for i, c in enumerate(history.to_conversations())
-        ]
-        tensordict_reset["history"].prompt = type(history).from_conversations(conversations)
-        return tensordict_reset
+        return self._rewrite_reset_prompts(tensordict, tensordict_reset, self.with_examples)
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         """Steps are left as they are (the examples are placed once, at reset)."""

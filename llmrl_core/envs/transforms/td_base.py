@@ -277,6 +277,25 @@ class Transform(nn.Module):
         marked = torch.as_tensor(flags).reshape(size, -1).any(-1).tolist()
         return [i for i, flag in enumerate(marked) if flag]
 
+    def _rewrite_reset_prompts(
+        self, tensordict: TensorDictBase | None, tensordict_reset: TensorDictBase, rewrite: Callable[[Any, int], Any]
+    ) -> TensorDictBase:
+        """The reset hook of a transform that edits the new conversations: ``rewrite(conversation, slot)`` for each
+        row that starts an episode (:meth:`_reset_rows`) of ``("history", "prompt")`` (a ChatEnv lends it in every
+        input mode); the others are left as they are."""
+        history = tensordict_reset.get(("history", "prompt"), None)
+        if history is None:
+            raise RuntimeError(
+                f"{type(self).__name__} needs the new conversations under ('history', 'prompt') of the reset data (a "
+                "ChatEnv hands them to its TensorDict transforms in every input mode)"
+            )
+        chosen = set(self._reset_rows(tensordict, tensordict_reset))
+        conversations = [
+            rewrite(c, self._slot_of(i)) if i in chosen else c for i, c in enumerate(history.to_conversations())
+        ]
+        tensordict_reset["history"].prompt = type(history).from_conversations(conversations)
+        return tensordict_reset
+
     def _note_row(
         self,
         index: int,
