@@ -847,3 +847,32 @@ def test_slot_transforms_appended_after_a_tensordict_transform_run_after_it(defa
         {"_EndsAtOnce": 0.25, "length": 1.0},
     ]
     assert [slot.episode_reward for slot in env.slots] == rewards
+
+
+def test_what_a_tensordict_transform_notes_about_a_row_reaches_that_slot():
+    """``Transform._note_row`` at reset and at step (llmrl's extension): the info entries and reward parts land on
+    the slot the row is, also when the list calls hand the transform the active slots only."""
+    from llmrl_core.envs import ChatEnv
+    from llmrl_core.envs.transforms import Transform
+
+    class Noter(Transform):
+        def _reset(self, tensordict, tensordict_reset):
+            for i in range(tensordict_reset.batch_size[0]):
+                self._note_row(i, info={"started_in": self._slot_of(i)})
+            return tensordict_reset
+
+        def _step(self, tensordict, next_tensordict):
+            reward = torch.ones(next_tensordict.batch_size[0], 1)
+            for i in range(next_tensordict.batch_size[0]):
+                self._note_row(i, reward_components={"bonus": 1.0}, info={"stepped_as": self._slot_of(i)})
+            return next_tensordict.set("reward", reward)
+
+    env = ChatEnv(batch_size=3).append_transform(Noter())
+    out = env.reset(["a", "b", "c"])
+    assert [info["started_in"] for info in out.info] == [0, 1, 2]
+    env.slots[0].terminate()
+    out = env.step([None, "x", "y"])
+    assert [info.get("stepped_as") for info in out.info] == [None, 1, 2]
+    assert out.reward_components[1] == {"bonus": 1.0} and out.reward.tolist() == [0.0, 1.0, 1.0]
+    out = env.reset_slots([0], ["again"])
+    assert out.info[0]["started_in"] == 0

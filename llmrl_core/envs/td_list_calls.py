@@ -58,6 +58,7 @@ def run_reset_transforms(
     with rows_as_slots(env, {row: slot.index for row, slot in enumerate(td_slots)}):
         for transform in env.td_transforms:
             td = transform._reset(given, td)
+            keep_row_notes(transform, td_slots, list(range(len(td_slots))))  # e.g. an info entry set at reset
     adopt_conversations(env, [td_slots[i] for i in rows], rows, td, after="reset")
     return td
 
