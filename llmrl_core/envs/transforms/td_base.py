@@ -18,6 +18,12 @@ Containment follows TorchRL: :meth:`Transform.set_container` stores a weak refer
 this one; llmrl returns the containing env itself) and :attr:`Transform.collector` the collector the env was
 registered with. The ``transform_*_spec`` hooks return their argument unless overridden; an env passes its
 specs (:mod:`llmrl_core.data.tensor_specs`) through them, as a TorchRL ``TransformedEnv`` does.
+
+llmrl's additions, for transforms inside a :class:`~llmrl_core.envs.chat_env.ChatEnv` (TorchRL's code never calls
+them): :meth:`Transform._slot_of` (the env slot a row is: the list calls hand transforms the active slots only),
+:meth:`Transform._reset_rows` (TorchRL's ``"_reset"`` rows), :meth:`Transform._rewrite_reset_prompts`,
+:meth:`Transform._note_row` (what the env keeps per slot beyond the TensorDict: reward parts, ``info`` entries,
+tool calls) and ``env_checkpoint`` (the transform's ``state_dict()`` is part of the env's).
 """
 
 from __future__ import annotations
