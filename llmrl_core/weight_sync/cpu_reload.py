@@ -21,11 +21,15 @@ the other on a fresh engine). Elsewhere (GPU, quantized models) it is vLLM's ``r
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 import torch
 
 _CHOICE = "_llmrl_packs_in_place"
+# in vLLM's namespace: the line sits beside the engine's own (a rollout worker's log file), under vLLM's settings
+_LOG = logging.getLogger("vllm.llmrl.cpu_reload")
 
 
 def reload_weights(runner: Any, weights: list[tuple[str, Any]]) -> None:
@@ -37,7 +41,13 @@ def reload_weights(runner: Any, weights: list[tuple[str, Any]]) -> None:
         in_place = _packs_in_place(runner, model)
         setattr(runner, _CHOICE, in_place)
     if in_place:
-        _reload_in_place(runner, model, weights)
+        start = time.perf_counter()
+        repacked = _reload_in_place(runner, model, weights)
+        _LOG.info(
+            "Reloading weights in place took %.2f seconds (%d layers re-packed; llmrl_core.weight_sync.cpu_reload)",
+            time.perf_counter() - start,
+            repacked,
+        )
     else:
         runner.reload_weights(weights_iterator=weights)
 
@@ -78,7 +88,8 @@ def _holds_weights_outside_the_loader(module: torch.nn.Module) -> bool:
     return hasattr(module, "cpu_linear") and any(name.endswith("weight") for name, _ in module.named_parameters(False))
 
 
-def _reload_in_place(runner: Any, model: torch.nn.Module, weights: list[tuple[str, Any]]) -> None:
+def _reload_in_place(runner: Any, model: torch.nn.Module, weights: list[tuple[str, Any]]) -> int:
+    """Load and re-pack (module docstring); returns how many layers were re-packed."""
     from vllm.model_executor.layers.linear import LinearBase
     from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
     from vllm.model_executor.utils import set_weight_attrs
@@ -95,6 +106,7 @@ def _reload_in_place(runner: Any, model: torch.nn.Module, weights: list[tuple[st
         layer.weight = weight
         set_weight_attrs(weight, {"weight_loader": layer.weight_loader, "input_dim": 1, "output_dim": 0})
     loaded = set(model.load_weights(weights) or ())
+    repacked = 0
     for name, layer in linears:
         if f"{name}.weight" not in loaded:  # not in this update: the layer keeps what it had
             layer.weight, packed = kept[name]
@@ -102,6 +114,9 @@ def _reload_in_place(runner: Any, model: torch.nn.Module, weights: list[tuple[st
                 layer.cpu_linear = packed
             continue
         layer.quant_method.process_weights_after_loading(layer)
+        repacked += 1
     for module in model.modules():
         if isinstance(module, VocabParallelEmbedding):  # the embeddings and the (tied) output head
             module.quant_method.process_weights_after_loading(module)
+            repacked += 1
+    return repacked
