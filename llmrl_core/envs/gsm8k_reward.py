@@ -24,7 +24,7 @@ import torch
 from tensordict import TensorDictBase
 
 from llmrl_core.data.tensor_specs import Composite, Unbounded
-from llmrl_core.envs.tensordict_io import responses_from_tensordict, row_field_lists
+from llmrl_core.envs.tensordict_io import add_per_row, end_rows, responses_from_tensordict, step_row_fields
 from llmrl_core.envs.transforms.td_base import Transform
 
 _THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
@@ -186,9 +186,8 @@ class GSM8KRewardParser(Transform):
             with tensordict.view(-1) as flat, next_tensordict.view(-1) as next_flat:
                 self._step(flat, next_flat)
             return next_tensordict
-        size = next_tensordict.batch_size[0]
         texts = [r.text for r in responses_from_tensordict(tensordict, self.tokenizer)]
-        rows = self._rows(tensordict, next_tensordict, size)
+        rows = self._rows(tensordict, next_tensordict)
         scores = [self.score_row(text, row) for text, row in zip(texts, rows, strict=True)]
         device = next_tensordict.device
 
@@ -198,28 +197,24 @@ class GSM8KRewardParser(Transform):
         for name in ("reward_answer", "reward_think", "reward_right", "reward"):
             value = column(name, torch.float32)
             existing = next_tensordict.get(name, None)
-            next_tensordict.set(name, value if existing is None else _add_per_row(existing, value, name))
+            added = value if existing is None else add_per_row(existing, value, type(self).__name__, name)
+            next_tensordict.set(name, added)
         success = column("success", torch.bool)
         existing = next_tensordict.get("success", None)
         next_tensordict.set("success", success if existing is None else success | existing.reshape(success.shape))
         if self.set_done_if_answer:
-            answered = torch.tensor([score["reward_answer"] > 0 for score in scores], device=device).reshape(size, 1)
-            for key in ("done", "terminated"):
-                flags = next_tensordict.get(key, None)
-                if isinstance(flags, torch.Tensor):
-                    next_tensordict.set(key, flags | answered.expand_as(flags))
+            end_rows(next_tensordict, [score["reward_answer"] > 0 for score in scores])
         return next_tensordict
 
-    def _rows(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase, size: int) -> list[dict[str, Any]]:
+    def _rows(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> list[dict[str, Any]]:
         """Each row's fields (the ``"next"`` data's, then the action data's), checked for the gold answer."""
-        fields = row_field_lists(tensordict) if tensordict.batch_dims == 1 else {}
-        fields.update(row_field_lists(next_tensordict))
-        if self.answer_key not in fields:
+        rows = step_row_fields(tensordict, next_tensordict)
+        if rows and self.answer_key not in rows[0]:
             raise ValueError(
                 f"{type(self).__name__}: the prompt row has no {self.answer_key!r} field (the gold answer), so the "
-                f"step data has none (fields: {sorted(fields)})"
+                f"step data has none (fields: {sorted(rows[0])})"
             )
-        return [{name: values[i] for name, values in fields.items()} for i in range(size)]
+        return rows
 
     def transform_reward_spec(self, reward_spec: Composite) -> Composite:
         """``reward``, ``reward_answer``, ``reward_think``, ``reward_right`` (float) and ``success`` (bool), each of
@@ -235,13 +230,3 @@ class GSM8KRewardParser(Transform):
             f"{type(self).__name__}(answer_key={self.answer_key!r}, format_reward={self.format_reward}, "
             f"correct_reward={self.correct_reward})"
         )
-
-
-def _add_per_row(existing: torch.Tensor, value: torch.Tensor, name: str) -> torch.Tensor:
-    """``existing`` (one value per row, any trailing shape) plus ``value`` ``(B, 1, 1)``, in ``value``'s shape."""
-    if existing.numel() != value.numel():
-        raise ValueError(
-            f"GSM8KRewardParser: the step data's {name!r} has shape {tuple(existing.shape)}, not one value per row; "
-            f"the parser adds its {name!r} of shape {tuple(value.shape)} to it"
-        )
-    return existing.reshape(value.shape).to(value.dtype) + value

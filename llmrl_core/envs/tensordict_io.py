@@ -276,6 +276,34 @@ def stack_next_fields(rows: Sequence[Mapping[Any, Any]]) -> dict[Any, Any]:
     return stacked
 
 
+def step_row_fields(tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> list[dict[str, Any]]:
+    """Each row's prompt fields in a step: the action data's, then the ``"next"`` data's (which win)."""
+    fields = row_field_lists(tensordict) if tensordict.batch_dims == 1 else {}
+    fields.update(row_field_lists(next_tensordict))
+    return [{name: values[i] for name, values in fields.items()} for i in range(next_tensordict.batch_size[0])]
+
+
+def add_per_row(existing: torch.Tensor, value: torch.Tensor, owner: str, name: str) -> torch.Tensor:
+    """``existing`` (one value per row, any trailing shape) plus ``value`` ``(B, 1, 1)``, in ``value``'s shape: a
+    reward transform adding its ``name`` entry to one already in the step data."""
+    if existing.numel() != value.numel():
+        raise ValueError(
+            f"{owner}: the step data's {name!r} has shape {tuple(existing.shape)}, not one value per row; "
+            f"{owner} adds its {name!r} of shape {tuple(value.shape)} to it"
+        )
+    return existing.reshape(value.shape).to(value.dtype) + value
+
+
+def end_rows(next_tensordict: TensorDictBase, ended: Sequence[bool]) -> None:
+    """Set ``done`` and ``terminated`` in the rows ``ended`` marks (a reward transform that saw the answer)."""
+    size = next_tensordict.batch_size[0]
+    marked = torch.tensor(list(ended), dtype=torch.bool, device=next_tensordict.device).reshape(size, 1)
+    for key in ("done", "terminated"):
+        flags = next_tensordict.get(key, None)
+        if isinstance(flags, torch.Tensor):
+            next_tensordict.set(key, flags | marked.expand_as(flags))
+
+
 def add_row_fields(td: TensorDictBase, rows: Sequence[Mapping[str, Any]], input_mode: str) -> TensorDictBase:
     """Write the prompt rows' fields (``query``, ``answer``, ...) into ``td``, one entry per row (a stack, as TorchRL
     writes them), except a field named like a layout entry, which the layout holds; a ``text`` field is the rows'

@@ -31,7 +31,13 @@ from tensordict import TensorDictBase
 from llmrl_core.data.tensor_specs import Composite, Unbounded
 from llmrl_core.envs.ifeval.evaluation import IFEvalScoreData, score_response
 from llmrl_core.envs.ifeval.reward import IFEVAL_WEIGHTS, extract_blocks, ifeval_reward, metric_components
-from llmrl_core.envs.tensordict_io import responses_from_tensordict, row_field_lists, stack_next_fields
+from llmrl_core.envs.tensordict_io import (
+    add_per_row,
+    end_rows,
+    responses_from_tensordict,
+    stack_next_fields,
+    step_row_fields,
+)
 from llmrl_core.envs.transforms.td_base import Transform
 from llmrl_core.envs.types import Response
 
@@ -127,7 +133,7 @@ class IfEvalScorer(Transform):
             return next_tensordict
         size = next_tensordict.batch_size[0]
         answers = responses_from_tensordict(tensordict, getattr(self.parent, "tokenizer", None))
-        rows = self._rows(tensordict, next_tensordict, size)
+        rows = step_row_fields(tensordict, next_tensordict)
         active = self._active_rows(size)
         scores: list[IFEvalScoreData | None] = [None] * size
         rewards = [0.0] * size
@@ -142,13 +148,11 @@ class IfEvalScorer(Transform):
         if self.aggregate_reward:
             value = torch.tensor(rewards, dtype=torch.float32, device=device).reshape(size, 1, 1)
             existing = next_tensordict.get("reward", None)
-            next_tensordict.set("reward", value if existing is None else _add_per_row(existing, value))
+            next_tensordict.set(
+                "reward", value if existing is None else add_per_row(existing, value, "IfEvalScorer", "reward")
+            )
         if self.set_done_if_answer:
-            ended = torch.tensor(answered, device=device).reshape(size, 1)
-            for key in ("done", "terminated"):
-                flags = next_tensordict.get(key, None)
-                if isinstance(flags, torch.Tensor):
-                    next_tensordict.set(key, flags | ended.expand_as(flags))
+            end_rows(next_tensordict, answered)
         return next_tensordict
 
     def _score_row(self, index: int, answer: Response, row: dict[str, Any]) -> tuple[IFEvalScoreData, float, bool]:
@@ -179,12 +183,6 @@ class IfEvalScorer(Transform):
         rows = getattr(self.parent, "td_row_slots", None)
         return sorted(i for i in rows if i < size) if rows else list(range(size))
 
-    def _rows(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase, size: int) -> list[dict[str, Any]]:
-        """Each row's fields (the ``"next"`` data's, then the action data's)."""
-        fields = row_field_lists(tensordict) if tensordict.batch_dims == 1 else {}
-        fields.update(row_field_lists(next_tensordict))
-        return [{name: values[i] for name, values in fields.items()} for i in range(size)]
-
     def transform_reward_spec(self, reward_spec: Composite) -> Composite:
         """``reward`` of shape ``batch + (1, 1)`` when the scorer rewards (TorchRL's)."""
         if self.aggregate_reward:
@@ -196,13 +194,3 @@ class IfEvalScorer(Transform):
             f"IfEvalScorer(score_key={self.score_key!r}, format_weights={self.format_weights}, "
             f"answer_only={self.answer_only}, set_done_if_answer={self.set_done_if_answer})"
         )
-
-
-def _add_per_row(existing: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    """``existing`` (one value per row) plus ``value`` ``(B, 1, 1)``, in ``value``'s shape."""
-    if existing.numel() != value.numel():
-        raise ValueError(
-            f"IfEvalScorer: the step data's 'reward' has shape {tuple(existing.shape)}, not one value per row; the "
-            f"scorer adds its reward of shape {tuple(value.shape)} to it"
-        )
-    return existing.reshape(value.shape).to(value.dtype) + value
