@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tensordict import TensorDict
 
-from llmrl_core.data import Conversation, LLMData, Response
+from llmrl_core.data import Conversation, LLMData, Message, Response
+from llmrl_core.data.history import History
+from llmrl_core.data.tensor_specs import Unbounded
 from llmrl_core.envs import (
     AddThinkingPrompt,
     ChatEnv,
@@ -13,30 +16,51 @@ from llmrl_core.envs import (
     DatasetChatEnv,
     GSM8KRewardParser,
     PolicyVersion,
-    SlotTransform,
     TemplateTransform,
     Tokenizer,
+    Transform,
 )
+from llmrl_core.envs.tensordict_io import end_rows, step_row_fields
 
 
-class Calculator(SlotTransform):
-    """A toy tool: a response containing 'CALC a+b' gets a tool message with the sum."""
+class Calculator(Transform):
+    """A toy tool, written as TorchRL writes one: an answer containing 'CALC a+b' gets a tool message with the sum
+    appended to the conversation under ("history", "prompt") of the step's "next" data."""
 
-    def step_slot(self, slot):
-        text = slot.history[-1].text
-        if "CALC " in text:
-            a, b = text.split("CALC ", 1)[1].split()[0].split("+")
-            slot.add_message("tool", str(int(a) + int(b)))
-            slot.info["num_tool_calls"] = slot.info.get("num_tool_calls", 0) + 1
+    def _step(self, tensordict, next_tensordict):
+        conversations = next_tensordict["history"].prompt.to_conversations()
+        for i, conversation in enumerate(conversations):
+            text = conversation.messages[-1].text
+            if "CALC " in text:
+                expression = text.split("CALC ", 1)[1].split()[0].removesuffix("<|im_end|>")
+                a, b = expression.split("+")
+                conversation.append(Message("tool", str(int(a) + int(b))))
+                self._note_row(i, tool_call=("calc", expression, str(int(a) + int(b)), False))
+        next_tensordict["history"].prompt = History.from_conversations(conversations)
+        return next_tensordict
 
 
-class ExactMatch(SlotTransform):
-    """Reward 1 and terminate when the response equals the row's 'answer'."""
+class ExactMatch(Transform):
+    """Reward 1 (the reward part "exact") and end the episode when the last message is the answer and equals the
+    row's 'answer' field."""
 
-    def step_slot(self, slot):
-        if slot.history[-1].role == "assistant" and slot.history[-1].text.strip() == slot.data.get("answer"):
-            slot.add_reward(1.0, name="exact")
-            slot.terminate()
+    def _step(self, tensordict, next_tensordict):
+        rows = step_row_fields(tensordict, next_tensordict)
+        conversations = next_tensordict["history"].prompt.to_conversations()
+        right = [
+            c.messages[-1].role == "assistant" and c.messages[-1].text.strip() == row.get("answer")
+            for c, row in zip(conversations, rows, strict=True)
+        ]
+        for i in (i for i, ok in enumerate(right) if ok):
+            self._note_row(i, reward_components={"exact": 1.0})
+        reward = next_tensordict.get("reward")
+        next_tensordict.set("reward", reward + torch.tensor(right, dtype=reward.dtype).reshape(reward.shape))
+        end_rows(next_tensordict, right)
+        return next_tensordict
+
+    def transform_reward_spec(self, reward_spec):
+        reward_spec["reward"] = Unbounded(shape=(*reward_spec.shape, 1))
+        return reward_spec
 
 
 @pytest.fixture(scope="module")
@@ -161,14 +185,36 @@ def test_tokens_mode_requires_a_tokenizer():
 
 
 def test_template_and_tokenizer_transforms(tokenizer):
-    env = ChatEnv(system_prompt="S")
-    env.append_transform(TemplateTransform(tokenizer))
-    out = env.reset(["hello"])
-    assert out.text[0] == tokenizer.apply_chat_template(
-        [{"role": "system", "content": "S"}, {"role": "user", "content": "hello"}],
-        tokenize=False,
-        add_generation_prompt=True,
-    )
+    """TorchRL's TemplateTransform: a TensorDict transform on "message" (a string is a user turn, a History the
+    whole chat), whose inverse keeps the last assistant turn of the "action" text, for any template."""
+    from tensordict import TensorDict
+
+    from llmrl_core.data.history import History
+    from llmrl_core.envs.transforms.td_base import Transform
+
+    template = TemplateTransform(tokenizer)
+    assert isinstance(template, Transform) and template.in_keys == ["message"] and template.in_keys_inv == ["action"]
+    rendered = template(TensorDict({"message": ["hello", "bye"]}, batch_size=(2,)))["message"]
+    assert list(rendered) == [
+        tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+        for q in ("hello", "bye")
+    ]
+    chat = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "a"},
+    ]
+    history = History.from_chats([chat, chat[:2]])
+    assert list(template(TensorDict({"message": history}, batch_size=(2,)))["message"]) == [
+        tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in (chat, chat[:2])
+    ]
+    for name, answer in (("chatml_format", "Sure."), ("llama3", "Two\nlines.")):
+        named = TemplateTransform(tokenizer, chat_template_name=name)
+        rendered_text = named(TensorDict({"message": "q"}))["message"]
+        sampled = rendered_text + answer + named._assistant_markers()[1] + "\n"
+        assert named.inv(TensorDict({"action": [sampled]}, batch_size=(1,)))["action"] == [answer]
+    with pytest.raises(KeyError, match="message"):  # TorchRL's: its in_key missing
+        template(TensorDict({"query": ["q"]}, batch_size=(1,)))
     # TorchRL's Tokenizer in a text-mode env: the reset's and each step's prompt text tokenized beside it
     from tensordict import TensorDict
 
@@ -202,7 +248,7 @@ def test_policy_version_stamped_and_incremented():
     version.increment_version()
     out = env.step(["a", "b"])
     assert [fields["policy_version"].item() for fields in out.next_fields] == [2, 2]
-    assert env.state_dict() == {"transforms": []} and version.state_dict() == {"version_type": "int", "version": 2}
+    assert env.state_dict() == {} and version.state_dict() == {"version_type": "int", "version": 2}
 
     uid = PolicyVersion("uuid")
     first = uid.version
@@ -302,15 +348,14 @@ def test_add_thinking_prompt_in_tokens_mode(default_model_path):
 
 def test_transform_belongs_to_one_env():
     t = Calculator()
-    ChatEnv().append_transform(t)
-    with pytest.raises(ValueError, match="already attached"):
+    env = ChatEnv().append_transform(t)
+    with pytest.raises(AttributeError, match="parent of transform .* already set"):  # TorchRL's error
         ChatEnv().append_transform(t)
+    assert env.td_transforms == [t]
 
 
 def test_close_releases_transform_resources():
-    from llmrl_core.envs import ChatEnv, SlotTransform
-
-    class Holder(SlotTransform):
+    class Holder(Transform):
         closed = 0
 
         def close(self) -> None:
@@ -322,19 +367,22 @@ def test_close_releases_transform_resources():
 
 
 # --- partial resets, step_and_maybe_reset, set_seed, from_dataloader ----------------------------------------
-class RecordResets(SlotTransform):
-    """Records which slots each on_reset call received, and ends a slot when its answer is 'stop'."""
+class RecordResets(Transform):
+    """Records which slots (and their query) each reset started, and ends an episode whose answer is 'stop'."""
 
     def __init__(self) -> None:
         super().__init__()
         self.resets: list[list[tuple[int, str]]] = []
 
-    def on_reset(self, slots):
-        self.resets.append([(s.index, s.data["query"]) for s in slots])
+    def _reset(self, tensordict, tensordict_reset):
+        queries = step_row_fields(tensordict_reset, tensordict_reset)
+        self.resets.append([(self._slot_of(i), queries[i]["query"]) for i in self._reset_rows(None, tensordict_reset)])
+        return tensordict_reset
 
-    def step_slot(self, slot):
-        if slot.history[-1].text == "stop":
-            slot.terminate()
+    def _step(self, tensordict, next_tensordict):
+        answers = [c.messages[-1].text for c in next_tensordict["history"].prompt.to_conversations()]
+        end_rows(next_tensordict, [a == "stop" for a in answers])
+        return next_tensordict
 
 
 def _rows(n):
@@ -455,7 +503,7 @@ def test_from_dataloader_builds_a_primed_env(tmp_path):
         max_turns=2,
     )
     assert isinstance(env, DatasetChatEnv) and env.batch_size == (4,) and env.max_turns == 2
-    assert env.td_transforms == [env.primer] and not env.transforms
+    assert env.td_transforms == [env.primer]
     out = env.reset_batch()
     assert out.prompt_id == [0, 0, 1, 1] and out.group_id == [0, 0, 1, 1] and out.sample_index == [0, 1, 0, 1]
     assert [m.content for m in out.history[2]] == ["S", "q1"]
@@ -472,24 +520,32 @@ def test_from_dataloader_builds_a_primed_env(tmp_path):
 
 
 def test_a_transform_that_raises_is_named_as_the_users_code():
+    """On the list calls (the flows', the collector's) a transform's error is the user's code failing, said in one
+    line naming the transform and the hook; on TorchRL's TensorDict calls it keeps its type (TorchRL's), with a
+    note naming them. The user's code already said as such (a reward function's) passes as it is."""
     from llmrl_core.envs.reward_calls import RewardFunctionError
-    from llmrl_core.envs.transforms.base import EnvTransformError
+    from llmrl_core.envs.td_list_calls import EnvTransformError
     from llmrl_core.user_code import UserCodeError
 
-    class Broken(SlotTransform):
-        def step_slot(self, slot):
+    class Broken(Transform):
+        def _step(self, tensordict, next_tensordict):
             raise KeyError("answer_field")
 
-    class Failing(SlotTransform):
-        def step_slot(self, slot):
+    class Failing(Transform):
+        def _step(self, tensordict, next_tensordict):
             raise RewardFunctionError("env.rewards[0].function 'm:f' raised")
 
     env = ChatEnv(batch_size=1).append_transform(Broken())
     env.reset([{"query": "2+2?"}])
-    with pytest.raises(EnvTransformError, match=r"env transform Broken.on_step raised KeyError: 'answer_field'") as err:
+    with pytest.raises(EnvTransformError, match=r"^env transform Broken._step raised KeyError: 'answer_field'$") as err:
         env.step(["4"])
     assert isinstance(err.value, UserCodeError) and isinstance(err.value.__cause__, KeyError)
+    td = env.reset(TensorDict({"query": ["2+2?"]}, [1]))
+    with pytest.raises(KeyError, match="answer_field") as err:
+        env.step(td.set("text_response", ["4"]))
+    assert err.value.__notes__ == ["(raised in env transform Broken._step)"]
     env = ChatEnv(batch_size=1).append_transform(Failing())
     env.reset([{"query": "2+2?"}])
-    with pytest.raises(RewardFunctionError, match="env.rewards"):  # already the user's code: passed as it is
+    with pytest.raises(RewardFunctionError, match="env.rewards") as err:  # already the user's code: as it is
         env.step(["4"])
+    assert not getattr(err.value, "__notes__", None)

@@ -7,8 +7,9 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from llmrl_core.envs import ChatEnv, SlotTransform
+from llmrl_core.envs import ChatEnv, Transform
 from llmrl_core.envs.dataset_chat_env import DatasetChatEnv
+from llmrl_core.envs.tensordict_io import end_rows, step_row_fields
 
 QUERIES = ["What is 2+3?", "Name a colour."]
 
@@ -28,12 +29,15 @@ def _numbered_answers(td: TensorDict) -> TensorDict:
     return td.set("text_response", answers)
 
 
-class EndAfter(SlotTransform):
-    """Ends a conversation after ``slot.data['turns']`` turns."""
+class EndAfter(Transform):
+    """Ends a conversation once it holds as many answers as its row's ``turns`` field says."""
 
-    def step_slot(self, slot) -> None:
-        if slot.turn >= int(slot.data["turns"]):
-            slot.terminate()
+    def _step(self, tensordict, next_tensordict):
+        rows = step_row_fields(tensordict, next_tensordict)
+        chats = next_tensordict["history"].prompt.to_conversations()
+        answers = [sum(m.role == "assistant" for m in chat.messages) for chat in chats]
+        end_rows(next_tensordict, [n >= int(row["turns"]) for n, row in zip(answers, rows, strict=True)])
+        return next_tensordict
 
 
 def test_rollout_stacks_the_turns_and_carries_the_next_prompt():

@@ -10,8 +10,8 @@ from tensordict import TensorDict
 from llmrl_core.collectors import LLMCollector
 from llmrl_core.collectors.tensordict_batches import rows as episodes
 from llmrl_core.data import History, LLMData
+from llmrl_core.data.tensor_specs import Unbounded
 from llmrl_core.envs import ChatEnv
-from llmrl_core.envs.transforms import SlotTransform
 from llmrl_core.envs.transforms.td_base import Transform as TensorDictTransform
 from llmrl_core.modules.policies import ChatHistory
 from tests.torchrl_layout_probes import (
@@ -170,7 +170,7 @@ def test_tensordict_transforms_run_on_the_tensordict_calls():
 
     tag = Tag()
     env = ChatEnv(batch_size=(2,)).append_transform(tag)
-    assert tag.parent is env and env.td_transforms == [tag] and env.transforms == []
+    assert tag.parent is env and env.td_transforms == [tag]
     obs = env.reset(TensorDict({"query": ["a", "b"]}, batch_size=(2,)))
     assert obs["tag"].shape == (2, 1)
     action = obs.clone()
@@ -213,15 +213,15 @@ class AnswerCheck(TensorDictTransform):
 
 def test_the_ported_torchrl_import_of_transform_is_torchrls_transform():
     """``from torchrl.envs import Transform, Compose`` ported by the import rule gives TorchRL's TensorDict transform:
-    a subclass's ``_step`` runs on the env's step. llmrl's per-conversation base is ``SlotTransform``; a
-    ``Transform`` subclass that defines its hooks (code written against llmrl's earlier ``Transform``) is refused
-    with the fix, not silently skipped."""
+    a subclass's ``_step`` runs on the env's step; it is the one kind of env transform. A subclass that defines the
+    hooks of llmrl's former per-conversation transforms (``step_slot``, ``on_step``, ...) is refused with the fix,
+    not silently skipped."""
     import llmrl_core.envs as envs
     import llmrl_core.envs.transforms as transforms
 
     assert envs.Transform is transforms.Transform is TensorDictTransform
-    assert envs.Compose is transforms.Compose and envs.SlotTransform is transforms.SlotTransform is SlotTransform
-    assert not issubclass(SlotTransform, TensorDictTransform)
+    assert envs.Compose is transforms.Compose
+    assert not hasattr(envs, "SlotTransform") and not hasattr(transforms, "SlotTransform")
 
     class Double(envs.Transform):
         def _step(self, tensordict, next_tensordict):
@@ -236,9 +236,9 @@ def test_the_ported_torchrl_import_of_transform_is_torchrls_transform():
         def step_slot(self, slot):
             slot.add_reward(1.0)
 
-    with pytest.raises(TypeError, match=r"OldStyle defines step_slot: .*Subclass SlotTransform"):
+    with pytest.raises(TypeError, match=r"OldStyle defines step_slot: .*Write it as TorchRL's Transform: _step"):
         ChatEnv(batch_size=(1,)).append_transform(OldStyle())
-    with pytest.raises(TypeError, match=r"expects a Transform \(TorchRL's TensorDict transform\) or a SlotTransform"):
+    with pytest.raises(TypeError, match=r"expects a Transform \(TorchRL's TensorDict transform\), got object"):
         ChatEnv(batch_size=(1,)).append_transform(object())
 
 
@@ -290,11 +290,28 @@ def test_what_a_tensordict_transform_writes_on_step_td_becomes_the_slots():
     assert wrong.reward_components == {"AnswerCheck": 1.0}
 
 
-class ZeroReward(SlotTransform):
-    """A reward source that pays 0: the env's step data then carries a ``reward`` (a bare env's has none)."""
+class Pays(TensorDictTransform):
+    """A reward source: adds ``amount`` to every row's reward (kept as the reward part ``name`` when given). It
+    declares ``reward`` in its reward spec, so the env's step data carries one (a bare env's has none)."""
 
-    def step_slot(self, slot):
-        slot.add_reward(0.0)
+    def __init__(self, amount: float = 0.0, name: str | None = None) -> None:
+        super().__init__()
+        self.amount, self.name = amount, name
+
+    def transform_reward_spec(self, reward_spec):
+        reward_spec["reward"] = Unbounded(shape=(*reward_spec.shape, 1))
+        return reward_spec
+
+    def _step(self, tensordict, next_tensordict):
+        if self.name is not None:
+            for i in range(next_tensordict.batch_size[0]):
+                self._note_row(i, reward_components={self.name: self.amount})
+        return next_tensordict.set("reward", next_tensordict["reward"] + self.amount)
+
+
+def ZeroReward() -> Pays:  # noqa: N802 (reads as the class it makes)
+    """A reward source that pays 0: the env's step data then carries a ``reward`` (a bare env's has none)."""
+    return Pays(0.0)
 
 
 def test_a_per_token_reward_counts_as_its_sum_and_a_lost_reward_is_named():
@@ -345,11 +362,6 @@ def test_a_reward_widened_to_tokens_changes_the_slot_by_the_per_token_difference
     transforms do: reward - coeff * kl per token) changes the slot's reward by the sum of those differences, not by
     the number of tokens times the reward; what it adds to the "next" data is kept per slot."""
 
-    class Parser(SlotTransform):
-        def on_step(self, slots):
-            for slot in slots:
-                slot.add_reward(1.0, name="answer")
-
     class PerToken(TensorDictTransform):
         def _step(self, tensordict, next_tensordict):
             reward = next_tensordict["reward"]  # (B, 1): one value per answer
@@ -357,7 +369,8 @@ def test_a_reward_widened_to_tokens_changes_the_slot_by_the_per_token_difference
             next_tensordict.set("penalty", penalty)
             return next_tensordict.set("reward", (reward - penalty).unsqueeze(-1))  # per token: (B, 3, 1)
 
-    env = ChatEnv(batch_size=2, chat_template_name="chatml").append_transform(Parser()).append_transform(PerToken())
+    env = ChatEnv(batch_size=2, chat_template_name="chatml").append_transform(Pays(1.0, "answer"))
+    env.append_transform(PerToken())
     env.reset(["q1", "q2"])
     out = env.step(["a", "b"])
     assert out.reward.tolist() == pytest.approx([0.7, 0.7])
@@ -581,12 +594,9 @@ def test_a_step_carries_reward_and_truncated_when_the_env_has_their_sources():
     ``truncated`` once the env can cut episodes short (``max_turns``, as TorchRL's ``StepCounter``); a transform
     that only shapes prompts adds neither."""
 
-    class Pays(SlotTransform):
-        def step_slot(self, slot):
-            slot.add_reward(2.0)
-
-    class Shapes(SlotTransform):
-        writes_reward = False
+    class Shapes(TensorDictTransform):  # declares no reward
+        def _step(self, tensordict, next_tensordict):
+            return next_tensordict
 
     def step_once(env):
         td = env.reset(TensorDict({"query": ["Hi"]}, batch_size=(1,)))
@@ -598,7 +608,7 @@ def test_a_step_carries_reward_and_truncated_when_the_env_has_their_sources():
     shaped.append_transform(Shapes())
     assert sorted(step_once(shaped)["next"].keys()) == ["done", "history", "terminated"]
     paid = ChatEnv(input_mode="history", batch_size=(1,), max_turns=1)
-    paid.append_transform(Pays())
+    paid.append_transform(Pays(2.0))
     nxt = step_once(paid)["next"]
     assert nxt["reward"].tolist() == [[2.0]] and nxt["truncated"].tolist() == [[True]]
 
@@ -806,29 +816,28 @@ def _length_reward(prompt, completion, row):
 
 
 @pytest.mark.parametrize("mode", ["tokens", "history"])
-def test_slot_transforms_appended_after_a_tensordict_transform_run_after_it(default_model_path, mode):
-    """Append order across the two kinds: ``env.rewards``' functions, appended to a factory env whose TensorDict
-    transform ends the episode, see that end and pay once (they ran before it and never paid, with max_turns > 1);
-    a slot transform appended before it still runs first. Both calls: the list call (the flows', tokens mode) and
-    TorchRL's TensorDict call, whose "next" data carries the late reward."""
+def test_env_rewards_appended_after_a_transform_that_ends_the_episode_pay_once(default_model_path, mode):
+    """Transforms run in the order appended: ``env.rewards``' functions (a TensorDict transform now), appended to a
+    factory env whose transform ends the episode, see that end and pay once, on the episode's last answer; a
+    transform appended before it sees no end yet. Both calls: the list call (the flows', tokens mode) and TorchRL's
+    TensorDict call, whose "next" data carries the reward."""
     from transformers import AutoTokenizer
 
     from llmrl_core.pipeline.env_config import RewardFunctionConfig, RewardFunctions
 
     seen = []
 
-    class SeesNoEnd(SlotTransform):
-        writes_reward = False
-
-        def step_slot(self, slot):
-            seen.append(slot.done)
+    class SeesNoEnd(TensorDictTransform):
+        def _step(self, tensordict, next_tensordict):
+            seen.extend(next_tensordict["done"].flatten().tolist())
+            return next_tensordict
 
     tokenizer = AutoTokenizer.from_pretrained(default_model_path)
     env = ChatEnv(tokenizer=tokenizer, input_mode=mode, max_turns=3, batch_size=(2,))
     env.append_transform(SeesNoEnd()).append_transform(_EndsAtOnce())
     specs = [RewardFunctionConfig(function=f"{__name__}:_length_reward", weight=0.5, name="length")]
     env.append_transform(RewardFunctions(specs))
-    assert [type(t).__name__ for p in env.step_phases() for t in p] == ["SeesNoEnd", "RewardFunctions"]
+    assert [type(t).__name__ for t in env.td_transforms] == ["SeesNoEnd", "_EndsAtOnce", "RewardFunctions"]
     answers = ["abcd<|im_end|>", "ab<|im_end|>"]
     if mode == "tokens":
         env.reset(["q1", "q2"])

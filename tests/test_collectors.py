@@ -13,7 +13,9 @@ from llmrl_core.collectors import LLMCollector
 from llmrl_core.collectors.tensordict_batches import EpisodeRow
 from llmrl_core.collectors.tensordict_batches import rows as episodes
 from llmrl_core.data import LLMData
-from llmrl_core.envs import ChatEnv, PolicyVersion, SlotTransform, make_gsm8k_env
+from llmrl_core.data.tensor_specs import Unbounded
+from llmrl_core.envs import ChatEnv, PolicyVersion, Transform, make_gsm8k_env
+from llmrl_core.envs.tensordict_io import end_rows, step_row_fields
 from llmrl_core.policies.base import SamplingConfig
 from llmrl_core.policies.vllm_wrapper import vLLMWrapper
 
@@ -118,18 +120,36 @@ def test_flatten_data_views_the_dialog_turn_batch_slot_after_slot():
     assert [b.batch_size for b in partial] == [(2, 1), (1,)] and partial[1][0]["turn"] == 2
 
 
-class StuckTool(SlotTransform):
+class _Rewards(Transform):
+    """A transform that may reward: its reward spec declares ``reward`` (so a step's data carries one)."""
+
+    def transform_reward_spec(self, reward_spec):
+        reward_spec["reward"] = Unbounded(shape=(*reward_spec.shape, 1))
+        return reward_spec
+
+    def _pay(self, next_tensordict, paid: list[float], name: str) -> None:
+        """Add ``paid`` per row (the reward part ``name``) and end the rows paid."""
+        for i, value in enumerate(paid):
+            if value:
+                self._note_row(i, reward_components={name: value})
+        reward = next_tensordict["reward"]
+        next_tensordict.set("reward", reward + torch.tensor(paid, dtype=reward.dtype).reshape(reward.shape))
+        end_rows(next_tensordict, [bool(value) for value in paid])
+
+
+class StuckTool(_Rewards):
     """A tool that hangs (until released) for conversations whose query says "stuck"."""
 
     def __init__(self, release: threading.Event) -> None:
         super().__init__()
         self.release = release
 
-    def step_slot(self, slot) -> None:
-        if "stuck" in slot.data.get("query", ""):
+    def _step(self, tensordict, next_tensordict):
+        rows = step_row_fields(tensordict, next_tensordict)
+        if any("stuck" in (row.get("query") or "") for row in rows):
             self.release.wait(timeout=300)
-        slot.add_reward(1.0, name="done")
-        slot.terminate()
+        self._pay(next_tensordict, [1.0] * len(rows), "done")
+        return next_tensordict
 
 
 def test_async_collector_finishes_while_one_env_is_stuck_in_a_tool(policy):
@@ -169,26 +189,33 @@ def scripted_policy(data: LLMData) -> LLMData:
     return LLMData(text_response=["ok"] * data.batch_size, finish_reasons=["stop"] * data.batch_size)
 
 
-class EpisodeLength(SlotTransform):
-    """Ends an episode after ``slot.data['turns']`` turns (default 1) and logs starts, ends and env steps."""
+class EpisodeLength(_Rewards):
+    """Ends an episode after its row's ``turns`` answers (default 1), paying that count, and logs starts, ends and
+    env steps."""
 
     def __init__(self) -> None:
         super().__init__()
         self.events: list[tuple[str, str]] = []
         self.steps = 0
 
-    def reset_slot(self, slot) -> None:
-        self.events.append(("start", slot.data["query"]))
+    def _reset(self, tensordict, tensordict_reset):
+        rows = step_row_fields(tensordict_reset, tensordict_reset)
+        self.events.extend(("start", rows[i]["query"]) for i in self._reset_rows(tensordict, tensordict_reset))
+        return tensordict_reset
 
-    def on_step(self, slots) -> None:
+    def _step(self, tensordict, next_tensordict):
         self.steps += 1
-        super().on_step(slots)
-
-    def step_slot(self, slot) -> None:
-        if slot.turn >= slot.data.get("turns", 1):
-            slot.add_reward(float(slot.turn), name="turns")
-            slot.terminate()
-            self.events.append(("end", slot.data["query"]))
+        rows = step_row_fields(tensordict, next_tensordict)
+        chats = next_tensordict["history"].prompt.to_conversations()
+        paid = []
+        for chat, row in zip(chats, rows, strict=True):
+            turns = sum(m.role == "assistant" for m in chat.messages)
+            ended = turns >= (row.get("turns") or 1)
+            paid.append(float(turns) if ended else 0.0)
+            if ended:
+                self.events.append(("end", row["query"]))
+        self._pay(next_tensordict, paid, "turns")
+        return next_tensordict
 
 
 def _counted(rows: list[dict], drawn: list[str]):
@@ -342,7 +369,7 @@ def test_track_policy_version_options():
 
     env, _ = _scripted_env()
     on = LLMCollector(env, scripted_policy, prompts=rows, total_trajectories=4, track_policy_version=True)
-    assert on.get_policy_version() == 0 and not any(isinstance(t, PolicyVersion) for t in env.transforms)
+    assert on.get_policy_version() == 0 and not any(isinstance(t, PolicyVersion) for t in env.td_transforms)
     stamped = []
     for batch in on:
         stamped += batch["policy_version"].tolist()

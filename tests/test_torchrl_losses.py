@@ -255,16 +255,24 @@ def test_a_torchrl_style_grpo_iteration_runs_end_to_end(hf_model_fp32):
     sampling with log-probs, the collector, MCAdvantage, GRPOLoss on the batch, an optimizer step. The trainer's
     scores of the sampled tokens agree with the sampler's (same weights), and the step changes the weights."""
     from llmrl_core.collectors import LLMCollector
+    from llmrl_core.data.tensor_specs import Unbounded
     from llmrl_core.envs import ChatEnv
-    from llmrl_core.envs.transforms import SlotTransform
+    from llmrl_core.envs.tensordict_io import end_rows, responses_from_tensordict
+    from llmrl_core.envs.transforms import Transform
     from llmrl_core.objectives import MCAdvantage
 
     model, tokenizer = hf_model_fp32
 
-    class LengthReward(SlotTransform):  # a reward that differs within a group: the answer's length, mod 5
-        def step_slot(self, slot):
-            slot.add_reward(float(len(slot.last_response.text) % 5))
-            slot.terminate()
+    class LengthReward(Transform):  # a reward that differs within a group: the answer's length, mod 5
+        def transform_reward_spec(self, reward_spec):
+            reward_spec["reward"] = Unbounded(shape=(*reward_spec.shape, 1))
+            return reward_spec
+
+        def _step(self, tensordict, next_tensordict):
+            texts = [r.text for r in responses_from_tensordict(tensordict, tokenizer)]
+            reward = torch.tensor([[float(len(t) % 5)] for t in texts])
+            end_rows(next_tensordict, [True] * len(texts))
+            return next_tensordict.set("reward", next_tensordict["reward"] + reward)
 
     prompts = [{"query": "What is 2 + 2?"}, {"query": "Name a colour."}]
     env = ChatEnv.from_dataloader(

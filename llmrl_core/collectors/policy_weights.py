@@ -39,7 +39,7 @@ class PolicyWeights:
 
     def _find_version_tracker(self) -> PolicyVersion | None:
         for env in self.envs:
-            for transform in (*env.transforms, *getattr(env, "td_transforms", ())):
+            for transform in getattr(env, "td_transforms", ()):
                 if isinstance(transform, PolicyVersion):
                     return transform
         return None

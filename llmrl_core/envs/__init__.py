@@ -3,8 +3,7 @@
 ``ChatEnv`` (batched multi-turn chat), ``DatasetChatEnv`` (ChatEnv + ``DataLoadingPrimer``), GSM8K
 (``GSM8KEnv``, ``make_gsm8k_env``, ``GSM8KPrepareQuestion``, ``GSM8KRewardParser``), Countdown (``CountdownEnv``,
 ``CountdownRewardParser``), MATH (``MATHEnv``, ``MATHRewardParser``), ``LLMEnv`` and
-``LLMHashingEnv``, TorchRL's ``Transform`` and ``Compose`` (TensorDict transforms), llmrl's ``SlotTransform``
-(per-conversation hooks) and the built-in transforms.
+``LLMHashingEnv``, TorchRL's ``Transform`` and ``Compose`` (TensorDict transforms) and the built-in transforms.
 """
 
 from typing import Any
@@ -29,7 +28,6 @@ from llmrl_core.envs.transforms import (
     PolicyVersion,
     RetrieveKL,
     RetrieveLogProb,
-    SlotTransform,
     TemplateTransform,
     Tokenizer,
     Transform,
@@ -83,7 +81,6 @@ __all__ = [
     "RetrieveKL",
     "RetrieveLogProb",
     "SlotState",
-    "SlotTransform",
     "TemplateTransform",
     "Tokenizer",
     "Transform",

@@ -45,7 +45,6 @@ from llmrl_core.data.conversation import Conversation, ConversationBatch, Messag
 from llmrl_core.data.llm_data import LLMData, Response
 from llmrl_core.envs.env_specs import EnvSpecs
 from llmrl_core.envs.td_list_calls import (
-    run_late_slot_transforms,
     run_reset_transforms,
     run_step_transforms,
     run_td_reset,
@@ -58,7 +57,6 @@ from llmrl_core.envs.tensordict_io import (
     output_to_tensordict,
     rows_from_tensordict,
 )
-from llmrl_core.envs.transforms.base import SlotTransform, run_hook
 from llmrl_core.envs.types import EnvOutput, PromptRow, SlotState
 
 if TYPE_CHECKING:
@@ -68,19 +66,19 @@ InputMode = Literal["history", "text", "tokens"]
 Action = str | Response | None
 
 
-_SLOT_HOOKS = ("provide_prompts", "on_reset", "reset_slot", "on_step", "step_slot", "on_output")
+_SLOT_HOOKS = ("on_reset", "reset_slot", "on_step", "step_slot", "on_output")
 
 
 def _refuse_slot_hooks(transform: Any) -> None:
-    """A TensorDict ``Transform`` that defines llmrl's slot hooks was written against llmrl's old ``Transform`` base
-    (renamed ``SlotTransform``): its hooks would never run. Say so, with the fix, instead of ignoring them."""
-    hooks = [hook for hook in _SLOT_HOOKS if hook != "provide_prompts"]  # a prompt source may be either kind
-    defined = [hook for hook in hooks if any(hook in vars(cls) for cls in type(transform).__mro__)]
+    """A transform written against llmrl's former per-conversation base (``SlotTransform``: ``step_slot(slot)``,
+    ``on_step(slots)``, ...) would have its hooks never run. Say so, with the fix, instead of ignoring them."""
+    defined = [hook for hook in _SLOT_HOOKS if any(hook in vars(cls) for cls in type(transform).__mro__)]
     if defined:
         raise TypeError(
-            f"{type(transform).__name__} defines {', '.join(defined)}: llmrl's per-conversation hooks, which belong to "
-            "llmrl_core.envs.SlotTransform (llmrl's Transform before it took TorchRL's TensorDict interface). Subclass "
-            "SlotTransform for those hooks, or Transform with TorchRL's _step / _reset / _call (README, 'Migrating')."
+            f"{type(transform).__name__} defines {', '.join(defined)}: the hooks of llmrl's former per-conversation "
+            "transforms, which no env calls any more. Write it as TorchRL's Transform: _step(tensordict, "
+            "next_tensordict) reading the answer and writing 'reward' / 'done' under next, _reset(tensordict, "
+            "tensordict_reset) on ('history', 'prompt') (README, 'Migrating')."
         )
 
 
@@ -133,13 +131,9 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
         # Tokens mode: a slot whose next prompt would be longer is truncated (``info["context_full"]``) instead of
         # being sent to an engine that cannot take it. Rollout loops set it from the engine's context length.
         self.max_prompt_tokens: int | None = None
-        self.transforms: list[SlotTransform] = []
-        self.td_transforms: list[Any] = []  # TorchRL TensorDict transforms (td_base.Transform): the TensorDict calls
+        self.td_transforms: list[Any] = []  # TorchRL's TensorDict transforms (td_base.Transform), in order
         # while the TensorDict transforms run: the env slot of each row of their data (td_list_calls.rows_as_slots)
         self.td_row_slots: dict[int, int] | None = None
-        # how many slot transforms were appended before the first TensorDict transform (None: no such transform):
-        # a step runs those, then the TensorDict transforms, then the slot transforms appended after them
-        self._slot_transforms_before_td: int | None = None
         self.slots: list[SlotState] = []
         # TorchRL's choice (its History's): a tokenizer's own template only when it marks generations, else ChatML;
         # chat_template_name="tokenizer" keeps the model's own (the flows' envs do)
@@ -244,55 +238,35 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
 
     # --- composition -----------------------------------------------------------------------------
     def append_transform(self, transform: Any) -> ChatEnv:
-        """Add a transform at the end of the chain; returns the env (chainable).
+        """Add a TorchRL TensorDict transform (:class:`~llmrl_core.envs.transforms.td_base.Transform`: tools, reward
+        parsers, the primer, ``RetrieveKL``, ...) at the end of the chain; returns the env (chainable).
 
-        A slot transform (:class:`~llmrl_core.envs.transforms.base.SlotTransform`: tools, reward parsers, the primer)
-        runs on every reset and step. A TorchRL TensorDict transform
-        (:class:`~llmrl_core.envs.transforms.td_base.Transform`: ``RetrieveKL``, ``KLRewardTransform``, ...) runs on
-        the TensorDict calls, as in a TorchRL ``TransformedEnv``: ``_reset`` on ``reset(td)``, ``_inv_call`` on the
-        action and ``_step`` on the ``"next"`` data of ``step(td)``, in the order appended (and on the list calls,
-        on the slots in TorchRL's layout). A step runs the slot transforms appended before the first TensorDict
-        transform, then the TensorDict transforms, then the slot transforms appended after it
-        (:meth:`step_phases`); resets run the slot transforms first.
+        As in a TorchRL ``TransformedEnv``: ``_reset`` runs on every reset, ``_inv_call`` on the action and
+        ``_step`` on the ``"next"`` data of every step, in the order appended; on the list calls (``reset(prompts)``,
+        ``step(answers)``: the collector's and the flows') they see the slots in TorchRL's layout and what they write
+        becomes the slots' (:mod:`llmrl_core.envs.td_list_calls`).
         """
+        self._check_transform(transform, "append_transform")
+        transform.set_container(self)
+        self.td_transforms.append(transform)
+        return self
+
+    def insert_transform(self, index: int, transform: Any) -> ChatEnv:
+        """Insert a TensorDict transform at ``index`` in the chain (TorchRL's ``insert_transform``)."""
+        self._check_transform(transform, "insert_transform")
+        transform.set_container(self)
+        self.td_transforms.insert(index, transform)
+        return self
+
+    @staticmethod
+    def _check_transform(transform: Any, caller: str) -> None:
         from llmrl_core.envs.transforms import td_base
 
-        if isinstance(transform, td_base.Transform):
-            _refuse_slot_hooks(transform)
-            transform.set_container(self)
-            self.td_transforms.append(transform)
-            if self._slot_transforms_before_td is None:
-                self._slot_transforms_before_td = len(self.transforms)
-            return self
-        if not isinstance(transform, SlotTransform):
+        _refuse_slot_hooks(transform)
+        if not isinstance(transform, td_base.Transform):
             raise TypeError(
-                f"append_transform expects a Transform (TorchRL's TensorDict transform) or a SlotTransform, got "
-                f"{type(transform).__name__}"
+                f"{caller} expects a Transform (TorchRL's TensorDict transform), got {type(transform).__name__}"
             )
-        transform.set_parent(self)
-        self.transforms.append(transform)
-        return self
-
-    def insert_transform(self, index: int, transform: SlotTransform) -> ChatEnv:
-        """Insert a slot transform at ``index`` in the chain."""
-        if not isinstance(transform, SlotTransform):
-            raise TypeError(f"insert_transform expects a SlotTransform, got {type(transform).__name__}")
-        transform.set_parent(self)
-        position = index if index >= 0 else max(len(self.transforms) + index, 0)
-        self.transforms.insert(index, transform)
-        if self._slot_transforms_before_td is not None and position <= self._slot_transforms_before_td:
-            self._slot_transforms_before_td += 1
-        return self
-
-    def step_phases(self) -> tuple[list[SlotTransform], list[SlotTransform]]:
-        """The slot transforms a step runs before the TensorDict transforms (those appended before the first of
-        them, or all) and after them (those appended later: e.g. ``env.rewards``' functions appended to a factory
-        env whose TensorDict transform ends the episode see that end). A slot transform appended between two
-        TensorDict transforms runs after both."""
-        k = self._slot_transforms_before_td
-        if k is None:
-            return list(self.transforms), []
-        return self.transforms[:k], self.transforms[k:]
 
     @property
     def end_of_turn(self) -> str | None:
@@ -351,8 +325,7 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
     def _reset_rows(self, prompts: Sequence[Any] | None) -> EnvOutput:
         rows = self._collect_prompts(prompts)
         self.slots = [self._make_slot(i, row) for i, row in enumerate(rows)]
-        for transform in self.transforms:
-            run_hook(transform, "on_reset", self.slots)
+        self._start_episodes(self.slots)
         self._start_tokens(self.slots)
         return self._output()
 
@@ -395,8 +368,7 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
         new_slots = [self._make_slot(i, row) for i, row in zip(index_list, rows, strict=True)]
         for slot in new_slots:
             self.slots[slot.index] = slot
-        for transform in self.transforms:
-            run_hook(transform, "on_reset", new_slots)
+        self._start_episodes(new_slots)
         self._start_tokens(new_slots)
         return self._output(), new_slots
 
@@ -446,7 +418,7 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
 
         seed = secrets.randbits(31) if seed is None else int(seed)
         self._pending_rows = []
-        for transform in [*self.transforms, *self.td_transforms]:
+        for transform in self.td_transforms:
             set_seed = getattr(transform, "set_seed", None)
             if callable(set_seed):
                 set_seed(seed)
@@ -458,7 +430,7 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
     def _provided_rows(self, caller: str) -> list[Any]:
         """The next batch of the env's prompt source: the first transform (slot or TensorDict, e.g. the
         ``DataLoadingPrimer``) whose ``provide_prompts`` answers."""
-        for transform in [*self.transforms, *self.td_transforms]:
+        for transform in self.td_transforms:
             provide = getattr(transform, "provide_prompts", None)
             provided = provide(self.num_slots) if callable(provide) else None
             if provided is not None:
@@ -559,7 +531,6 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
                 lent = [name for name in self.slots[0].data if name not in next_td.keys()] if self.slots else []
                 add_row_fields(next_td, [slot.data for slot in self.slots], self.input_mode)  # lent to the transforms
                 next_td = run_step_transforms(self, slots, rows, actions, next_td)
-                next_td = run_late_slot_transforms(self, slots, rows, next_td)
                 next_td = next_td.exclude(*[name for name in lent if name in next_td.keys()])
             return actions.set("next", next_td)
         turns = self._apply_actions(actions)
@@ -590,8 +561,7 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
             self._apply_response(slot, response)
             active.append(slot)
             turns.append(Turn(slot, len(slot.history.messages), response, prompt_text, prompt_ids))
-        for transform in self.step_phases()[0]:
-            run_hook(transform, "on_step", active)
+        self._answer_turns(active)
         for slot in active:
             if self.max_turns is not None and slot.turn >= self.max_turns and not slot.done:
                 slot.truncate()
@@ -600,6 +570,14 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
                 self._extend_tokens(slot)
                 self._check_context(slot)
         return turns
+
+    # --- the env's own dynamics (a subclass's: the gym wrapper plays its games here) -------------------
+    def _start_episodes(self, slots: list[SlotState]) -> None:
+        """Called with the new slots of a reset, before the transforms' ``_reset``; nothing by default."""
+
+    def _answer_turns(self, slots: list[SlotState]) -> None:
+        """Called with this step's active slots once their answers are appended, before the turn limit and the
+        transforms' ``_step`` (the env's reply: reward, end flags, an observation message); nothing by default."""
 
     def _check_context(self, slot: SlotState) -> None:
         """Tokens mode: truncate a slot whose next prompt would not fit ``max_prompt_tokens`` (its ids end with the
@@ -710,7 +688,7 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
 
     def step_layout(self, out: EnvOutput) -> dict[str, Any]:
         """Which entries a TensorDict step writes under ``"next"`` besides the prompt and done flags: ``reward``
-        when a transform may reward (``SlotTransform.writes_reward``; each row of the longest ``reward_shape`` among
+        when the env or a transform may reward (:meth:`reward_row_shape`; each row of the longest ``reward_shape`` among
         them), ``truncated`` when the env can cut an episode short (``max_turns``, ``max_prompt_tokens``) or a
         transform did. TorchRL's bare ``ChatEnv`` writes neither; its ``DatasetChatEnv`` both (a reward parser, a
         step counter)."""
@@ -727,10 +705,7 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
         return next_td
 
     def _output(self) -> EnvOutput:
-        out = self._output_of(self.slots)
-        for transform in self.transforms:
-            run_hook(transform, "on_output", out)
-        return out
+        return self._output_of(self.slots)
 
     def _output_of(self, slots: list[SlotState]) -> EnvOutput:
         text = tokens = None
@@ -759,13 +734,13 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
 
     # --- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The transforms' checkpointable state, by position: the slot transforms' (``transforms``) and the
-        TensorDict transforms' that are checkpointed with the env (``td_transforms``: those whose
-        ``env_checkpoint`` is True, e.g. the primer's cursor).
+        """The transforms' checkpointable state, by position: those of the TensorDict transforms that are
+        checkpointed with the env (``td_transforms``: those whose ``env_checkpoint`` is True, e.g. the primer's
+        cursor).
 
         After a partial reset, the primer rows no slot has taken yet are saved too (``pending_prompts``).
         """
-        state: dict[str, Any] = {"transforms": [t.state_dict() for t in self.transforms]}
+        state: dict[str, Any] = {}
         if self._checkpointed_td_transforms():
             state["td_transforms"] = [t.state_dict() for t in self._checkpointed_td_transforms()]
         if self._pending_rows:
@@ -777,18 +752,17 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output into the same transform chain."""
-        states = state.get("transforms", [])
-        if len(states) != len(self.transforms):
-            raise ValueError(f"state has {len(states)} transform entries, env has {len(self.transforms)} transforms")
-        for transform, sub in zip(self.transforms, states, strict=True):
-            transform.load_state_dict(sub)
+        if any(state.get("transforms") or []):  # saved when llmrl had per-conversation transforms with state
+            raise ValueError(
+                "the state holds per-conversation transforms' state ('transforms'), saved by an llmrl whose "
+                "transforms were not all TorchRL's TensorDict transforms; start the run afresh"
+            )
         checkpointed, td_states = self._checkpointed_td_transforms(), state.get("td_transforms", [])
         if len(td_states) != len(checkpointed):
             names = [type(t).__name__ for t in checkpointed]
             raise ValueError(
                 f"state has {len(td_states)} TensorDict transform entries, the env checkpoints {len(checkpointed)} "
-                f"({names}); a state saved before the primer became a TensorDict transform lists it under "
-                "'transforms'"
+                f"({names})"
             )
         for transform, sub in zip(checkpointed, td_states, strict=True):
             transform.load_state_dict(sub)
@@ -799,7 +773,7 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
 
     def close(self) -> None:
         """Release what the transforms hold (sandboxed interpreters, MCP servers, browsers)."""
-        for transform in [*self.transforms, *self.td_transforms]:
+        for transform in self.td_transforms:
             close = getattr(transform, "close", None)
             if callable(close):
                 close()
@@ -813,7 +787,7 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(input_mode={self.input_mode!r}, max_turns={self.max_turns}, "
-            f"transforms={self.transforms})"
+            f"transforms={self.td_transforms})"
         )
 
 

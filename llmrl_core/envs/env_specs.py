@@ -5,9 +5,9 @@ As TorchRL's ``ChatEnv`` builds them for its input mode: the observation is the 
 ``("text", "prompt")`` or ``("tokens", "prompt")``), the action the full conversation (``"full"`` under the same
 key), the state the prompt row's field (``data_key``, a string), the done flags ``done`` and ``terminated``
 (``truncated`` too when the env can cut an episode short: ``max_turns``, ``max_prompt_tokens``). The reward spec
-is empty for a bare env and holds ``reward`` once a transform may reward (llmrl's slot transforms say so with
-``writes_reward`` / ``reward_shape``, and name what they write beside it in ``reward_fields``); TensorDict
-transforms then edit each spec through their ``transform_*_spec`` hooks, as in a TorchRL ``TransformedEnv``. As in
+is empty for a bare env and holds ``reward`` once the env's own dynamics reward (``own_reward_shape``: a gym
+wrapper's games) or a TensorDict transform declares one in its ``transform_reward_spec`` hook; the transforms edit
+each spec through their ``transform_*_spec`` hooks, as in a TorchRL ``TransformedEnv``. As in
 TorchRL, ``action_spec`` / ``reward_spec`` / ``done_spec`` answer the leaf when the only leaf is ``"action"`` /
 ``"reward"`` / ``"done"``, the composite otherwise.
 """
@@ -23,24 +23,25 @@ from llmrl_core.data.tensor_specs import Categorical, Composite, NonTensor, Tens
 
 
 class EnvSpecs:
-    """The spec properties of an env with ``input_mode``, ``batch_size``, ``device``, ``data_key``, the slot
-    ``transforms``, the TensorDict ``td_transforms``, and the ``max_turns`` / ``max_prompt_tokens`` limits."""
+    """The spec properties of an env with ``input_mode``, ``batch_size``, ``device``, ``data_key``, the TensorDict
+    ``td_transforms``, and the ``max_turns`` / ``max_prompt_tokens`` limits."""
 
     input_mode: str
     batch_size: torch.Size
     device: Any
     data_key: str
-    transforms: list[Any]
     td_transforms: list[Any]
+    # one row's reward shape when the env's own dynamics reward a step (a subclass's: the gym wrapper's games)
+    own_reward_shape: tuple[int, ...] | None = None
     max_turns: int | None
     max_prompt_tokens: int | None
 
     # --- what a step writes (the specs and ChatEnv.step_layout both read these) -------------------
     def reward_row_shape(self) -> tuple[int, ...] | None:
-        """One row's ``reward`` shape once a transform may reward (the longest of the slot transforms'
-        ``reward_shape`` and of the ``reward`` a TensorDict transform declares in its ``transform_reward_spec``, as
-        the GSM8K parser does), else None."""
-        shapes = [t.reward_shape for t in self.transforms if t.writes_reward]
+        """One row's ``reward`` shape once the env or a transform may reward (the longest of ``own_reward_shape`` and
+        of the ``reward`` a TensorDict transform declares in its ``transform_reward_spec``, as the GSM8K parser
+        does), else None."""
+        shapes = [self.own_reward_shape] if self.own_reward_shape is not None else []
         if self.td_transforms:
             declared = self._through_transforms("transform_reward_spec", Composite(shape=self.batch_size))
             if "reward" in declared.keys():
@@ -84,15 +85,12 @@ class EnvSpecs:
 
     @property
     def full_reward_spec(self) -> Composite:
-        """``reward`` once a transform may reward (its longest ``reward_shape``), else empty."""
+        """``reward`` once the env or a transform may reward (:meth:`reward_row_shape`), else empty."""
         spec = Composite(shape=self.batch_size, device=self.device)
         row = self.reward_row_shape()
         if row is not None:
             shape = (*self.batch_size, *row)
             spec["reward"] = Unbounded(shape=shape, device=self.device)
-            for transform in (t for t in self.transforms if t.writes_reward):
-                for name, dtype in transform.reward_fields:
-                    spec[name] = Unbounded(shape=shape, device=self.device, dtype=dtype)
         return self._through_transforms("transform_reward_spec", spec)
 
     @property

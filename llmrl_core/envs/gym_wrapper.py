@@ -40,7 +40,6 @@ from tensordict import TensorDictBase
 
 from llmrl_core.data.conversation import Message
 from llmrl_core.envs.chat_env import ChatEnv, InputMode
-from llmrl_core.envs.transforms.base import SlotTransform
 from llmrl_core.envs.types import EnvOutput, PromptRow, SlotState
 
 
@@ -92,13 +91,14 @@ def _is_factory(obj: Any) -> bool:
     return callable(obj) and not (hasattr(obj, "reset") and hasattr(obj, "step"))
 
 
-# --- the transform that plays the games ----------------------------------------------------------------------
-class GymEnvTransform(SlotTransform):
-    """Owns one Gymnasium-style text game per slot and plays it (the engine of :class:`MLGymWrapper`).
+# --- the games ----------------------------------------------------------------------------------------------
+class TextGames:
+    """Owns one Gymnasium-style text game per slot and plays it: the dynamics of :class:`MLGymWrapper` (its
+    ``_start_episodes`` / ``_answer_turns``, which run before the env's transforms).
 
-    ``provide_prompts`` makes the placeholder rows of a reset without prompts (``games`` games x ``repeats``
-    copies, copies adjacent and sharing a ``group_id``); ``on_reset`` resets the games and writes their
-    observations as the user messages; ``on_step`` plays the assistant messages (see the module docstring).
+    :meth:`provide_prompts` makes the placeholder rows of a reset without prompts (``games`` games x ``repeats``
+    copies, copies adjacent and sharing a ``group_id``); :meth:`start` resets the games and writes their
+    observations as the user messages; :meth:`play` plays the assistant messages (see the module docstring).
     Its state (seed, games started) is part of ``env.state_dict()``, so a resumed run plays new games.
     """
 
@@ -112,7 +112,6 @@ class GymEnvTransform(SlotTransform):
         observation_role: str = "user",
         reward_name: str = "env",
     ) -> None:
-        super().__init__()
         if games < 1 or repeats < 1:
             raise ValueError(f"games and repeats must be >= 1, got games={games}, repeats={repeats}")
         if _is_factory(env_or_factory):
@@ -156,18 +155,13 @@ class GymEnvTransform(SlotTransform):
         self.seed = seed
         self.games_started = 0
 
-    def set_seed(self, seed: int | None) -> None:
-        """``ChatEnv.set_seed`` hook: the same as :meth:`restart`."""
-        self.restart(seed)
-
     # --- reset -----------------------------------------------------------------------------------
-    def provide_prompts(self, batch_size: int | None) -> list[PromptRow]:
+    def provide_prompts(self, data_key: str) -> list[PromptRow]:
         """Placeholder rows (the games write the user messages): one group of ``repeats`` slots per game.
 
         The games are counted as started when their rows are handed out, so rows a partial reset keeps for
         later never share a game with rows drawn after them.
         """
-        data_key = self.parent.data_key if self.parent is not None else "query"
         first = self.games_started
         self.games_started += self.games
         return [
@@ -182,18 +176,17 @@ class GymEnvTransform(SlotTransform):
             return slot.data["seed"], game
         return (None if self.seed is None else self.seed + game), game
 
-    def on_reset(self, slots: list[SlotState]) -> None:
+    def start(self, env: ChatEnv, slots: list[SlotState]) -> None:
         """Reset every slot's game and make its observation the slot's user message."""
-        user_role = self.parent.user_role if self.parent is not None else "user"
-        system_role = self.parent.system_role if self.parent is not None else "system"
+        user_role, system_role = env.user_role, env.system_role
         first_game = self.games_started
         last_game = first_game - 1
         for slot in slots:
             seed, game = self._slot_seed(slot, first_game)
             last_game = max(last_game, game)
-            env = self.env_for(slot.index)
+            game_env = self.env_for(slot.index)
             options = slot.data.get("options")
-            result = env.reset(seed=seed, options=options) if options is not None else env.reset(seed=seed)
+            result = game_env.reset(seed=seed, options=options) if options is not None else game_env.reset(seed=seed)
             observation, info = split_reset_result(result)
             text = observation_text(observation)
             message = slot.last_message(user_role)
@@ -215,10 +208,9 @@ class GymEnvTransform(SlotTransform):
         self.games_started = max(self.games_started, last_game + 1)
 
     # --- step ------------------------------------------------------------------------------------
-    def on_step(self, slots: list[SlotState]) -> None:
+    def play(self, env: ChatEnv, slots: list[SlotState]) -> None:
         """Play each active slot's assistant message in its game."""
-        policy_role = self.parent.policy_role if self.parent is not None else "assistant"
-        max_turns = self.parent.max_turns if self.parent is not None else None
+        policy_role, max_turns = env.policy_role, env.max_turns
         for slot in slots:
             message = slot.last_message(policy_role)
             action = message.text if message is not None else ""
@@ -268,8 +260,8 @@ class MLGymWrapper(ChatEnv):
     """A Gymnasium-style text environment (MLGym's, or any with text reset/step) as a batched ChatEnv.
 
     ``batch_size`` games per reset, ``repeats`` slots per game (B = batch_size x repeats); see the module
-    docstring for how observations, actions, rewards, episode ends and seeds map onto the chat. More transforms
-    (reward parsers, tools) can be appended after the game, which always runs first.
+    docstring for how observations, actions, rewards, episode ends and seeds map onto the chat. Transforms
+    (reward parsers, tools) can be appended: the games are the env's own dynamics, so they always run first.
     """
 
     def __init__(
@@ -307,7 +299,7 @@ class MLGymWrapper(ChatEnv):
             data_key=data_key,
             max_turns=max_turns,
         )
-        self.game = GymEnvTransform(
+        self.game = TextGames(
             env_or_factory,
             games=batch_size,
             repeats=repeats,
@@ -315,7 +307,6 @@ class MLGymWrapper(ChatEnv):
             observation_role=observation_role,
             reward_name=reward_name,
         )
-        self.append_transform(self.game)
 
     @property
     def gym_envs(self) -> list[Any]:
@@ -341,6 +332,42 @@ class MLGymWrapper(ChatEnv):
     def _restart_seed(self, seed: int | None) -> None:
         if seed is not None:
             self.set_seed(seed)  # also drops prompt rows a partial reset kept from the old count
+
+    # --- the games as the env's dynamics ---------------------------------------------------------
+    def _start_episodes(self, slots: list[SlotState]) -> None:
+        self.game.start(self, slots)
+
+    def _answer_turns(self, slots: list[SlotState]) -> None:
+        self.game.play(self, slots)
+
+    def _provided_rows(self, caller: str) -> list[Any]:
+        return list(self.game.provide_prompts(self.data_key))
+
+    def set_seed(self, seed: int | None = None) -> int:
+        """Seed the games: game k of the following resets gets ``seed + k`` (see the module docstring)."""
+        seed = super().set_seed(seed)
+        self.game.restart(seed)
+        return seed
+
+    def state_dict(self) -> dict[str, Any]:
+        """The env's state with the games' (seed, games started): a restored env plays new games."""
+        return {**super().state_dict(), "games": self.game.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (a state saved when the games were the env's first transform too)."""
+        state = dict(state)
+        games = state.pop("games", None)
+        older = state.get("transforms") or []
+        if games is None and older:  # saved when the games were a slot transform: its entry came first
+            games, state["transforms"] = older[0], older[1:]
+        super().load_state_dict(state)
+        if games is not None:
+            self.game.load_state_dict(games)
+
+    def close(self) -> None:
+        """Close every game, then what the transforms hold."""
+        self.game.close()
+        super().close()
 
     def _collect_prompts(self, prompts: Sequence[Any] | None) -> list[PromptRow]:
         if prompts is None:
@@ -369,5 +396,5 @@ class MLGymWrapper(ChatEnv):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}({self.game!r}, input_mode={self.input_mode!r}, max_turns={self.max_turns}, "
-            f"transforms={self.transforms[1:]})"
+            f"transforms={self.td_transforms})"
         )

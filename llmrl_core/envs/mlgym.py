@@ -23,14 +23,14 @@ import torch
 
 from llmrl_core.envs.chat_env import InputMode
 from llmrl_core.envs.gym_wrapper import (
-    GymEnvTransform,
     MLGymWrapper,
+    TextGames,
     TextGymEnv,
     observation_text,
     split_step_result,
 )
 
-__all__ = ["GymEnvTransform", "MLGymTaskEnv", "MLGymWrapper", "TextGymEnv", "make_mlgym", "mlgym_score_reward"]
+__all__ = ["MLGymTaskEnv", "MLGymWrapper", "TextGames", "TextGymEnv", "make_mlgym", "mlgym_score_reward"]
 
 MLGYM_INSTALL_HINT = (
     "make_mlgym needs the 'mlgym' package (MLGym, https://github.com/facebookresearch/MLGym), which is not "

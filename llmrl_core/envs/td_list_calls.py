@@ -27,9 +27,9 @@ from llmrl_core.envs.tensordict_io import (
     reward_rows,
     turns_to_tensordict,
 )
-from llmrl_core.envs.transforms.base import run_hook
 from llmrl_core.envs.types import SlotState
 from llmrl_core.tools.tool_calls import tool_call_record
+from llmrl_core.user_code import UserCodeError
 
 if TYPE_CHECKING:
     from tensordict import TensorDictBase
@@ -45,11 +45,16 @@ def run_td_reset(env: ChatEnv, slots: list[SlotState]) -> None:
     td = add_row_fields(
         output_to_tensordict(env._output_of(slots), env.input_mode), [s.data for s in slots], env.input_mode
     )
-    run_reset_transforms(env, td, td, slots, list(range(len(slots))))
+    run_reset_transforms(env, td, td, slots, list(range(len(slots))), list_call=True)
 
 
 def run_reset_transforms(
-    env: ChatEnv, given: TensorDictBase, td: TensorDictBase, td_slots: list[SlotState], rows: list[int]
+    env: ChatEnv,
+    given: TensorDictBase,
+    td: TensorDictBase,
+    td_slots: list[SlotState],
+    rows: list[int],
+    list_call: bool = False,
 ) -> TensorDictBase:
     """Each TensorDict transform's ``_reset(given, td)`` on reset data ``td`` whose rows are ``td_slots``, with
     their conversations under ``("history", "prompt")`` (lent where the input mode leaves them out); the
@@ -57,7 +62,8 @@ def run_reset_transforms(
     td = with_prompt_history(td, td_slots)
     with rows_as_slots(env, {row: slot.index for row, slot in enumerate(td_slots)}):
         for transform in env.td_transforms:
-            td = transform._reset(given, td)
+            with named_failure(transform, "_reset", list_call):
+                td = transform._reset(given, td)
             keep_row_notes(transform, td_slots, list(range(len(td_slots))))  # e.g. an info entry set at reset
     adopt_conversations(env, [td_slots[i] for i in rows], rows, td, after="reset")
     return td
@@ -85,12 +91,16 @@ def run_td_step(env: ChatEnv, turns: list[Turn]) -> None:
     next_td = env._with_row_fields(output_to_tensordict(out, env.input_mode, **env.step_layout(out)), slots)
     next_td = with_prompt_history(next_td, slots)
     rows = list(range(len(slots)))
-    run_step_transforms(env, slots, rows, action_td, next_td)
-    run_late_slot_transforms(env, slots, rows, None)
+    run_step_transforms(env, slots, rows, action_td, next_td, list_call=True)
 
 
 def run_step_transforms(
-    env: ChatEnv, slots: list[SlotState], rows: list[int], action_td: TensorDictBase, next_td: TensorDictBase
+    env: ChatEnv,
+    slots: list[SlotState],
+    rows: list[int],
+    action_td: TensorDictBase,
+    next_td: TensorDictBase,
+    list_call: bool = False,
 ) -> TensorDictBase:
     """Run each TensorDict transform's ``_step`` on ``(action_td, next_td)`` and write what they changed back to
     ``slots``, the active slots of this step, found at ``rows`` of the two TensorDicts: the reward (its changes
@@ -108,7 +118,8 @@ def run_step_transforms(
     for transform in env.td_transforms:
         keys_before = set(next_td.keys())
         with rows_as_slots(env, {i: slot.index for slot, i in zip(slots, rows, strict=True)}):
-            next_td = transform._step(action_td, next_td)
+            with named_failure(transform, "_step", list_call):
+                next_td = transform._step(action_td, next_td)
         named = keep_row_notes(transform, slots, rows)
         after = reward_rows(next_td, transform, None if had_reward else rewards)  # a reward taken away is named
         had_reward = had_reward or "reward" in next_td.keys()
@@ -165,6 +176,28 @@ def run_step_transforms(
     return next_td
 
 
+class EnvTransformError(UserCodeError):
+    """An env transform raised on a list call (the flows', the collector's): the message names the transform, the
+    hook and the error (the cause is chained), so a run ends in one line that says which of the user's code failed."""
+
+
+@contextmanager
+def named_failure(transform: Any, hook: str, list_call: bool) -> Iterator[None]:
+    """A transform's error on a list call becomes an :class:`EnvTransformError` naming the transform and the hook; on
+    TorchRL's TensorDict calls it goes on as it was raised (TorchRL's types), with a note naming them. An error
+    already said as the user's code (a reward function's) passes untouched."""
+    try:
+        yield
+    except UserCodeError:
+        raise
+    except Exception as err:
+        where = f"env transform {type(transform).__name__}.{hook}"
+        if list_call:
+            raise EnvTransformError(f"{where} raised {type(err).__name__}: {err}") from err
+        err.add_note(f"(raised in {where})")
+        raise
+
+
 @contextmanager
 def rows_as_slots(env: ChatEnv, slot_of_row: dict[int, int]) -> Iterator[None]:
     """While the transforms run: which env slot each row of their data is (``env.td_row_slots``; the list calls
@@ -179,7 +212,7 @@ def rows_as_slots(env: ChatEnv, slot_of_row: dict[int, int]) -> Iterator[None]:
 def keep_row_notes(transform: Any, slots: list[SlotState], rows: list[int]) -> set[int]:
     """What a transform noted about this step's rows (``Transform._note_row``) into each slot: reward components,
     ``info`` entries, and the tool calls it ran (``info["tool_calls"]`` with the turn, ``num_tool_calls``,
-    ``tool_errors``). Returns the rows it gave reward components for."""
+    ``tool_errors``). Returns the rows it gave (or cleared) reward components for."""
     take = getattr(transform, "take_row_notes", None)
     notes = take() if callable(take) else None
     if not notes:
@@ -188,6 +221,8 @@ def keep_row_notes(transform: Any, slots: list[SlotState], rows: list[int]) -> s
         note = notes.get(i)
         if note is None:
             continue
+        if note.get("replace_reward_components"):
+            slot.reward_components.clear()
         slot.reward_components.update(note["reward_components"])
         slot.info.update(note["info"])
         for tool, arguments, result, failed in note["tool_calls"]:
@@ -195,7 +230,9 @@ def keep_row_notes(transform: Any, slots: list[SlotState], rows: list[int]) -> s
             slot.info.setdefault("tool_calls", []).append(record)
             slot.info["num_tool_calls"] = slot.info.get("num_tool_calls", 0) + 1
             slot.info["tool_errors"] = slot.info.get("tool_errors", 0) + int(failed)
-    return {i for i in rows if i in notes and notes[i]["reward_components"]}
+    return {
+        i for i in rows if i in notes and (notes[i]["reward_components"] or notes[i].get("replace_reward_components"))
+    }
 
 
 def _set_flags(next_td: TensorDictBase, slot: SlotState, row: int) -> None:
@@ -221,9 +258,8 @@ def _cut_at_turn_limit(env: ChatEnv, slot: SlotState) -> bool:
 
 
 def _ended_by_the_task(env: ChatEnv, slot: SlotState) -> None:
-    """A transform that runs after the turn limit (a TensorDict transform, a slot transform appended after one)
-    ended the task on the last turn (a reward parser saw an answer): the episode is terminated, not truncated, as
-    when the transform runs before the limit."""
+    """A transform (they run after the env's turn limit) ended the task on the last turn (a reward parser saw an
+    answer): the episode is terminated, not truncated, as when the task ends before the limit."""
     if slot.terminated and _cut_at_turn_limit(env, slot):
         slot.truncated = False
 
@@ -294,61 +330,3 @@ def adopt_conversations(env: ChatEnv, slots: list[SlotState], rows: list[int], t
             )
         else:
             slot.history = Conversation(list(new))
-
-
-def run_late_slot_transforms(
-    env: ChatEnv, slots: list[SlotState], rows: list[int], next_td: TensorDictBase | None
-) -> TensorDictBase | None:
-    """Run ``on_step`` of the slot transforms appended after the first TensorDict transform (``env.step_phases()``)
-    on this step's slots, after the TensorDict transforms: they see the reward, end flags and messages those left.
-    What they change is the slots' (the episode's reward; tokens mode: an episode they end loses its next prompt's
-    opening, messages they add are rendered after the answer) and, given the step's ``"next"`` TensorDict (TorchRL's
-    call), its rows ``rows``: reward, end flags and ``("history", "prompt")``."""
-    late = env.step_phases()[1]
-    if not late or not slots:
-        return next_td
-    before = [(slot.reward, len(slot.history.messages), slot.done) for slot in slots]
-    for transform in late:
-        run_hook(transform, "on_step", slots)
-    names = ", ".join(type(transform).__name__ for transform in late)
-    changed_history = False
-    for slot, (reward, n_messages, was_done) in zip(slots, before, strict=True):
-        _ended_by_the_task(env, slot)
-        slot.episode_reward += slot.reward - reward
-        changed_history |= len(slot.history.messages) != n_messages
-        if env.input_mode != "tokens":
-            continue
-        if slot.done and not was_done:
-            env._drop_glue(slot)
-        elif not slot.done and len(slot.history.messages) != n_messages:
-            env._retemplate_after_answer(slot, f"the slot transforms ({names})")
-    if next_td is not None:
-        _write_back(next_td, slots, rows, before, changed_history)
-    return next_td
-
-
-def _write_back(
-    next_td: TensorDictBase,
-    slots: list[SlotState],
-    rows: list[int],
-    before: list[tuple[float, int, bool]],
-    changed_history: bool,
-) -> None:
-    """The late slot transforms' changes on TorchRL's ``"next"`` data: a one-value reward becomes the slot's, a
-    per-token reward takes the change on its last token; the end flags are the slots'."""
-    reward = next_td.get("reward", None)
-    for slot, i, (old_reward, _, _) in zip(slots, rows, before, strict=True):
-        change = slot.reward - old_reward
-        if change and isinstance(reward, torch.Tensor) and not reward.is_nested:
-            flat = reward[i].reshape(-1)
-            flat[-1] += change
-            reward[i] = flat.reshape(reward[i].shape)
-        _set_flags(next_td, slot, i)
-    if changed_history and "history" in next_td.keys():
-        from llmrl_core.data.history import History
-
-        prompt = next_td.get(("history", "prompt"))
-        conversations = prompt.to_conversations()
-        for slot, i in zip(slots, rows, strict=True):
-            conversations[i] = slot.history
-        next_td["history"].prompt = History.from_conversations(conversations)

@@ -233,7 +233,7 @@ def output_to_tensordict(
     truncated: bool = False,
 ) -> TensorDict:
     """An :class:`EnvOutput` as TorchRL's ChatEnv TensorDict (see the module docstring). A reset's carries
-    ``done``/``terminated`` and the prompt; a ``step``'s adds what slot transforms wrote for ``"next"``
+    ``done``/``terminated`` and the prompt; a ``step``'s adds what the transforms wrote for ``"next"``
     (:func:`stack_next_fields`), ``reward`` of one row's shape ``reward`` when given (the env has a reward source)
     and ``truncated`` when asked (the env can cut an episode short): TorchRL's bare ``ChatEnv`` writes neither."""
     from llmrl_core.modules.policies.common import ChatHistory, Text, Tokens
@@ -259,7 +259,7 @@ def output_to_tensordict(
 
 
 def stack_next_fields(rows: Sequence[Mapping[Any, Any]]) -> dict[Any, Any]:
-    """What slot transforms wrote for the step's ``"next"`` data (e.g. ``IfEvalScorer``'s score), one entry per key
+    """What the transforms wrote for the step's ``"next"`` data (e.g. ``IfEvalScorer``'s score), one entry per key
     stacked over the slots; a slot without the entry (it was done before the step) gets a zeroed copy of another
     slot's. Entries that are neither tensors nor tensor collections stay out (they live in ``slot.info``)."""
     keys = {key for row in rows for key in row}

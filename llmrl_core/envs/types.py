@@ -1,11 +1,9 @@
 """The typed objects of the env <-> policy contract: :class:`PromptRow`, :class:`SlotState`, :class:`EnvOutput`.
 
-Design choice: plain dataclasses, Python lists and torch tensors instead of TensorDict. Conversations are
-ragged (different numbers of messages, of tokens, of tool calls per slot), which TensorDict handles through
-lazy stacks and non-tensor wrappers; lists of per-slot objects say the same thing with no extra library,
-pickle cheaply between Dask workers, and give transforms an obvious, typed place to read and write
-(``slot.history``, ``slot.add_reward``, ``slot.terminate``). Batched numeric outputs (reward, done, ...) are
-still ``(B,)`` tensors so the trainer side stays vectorised.
+These are the env's own bookkeeping (a slot's exact sampled ids, its policy mask, its reward parts) and the answer
+of llmrl's list calls (``reset(prompts)``, ``reset_slots``, ``step(answers)``: the collector's and the flows').
+Transforms never see them: they are TorchRL's TensorDict transforms and read and write the slots in TorchRL's
+layout (:mod:`llmrl_core.envs.td_list_calls`); ``Transform._note_row`` carries what that layout has no place for.
 """
 
 from __future__ import annotations
@@ -36,15 +34,10 @@ class PromptRow:
 
 @dataclass
 class SlotState:
-    """The live state of one conversation slot; transforms read and change it through its methods.
-
-    Conventions for transforms:
-      * add a message (tool output, user follow-up): ``slot.add_message("tool", text)``;
-      * add reward for this step: ``slot.add_reward(value, name="answer")`` (sums into ``slot.reward``;
-        named parts are kept in ``slot.reward_components``); overwrite with ``slot.set_reward(value)``;
-      * end the episode: ``slot.terminate()`` (the task is over) or ``slot.truncate()`` (cut short);
-      * free-form outputs (success flags, counters): ``slot.info[key] = value``.
-    """
+    """The live state of one conversation slot, kept by the env: what the TensorDict transforms wrote for it (reward,
+    its named parts, end flags, ``info``, ``next_fields``) and, in tokens mode, its exact ids (``all_tokens``,
+    ``policy_mask``). An env's own dynamics (a subclass's ``_answer_turns``: the gym wrapper's games) change it
+    through its methods: ``add_message``, ``add_reward(value, name=...)``, ``terminate``, ``truncate``."""
 
     index: int
     history: Conversation

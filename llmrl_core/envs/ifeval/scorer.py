@@ -177,12 +177,6 @@ class IfEvalScorer(Transform):
             _LOG.info("IfEvalScorer: %s: %s, reward %.4f", where, score, reward)
         return score, reward, bool(answer_blocks)
 
-    def _active_rows(self, size: int) -> list[int]:
-        """The rows that answered in this step: in a ChatEnv, those whose slots were running (``td_row_slots``),
-        else all."""
-        rows = getattr(self.parent, "td_row_slots", None)
-        return sorted(i for i in rows if i < size) if rows else list(range(size))
-
     def transform_reward_spec(self, reward_spec: Composite) -> Composite:
         """``reward`` of shape ``batch + (1, 1)`` when the scorer rewards (TorchRL's)."""
         if self.aggregate_reward:

@@ -1,6 +1,6 @@
 """Env transforms (TorchRL's ``torchrl.envs.llm.transforms``): ``Transform`` and ``Compose`` (TorchRL's TensorDict
-transform interface, :mod:`llmrl_core.envs.transforms.td_base`), ``SlotTransform`` (llmrl's per-conversation
-hooks, :mod:`llmrl_core.envs.transforms.base`) and the built-in transforms, with TorchRL's generic tool framework
+transform interface, :mod:`llmrl_core.envs.transforms.td_base`) and the built-in transforms (all of them TorchRL
+TensorDict transforms), with TorchRL's generic tool framework
 (``SimpleToolTransform``, ``ExecuteToolsInOrder``, ...). The tools (``PythonInterpreter``, ``MCPToolTransform``,
 ``BrowserTransform``), ``DataLoadingPrimer`` and the Dask-hosted primer and KL transforms (``RayDataLoadingPrimer``,
 ``RayKLRewardTransform``, ``RayRetrieveKL``) are importable from here too, as in TorchRL; they load on first use
@@ -9,7 +9,6 @@ hooks, :mod:`llmrl_core.envs.transforms.base`) and the built-in transforms, with
 
 from typing import Any
 
-from llmrl_core.envs.transforms.base import SlotTransform
 from llmrl_core.envs.transforms.few_shot import FewShotExamples
 from llmrl_core.envs.transforms.kl import KLComputation, KLRewardTransform, RetrieveKL, RetrieveLogProb
 from llmrl_core.envs.transforms.policy_version import PolicyVersion
@@ -70,7 +69,6 @@ __all__ = [
     "PolicyVersion",
     "RetrieveKL",
     "RetrieveLogProb",
-    "SlotTransform",
     "TemplateTransform",
     "Tokenizer",
     "Transform",

@@ -270,6 +270,12 @@ class Transform(nn.Module):
         rows = getattr(self.parent, "td_row_slots", None)
         return rows.get(index, index) if rows else index
 
+    def _active_rows(self, size: int) -> list[int]:
+        """The rows of a step's data whose episodes were running (they answered in this step): in a ChatEnv, those
+        ``env.td_row_slots`` maps (the list calls hand over the active slots), else all ``size`` rows."""
+        rows = getattr(self.parent, "td_row_slots", None)
+        return sorted(i for i in rows if i < size) if rows else list(range(size))
+
     # llmrl: whether ``env.state_dict()`` holds this transform's ``state_dict()`` (a prompt source's cursor)
     env_checkpoint: bool = False
 
@@ -309,15 +315,19 @@ class Transform(nn.Module):
         reward_components: Mapping[str, float] | None = None,
         info: Mapping[str, Any] | None = None,
         tool_call: tuple[str, Any, str, bool] | None = None,
+        replace_reward_components: bool = False,
     ) -> None:
         """Tell the env more about row ``index`` of this step than TorchRL's layout carries: the parts of the reward
         this transform wrote (the slot's ``reward_components``: stored with the rollout, averaged per version),
         ``info`` entries (e.g. IFEval's score) and a tool call run ``(tool, arguments, result, failed)`` (the slot's
-        ``info["tool_calls"]``, counted in ``num_tool_calls`` / ``tool_errors``). ChatEnv takes the notes after
-        the transform's ``_step`` (:meth:`take_row_notes`); outside a ChatEnv they are dropped at the next take."""
+        ``info["tool_calls"]``, counted in ``num_tool_calls`` / ``tool_errors``). ``replace_reward_components``: the
+        slot's earlier parts are dropped first (a transform that replaced the step's reward). ChatEnv takes the
+        notes after the transform's ``_step`` (:meth:`take_row_notes`); outside a ChatEnv they are dropped at the
+        next take."""
         notes = self.__dict__.setdefault("_row_notes", {}).setdefault(
-            index, {"reward_components": {}, "info": {}, "tool_calls": []}
+            index, {"reward_components": {}, "info": {}, "tool_calls": [], "replace_reward_components": False}
         )
+        notes["replace_reward_components"] |= replace_reward_components
         notes["reward_components"].update(reward_components or {})
         notes["info"].update(info or {})
         if tool_call is not None:
