@@ -24,7 +24,13 @@ import torch
 from tensordict import TensorDictBase
 
 from llmrl_core.data.tensor_specs import Composite, Unbounded
-from llmrl_core.envs.tensordict_io import add_per_row, end_rows, responses_from_tensordict, step_row_fields
+from llmrl_core.envs.tensordict_io import (
+    add_per_row,
+    end_rows,
+    responses_from_tensordict,
+    step_flattened,
+    step_row_fields,
+)
 from llmrl_core.envs.transforms.td_base import Transform
 
 _THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
@@ -180,11 +186,7 @@ class GSM8KRewardParser(Transform):
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         """Score each row's answer (the action data ``tensordict``) against its row's gold answer; write the
         outputs into ``next_tensordict`` (see the module docstring)."""
-        if next_tensordict.batch_dims != 1:
-            if next_tensordict.batch_dims == 0:
-                raise ValueError(f"{type(self).__name__}: the step data has no batch dimension")
-            with tensordict.view(-1) as flat, next_tensordict.view(-1) as next_flat:
-                self._step(flat, next_flat)
+        if step_flattened(self, tensordict, next_tensordict):
             return next_tensordict
         texts = [r.text for r in responses_from_tensordict(tensordict, self.tokenizer)]
         rows = self._rows(tensordict, next_tensordict)

@@ -294,6 +294,19 @@ def add_per_row(existing: torch.Tensor, value: torch.Tensor, owner: str, name: s
     return existing.reshape(value.shape).to(value.dtype) + value
 
 
+def step_flattened(transform: Any, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> bool:
+    """A reward transform's ``_step`` on a step with more than one batch dimension (a collector's ``(envs, steps)``
+    stack): runs ``transform._step`` on the flat views (so the rows are written in place) and answers True; False
+    when the data has one batch dimension already; a step without one is refused, naming the transform."""
+    if next_tensordict.batch_dims == 1:
+        return False
+    if next_tensordict.batch_dims == 0:
+        raise ValueError(f"{type(transform).__name__}: the step data has no batch dimension")
+    with tensordict.view(-1) as flat, next_tensordict.view(-1) as next_flat:
+        transform._step(flat, next_flat)
+    return True
+
+
 def end_rows(next_tensordict: TensorDictBase, ended: Sequence[bool]) -> None:
     """Set ``done`` and ``terminated`` in the rows ``ended`` marks (a reward transform that saw the answer)."""
     size = next_tensordict.batch_size[0]

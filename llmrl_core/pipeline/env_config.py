@@ -41,7 +41,7 @@ from tensordict import TensorDictBase
 from llmrl_core.data.chat_templates import MODEL_TEMPLATE
 from llmrl_core.data.tensor_specs import Composite, Unbounded
 from llmrl_core.envs.reward_calls import REWARD_ERRORS, RewardFunctionError, describe_row, reward_value
-from llmrl_core.envs.tensordict_io import responses_from_tensordict, step_row_fields
+from llmrl_core.envs.tensordict_io import responses_from_tensordict, step_flattened, step_row_fields
 from llmrl_core.envs.transforms.td_base import Transform
 from llmrl_core.user_code import UserCodeError
 
@@ -337,11 +337,7 @@ class RewardFunctions(Transform):
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         """Add the functions' weighted rewards on the rows whose episode ended in this step."""
-        if next_tensordict.batch_dims != 1:
-            if next_tensordict.batch_dims == 0:
-                raise ValueError("RewardFunctions: the step data has no batch dimension")
-            with tensordict.view(-1) as flat, next_tensordict.view(-1) as next_flat:
-                self._step(flat, next_flat)
+        if step_flattened(self, tensordict, next_tensordict):
             return next_tensordict
         size = next_tensordict.batch_size[0]
         done = next_tensordict.get("done", None)

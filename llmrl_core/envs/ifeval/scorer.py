@@ -36,6 +36,7 @@ from llmrl_core.envs.tensordict_io import (
     end_rows,
     responses_from_tensordict,
     stack_next_fields,
+    step_flattened,
     step_row_fields,
 )
 from llmrl_core.envs.transforms.td_base import Transform
@@ -125,11 +126,7 @@ class IfEvalScorer(Transform):
         the score under ``score_key`` and the reward ``(B, 1, 1)`` (added to one already there) into
         ``next_tensordict``, end answered episodes (see the module docstring). A row whose episode had ended
         before the step gets a zeroed score and no reward."""
-        if next_tensordict.batch_dims != 1:
-            if next_tensordict.batch_dims == 0:
-                raise ValueError("IfEvalScorer: the step data has no batch dimension")
-            with tensordict.view(-1) as flat, next_tensordict.view(-1) as next_flat:
-                self._step(flat, next_flat)
+        if step_flattened(self, tensordict, next_tensordict):
             return next_tensordict
         size = next_tensordict.batch_size[0]
         answers = responses_from_tensordict(tensordict, getattr(self.parent, "tokenizer", None))

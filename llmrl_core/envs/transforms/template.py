@@ -15,7 +15,7 @@ or ``"tokens"``); TorchRL's ``Tokenizer`` (strings to ids) is :mod:`llmrl_core.e
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tensordict import NonTensorData, NonTensorStack
@@ -74,12 +74,8 @@ class TemplateTransform(Transform):
         )
 
     def _apply_transform(self, message: Any) -> Any:
-        if isinstance(message, NonTensorData):
-            return NonTensorData(
-                self._apply_transform(message.data), batch_size=message.batch_size, device=message.device
-            )
-        if isinstance(message, NonTensorStack):
-            return [self._apply_transform(item) for item in message.tolist()]
+        if isinstance(message, NonTensorData | NonTensorStack):
+            return _each(message, self._apply_transform)
         if hasattr(message, "to_conversations") and message.batch_dims == 2:  # a History of B chats
             return [self._apply_transform(chat) for chat in message.to_conversations()]
         return self._render(_as_messages(message), add_generation_prompt=True)
@@ -89,12 +85,8 @@ class TemplateTransform(Transform):
 
     # --- inverse: the last assistant turn of a rendered text --------------------------------------
     def _inv_apply_transform(self, action: Any) -> Any:
-        if isinstance(action, NonTensorData):
-            return NonTensorData(
-                self._inv_apply_transform(action.data), batch_size=action.batch_size, device=action.device
-            )
-        if isinstance(action, NonTensorStack):
-            return [self._inv_apply_transform(item) for item in action.tolist()]
+        if isinstance(action, NonTensorData | NonTensorStack):
+            return _each(action, self._inv_apply_transform)
         if not isinstance(action, str):
             raise TypeError(f"TemplateTransform.inv: expected the action as text, got {type(action).__name__}")
         opening, closing = self._assistant_markers()
@@ -120,6 +112,13 @@ class TemplateTransform(Transform):
 
     def __repr__(self) -> str:
         return f"TemplateTransform(in_keys={self.in_keys}, out_keys={self.out_keys})"
+
+
+def _each(value: NonTensorData | NonTensorStack, apply: Callable[[Any], Any]) -> Any:
+    """``apply`` on a non-tensor entry's value (kept one entry) or on each row of a stack (a list back)."""
+    if isinstance(value, NonTensorStack):
+        return [apply(item) for item in value.tolist()]
+    return NonTensorData(apply(value.data), batch_size=value.batch_size, device=value.device)
 
 
 def _as_messages(message: Any) -> list[dict[str, Any]]:
