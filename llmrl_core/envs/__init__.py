@@ -42,10 +42,12 @@ _FROM_TRANSFORMS = ("BrowserTransform", "MCPToolTransform", "PythonInterpreter")
 def __getattr__(name: str) -> Any:
     """The tools TorchRL exports from ``torchrl.envs.llm`` load on first use, from :mod:`llmrl_core.envs.transforms`
     (their modules pull in heavier dependencies)."""
-    if name in _FROM_TRANSFORMS:
-        from llmrl_core.envs import transforms
+    from llmrl_core.envs import transforms
 
+    if name in _FROM_TRANSFORMS:
         return getattr(transforms, name)
+    if name in transforms.REMOVED:
+        raise transforms.removed_name(__name__, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
