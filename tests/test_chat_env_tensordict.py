@@ -891,3 +891,28 @@ def test_what_a_tensordict_transform_notes_about_a_row_reaches_that_slot():
     assert out.reward_components[1] == {"bonus": 1.0} and out.reward.tolist() == [0.0, 1.0, 1.0]
     out = env.reset_slots([0], ["again"])
     assert out.info[0]["started_in"] == 0
+
+
+def test_insert_transform_places_a_transform_in_the_chain_as_torchrls():
+    """``insert_transform(index, transform)`` (TorchRL's): the transform runs at that place of the chain; anything
+    but a TorchRL transform is refused."""
+    order = []
+
+    class Mark(TensorDictTransform):
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
+
+        def _step(self, tensordict, next_tensordict):
+            order.append(self.name)
+            return next_tensordict
+
+    env = ChatEnv(batch_size=1, chat_template_name="chatml").append_transform(Mark("a")).append_transform(Mark("c"))
+    env.insert_transform(1, Mark("b")).insert_transform(0, Mark("first"))
+    assert [t.name for t in env.td_transforms] == ["first", "a", "b", "c"]
+    assert all(t.parent is env for t in env.td_transforms)
+    env.reset(["q"])
+    env.step(["x"])
+    assert order == ["first", "a", "b", "c"]
+    with pytest.raises(TypeError, match=r"insert_transform expects a Transform"):
+        env.insert_transform(0, object())
