@@ -534,3 +534,17 @@ def test_make_mlgym_takes_torchrl_device(monkeypatch, tmp_path):
             make_mlgym(task="prisonersDilemma", device="cuda:0")
     with pytest.raises(ValueError, match="not a torch device"):
         make_mlgym(task="prisonersDilemma", device="gpu-please")
+
+
+def test_torchrls_step_carries_the_games_reward():
+    """The games are the env's own reward source: TorchRL's ``step(td)`` writes their reward under ``"next"`` (its
+    spec declares it), the winning slot's 1.0 and the other's 0.0."""
+    from tensordict import TensorDict
+
+    env = make_guess_number_env(batch_size=2, max_guesses=5, chat_template_name="chatml")
+    assert env.full_reward_spec["reward"].shape == (2, 1)
+    td = env.reset(TensorDict(batch_size=()))
+    secret = env.gym_envs[0].secret
+    wrong = secret % 20 + 1
+    nxt = env.step(td.set("text_response", [f"<answer>{secret}</answer>", f"<answer>{wrong}</answer>"]))["next"]
+    assert nxt["reward"].tolist() == [[1.0], [0.0]] and nxt["done"].tolist() == [[True], [False]]

@@ -264,6 +264,8 @@ class MLGymWrapper(ChatEnv):
     (reward parsers, tools) can be appended: the games are the env's own dynamics, so they always run first.
     """
 
+    own_reward_shape = (1,)  # the games reward every step: a TensorDict step's "next" data carries ``reward``
+
     def __init__(
         self,
         env_or_factory: Any,
