@@ -588,14 +588,16 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
             slot.truncate()
 
     def _apply_response(self, slot: SlotState, response: Response) -> None:
-        content, ended = self._strip_end(response.text)
+        content, ended = self.strip_end_of_turn(response.text)
         # A turn is open (is_complete=False) only when the sampler says it hit the token limit.
         complete = ended or response.finish_reason != "length"
         slot.history.append(Message(self.policy_role, content, is_complete=complete))
         slot.responses.append(response)
         slot.turn += 1
 
-    def _strip_end(self, text: str) -> tuple[str, bool]:
+    def strip_end_of_turn(self, text: str) -> tuple[str, bool]:
+        """``(text without its closing end-of-turn / EOS marker, whether it had one)``: an answer as the
+        conversation keeps it."""
         markers = [m for m in (self.end_of_turn, getattr(self.tokenizer, "eos_token", None)) if m]
         trimmed = text.rstrip()  # a hand-written answer may end "<|im_end|>\n"; a sampled one ends at the marker
         for marker in markers:

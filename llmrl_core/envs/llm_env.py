@@ -189,7 +189,7 @@ class LLMEnv(ChatEnv):
         if ended:
             slot.terminate()
 
-    def _strip_end(self, text: str) -> tuple[str, bool]:
+    def strip_end_of_turn(self, text: str) -> tuple[str, bool]:
         return text, False  # the observation keeps every character the policy wrote, EOS included
 
     def _ends_with_eos(self, response: Response) -> bool:

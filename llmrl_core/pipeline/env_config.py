@@ -383,9 +383,9 @@ class RewardFunctions(Transform):
             return [
                 next((m.text for m in reversed(c.messages) if m.role == role), "") for c in history.to_conversations()
             ]
-        end = getattr(self.parent, "end_of_turn", None)
         texts = [r.text for r in responses_from_tensordict(tensordict, getattr(self.parent, "tokenizer", None))]
-        return [t.rstrip()[: -len(end)] if end and t.rstrip().endswith(end) else t for t in texts]
+        strip = getattr(self.parent, "strip_end_of_turn", None)  # as the env keeps the answer in the conversation
+        return [strip(t)[0] for t in texts] if strip is not None else texts
 
     def _row_name(self, slot: int, row: Mapping[str, Any]) -> str:
         """How an error names the row: its prompt id and place in its group (the env's slot knows them)."""
