@@ -1,32 +1,52 @@
-"""The README's "Speaking TorchRL" block is TorchRL code with only its imports changed: run it as written."""
+"""The README's TorchRL code runs as written: the "Speaking TorchRL" block (TorchRL code with only its imports
+changed) and the example transform of the environments section (a reward once written as a per-conversation
+``step_slot``, now TorchRL's ``Transform``)."""
 
 from __future__ import annotations
 
 import builtins
 import re
 from pathlib import Path
+from typing import Any
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+TORCHRL_BLOCK = "### Speaking TorchRL"
+TRANSFORM_BLOCK = "A reward that was a per-conversation `step_slot(slot)`"
 
 
-def _block() -> str:
+def _block(anchor: str) -> str:
+    """The first python code block after ``anchor`` in the README."""
     text = README.read_text()
-    section = text[text.index("### Speaking TorchRL") :]
+    section = text[text.index(anchor) :]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
+def _run(block: str) -> tuple[dict[str, Any], list[str]]:
+    """Execute ``block``; its namespace and the lines it printed."""
+    printed: list[str] = []
+    namespace = {"__builtins__": {**vars(builtins), "print": lambda *a, **k: printed.append(" ".join(map(str, a)))}}
+    exec(compile(block, str(README), "exec"), namespace)
+    return namespace, printed
+
+
 def test_the_torchrl_block_uses_only_ported_imports():
-    imports = [line for line in _block().splitlines() if line.startswith(("from ", "import "))]
+    imports = [line for line in _block(TORCHRL_BLOCK).splitlines() if line.startswith(("from ", "import "))]
     assert not any("torchrl" in line.split("#")[0] for line in imports)
     assert sum("# torchrl." in line for line in imports) == 6  # each llmrl import names the TorchRL one it replaces
 
 
 def test_the_torchrl_block_runs():
-    printed: list[str] = []
-    namespace = {"__builtins__": {**vars(builtins), "print": lambda *a, **k: printed.append(" ".join(map(str, a)))}}
-    exec(compile(_block(), str(README), "exec"), namespace)
+    namespace, printed = _run(_block(TORCHRL_BLOCK))
     kl = namespace["kl"]
     assert kl.shape[0] == 2 and float(kl.abs().max()) == 0.0  # same weights on both sides
     versions = [line.split()[0] for line in printed[2:]]
     # two batches of two dialog turns, (2 slots, 1 step) each as TorchRL lays them out, one weight update between
     assert versions == ["tensor([[0],", "tensor([[1],"]
+
+
+def test_the_readme_transform_runs_and_prints_its_comment():
+    block = _block(TRANSFORM_BLOCK)
+    namespace, printed = _run(block)
+    assert printed == [block.splitlines()[-1].split("# ", 1)[1]]
+    env = namespace["env"]
+    assert env.slots[0].done and not env.slots[1].done and env.slots[0].episode_reward == 1.0

@@ -428,7 +428,7 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
         return seed
 
     def _provided_rows(self, caller: str) -> list[Any]:
-        """The next batch of the env's prompt source: the first transform (slot or TensorDict, e.g. the
+        """The next batch of the env's prompt source: the first transform (e.g. the
         ``DataLoadingPrimer``) whose ``provide_prompts`` answers."""
         for transform in self.td_transforms:
             provide = getattr(transform, "provide_prompts", None)
