@@ -829,7 +829,8 @@ def test_env_rewards_appended_after_a_transform_that_ends_the_episode_pay_once(d
     TensorDict call, whose "next" data carries the reward."""
     from transformers import AutoTokenizer
 
-    from llmrl_core.pipeline.env_config import RewardFunctionConfig, RewardFunctions
+    from llmrl_core.pipeline.env_config import RewardFunctionConfig
+    from llmrl_core.pipeline.reward_functions import RewardFunctions
 
     seen = []
 

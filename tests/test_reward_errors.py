@@ -13,7 +13,8 @@ import torch
 from llmrl_core.envs.chat_env import ChatEnv
 from llmrl_core.envs.reward_calls import RewardFunctionError, reward_value
 from llmrl_core.envs.types import PromptRow
-from llmrl_core.pipeline.env_config import EnvConfig, RewardFunctionConfig, RewardFunctions
+from llmrl_core.pipeline.env_config import EnvConfig, RewardFunctionConfig
+from llmrl_core.pipeline.reward_functions import RewardFunctions
 
 LABEL = "env.rewards[0].function 'pkg:fn'"
 

@@ -11,7 +11,8 @@ from tensordict import TensorDict
 
 from llmrl_core.data.tensor_specs import Unbounded
 from llmrl_core.envs import ChatEnv, GSM8KRewardParser, Transform
-from llmrl_core.pipeline.env_config import RewardFunctionConfig, RewardFunctions
+from llmrl_core.pipeline.env_config import RewardFunctionConfig
+from llmrl_core.pipeline.reward_functions import RewardFunctions
 
 CALLS: list[tuple[str, str, dict]] = []
 
