@@ -44,8 +44,8 @@ def dataset_path(source: str) -> Path:
 
 def env_prompt(cfg: SFTConfig, env: Any, row: dict[str, Any]) -> list[dict[str, str]]:
     """The messages ``env`` (built from the run's ``env`` + ``task`` sections) opens an episode of ``row`` with."""
-    out = env.reset([{**row, "query": row[cfg.env.prompt_field]}])
-    return [{"role": m.role, "content": m.text} for m in out.history[0].messages]
+    env.reset([{**row, "query": row[cfg.env.prompt_field]}])
+    return [{"role": m.role, "content": m.text} for m in env.slots[0].history.messages]
 
 
 def gsm8k_chat(

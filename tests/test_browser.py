@@ -57,9 +57,9 @@ def call(action: dict) -> str:
 
 
 def last_tool(out) -> str:
-    message = out.history[0].messages[-1]
+    message = out["history", "prompt"][0][-1]
     assert message.role == "tool"
-    return message.text
+    return message.content
 
 
 def test_host_allow_list():
@@ -85,7 +85,7 @@ def test_round_trip_navigate_read_click(browser_env, site):
     assert last_tool(out) == "Tool browser executed successfully:\nButton pressed"
     out = env.step(['<tool name="browser">{"action": "click", "selector": "a[href=\\"/next.html\\"]"}</tool>'])
     assert "URL: " + site + "/next.html" in last_tool(out) and "You reached page two." in last_tool(out)
-    assert out.info[0]["num_tool_calls"] == 4
+    assert out["info"][0]["num_tool_calls"] == 4
     assert any("198.51.100.7" in url for url in transform._browser.blocked)  # the image of another host
 
 
@@ -115,14 +115,14 @@ def test_a_partial_reset_blanks_only_the_reset_slots_page(site):
         env = ChatEnv(batch_size=2).append_transform(transform)
         env.reset(["one", "two"])
         out = env.step([call({"action": "navigate", "url": site + "/next.html"})] * 2)
-        assert [c["name"] for c in out.info[1]["tool_calls"]] == ["browser"]
+        assert [c["name"] for c in out["info"][1]["tool_calls"]] == ["browser"]
         env.reset_slots([0], ["again"])
         out = env.step([call({"action": "read"})] * 2)
-        texts = [conversation.messages[-1].text for conversation in out.history]
+        texts = [out["history", "prompt"][i][-1].content for i in range(out.batch_size[0])]
         assert "URL: about:blank" in texts[0] and "You reached page two." in texts[1]
         env.slots[0].terminate()
         out = env.step([None, call({"action": "read"})])
-        assert "You reached page two." in out.history[1].messages[-1].text
+        assert "You reached page two." in out["history", "prompt"][1][-1].content
     finally:
         transform.close()
 

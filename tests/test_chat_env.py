@@ -20,7 +20,12 @@ from llmrl_core.envs import (
     Tokenizer,
     Transform,
 )
-from llmrl_core.envs.tensordict_io import end_rows, step_row_fields
+from llmrl_core.envs.tensordict_io import active_rows, end_rows, step_row_fields
+
+
+def flat(t):
+    """A ``(B, 1)`` entry of the env's answer (``reward``, ``done``, ...) as a list of B values."""
+    return t.reshape(-1).tolist()
 
 
 class Calculator(Transform):
@@ -75,19 +80,23 @@ def test_reset_builds_system_and_user_messages():
     out = env.reset(
         ["Hi", {"query": "2+2?", "answer": "4"}, Conversation.from_chats([{"role": "user", "content": "x"}])]
     )
-    assert [h.role for h in out.history] == [["system", "user"]] * 3
-    assert out.history[1][1].content == "2+2?" and out.data[1]["answer"] == "4"
-    assert out.reward.tolist() == [0.0] * 3 and not out.done.any() and out.active == [0, 1, 2]
-    assert out.text is None and out.tokens is None  # history mode
+    history = out["history", "prompt"]
+    assert [h.role for h in history] == [["system", "user"]] * 3
+    assert history[1][1].content == "2+2?" and env.slots[1].data["answer"] == "4"
+    assert flat(out["reward"]) == [0.0] * 3 and not out["done"].any() and active_rows(out) == [0, 1, 2]
+    keys = out.keys(True)
+    assert ("text", "prompt") not in keys and ("tokens", "prompt") not in keys  # history mode
 
 
 def test_custom_roles_and_a_given_system_message_is_kept():
     env = ChatEnv(system_prompt="ignored", user_role="human", policy_role="bot", chat_template_name="chatml")
     chat = [{"role": "system", "content": "own"}, {"role": "human", "content": "q"}]
     out = env.reset([chat])
-    assert out.history[0].role == ["system", "human"] and out.history[0][0].content == "own"
+    history = out["history", "prompt"]
+    assert history[0].role == ["system", "human"] and history[0][0].content == "own"
     out = env.step(["a<|im_end|>"])
-    assert out.history[0].role == ["system", "human", "bot"] and out.history[0][-1].content == "a"
+    history = out["history", "prompt"]
+    assert history[0].role == ["system", "human", "bot"] and history[0][-1].content == "a"
 
 
 def test_multi_turn_step_full_conversation_becomes_the_prompt():
@@ -95,26 +104,26 @@ def test_multi_turn_step_full_conversation_becomes_the_prompt():
     env.append_transform(Calculator()).append_transform(ExactMatch())
     out = env.reset([{"query": "What is 2+3?", "answer": "5"}, {"query": "Say hi", "answer": "hi"}])
     out = env.step(["CALC 2+3<|im_end|>", Response("hi<|im_end|>", finish_reason="stop")])
-    assert out.done.tolist() == [False, True] and out.terminated.tolist() == [False, True]
-    assert out.reward.tolist() == [0.0, 1.0] and out.reward_components[1] == {"exact": 1.0}
-    assert out.text[0] == (
+    assert flat(out["done"]) == [False, True] and flat(out["terminated"]) == [False, True]
+    assert flat(out["reward"]) == [0.0, 1.0] and out["reward_components"][1] == {"exact": 1.0}
+    assert out["text", "prompt"][0] == (
         "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nWhat is 2+3?<|im_end|>\n"
         "<|im_start|>assistant\nCALC 2+3<|im_end|>\n<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\n"
     )
-    assert out.info[0]["num_tool_calls"] == 1 and out.active == [0]
+    assert out["info"][0]["num_tool_calls"] == 1 and active_rows(out) == [0]
     out = env.step(["5", None])  # a done slot takes None
-    assert out.done.tolist() == [True, True] and out.reward.tolist() == [1.0, 0.0]
-    assert out.history[0].role == ["system", "user", "assistant", "tool", "assistant"]
-    assert out.turn.tolist() == [2, 1]
+    assert flat(out["done"]) == [True, True] and flat(out["reward"]) == [1.0, 0.0]
+    assert out["history", "prompt"][0].role == ["system", "user", "assistant", "tool", "assistant"]
+    assert out["turn"].tolist() == [2, 1]
 
 
 def test_max_turns_truncates():
     env = ChatEnv(chat_template_name="chatml", max_turns=2).append_transform(ExactMatch())
     env.reset([{"query": "q", "answer": "never"}])
     out = env.step(["a"])
-    assert not out.done.any()
+    assert not out["done"].any()
     out = env.step(["b"])
-    assert out.truncated.tolist() == [True] and out.terminated.tolist() == [False] and out.done.all()
+    assert flat(out["truncated"]) == [True] and flat(out["terminated"]) == [False] and out["done"].all()
     env2 = ChatEnv(chat_template_name="chatml")
     env2.reset(["q"])
     with pytest.raises(ValueError, match="slot 0 is not done but its action is None"):
@@ -125,16 +134,16 @@ def test_length_cut_response_is_an_open_turn():
     env = ChatEnv(input_mode="text", chat_template_name="chatml", max_turns=2)
     env.reset(["q"])
     out = env.step([Response("half an ans", finish_reason="length")])
-    msg = out.history[0][-1]
+    msg = out["history", "prompt"][0][-1]
     assert msg.content == "half an ans" and not msg.is_complete
-    assert out.text[0].endswith("<|im_start|>assistant\nhalf an ans")  # the policy continues the same turn
+    assert out["text", "prompt"][0].endswith("<|im_start|>assistant\nhalf an ans")  # the policy continues the same turn
 
 
 def test_step_accepts_llm_data_and_checks_sizes():
     env = ChatEnv(chat_template_name="chatml")
     env.reset(["a", "b"])
     out = env.step(LLMData(text_response=["x", "y"], finish_reasons=["stop", "stop"]))
-    assert [h[-1].content for h in out.history] == ["x", "y"]
+    assert [h[-1].content for h in out["history", "prompt"]] == ["x", "y"]
     with pytest.raises(ValueError, match="step\\(\\) got 1 actions for 2 slots"):
         env.step(["x"])
     with pytest.raises(ValueError, match="no 'query' field"):
@@ -147,8 +156,8 @@ def test_tokens_mode_keeps_sampled_ids_and_marks_policy_tokens(tokenizer):
     env = ChatEnv(tokenizer=tokenizer, input_mode="tokens", system_prompt="S", max_turns=3)
     env.append_transform(Calculator()).append_transform(ExactMatch())
     out = env.reset([{"query": "What is 2+3?", "answer": "5"}])
-    prompt_ids = out.tokens[0]
-    assert tokenizer.decode(prompt_ids.tolist()) == out.history[0].apply_chat_template(tokenizer)
+    prompt_ids = out.get(("tokens", "prompt"), as_list=True)[0]
+    assert tokenizer.decode(prompt_ids.tolist()) == env.slots[0].history.apply_chat_template(tokenizer)
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     # A sampled response whose ids are NOT the canonical tokenization of its text ("CALC" split by hand):
     resp_ids = torch.tensor(
@@ -158,14 +167,14 @@ def test_tokens_mode_keeps_sampled_ids_and_marks_policy_tokens(tokenizer):
     )
     response = Response("CALC 2+3<|im_end|>", token_ids=resp_ids, log_probs=torch.zeros(len(resp_ids)))
     out = env.step([response])
-    tokens = out.tokens[0]
+    tokens = out.get(("tokens", "prompt"), as_list=True)[0]
     assert tokens[: len(prompt_ids)].tolist() == prompt_ids.tolist()
     assert tokens[len(prompt_ids) : len(prompt_ids) + len(resp_ids)].tolist() == resp_ids.tolist()
-    assert tokenizer.decode(tokens.tolist()) == out.history[0].apply_chat_template(tokenizer)
+    assert tokenizer.decode(tokens.tolist()) == env.slots[0].history.apply_chat_template(tokenizer)
     slot = env.slots[0]
     assert slot.policy_mask().sum() == len(resp_ids) and slot.all_tokens().tolist() == tokens.tolist()
     out = env.step(["5<|im_end|>"])
-    assert out.done.all() and out.reward.tolist() == [1.0]
+    assert out["done"].all() and flat(out["reward"]) == [1.0]
     assert tokenizer.decode(tokens_of(env).tolist()).endswith(
         "<|im_start|>assistant\n5<|im_end|>"
     )  # no glue at the end
@@ -247,7 +256,8 @@ def test_policy_version_stamped_and_incremented():
     env.reset(["q", "r"])
     version.increment_version()
     out = env.step(["a", "b"])
-    assert [fields["policy_version"].item() for fields in out.next_fields] == [2, 2]
+    assert [slot.next_fields["policy_version"].item() for slot in env.slots] == [2, 2]
+    assert out["policy_version"].tolist() == [2, 2]
     assert env.state_dict() == {} and version.state_dict() == {"version_type": "int", "version": 2}
 
     uid = PolicyVersion("uuid")
@@ -277,20 +287,20 @@ def test_add_thinking_prompt_reopens_wrong_answers():
     env.reset([{"query": "2+2?", "answer": "#### 4"}, {"query": "3+3?", "answer": "#### 6"}])
     out = env.step(["<think>2+2=5</think><answer>5</answer>", "<answer>6</answer>"])
     assert chosen == pytest.approx([0.1, 1.0])  # GSM8K's 0.1 for a wrong answer in its tag, then the right one
-    assert out.done.tolist() == [False, True]
-    assert out.reward.tolist() == [0.0, 1.0]  # zeroed for the edited turn
-    assert out.history[0][-1].content == "<think>2+2=5</think>Let me re-check."
-    assert out.history[1][-1].content == "<answer>6</answer>"
+    assert flat(out["done"]) == [False, True]
+    assert flat(out["reward"]) == [0.0, 1.0]  # zeroed for the edited turn
+    assert out["history", "prompt"][0][-1].content == "<think>2+2=5</think>Let me re-check."
+    assert out["history", "prompt"][1][-1].content == "<answer>6</answer>"
     with pytest.raises(ValueError, match="edit_last_turn=True needs role='assistant'"):
         AddThinkingPrompt(cond=lambda td: True, role="user")
     appended = AddThinkingPrompt(cond=lambda td: True, role="user", edit_last_turn=False)
     env2 = ChatEnv(chat_template_name="chatml", max_turns=2).append_transform(appended)
     env2.reset(["q"])
     out = env2.step(["a"])
-    assert out.history[0].role[-1] == "user" and not out.done.any()
-    assert out.history[0][-1].content == appended.prompt
+    assert out["history", "prompt"][0].role[-1] == "user" and not out["done"].any()
+    assert out["history", "prompt"][0][-1].content == appended.prompt
     out = env2.step(["b"])
-    assert out.done.tolist() == [True]  # the turn limit holds: undo_done does not reopen it
+    assert flat(out["done"]) == [True]  # the turn limit holds: undo_done does not reopen it
 
 
 def test_add_thinking_prompt_on_torchrl_tensordict_calls():
@@ -343,7 +353,7 @@ def test_add_thinking_prompt_in_tokens_mode(default_model_path):
     slot = env.slots[0]
     assert not slot.done and [m.role for m in slot.history.messages][-2:] == ["assistant", "user"]
     assert tokenizer.decode(slot.all_tokens().tolist()) == env._render(slot.history, add_generation_prompt=True)
-    assert out.tokens[0].tolist() == slot.all_tokens().tolist()
+    assert out.get(("tokens", "prompt"), as_list=True)[0].tolist() == slot.all_tokens().tolist()
 
 
 def test_transform_belongs_to_one_env():
@@ -399,12 +409,13 @@ def test_reset_slots_restarts_only_the_given_slots():
     version.increment_version()
     out = env.reset_slots([1], [{"query": "d", "id": "new"}])
     assert rec.resets == [[(0, "a"), (1, "b"), (2, "c")], [(1, "d")]]  # on_reset saw the new slot only
-    assert out.history[1].role == ["system", "user"] and out.history[1][1].content == "d"
-    assert out.prompt_id[1] == "new" and out.turn.tolist() == [1, 0, 1] and out.active == [0, 1, 2]
-    assert env.slots[0].history is kept and out.history[0].role == ["system", "user", "assistant"]
+    history = out["history", "prompt"]
+    assert history[1].role == ["system", "user"] and history[1][1].content == "d"
+    assert out["prompt_id"][1] == "new" and out["turn"].tolist() == [1, 0, 1] and active_rows(out) == [0, 1, 2]
+    assert env.slots[0].history is kept and history[0].role == ["system", "user", "assistant"]
     out = env.step(["stop", "z", "stop"])
-    assert out.done.tolist() == [True, False, True] and out.turn.tolist() == [2, 1, 2]
-    assert env.reset_slots([]).done.tolist() == [True, False, True]
+    assert flat(out["done"]) == [True, False, True] and out["turn"].tolist() == [2, 1, 2]
+    assert flat(env.reset_slots([])["done"]) == [True, False, True]
     with pytest.raises(ValueError, match="got 1 prompts for 2 slots"):
         env.reset_slots([0, 2], ["q"])
     with pytest.raises(ValueError, match="repeated slot indices"):
@@ -421,16 +432,19 @@ def test_reset_slots_draws_from_the_primer_without_skipping_rows():
     primer = DataLoadingPrimer(_rows(10), batch_size=1, repeats=2, group_repeats=True, shuffle=False)
     env = ChatEnv(batch_size=2, chat_template_name="chatml").append_transform(primer)
     out = env.reset_batch()
-    assert list(zip(out.prompt_id, out.group_id, out.sample_index, strict=True)) == [("p0", 0, 0), ("p0", 0, 1)]
+    assert list(zip(out["prompt_id"], out["group_id"], out["sample_index"].tolist(), strict=True)) == [
+        ("p0", 0, 0),
+        ("p0", 0, 1),
+    ]
     out = env.reset_slots([1])  # the primer serves a whole group; slot 1 takes its first copy
-    assert (out.prompt_id[1], out.group_id[1], out.sample_index[1]) == ("p1", 1, 0)
-    assert (out.prompt_id[0], out.group_id[0]) == ("p0", 0)
+    assert (out["prompt_id"][1], out["group_id"][1], out["sample_index"][1].item()) == ("p1", 1, 0)
+    assert (out["prompt_id"][0], out["group_id"][0]) == ("p0", 0)
     state = env.state_dict()
     assert state["pending_prompts"] == [
         {"data": {"id": "p1", "query": "question 1"}, "prompt_id": "p1", "group_id": 1, "sample_index": 1}
     ]
     out = env.reset_slots([0])  # the other copy, not a new row
-    assert (out.prompt_id[0], out.group_id[0], out.sample_index[0]) == ("p1", 1, 1)
+    assert (out["prompt_id"][0], out["group_id"][0], out["sample_index"][0].item()) == ("p1", 1, 1)
     assert "pending_prompts" not in env.state_dict()
     # a checkpoint taken mid-group resumes with the copy that was still owed, then the next group
     fresh = ChatEnv(batch_size=2, chat_template_name="chatml").append_transform(
@@ -438,17 +452,21 @@ def test_reset_slots_draws_from_the_primer_without_skipping_rows():
     )
     fresh.load_state_dict(state)
     out = fresh.reset_batch()
-    assert list(zip(out.prompt_id, out.group_id, out.sample_index, strict=True)) == [("p1", 1, 1), ("p2", 2, 0)]
+    assert list(zip(out["prompt_id"], out["group_id"], out["sample_index"].tolist(), strict=True)) == [
+        ("p1", 1, 1),
+        ("p2", 2, 0),
+    ]
 
 
 def test_reset_slots_in_tokens_mode_tokenizes_the_new_prompt(tokenizer):
     env = ChatEnv(tokenizer=tokenizer, input_mode="tokens", max_turns=3, chat_template_name="tokenizer")
     env.reset(["first", "second"])
     out = env.step(["one<|im_end|>", "two<|im_end|>"])
-    before = out.tokens[0].tolist()
+    before = out.get(("tokens", "prompt"), as_list=True)[0].tolist()
     out = env.reset_slots([1], ["third"])
-    assert out.tokens[0].tolist() == before
-    assert tokenizer.decode(out.tokens[1].tolist()) == out.history[1].apply_chat_template(tokenizer)
+    tokens = out.get(("tokens", "prompt"), as_list=True)
+    assert tokens[0].tolist() == before
+    assert tokenizer.decode(tokens[1].tolist()) == env.slots[1].history.apply_chat_template(tokenizer)
     assert not env.slots[1].policy_mask().any()
 
 
@@ -457,22 +475,24 @@ def test_step_and_maybe_reset_returns_the_step_and_the_next_prompts():
     env = ChatEnv(batch_size=2, chat_template_name="chatml").append_transform(RecordResets()).append_transform(primer)
     out = env.reset_batch()
     step_out, next_out = env.step_and_maybe_reset(["go on", "go on"])
-    assert step_out is next_out and next_out.active == [0, 1]  # nothing finished: nothing reset
+    assert step_out is next_out and active_rows(next_out) == [0, 1]  # nothing finished: nothing reset
     step_out, next_out = env.step_and_maybe_reset(["stop", "go on"])
-    assert step_out.done.tolist() == [True, False]
-    assert [m.content for m in step_out.history[0]] == ["question 0", "go on", "stop"]  # the finished episode
-    assert next_out.done.tolist() == [False, False] and next_out.turn.tolist() == [0, 2]
-    assert next_out.prompt_id == ["p2", "p1"] and [m.content for m in next_out.history[0]] == ["question 2"]
+    assert flat(step_out["done"]) == [True, False]
+    finished = step_out["history", "prompt"][0]
+    assert [m.content for m in finished] == ["question 0", "go on", "stop"]  # the finished episode
+    assert flat(next_out["done"]) == [False, False] and next_out["turn"].tolist() == [0, 2]
+    assert next_out["prompt_id"] == ["p2", "p1"]
+    assert [m.content for m in next_out["history", "prompt"][0]] == ["question 2"]
     step_out, next_out = env.step_and_maybe_reset(["stop", "stop"], prompts=["x", "y"])
-    assert [h[0].content for h in next_out.history] == ["x", "y"] and step_out.done.all()
-    assert out.prompt_id == ["p0", "p1"]
+    assert [h[0].content for h in next_out["history", "prompt"]] == ["x", "y"] and step_out["done"].all()
+    assert out["prompt_id"] == ["p0", "p1"]
 
 
 def test_set_seed_restarts_the_prompt_order():
     env = DatasetChatEnv(_rows(20), batch_size=2, seed=0)
 
     def draw(n):
-        return [pid for _ in range(n) for pid in env.reset_batch().prompt_id]
+        return [pid for _ in range(n) for pid in env.reset_batch()["prompt_id"]]
 
     assert env.set_seed(7) == 7
     first = draw(4)
@@ -505,18 +525,19 @@ def test_from_dataloader_builds_a_primed_env(tmp_path):
     assert isinstance(env, DatasetChatEnv) and env.batch_size == (4,) and env.max_turns == 2
     assert env.td_transforms == [env.primer]
     out = env.reset_batch()
-    assert out.prompt_id == [0, 0, 1, 1] and out.group_id == [0, 0, 1, 1] and out.sample_index == [0, 1, 0, 1]
-    assert [m.content for m in out.history[2]] == ["S", "q1"]
+    assert out["prompt_id"] == [0, 0, 1, 1] and out["group_id"] == [0, 0, 1, 1]
+    assert out["sample_index"].tolist() == [0, 1, 0, 1]
+    assert [m.content for m in out["history", "prompt"][2]] == ["S", "q1"]
     out = env.step(["a"] * 4)
-    assert not out.done.any()
-    assert env.step(["b"] * 4).truncated.all()
+    assert not out["done"].any()
+    assert env.step(["b"] * 4)["truncated"].all()
 
     loader = DataLoader([{"query": f"row {i}"} for i in range(6)], batch_size=3, shuffle=False)
     env = ChatEnv.from_dataloader(loader, chat_template_name="chatml")
     assert env.batch_size == (3,) and env.primer.shuffle is False
-    assert [h[0].content for h in env.reset_batch().history] == ["row 0", "row 1", "row 2"]
+    assert [h[0].content for h in env.reset_batch()["history", "prompt"]] == ["row 0", "row 1", "row 2"]
     ungrouped = ChatEnv.from_dataloader(_rows(4), batch_size=3, repeats=2, group_repeats=False)
-    assert ungrouped.batch_size == (3,) and ungrouped.reset_batch().sample_index == [0, 1, 0]
+    assert ungrouped.batch_size == (3,) and ungrouped.reset_batch()["sample_index"].tolist() == [0, 1, 0]
 
 
 def test_a_transform_that_raises_is_named_as_the_users_code():

@@ -183,8 +183,8 @@ def test_tensordict_transforms_run_on_the_tensordict_calls():
     calls.clear()
     env.reset(["a", "b"])
     out = env.step(["x", "y"])
-    assert calls == ["reset", "step"] and out.reward.tolist() == [1.0, 1.0]
-    assert out.reward_components == [{"Tag": 1.0}, {"Tag": 1.0}]
+    assert calls == ["reset", "step"] and out["reward"].reshape(-1).tolist() == [1.0, 1.0]
+    assert out["reward_components"] == [{"Tag": 1.0}, {"Tag": 1.0}]
     calls.clear()  # TorchRL's step_and_maybe_reset: each hook once (the inner partial reset adds no second _reset)
     env.step_and_maybe_reset(TensorDict({"text_response": ["x", "y"]}, batch_size=(2,)))
     assert calls == ["inv", "step", "reset"]
@@ -327,7 +327,7 @@ def test_a_per_token_reward_counts_as_its_sum_and_a_lost_reward_is_named():
 
     env = ChatEnv(batch_size=1, chat_template_name="chatml", max_turns=1).append_transform(PerToken())
     env.reset(["q"])
-    assert env.step(["a"]).reward.tolist() == [1.5]
+    assert env.step(["a"])["reward"].reshape(-1).tolist() == [1.5]
 
     class Drops(TensorDictTransform):
         def _step(self, tensordict, next_tensordict):
@@ -379,10 +379,11 @@ def test_a_reward_widened_to_tokens_changes_the_slot_by_the_per_token_difference
     env.append_transform(PerToken())
     env.reset(["q1", "q2"])
     out = env.step(["a", "b"])
-    assert out.reward.tolist() == pytest.approx([0.7, 0.7])
-    assert out.reward_components[0] == pytest.approx({"answer": 1.0, "PerToken": -0.3})
+    assert out["reward"].reshape(-1).tolist() == pytest.approx([0.7, 0.7])
+    assert out["reward_components"][0] == pytest.approx({"answer": 1.0, "PerToken": -0.3})
     assert env.slots[1].episode_reward == pytest.approx(0.7)
-    assert [f["penalty"].tolist() for f in out.next_fields] == [pytest.approx([0.1] * 3)] * 2
+    assert [slot.next_fields["penalty"].tolist() for slot in env.slots] == [pytest.approx([0.1] * 3)] * 2
+    assert out["penalty"].tolist() == [pytest.approx([0.1] * 3)] * 2
 
 
 @pytest.mark.parametrize("gen", ["wrapper", "from_collector"])
@@ -456,8 +457,9 @@ def test_an_episode_a_tensordict_transform_ends_keeps_no_next_prompt_ids(default
     ):
         env.reset(["Hi"])
         out = env.step([Response("Hello<|im_end|>", token_ids=ids, log_probs=[-0.1] * len(ids), finish_reason="stop")])
-        assert out.done.tolist() == [True] and out.tokens[0][-len(ids) :].tolist() == ids
-        ends.append((out.tokens[0].tolist(), out.text[0], env.slots[0].segment_is_policy))
+        prompt_ids = out.get(("tokens", "prompt"), as_list=True)[0]
+        assert out["done"].reshape(-1).tolist() == [True] and prompt_ids[-len(ids) :].tolist() == ids
+        ends.append((prompt_ids.tolist(), out["text", "prompt"][0], env.slots[0].segment_is_policy))
     assert ends[0] == ends[1]
 
 
@@ -712,10 +714,11 @@ def test_a_torchrl_style_tool_runs_on_the_list_calls_of_every_input_mode(default
     answers = ["add 2 3<|im_end|>", "It is 9.<|im_end|>"]
     ids = [tokenizer(a, add_special_tokens=False)["input_ids"] for a in answers]
     out = env.step([Response(a, token_ids=i, finish_reason="stop") for a, i in zip(answers, ids, strict=True)])
-    assert [[m.role for m in conv.messages][-2:] for conv in out.history] == [["assistant", "tool"]] * 2
-    assert [conv.messages[-1].content for conv in out.history] == ["5", "no call"]
-    rendered = [env._render(conv, add_generation_prompt=True) for conv in out.history]
-    assert out.text == rendered and "<|im_start|>tool\n5<|im_end|>" in out.text[0]
+    history = out["history", "prompt"]
+    assert [history[i].role[-2:] for i in range(2)] == [["assistant", "tool"]] * 2
+    assert [history[i][-1].content for i in range(2)] == ["5", "no call"]
+    rendered = [env._render(conv, add_generation_prompt=True) for conv in history.to_conversations()]
+    assert out["text", "prompt"] == rendered and "<|im_start|>tool\n5<|im_end|>" in out["text", "prompt"][0]
     if mode == "tokens":
         for slot, start, sampled, text in zip(env.slots, before, ids, rendered, strict=True):
             tokens, mask = slot.all_tokens().tolist(), slot.policy_mask().tolist()
@@ -723,7 +726,7 @@ def test_a_torchrl_style_tool_runs_on_the_list_calls_of_every_input_mode(default
             assert tokenizer.decode(tokens) == text == slot.prompt_text
             assert sum(mask) == len(sampled) and mask[len(start) : len(start) + len(sampled)] == [True] * len(sampled)
         second = tokenizer("It is 5.<|im_end|>", add_special_tokens=False)["input_ids"]
-        prompt_ids = out.tokens[0].tolist()
+        prompt_ids = out.get(("tokens", "prompt"), as_list=True)[0].tolist()
         out = env.step([Response("It is 5.<|im_end|>", token_ids=second, finish_reason="stop"), "Done.<|im_end|>"])
         assert env.slots[0].all_tokens().tolist()[: len(prompt_ids) + len(second)] == prompt_ids + second
 
@@ -750,7 +753,7 @@ def test_a_tool_that_rewrites_earlier_messages_is_refused_in_tokens_mode_and_tak
     env = ChatEnv(tokenizer=tokenizer, input_mode="history", max_turns=3).append_transform(Redact())
     env.reset(["secret"])
     out = env.step(["ok<|im_end|>"])
-    assert [m.content for m in out.history[0].messages] == ["[redacted]", "ok"]
+    assert out["history", "prompt"][0].content == ["[redacted]", "ok"]
 
 
 @pytest.mark.parametrize("call", ["list", "tensordict", "tensordict_tokens"])
@@ -800,10 +803,10 @@ def test_an_ended_tokens_mode_episode_takes_no_tool_message_after_its_last_answe
         env = ChatEnv(tokenizer=tokenizer, input_mode=mode, max_turns=1).append_transform(_Adder())
         env.reset(["What is 2 + 3?"])
         out = env.step([Response("add 2 3<|im_end|>", token_ids=ids, finish_reason="stop")])
-        assert out.done.tolist() == [True]
-        roles[mode] = [m.role for m in out.history[0].messages]
+        assert out["done"].reshape(-1).tolist() == [True]
+        roles[mode] = list(out["history", "prompt"][0].role)
         if mode == "tokens":
-            assert out.tokens[0][-len(ids) :].tolist() == ids
+            assert out.get(("tokens", "prompt"), as_list=True)[0][-len(ids) :].tolist() == ids
     assert roles == {"tokens": ["user", "assistant"], "history": ["user", "assistant", "tool"]}
 
 
@@ -849,7 +852,7 @@ def test_env_rewards_appended_after_a_transform_that_ends_the_episode_pay_once(d
     if mode == "tokens":
         env.reset(["q1", "q2"])
         out = env.step(answers)
-        rewards, done = out.reward.tolist(), out.done.tolist()
+        rewards, done = out["reward"].reshape(-1).tolist(), out["done"].reshape(-1).tolist()
         for slot in env.slots:  # an ended episode's ids end with its answer: no next prompt's opening
             assert slot.segment_is_policy[-1] and tokenizer.decode(slot.all_tokens()).endswith("<|im_end|>")
     else:
@@ -885,13 +888,13 @@ def test_what_a_tensordict_transform_notes_about_a_row_reaches_that_slot():
 
     env = ChatEnv(batch_size=3).append_transform(Noter())
     out = env.reset(["a", "b", "c"])
-    assert [info["started_in"] for info in out.info] == [0, 1, 2]
+    assert [info["started_in"] for info in out["info"]] == [0, 1, 2]
     env.slots[0].terminate()
     out = env.step([None, "x", "y"])
-    assert [info.get("stepped_as") for info in out.info] == [None, 1, 2]
-    assert out.reward_components[1] == {"bonus": 1.0} and out.reward.tolist() == [0.0, 1.0, 1.0]
+    assert [info.get("stepped_as") for info in out["info"]] == [None, 1, 2]
+    assert out["reward_components"][1] == {"bonus": 1.0} and out["reward"].reshape(-1).tolist() == [0.0, 1.0, 1.0]
     out = env.reset_slots([0], ["again"])
-    assert out.info[0]["started_in"] == 0
+    assert out["info"][0]["started_in"] == 0
 
 
 def test_insert_transform_places_a_transform_in_the_chain_as_torchrls():

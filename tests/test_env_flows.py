@@ -330,11 +330,11 @@ def test_the_readme_example_env_builds_and_pays(tmp_path, monkeypatch, default_m
     env = build_env(env_cfg, TaskConfig(), tokenizer, input_mode="history")
     try:
         out = env.reset([{"query": "What is the capital of France?"}, {"query": "Name a colour."}])
-        assert out.history[0].messages[0].text == "Answer in capitals, briefly."
+        assert out["history", "prompt"][0][0].content == "Answer in capitals, briefly."
         out = env.step([Response("PARIS"), Response("I think the colour is blue, " + "really " * 20)])
-        assert out.reward_components[0] == {"Shout": 1.0, "brevity": 0.5}
-        assert out.reward_components[1] == {"brevity": 0.0}  # a transform's zero is no change: no component
-        assert out.reward.tolist() == [1.5, 0.0] and out.done.tolist() == [True, True]
+        assert out["reward_components"][0] == {"Shout": 1.0, "brevity": 0.5}
+        assert out["reward_components"][1] == {"brevity": 0.0}  # a transform's zero is no change: no component
+        assert out["reward"].reshape(-1).tolist() == [1.5, 0.0] and out["done"].reshape(-1).tolist() == [True, True]
     finally:
         env.close()
     sys.modules.pop("my_env", None)

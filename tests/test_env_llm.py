@@ -18,25 +18,28 @@ def tokenizer(default_model_path):
 def test_llm_env_text_mode_appends_and_stops_on_eos(tokenizer):
     env = LLMEnv(tokenizer=tokenizer, eos_token_id=tokenizer.eos_token_id)
     out = env.reset(["2+2=", "Hi"])
-    assert out.text == ["2+2=", "Hi"] and not out.done.any()
+    assert out["text", "prompt"] == ["2+2=", "Hi"] and not out["done"].any()
     out = env.step(["4", " there"])
-    assert out.text == ["2+2=4", "Hi there"] and not out.done.any()
+    assert out["text", "prompt"] == ["2+2=4", "Hi there"] and not out["done"].any()
     out = env.step(["<|im_end|>", "!"])
-    assert out.done.tolist() == [True, False] and out.terminated.tolist() == [True, False]
+    assert out["done"].reshape(-1).tolist() == [True, False]
+    assert out["terminated"].reshape(-1).tolist() == [True, False]
     out = env.step([None, "?"])  # a finished slot takes no action
-    assert out.text == ["2+2=4<|im_end|>", "Hi there!?"]
+    assert out["text", "prompt"] == ["2+2=4<|im_end|>", "Hi there!?"]
     # the conversation behind the observation: the prompt as the user's turn, each answer as the policy's
-    assert [m.role for m in out.history[1].messages] == ["user", "assistant", "assistant", "assistant"]
+    assert out["history", "prompt"][1].role == ["user", "assistant", "assistant", "assistant"]
 
 
 def test_llm_env_token_mode_keeps_ids_and_max_length(tokenizer):
     env = LLMEnv(from_text=False, tokenizer=tokenizer, eos_token_id=2, max_length=5)
     out = env.reset([torch.tensor([5, 6]), [7]])
-    assert [t.tolist() for t in out.tokens] == [[5, 6], [7]]
+    assert [t.tolist() for t in out.get(("tokens", "prompt"), as_list=True)] == [[5, 6], [7]]
     out = env.step([torch.tensor([8, 2]), torch.tensor([9])])
-    assert [t.tolist() for t in out.tokens] == [[5, 6, 8, 2], [7, 9]] and out.done.tolist() == [True, False]
+    assert [t.tolist() for t in out.get(("tokens", "prompt"), as_list=True)] == [[5, 6, 8, 2], [7, 9]]
+    assert out["done"].reshape(-1).tolist() == [True, False]
     out = env.step([None, torch.tensor([10, 11, 12, 13])])
-    assert out.tokens[1].tolist() == [7, 9, 10, 11, 12, 13] and out.truncated.tolist() == [False, True]
+    assert out.get(("tokens", "prompt"), as_list=True)[1].tolist() == [7, 9, 10, 11, 12, 13]
+    assert out["truncated"].reshape(-1).tolist() == [False, True]
     with pytest.raises(ValueError, match="needs a tokenizer"):
         LLMEnv(from_text=False)
     with pytest.raises(ValueError, match="eos_token_id is set but text actions come without tokens"):
@@ -48,7 +51,7 @@ def test_llm_env_token_mode_keeps_ids_and_max_length(tokenizer):
 def test_llm_env_from_primer():
     primer = DataLoadingPrimer([{"query": "a"}, {"query": "b"}], batch_size=2, shuffle=False)
     env = LLMEnv(primer=primer, str_key="query")
-    assert env.reset_batch().text == ["a", "b"]
+    assert env.reset_batch()["text", "prompt"] == ["a", "b"]
 
 
 def test_llm_env_from_an_endless_loader_as_torchrl():
@@ -71,7 +74,7 @@ def test_llm_env_from_an_endless_loader_as_torchrl():
     env = LLMEnv.from_dataloader(loader, batch_size=2, repeats=2)  # group_repeats=True: 2 prompts x 2 copies
     assert env.batch_size == (4,) and loader.n == 0
     out = env.reset_batch()
-    assert out.text == ["w1", "w1", "w2", "w2"] and out.group_id == [0, 0, 1, 1] and loader.n == 2
+    assert out["text", "prompt"] == ["w1", "w1", "w2", "w2"] and out["group_id"] == [0, 0, 1, 1] and loader.n == 2
     td = env.reset(TensorDict())
     assert td.batch_size == (4,) and td["text"].prompt == ["w3", "w3", "w4", "w4"]
     assert "history" not in td.keys()  # a text-mode env hands out the text prompt only, as TorchRL's

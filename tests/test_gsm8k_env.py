@@ -96,12 +96,13 @@ def test_gsm8k_env_on_the_packaged_test_set():
         str(GSM8K_TEST), batch_size=3, repeats=2, group_repeats=True, seed=0, chat_template_name="chatml"
     )
     out = env.reset_batch()
-    assert out.batch_size == 6 and out.group_id == [0, 0, 1, 1, 2, 2]
-    user = out.history[0][1].content
-    assert out.history[0][0].role == "system" and "<answer>" in out.history[0][0].content
-    question = out.data[0]["query"]
+    assert out.batch_size[0] == 6 and out["group_id"] == [0, 0, 1, 1, 2, 2]
+    history = out["history", "prompt"]
+    user = history[0][1].content
+    assert history[0][0].role == "system" and "<answer>" in history[0][0].content
+    question = out["query"][0]
     assert user.startswith(question) and "<answer></answer>" in user
-    golds = [gsm8k_gold(d["answer"]) for d in out.data]
+    golds = [gsm8k_gold(answer) for answer in out["answer"]]
     responses = [
         f"<think>work</think> <answer>{golds[0]}</answer><|im_end|>",  # right
         "<answer>-1</answer>",  # wrong number
@@ -111,22 +112,22 @@ def test_gsm8k_env_on_the_packaged_test_set():
         Response(f"<answer>{golds[5]}", finish_reason="length"),  # cut before the closing tag
     ]
     out = env.step(responses)
-    assert out.reward.tolist() == pytest.approx([1.0, 0.1, 0.0, 1.0, 0.0, 0.0])
-    assert [i["success"] for i in out.info] == [True, False, False, True, False, False]
-    assert out.terminated.tolist() == [True, True, False, True, False, False]  # done once an answer is given
-    assert out.done.all()  # the others hit max_turns=1
-    assert out.reward_components[0] == {"reward_answer": 1.0, "reward_think": 1.0, "reward_right": 1.0}
+    assert out["reward"].reshape(-1).tolist() == pytest.approx([1.0, 0.1, 0.0, 1.0, 0.0, 0.0])
+    assert [i["success"] for i in out["info"]] == [True, False, False, True, False, False]
+    assert out["terminated"].reshape(-1).tolist() == [True, True, False, True, False, False]  # done once answered
+    assert out["done"].all()  # the others hit max_turns=1
+    assert out["reward_components"][0] == {"reward_answer": 1.0, "reward_think": 1.0, "reward_right": 1.0}
 
 
 def test_gsm8k_multi_turn_keeps_going_until_an_answer():
     rows = [{"question": "What is 2+2?", "answer": "2+2=4\n#### 4"}]
     env = GSM8KEnv(rows, max_turns=3, chat_template_name="chatml", question_template=None)
     out = env.reset_batch()
-    assert out.history[0][1].content == "What is 2+2?"
+    assert out["history", "prompt"][0][1].content == "What is 2+2?"
     out = env.step(["Let me think."])
-    assert not out.done.any() and out.reward.tolist() == [0.0]
+    assert not out["done"].any() and out["reward"].reshape(-1).tolist() == [0.0]
     out = env.step(["<answer>4</answer>"])
-    assert out.terminated.all() and out.reward.tolist() == [1.0]
+    assert out["terminated"].all() and out["reward"].reshape(-1).tolist() == [1.0]
 
 
 def test_gsm8k_defaults_and_errors():
@@ -149,7 +150,7 @@ def test_gsm8k_env_with_the_packaged_model(hf_model_fp32):
         str(GSM8K_TEST), batch_size=1, repeats=2, group_repeats=True, tokenizer=tokenizer, input_mode="tokens", seed=3
     )
     out = env.reset_batch()
-    prompts = out.tokens
+    prompts = out.get(("tokens", "prompt"), as_list=True)
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), tokenizer.pad_token_id)
     attn = torch.zeros_like(ids)
@@ -171,9 +172,9 @@ def test_gsm8k_env_with_the_packaged_model(hf_model_fp32):
             reason = "length"
         responses.append(Response(tokenizer.decode(row), token_ids=torch.tensor(row), finish_reason=reason))
     out = env.step(responses)
-    assert out.done.all()
+    assert out["done"].all()
     for i, slot in enumerate(env.slots):
-        assert set(out.reward.tolist()) <= {0.0, 0.1, 1.0}
+        assert set(out["reward"].reshape(-1).tolist()) <= {0.0, 0.1, 1.0}
         sampled = slot.all_tokens()[slot.policy_mask()]
         assert sampled.tolist() == responses[i].token_ids.tolist()
         assert slot.all_tokens()[: len(prompts[i])].tolist() == prompts[i].tolist()
@@ -191,7 +192,7 @@ def test_reward_parser_accepts_torchrl_positional_order():
     env = GSM8KEnv([{"question": "What is 2+2?", "gold": "4"}], chat_template_name="chatml", compute_reward=False)
     env.append_transform(GSM8KRewardParser(None, [("history", "full"), "gold"]))
     env.reset_batch()
-    assert env.step(["<answer>4</answer>"]).reward.tolist() == [1.0]
+    assert env.step(["<answer>4</answer>"])["reward"].reshape(-1).tolist() == [1.0]
 
 
 def test_reward_parser_refuses_keys_it_cannot_honour():
@@ -218,7 +219,7 @@ def test_make_gsm8k_env_torchrl_defaults_use_the_shipped_data():
     env = make_gsm8k_env("openai/gsm8k", 1, 2, 1, 5, True, None, batch_size=2, chat_template_name="chatml")
     assert len(env.primer.source) == 7473
     out = env.reset_batch()
-    assert out.batch_size == 4 and out.group_id == [0, 0, 1, 1]
+    assert out.batch_size[0] == 4 and out["group_id"] == [0, 0, 1, 1]
     assert len(make_gsm8k_env(split="test").primer.source) == 1319  # seed=None (TorchRL's default): a random order
 
 
@@ -261,12 +262,13 @@ def test_the_parser_and_the_question_are_torchrls_tensordict_transforms():
     env = GSM8KEnv(rows, batch_size=2, compute_reward=False, chat_template_name="chatml", shuffle=False)
     env.append_transform(Doubled())
     out = env.reset_batch()
-    assert "<answer></answer>" in out.history[0][-1].content  # prepared on the list call too
+    assert "<answer></answer>" in out["history", "prompt"][0][-1].content  # prepared on the list call too
     out = env.step(["<answer>4</answer>", "I do not know"])
-    assert out.reward.tolist() == pytest.approx([2.0, 0.0])
-    assert [info["success"] for info in out.info] == [True, False]
-    assert out.reward_components[0] == {"reward_answer": 1.0, "reward_think": 0.0, "reward_right": 1.0}
-    assert out.terminated.tolist() == [True, False] and out.truncated.tolist() == [False, True]
+    assert out["reward"].reshape(-1).tolist() == pytest.approx([2.0, 0.0])
+    assert [info["success"] for info in out["info"]] == [True, False]
+    assert out["reward_components"][0] == {"reward_answer": 1.0, "reward_think": 0.0, "reward_right": 1.0}
+    assert out["terminated"].reshape(-1).tolist() == [True, False]
+    assert out["truncated"].reshape(-1).tolist() == [False, True]
 
 
 def test_a_partial_reset_prepares_the_new_questions_only():

@@ -192,7 +192,7 @@ def test_scorer_takes_torchrl_keywords_and_logs_when_verbose(caplog):
     env.reset([{"query": row["prompt"], "instruction_id_list": row["instruction_id_list"], "kwargs": row["kwargs"]}])
     with caplog.at_level("INFO", logger="llmrl_core.envs.ifeval"):
         out = env.step(["<answer>Go forth to Kyoto</answer>"])
-    assert out.reward.tolist() == pytest.approx([1.1])
+    assert out["reward"].reshape(-1).tolist() == pytest.approx([1.1])
     assert any("IfEvalScorer: slot 0" in r.getMessage() for r in caplog.records)
 
 

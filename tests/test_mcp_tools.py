@@ -178,17 +178,18 @@ def test_transform_appends_tool_messages_for_each_slot():
                 '<tool name="divide">{"a": 1, "b": 0}</tool> <tool>calc.add\n{bad json}</tool>',
             ]
         )
-        first = [m.text for m in out.history[0].messages if m.role == "tool"]
-        second = [m.text for m in out.history[1].messages if m.role == "tool"]
+        history = out["history", "prompt"]
+        first = [c for r, c in zip(history[0].role, history[0].content, strict=True) if r == "tool"]
+        second = [c for r, c in zip(history[1].role, history[1].content, strict=True) if r == "tool"]
         assert first == [
             "Tool calc.add executed successfully:\n5.0",
             "Tool calc.convert_units executed successfully:\n212.0",
         ]
         assert second[0].startswith("Tool calc.divide failed:\n") and "division by zero" in second[0]
         assert second[1].startswith("Tool calc.add failed:\n") and "not valid JSON" in second[1]
-        assert out.info[0]["num_tool_calls"] == 2 and out.info[1]["tool_errors"] == 2
+        assert out["info"][0]["num_tool_calls"] == 2 and out["info"][1]["tool_errors"] == 2
         out = env.step(["The answers are in.", "No tools this time."])
-        assert out.history[0].messages[-1].role == "assistant"
+        assert out["history", "prompt"][0][-1].role == "assistant"
     finally:
         transform.close()
 
@@ -220,7 +221,8 @@ def test_transform_takes_torchrl_positional_arguments():
         env = ChatEnv(batch_size=1).append_transform(transform)
         env.reset(["q"])
         out = env.step(['<call:calc.add>{"a": 2, "b": 3}</call> <tool_call>{"name": "calc.add"}</tool_call>'])
-        results = [m.text for m in out.history[0].messages if m.role == "observation"]
+        history = out["history", "prompt"][0]
+        results = [c for r, c in zip(history.role, history.content, strict=True) if r == "observation"]
         assert results == ["Tool calc.add executed successfully:\n5.0"]  # only the pattern's form is parsed
     finally:
         transform.close()
@@ -254,14 +256,15 @@ def test_it_is_torchrls_tool_transform_and_its_override_points_work():
         env = ChatEnv(batch_size=2).append_transform(transform)
         env.reset(["q1", "q2"])
         out = env.step([text, "no tools"])
-        results = [m.text for m in out.history[0].messages if m.role == "tool"]
+        history = out["history", "prompt"]
+        results = [c for r, c in zip(history[0].role, history[0].content, strict=True) if r == "tool"]
         assert results == [
             "Tool calc.add executed successfully:\n5.0",
             "Tool calc.divide failed:\naudited: no division",
         ]
-        assert [m.role for m in out.history[1].messages][-1] == "assistant"
+        assert history[1].role[-1] == "assistant"
         assert transform.seen == [("calc", "add", {"a": 2, "b": 3}), ("calc", "divide", {"a": 1, "b": 2})]
-        assert out.info[0]["num_tool_calls"] == 2 and out.info[0]["tool_errors"] == 1
-        assert [c["name"] for c in out.info[0]["tool_calls"]] == ["calc.add", "calc.divide"]
+        assert out["info"][0]["num_tool_calls"] == 2 and out["info"][0]["tool_errors"] == 1
+        assert [c["name"] for c in out["info"][0]["tool_calls"]] == ["calc.add", "calc.divide"]
     finally:
         transform.close()

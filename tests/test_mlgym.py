@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmrl_core.data import ConversationBatch
 from llmrl_core.envs import ChatEnv, MLGymWrapper, PromptRow, make_mlgym
 from llmrl_core.envs.mlgym import mlgym_score_reward
+from llmrl_core.envs.tensordict_io import active_rows
 from llmrl_core.envs.text_games import GuessNumberEnv, make_guess_number_env, parse_guess
 
 EOT = "<|im_end|>"
@@ -37,12 +37,13 @@ class Bisector:
 
     def __call__(self, out) -> list[str | None]:
         actions: list[str | None] = []
-        for i, history in enumerate(out.history):
-            if out.done[i]:
+        done = out["done"].reshape(-1).tolist()
+        for i, history in enumerate(out["history", "prompt"]):
+            if done[i]:
                 actions.append(None)
                 continue
             low, high = self.bounds.setdefault(i, list(self.start))
-            last = history[-1].text
+            last = history[-1].content
             previous = self.guesses.get(i, [])
             if previous and last.startswith("Higher."):
                 low = previous[-1] + 1
@@ -56,15 +57,11 @@ class Bisector:
 
 
 def play(env: ChatEnv, policy, **reset_kwargs):
-    """Run one batch of episodes; returns every EnvOutput (the reset's first), histories as they were then."""
-
-    def frozen(out):
-        out.history = ConversationBatch([h.copy() for h in out.history])  # the env keeps changing its own
-        return out
-
-    outputs = [frozen(env.reset_batch(**reset_kwargs))]
-    while outputs[-1].active:
-        outputs.append(frozen(env.step(policy(outputs[-1]))))
+    """Run one batch of episodes; returns every answer TensorDict (the reset's first), each with its histories as
+    they were then (``("history", "prompt")`` is a copy: the env keeps changing its own conversations)."""
+    outputs = [env.reset_batch(**reset_kwargs)]
+    while active_rows(outputs[-1]):
+        outputs.append(env.step(policy(outputs[-1])))
     return outputs
 
 
@@ -107,48 +104,50 @@ def test_observations_become_user_messages_and_rewards_end_slots():
     player = Bisector()
     outputs = play(env, player)
     first = outputs[0]
-    assert [h.role for h in first.history] == [["system", "user"]] * 3
+    assert [h.role for h in first["history", "prompt"]] == [["system", "user"]] * 3
     instructions = GuessNumberEnv(max_guesses=5).instructions()
-    assert all(h[1].content == instructions for h in first.history)
-    assert first.reward.tolist() == [0.0] * 3 and first.active == [0, 1, 2]
+    assert all(h[1].content == instructions for h in first["history", "prompt"])
+    assert first["reward"].reshape(-1).tolist() == [0.0] * 3 and active_rows(first) == [0, 1, 2]
     final = outputs[-1]
     # bisection over 1..20 always wins within 5 guesses: every slot terminated with reward 1
-    assert final.terminated.tolist() == [True] * 3 and not final.truncated.any()
+    assert final["terminated"].reshape(-1).tolist() == [True] * 3 and not final["truncated"].any()
     for i, game in enumerate(env.gym_envs):
-        history = final.history[i]
+        history = final["history", "prompt"][i]
         turns = len(player.guesses[i])
-        assert final.turn[i] == turns and player.guesses[i][-1] == game.secret
+        assert final["turn"][i] == turns and player.guesses[i][-1] == game.secret
         # user, (assistant, user)*, assistant: every game reply except the last one is a user message
         assert history.role == ["system", "user"] + ["assistant", "user"] * (turns - 1) + ["assistant"]
         for k, guess in enumerate(player.guesses[i][:-1]):
             reply = history[3 + 2 * k].content
             assert reply.startswith("Higher." if guess < game.secret else "Lower.")
             assert reply.endswith(f"{5 - k - 1} guess{'es' if 5 - k - 1 != 1 else ''} left.")
-        step_rewards = [out.reward[i].item() for out in outputs[1:] if out.turn[i] <= turns]
+        step_rewards = [out["reward"][i].item() for out in outputs[1:] if out["turn"][i] <= turns]
         assert env.slots[i].episode_reward == 1.0 and sum(step_rewards) == 1.0
-        assert final.info[i]["solved"] and final.info[i]["secret"] == game.secret
-        assert final.info[i]["observation"] == f"Correct! My number was {game.secret}."
+        assert final["info"][i]["solved"] and final["info"][i]["secret"] == game.secret
+        assert final["info"][i]["observation"] == f"Correct! My number was {game.secret}."
     solved_at = {i: len(player.guesses[i]) for i in range(3)}
     for out in outputs[1:]:
         for i in range(3):
-            if out.turn[i] == solved_at[i] and out.reward_components[i]:
-                assert out.reward_components[i] == {"env": 1.0} and out.done[i]
+            if out["turn"][i] == solved_at[i] and out["reward_components"][i]:
+                assert out["reward_components"][i] == {"env": 1.0} and out["done"][i].item()
 
 
 def test_truncation_by_the_game_and_by_max_turns():
     env = make_guess_number_env(batch_size=2, max_guesses=3, chat_template_name="chatml")
-    outputs = play(env, lambda out: [None if d else "I will not say a number." for d in out.done.tolist()])
+    outputs = play(
+        env, lambda out: [None if d else "I will not say a number." for d in out["done"].reshape(-1).tolist()]
+    )
     final = outputs[-1]
-    assert final.truncated.tolist() == [True, True] and not final.terminated.any()
-    assert final.turn.tolist() == [3, 3] and [s.episode_reward for s in env.slots] == [0.0, 0.0]
-    assert all(h.role[-1] == "assistant" for h in final.history)  # the closing reply is not a prompt
-    assert all("No guesses left" in info["observation"] for info in final.info)
-    assert outputs[1].history[0][-1].content.startswith("I could not find a number")
+    assert final["truncated"].reshape(-1).tolist() == [True, True] and not final["terminated"].any()
+    assert final["turn"].tolist() == [3, 3] and [s.episode_reward for s in env.slots] == [0.0, 0.0]
+    assert all(h.role[-1] == "assistant" for h in final["history", "prompt"])  # the closing reply is not a prompt
+    assert all("No guesses left" in info["observation"] for info in final["info"])
+    assert outputs[1]["history", "prompt"][0][-1].content.startswith("I could not find a number")
     # the env's own turn limit comes first: no dangling user message either
     env = make_guess_number_env(batch_size=1, max_guesses=5, max_turns=2, chat_template_name="chatml")
     final = play(env, lambda out: ["<answer>50</answer>"])[-1]
-    assert final.truncated.tolist() == [True] and final.turn.tolist() == [2]
-    assert final.history[0].role == ["user", "assistant", "user", "assistant"]
+    assert final["truncated"].reshape(-1).tolist() == [True] and final["turn"].tolist() == [2]
+    assert final["history", "prompt"][0].role == ["user", "assistant", "user", "assistant"]
 
 
 def test_seeds_differ_per_slot_and_repeat_across_runs():
@@ -157,28 +156,28 @@ def test_seeds_differ_per_slot_and_repeat_across_runs():
 
     env = make_guess_number_env(batch_size=3, chat_template_name="chatml")
     out = env.reset_batch()
-    assert [d["seed"] for d in out.data] == [0, 1, 2] and out.prompt_id == [0, 1, 2]
+    assert out["seed"].tolist() == [0, 1, 2] and out["prompt_id"] == [0, 1, 2]
     first = secrets(env)
     assert first == [_secret(s) for s in (0, 1, 2)]
     out = env.reset_batch()  # the next reset plays new games
-    assert [d["seed"] for d in out.data] == [3, 4, 5] and out.group_id == [3, 4, 5]
+    assert out["seed"].tolist() == [3, 4, 5] and out["group_id"] == [3, 4, 5]
     assert secrets(env) == [_secret(s) for s in (3, 4, 5)]
     out = env.reset_batch(seed=0)  # reset(seed=...) restarts the count: the same games again
-    assert [d["seed"] for d in out.data] == [0, 1, 2] and secrets(env) == first
+    assert out["seed"].tolist() == [0, 1, 2] and secrets(env) == first
     other = make_guess_number_env(batch_size=3, chat_template_name="chatml")
     other.reset()
     assert secrets(other) == first  # a new env with the same seed plays the same games
     shifted = make_guess_number_env(batch_size=3, seed=100, chat_template_name="chatml")
-    assert [d["seed"] for d in shifted.reset_batch().data] == [100, 101, 102]
+    assert shifted.reset_batch()["seed"].tolist() == [100, 101, 102]
     # GRPO groups: the copies of one game share seed, secret and group id
     grouped = make_guess_number_env(batch_size=2, repeats=3, chat_template_name="chatml")
     out = grouped.reset_batch()
-    assert out.group_id == [0, 0, 0, 1, 1, 1] and out.sample_index == [0, 1, 2] * 2
+    assert out["group_id"] == [0, 0, 0, 1, 1, 1] and out["sample_index"].tolist() == [0, 1, 2] * 2
     assert secrets(grouped) == [_secret(0)] * 3 + [_secret(1)] * 3
     # a resumed env continues with unseen games
     restored = make_guess_number_env(batch_size=3, chat_template_name="chatml")
     restored.load_state_dict(env.state_dict())
-    assert [d["seed"] for d in restored.reset_batch().data] == [3, 4, 5]
+    assert restored.reset_batch()["seed"].tolist() == [3, 4, 5]
 
 
 @pytest.mark.skipif(not hasattr(ChatEnv, "reset_slots"), reason="this ChatEnv has no partial resets")
@@ -187,16 +186,18 @@ def test_partial_resets_start_new_games_in_finished_slots():
     env.reset_batch()
     secret = env.gym_envs[0].secret
     step_out, next_out = env.step_and_maybe_reset([f"<answer>{secret}</answer>", "<answer>0</answer>", "0"])
-    assert step_out.done.tolist() == [True, False, False] and step_out.reward.tolist() == [1.0, 0.0, 0.0]
-    assert not next_out.done.any() and next_out.turn.tolist() == [0, 1, 1]
-    assert [d["seed"] for d in next_out.data] == [3, 1, 2] and env.gym_envs[0].secret == _secret(3)
-    assert next_out.history[0].role == ["user"] and next_out.history[1].role == ["user", "assistant", "user"]
+    assert step_out["done"].reshape(-1).tolist() == [True, False, False]
+    assert step_out["reward"].reshape(-1).tolist() == [1.0, 0.0, 0.0]
+    assert not next_out["done"].any() and next_out["turn"].tolist() == [0, 1, 1]
+    assert next_out["seed"].tolist() == [3, 1, 2] and env.gym_envs[0].secret == _secret(3)
+    history = next_out["history", "prompt"]
+    assert history[0].role == ["user"] and history[1].role == ["user", "assistant", "user"]
     # the games drawn with game 3 but not played yet come next, then new ones: no game is played twice
-    assert [d["seed"] for d in env.reset_slots([1, 2]).data] == [3, 4, 5]
+    assert env.reset_slots([1, 2])["seed"].tolist() == [3, 4, 5]
     assert [g.secret for g in env.gym_envs] == [_secret(s) for s in (3, 4, 5)]
     env.reset_slots([0])
-    assert [d["seed"] for d in env.reset_batch().data] == [7, 8, 9]
-    assert [d["seed"] for d in env.reset_batch(seed=0).data] == [0, 1, 2]
+    assert env.reset_batch()["seed"].tolist() == [7, 8, 9]
+    assert env.reset_batch(seed=0)["seed"].tolist() == [0, 1, 2]
 
 
 def _secret(seed: int) -> int:
@@ -215,12 +216,13 @@ def test_rows_passed_to_reset_carry_seeds_options_and_groups():
             PromptRow(data={"note": "x"}, prompt_id="row", group_id=7, sample_index=1),
         ]
     )
-    assert out.batch_size == 3 and [g.secret for g in env.gym_envs] == [_secret(11), 4, _secret(7)]
-    assert [d["seed"] for d in out.data] == [11, 1, 7] and out.prompt_id == [11, "fixed", "row"]
-    assert out.group_id == [None, None, 7] and out.sample_index == [0, 0, 1] and out.data[2]["note"] == "x"
-    assert all(h.role == ["user"] and h[0].content.startswith("I am thinking") for h in out.history)
+    assert out.batch_size[0] == 3 and [g.secret for g in env.gym_envs] == [_secret(11), 4, _secret(7)]
+    assert out["seed"].tolist() == [11, 1, 7] and out["prompt_id"] == [11, "fixed", "row"]
+    assert out["group_id"] == [None, None, 7] and out["sample_index"].tolist() == [0, 0, 1]
+    assert env.slots[2].data["note"] == "x"
+    assert all(h.role == ["user"] and h[0].content.startswith("I am thinking") for h in out["history", "prompt"])
     out = env.step(["<answer>4</answer>"] * 3)
-    assert out.done.tolist()[1] and out.reward[1] == 1.0
+    assert out["done"].reshape(-1).tolist()[1] and out["reward"][1].item() == 1.0
     with pytest.raises(TypeError, match="must be a dict or PromptRow"):
         env.reset(["a string"])
 
@@ -266,18 +268,21 @@ class LegacyTextEnv:
 def test_legacy_shapes_system_prompt_and_observation_role():
     env = MLGymWrapper(LegacyTextEnv, batch_size=2, chat_template_name="chatml", observation_role="tool")
     out = env.reset_batch()
-    assert [h.role for h in out.history] == [["system", "user"]] * 2
-    assert [h[0].content for h in out.history] == ["You are agent 0.", "You are agent 1."]
-    assert all(h[1].content == "" for h in out.history) and "system_prompt" not in out.info[0]
-    assert out.info[0]["task"] == "legacy"
+    history = out["history", "prompt"]
+    assert [h.role for h in history] == [["system", "user"]] * 2
+    assert [h[0].content for h in history] == ["You are agent 0.", "You are agent 1."]
+    assert all(h[1].content == "" for h in history) and "system_prompt" not in out["info"][0]
+    assert out["info"][0]["task"] == "legacy"
     out = env.step([f"ls{EOT}", "submit"])
     assert env.gym_envs[0].actions == ["ls"]  # the end-of-turn marker is not part of the action
-    assert out.history[0].role[-1] == "tool" and out.history[0][-1].content == "ran ls"
-    assert out.done.tolist() == [False, True] and out.terminated.tolist() == [False, True]
-    assert out.reward.tolist() == [0.0, 0.5] and out.info[1] == {"task": "legacy", "steps": 1, "observation": ""}
+    history = out["history", "prompt"]
+    assert history[0].role[-1] == "tool" and history[0][-1].content == "ran ls"
+    assert out["done"].reshape(-1).tolist() == [False, True] and out["terminated"].reshape(-1).tolist() == [False, True]
+    assert out["reward"].reshape(-1).tolist() == [0.0, 0.5]
+    assert out["info"][1] == {"task": "legacy", "steps": 1, "observation": ""}
     # a system prompt given to the wrapper is replaced by the game's
     env = MLGymWrapper(LegacyTextEnv, system_prompt="generic", chat_template_name="chatml")
-    assert env.reset_batch().history[0][0].content == "You are agent 0."
+    assert env.reset_batch()["history", "prompt"][0][0].content == "You are agent 0."
 
 
 # --- tokens mode ---------------------------------------------------------------------------------------------
@@ -286,18 +291,18 @@ def test_multi_turn_prompts_in_each_input_mode(tokenizer, input_mode):
     env = make_guess_number_env(tokenizer, input_mode=input_mode, batch_size=2, system_prompt="Guess well.")
     player = Bisector(suffix=EOT)
     outputs = [env.reset_batch()]
-    while outputs[-1].active:
+    while active_rows(outputs[-1]):
         out = outputs[-1]
-        for i in out.active:
-            expected = out.history[i].apply_chat_template(tokenizer)
+        for i in active_rows(out):
+            expected = out["history", "prompt"][i].apply_chat_template(tokenizer=tokenizer)
             if input_mode == "history":
-                assert out.text is None and out.tokens is None
+                assert ("text", "prompt") not in out.keys(True) and ("tokens", "prompt") not in out.keys(True)
             else:
-                assert out.text[i] == expected
+                assert out["text", "prompt"][i] == expected
             if input_mode == "tokens":
-                assert tokenizer.decode(out.tokens[i].tolist()) == expected
+                assert tokenizer.decode(out.get(("tokens", "prompt"), as_list=True)[i].tolist()) == expected
         outputs.append(env.step(player(out)))
-    assert outputs[-1].terminated.all() and max(len(g) for g in player.guesses.values()) > 1
+    assert outputs[-1]["terminated"].all() and max(len(g) for g in player.guesses.values()) > 1
     if input_mode != "tokens":
         return
     for i, slot in enumerate(env.slots):
@@ -462,21 +467,21 @@ def test_make_mlgym_plays_a_task_through_its_gymnasium_registration(monkeypatch,
     assert container.devices == ["cpu_0"] and container.cwds == [str(tmp_path)]
     assert container.sent[:2] == ["cd /home/agent", "_state() { echo state; }\nWINDOW=100"]
     assert container.commands_added == [{"contents": "def helper(): pass\n", "name": "_helpers.py", "type": "utility"}]
-    history = out.history[0]
+    history = out["history", "prompt"][0]
     assert history.role == ["system", "user"] and history[0].content == "SYSTEM ls: list files window=100"
     assert history[1].content == "TASK Solve prisonersDilemma. (step 0, 10 left)\nThink first."
-    assert out.info[0]["mlgym_task"] == "prisonersDilemma"
+    assert out["info"][0]["mlgym_task"] == "prisonersDilemma"
     # an unparsable reply: penalty, format error message, the container is not touched
     out = env.step(["I am thinking.", "Let me look.\n```ls -a```"])
     assert container.stepped == [] and env.gym_envs[1].env.stepped == ["ls -a"]
-    assert out.reward.tolist() == pytest.approx([-0.1, 0.0]) and out.info[0]["format_error"]
-    assert out.history[0][-1].content == "Format error: use a command block."
-    assert out.history[1][-1].content == "output of ls -a\n(Open file: n/a) step 1"
+    assert out["reward"].reshape(-1).tolist() == pytest.approx([-0.1, 0.0]) and out["info"][0]["format_error"]
+    assert out["history", "prompt"][0][-1].content == "Format error: use a command block."
+    assert out["history", "prompt"][1][-1].content == "output of ls -a\n(Open file: n/a) step 1"
     out = env.step(["```true```", "```validate```"])
-    assert out.history[0][-1].content == "No output. (step 1)"
-    assert out.reward.tolist() == pytest.approx([0.0, 0.25])  # evaluation minus baseline score
+    assert out["history", "prompt"][0][-1].content == "No output. (step 1)"
+    assert out["reward"].reshape(-1).tolist() == pytest.approx([0.0, 0.25])  # evaluation minus baseline score
     out = env.step(["```submit```", "```submit```"])
-    assert out.terminated.all() and out.info[1]["command"] == "submit"
+    assert out["terminated"].all() and out["info"][1]["command"] == "submit"
     env.reset_batch()  # a second episode: fresh containers for the same task
     assert "<reset container>" in container.sent and len(record["made"]) == 2
     env.close()

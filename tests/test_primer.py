@@ -146,16 +146,17 @@ def test_dataset_chat_env_draws_groups_and_resumes(tmp_path):
     )
     env = make()
     out = env.reset_batch()
-    assert out.batch_size == 8 and out.group_id == [0] * 4 + [1] * 4
-    assert out.history[0].role == ["system", "user"] and out.history[0][1].content.startswith("question ")
-    assert out.history[0][1].content == out.history[3][1].content
+    history = out["history", "prompt"]
+    assert out.batch_size[0] == 8 and out["group_id"] == [0] * 4 + [1] * 4
+    assert history[0].role == ["system", "user"] and history[0][1].content.startswith("question ")
+    assert history[0][1].content == history[3][1].content
     state = env.state_dict()
     next_env = make()
     next_env.load_state_dict(json.loads(json.dumps(state)))
     expected = env.reset_batch()
     got = next_env.reset_batch()
-    assert [h[1].content for h in got.history] == [h[1].content for h in expected.history]
-    assert got.group_id == expected.group_id == [2] * 4 + [3] * 4
+    assert [h[1].content for h in got["history", "prompt"]] == [h[1].content for h in expected["history", "prompt"]]
+    assert got["group_id"] == expected["group_id"] == [2] * 4 + [3] * 4
 
 
 def _numbers(limit=None):

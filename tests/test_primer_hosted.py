@@ -30,7 +30,7 @@ def _env(primer) -> ChatEnv:
 
 
 def _users(out) -> list[str]:
-    return [h[-1].content for h in out.history]
+    return [h[-1].content for h in out["history", "prompt"]]
 
 
 def test_two_envs_naming_one_actor_draw_from_one_cursor(client):

@@ -84,19 +84,20 @@ def test_skip_fails_that_episode_alone(picky):
 
     env = _env(picky, "skip")
     out = env.step(["4<|im_end|>", "5<|im_end|>"])
-    assert out.reward.tolist() == [2.0, 0.0] and out.reward_components[0] == {"picky": 2.0}
-    assert "reward_error" not in out.info[0]
-    assert out.info[1]["reward_error"].startswith("env.rewards[0].function 'picky_rewards:picky' raised ValueError")
+    assert out["reward"].reshape(-1).tolist() == [2.0, 0.0] and out["reward_components"][0] == {"picky": 2.0}
+    info = out["info"]
+    assert "reward_error" not in info[0]
+    assert info[1]["reward_error"].startswith("env.rewards[0].function 'picky_rewards:picky' raised ValueError")
 
     class Row:  # the collector's episode row, as far as the rollout reads it
         def __init__(self, info):
             self.info = info
 
-    kept, metrics = drop_failed_rewards([Row(i) for i in out.info], episodes=2)
-    assert [r.info for r in kept] == [out.info[0]]
-    assert metrics["reward_errors"] == 1.0 and metrics["reward_error_examples"] == [out.info[1]["reward_error"]]
+    kept, metrics = drop_failed_rewards([Row(i) for i in info], episodes=2)
+    assert [r.info for r in kept] == [info[0]]
+    assert metrics["reward_errors"] == 1.0 and metrics["reward_error_examples"] == [info[1]["reward_error"]]
     with pytest.raises(RewardFunctionError, match="all 1 episodes' reward functions failed, e.g. env.rewards"):
-        drop_failed_rewards([Row(out.info[1])], episodes=1)
+        drop_failed_rewards([Row(info[1])], episodes=1)
 
 
 def test_the_setting_takes_raise_or_skip_only():

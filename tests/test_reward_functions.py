@@ -42,10 +42,11 @@ def test_paid_once_at_the_episode_end_with_the_question_it_answers():
         ]
     )
     out = env.step(["first", "one"])
-    assert CALLS == [] and out.reward.tolist() == [0.0, 0.0] and out.reward_components == [{}, {}]
+    assert CALLS == [] and out["reward"].reshape(-1).tolist() == [0.0, 0.0] and out["reward_components"] == [{}, {}]
     out = env.step(["second!", "two"])  # the turn limit ends both episodes: the functions pay now
     assert [(p, c, r["answer"]) for p, c, r in CALLS] == [("real q", "second!", "x"), ("plain q", "two", "y")]
-    assert out.reward.tolist() == [3.5, 1.5] and out.reward_components == [{"len": 3.5}, {"len": 1.5}]
+    assert out["reward"].reshape(-1).tolist() == [3.5, 1.5]
+    assert out["reward_components"] == [{"len": 3.5}, {"len": 1.5}]
     assert [s.episode_reward for s in env.slots] == [3.5, 1.5]
 
 
@@ -60,10 +61,13 @@ def test_without_the_env_reward_only_the_functions_pay():
     dropped.reset(rows)
     paid_too, only = kept.step(answer), dropped.step(answer)
     function = 0.5 * len("<answer>4</answer>")
-    assert paid_too.reward.tolist() == [pytest.approx(1.0 + function)]
-    assert paid_too.reward_components[0]["reward_right"] == 1.0 and paid_too.reward_components[0]["len"] == function
-    assert only.reward.tolist() == [pytest.approx(function)] and only.reward_components == [{"len": function}]
-    assert only.done.tolist() == [True] and only.info[0]["success"] is True  # the parser still ends and judges
+    assert paid_too["reward"].reshape(-1).tolist() == [pytest.approx(1.0 + function)]
+    parts = paid_too["reward_components"][0]
+    assert parts["reward_right"] == 1.0 and parts["len"] == function
+    assert only["reward"].reshape(-1).tolist() == [pytest.approx(function)]
+    assert only["reward_components"] == [{"len": function}]
+    assert only["done"].reshape(-1).tolist() == [True]  # the parser still ends and judges
+    assert only["info"][0]["success"] is True
 
 
 def test_a_per_token_reward_takes_the_functions_value_on_its_last_token():

@@ -92,7 +92,8 @@ def test_few_shot_turns_come_before_the_question_under_the_same_template(tokeniz
     )
     env = make_task_env(task, tokenizer, input_mode="history")
     out = env.reset([{"query": "What is 2 + 3?", "answer": "#### 5"}])
-    messages = [(m.role, m.text) for m in out.history[0].messages]
+    history = out["history", "prompt"][0]
+    messages = list(zip(history.role, history.content, strict=True))
     assert messages == [
         ("system", "Be brief."),
         ("user", "Q: What is 1 + 1?"),
@@ -103,9 +104,9 @@ def test_few_shot_turns_come_before_the_question_under_the_same_template(tokeniz
     from llmrl_core.data import Response
 
     scored = env.step([Response(text="<answer>5</answer>")])
-    assert scored.reward.tolist() == [1.0]
+    assert scored["reward"].reshape(-1).tolist() == [1.0]
     env.reset([{"query": "What is 2 + 3?", "answer": "#### 5"}])
-    assert env.step([Response(text="<answer>6</answer>")]).reward.tolist() == [0.0]
+    assert env.step([Response(text="<answer>6</answer>")])["reward"].reshape(-1).tolist() == [0.0]
 
 
 def test_few_shot_and_task_config_reject_malformed_input():
@@ -220,8 +221,8 @@ def test_a_factory_env_with_a_tensordict_reward_scores_the_flows_slot_steps(toke
             for a, i in zip(answers, ids, strict=True)
         ]
     )
-    assert out.reward.tolist() == [1.0, 0.0] and out.done.tolist() == [True, True]
-    assert out.reward_components == [{"ContainsAnswer": 1.0}, {}]
+    assert out["reward"].reshape(-1).tolist() == [1.0, 0.0] and out["done"].reshape(-1).tolist() == [True, True]
+    assert out["reward_components"] == [{"ContainsAnswer": 1.0}, {}]
 
 
 @pytest.mark.parametrize(
@@ -264,8 +265,8 @@ def test_few_shot_examples_are_a_tensordict_reset_transform_that_prepares_new_ep
     assert roles == [["system", "user", "assistant", "user"]] * 2
     env.step(["<answer>4</answer>", "<answer>6</answer>"])
     out = env.reset_slots([1], ["4 + 4?"])
-    assert [m.text for m in out.history[1].messages] == ["S", "1 + 1?", "<answer>2</answer>", "4 + 4?"]
-    assert [m.text for m in out.history[0].messages] == [
+    assert out["history", "prompt"][1].content == ["S", "1 + 1?", "<answer>2</answer>", "4 + 4?"]
+    assert out["history", "prompt"][0].content == [
         "S",
         "1 + 1?",
         "<answer>2</answer>",

@@ -35,10 +35,10 @@ def test_a_few_shot_example_can_show_a_tool_round_trip(tokenizer):
     env = build_env(EnvConfig(name="arithmetic_python"), TASK, tokenizer, input_mode="history")
     try:
         out = env.reset([{"query": "What is 12 * 13?", "answer": "#### 156"}])
-        roles = [m.role for m in out.history[0].messages]
-        assert roles == ["system", "user", "assistant", "tool", "assistant", "user"]
-        assert out.history[0].messages[3].text.endswith("4383\n")
-        assert out.history[0].messages[-1].text == "What is 12 * 13?"
+        history = out["history", "prompt"][0]
+        assert history.role == ["system", "user", "assistant", "tool", "assistant", "user"]
+        assert history[3].content.endswith("4383\n")
+        assert history[-1].content == "What is 12 * 13?"
     finally:
         env.close()
 
@@ -63,13 +63,13 @@ def test_a_conversation_that_outgrows_the_context_is_truncated_not_sent(tokenize
     row = {"query": "What is 12 * 13?", "answer": "#### 156"}
     flood = Response("```python\nprint('1234567890 ' * 400)\n```")  # ~4 KB of tool output
     try:
-        prompt_len = len(env.reset([row]).tokens[0])
+        prompt_len = len(env.reset([row]).get(("tokens", "prompt"), as_list=True)[0])
         out = env.step([flood])
-        assert not out.done[0]  # no limit: the episode goes on with the long tool message
+        assert not out["done"][0]  # no limit: the episode goes on with the long tool message
         env.max_prompt_tokens = prompt_len + 200
         env.reset([row])
         out = env.step([flood])
-        assert out.done[0] and out.truncated[0] and not out.terminated[0]
+        assert out["done"][0] and out["truncated"][0] and not out["terminated"][0]
         assert env.slots[0].info["context_full"] is True
         assert env.slots[0].info["num_tool_calls"] == 1
     finally:

@@ -49,10 +49,10 @@ def test_a_simple_tool_in_a_tokens_mode_env_adds_its_output_to_the_next_prompt(d
     env.reset(["What is 2 + 3?", "Hello"])
     call = '<tool>calculator\n{"operation": "add", "a": 2, "b": 3}</tool><|im_end|>'
     out = env.step([Response(call), Response("Hi!<|im_end|>")])
-    assert [m.role for m in out.history[0].messages] == ["user", "assistant", "tool"]
-    assert out.history[0].messages[-1].content == "Tool calculator executed successfully:\n{'result': 5}"
-    assert [m.role for m in out.history[1].messages] == ["user", "assistant"]
-    for slot, ids in zip(env.slots, out.tokens, strict=True):
+    assert out["history", "prompt"][0].role == ["user", "assistant", "tool"]
+    assert out["history", "prompt"][0][-1].content == "Tool calculator executed successfully:\n{'result': 5}"
+    assert out["history", "prompt"][1].role == ["user", "assistant"]
+    for slot, ids in zip(env.slots, out.get(("tokens", "prompt"), as_list=True), strict=True):
         assert tokenizer.decode(ids.tolist()) == env._render(slot.history, add_generation_prompt=True)
 
 

@@ -50,9 +50,8 @@ from llmrl_core.collectors.tensordict_batches import llm_data_to_tensordict, sta
 from llmrl_core.data.conversation import ConversationBatch
 from llmrl_core.data.llm_data import LLMData
 from llmrl_core.envs.chat_env import ChatEnv
-from llmrl_core.envs.tensordict_io import policy_row_fields, responses_from_tensordict
+from llmrl_core.envs.tensordict_io import active_rows, policy_row_fields, responses_from_tensordict
 from llmrl_core.envs.transforms.policy_version import PolicyVersion
-from llmrl_core.envs.types import EnvOutput
 
 Policy = Callable[[LLMData], Any]
 
@@ -300,10 +299,10 @@ class LLMCollector(PolicyWeights):
             raise StopIteration
         return rows
 
-    def _start(self, tracker: EnvTracker) -> EnvOutput:
+    def _start(self, tracker: EnvTracker) -> TensorDictBase:
         """Full reset of one env (raises StopIteration when the prompts ran out)."""
         out = tracker.reset(self._next_prompts(tracker.env))
-        self.episodes_started += out.batch_size
+        self.episodes_started += tracker.size
         return out
 
     def _refill(self, tracker: EnvTracker, finished: list[int]) -> None:
@@ -316,7 +315,7 @@ class LLMCollector(PolicyWeights):
             n = min(n, left)
         if self.total_dialog_turns is not None and tracker.out is not None:
             # every new episode takes at least one turn; the running ones already take one each next step
-            n = min(n, self.total_dialog_turns - self.turns_collected - len(tracker.out.active))
+            n = min(n, self.total_dialog_turns - self.turns_collected - len(tracker.active))
         if n <= 0:
             return
         rows = None
@@ -339,12 +338,15 @@ class LLMCollector(PolicyWeights):
             return responses
         return self.policy(data).responses()
 
-    def _snapshot(self, out: EnvOutput, active: Sequence[int]) -> list[Any] | None:
-        """Copies of the prompts about to be answered (the env mutates its histories in ``step``), with their token
-        ids in tokens mode."""
+    def _snapshot(self, tracker: EnvTracker, active: Sequence[int]) -> list[Any] | None:
+        """Copies of the prompts about to be answered (the env mutates its conversations in ``step``: taken before
+        it), with their token ids in tokens mode."""
         if self._yield_trajectories:
             return None
-        return [(out.history[i].copy(), out.tokens[i] if out.tokens is not None else None) for i in active]
+        assert tracker.out is not None
+        tokens = LLMData.from_tensordict(tracker.out, with_history=False).tokens
+        slots = tracker.env.slots
+        return [(slots[i].history.copy(), tokens[i] if tokens is not None else None) for i in active]
 
     def _cap(self, items: list[Any]) -> list[Any]:
         """Rolling resets: never hand out more finished episodes than ``total_trajectories``."""
@@ -356,7 +358,7 @@ class LLMCollector(PolicyWeights):
         self,
         tracker: EnvTracker,
         prompts: list[Any] | None,
-        out: EnvOutput,
+        out: TensorDictBase,
         active: list[int],
         responses: list[Any],
         version: Version,
@@ -365,28 +367,32 @@ class LLMCollector(PolicyWeights):
         tracker.record_step(out, active, version)
         items: list[Any] = []
         self.turns_collected += len(active)
-        finished = [i for i in active if bool(out.done[i])]
+        done = out.get("done").reshape(-1).tolist()
+        finished = [i for i in active if done[i]]
         if not self._yield_trajectories:
             assert prompts is not None
-            layout = tracker.env.step_layout(out)
+            slots = tracker.env.slots
+            layout = tracker.env.step_layout(slots)
+            reward = out.get("reward").reshape(-1).tolist()
             for i, response, (prompt, prompt_tokens) in zip(active, responses, prompts, strict=True):
-                if self.yield_only_last_steps and not bool(out.done[i]):
+                if self.yield_only_last_steps and not done[i]:
                     continue
+                slot = slots[i]
                 items.append(
                     turn_row(
                         prompt,
                         response,
                         prompt_tokens=prompt_tokens,
-                        reward=float(out.reward[i]),
-                        reward_components=out.reward_components[i],
-                        done=bool(out.done[i]),
-                        turn=int(out.turn[i]),
+                        reward=reward[i],
+                        reward_components=dict(slot.reward_components),
+                        done=done[i],
+                        turn=slot.turn,
                         policy_version=version,
-                        prompt_id=out.prompt_id[i],
-                        group_id=out.group_id[i],
-                        sample_index=out.sample_index[i],
-                        data=out.data[i],
-                        next_fields=out.next_fields[i] if out.next_fields else None,
+                        prompt_id=slot.prompt_id,
+                        group_id=slot.group_id,
+                        sample_index=slot.sample_index,
+                        data=slot.data,
+                        next_fields=slot.next_fields,
                         step_layout=layout,
                     )
                 )
@@ -397,7 +403,7 @@ class LLMCollector(PolicyWeights):
             trajectories = self._cap(tracker.trajectories(finished))
             self.trajectories_collected += len(trajectories)
             items.extend(trajectories)
-        elif not out.active:
+        elif not active_rows(out):
             trajectories = tracker.trajectories()
             self.trajectories_collected += len(trajectories)
             items.extend(trajectories)
@@ -410,7 +416,7 @@ class LLMCollector(PolicyWeights):
         except StopIteration:
             return
         while not self._finished():
-            active = out.active
+            active = active_rows(out)
             if not active:
                 if self.rolling_reset:
                     return  # every slot is done and none could take a new prompt
@@ -420,11 +426,11 @@ class LLMCollector(PolicyWeights):
                     return
                 continue
             version = self.policy_version
-            responses = self._generate(select_slots(out, active))
-            actions: list[Any] = [None] * out.batch_size
+            responses = self._generate(select_slots(tracker.env, out, active))
+            actions: list[Any] = [None] * tracker.size
             for i, response in zip(active, responses, strict=True):
                 actions[i] = response
-            prompts = self._snapshot(out, active)
+            prompts = self._snapshot(tracker, active)
             out = tracker.env.step(actions)
             items, finished = self._finish_step(tracker, prompts, out, active, responses, version)
             yield items
@@ -452,7 +458,7 @@ class LLMCollector(PolicyWeights):
             while not self._finished() and (ready or running):
                 to_generate = []
                 for tracker in ready:
-                    if tracker.out is not None and not tracker.out.active:
+                    if tracker.out is not None and not tracker.active:
                         if exhausted or self.rolling_reset:
                             continue
                         try:
@@ -464,19 +470,20 @@ class LLMCollector(PolicyWeights):
                 ready = []
                 if to_generate:
                     # One policy call for every ready env: concatenate their active prompts.
-                    parts = [(t, t.out.active) for t in to_generate]
-                    merged = _concat([select_slots(t.out, idx) for t, idx in parts])
+                    parts = [(t, t.active) for t in to_generate]
+                    merged = _concat([select_slots(t.env, t.out, idx) for t, idx in parts])
                     version = self.policy_version
                     responses = self._generate(merged)
                     offset = 0
                     for tracker, idx in parts:
                         chunk = responses[offset : offset + len(idx)]
                         offset += len(idx)
-                        actions: list[Any] = [None] * tracker.out.batch_size
+                        actions: list[Any] = [None] * tracker.size
                         for i, response in zip(idx, chunk, strict=True):
                             actions[i] = response
+                        prompts = self._snapshot(tracker, idx)  # before the step changes the conversations
                         future = pool.submit(tracker.env.step, actions)
-                        running[future] = (tracker, self._snapshot(tracker.out, idx), idx, chunk, version)
+                        running[future] = (tracker, prompts, idx, chunk, version)
                 if not running:
                     break
                 done, _ = wait(list(running), return_when=FIRST_COMPLETED)

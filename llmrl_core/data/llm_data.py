@@ -10,6 +10,7 @@ the per-slot :class:`Response` list that ``ChatEnv.step`` takes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -73,6 +74,19 @@ class LLMData:
             if value is not None:
                 return len(value)
         return 0
+
+    @classmethod
+    def from_tensordict(cls, td: Any, *, with_history: bool = True) -> LLMData:
+        """The prompts a ChatEnv TensorDict carries (a list call's answer, a reset): ``("history", "prompt")`` as
+        conversations (unless ``with_history`` is False), ``("text", "prompt")`` and ``("tokens", "prompt")``, each
+        where present."""
+        keys = td.keys(include_nested=True)
+        history = None
+        if with_history and ("history", "prompt") in keys:
+            history = ConversationBatch(td.get(("history", "prompt")).to_conversations())
+        text = list(td.get(("text", "prompt")).tolist()) if ("text", "prompt") in keys else None
+        tokens = list(td.get(("tokens", "prompt"), as_list=True)) if ("tokens", "prompt") in keys else None
+        return cls(history=history, text=text, tokens=tokens)
 
     def responses(self) -> list[Response]:
         """The per-slot :class:`Response` objects (needs ``text_response``)."""

@@ -34,7 +34,7 @@ from llmrl_core.envs.transforms import (
     as_nested_tensor,
     as_padded_tensor,
 )
-from llmrl_core.envs.types import EnvOutput, PromptRow, SlotState
+from llmrl_core.envs.types import PromptRow, SlotState
 
 _FROM_TRANSFORMS = ("BrowserTransform", "MCPToolTransform", "PythonInterpreter")
 
@@ -61,7 +61,6 @@ __all__ = [
     "CountdownRewardParser",
     "DataLoadingPrimer",
     "DatasetChatEnv",
-    "EnvOutput",
     "GSM8KEnv",
     "GSM8KPrepareQuestion",
     "GSM8KRewardParser",

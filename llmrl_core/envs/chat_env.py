@@ -3,24 +3,27 @@
 Contract with the policy (one env holds B slots; each GRPO copy is its own slot with a group id):
 
 * ``out = env.reset_batch(prompts)`` (or ``env.reset(prompts)`` with a list) builds B conversations (system
-  prompt + user query) and returns an :class:`~llmrl_core.envs.types.EnvOutput`. Without ``prompts`` a primer
-  transform (DataLoadingPrimer) supplies them; ``env.reset()`` with no argument is TorchRL's call and answers a
-  TensorDict. The policy reads the prompt in the env's ``input_mode``:
-  ``"history"`` -> ``out.history`` (a ConversationBatch; the policy applies the chat template),
-  ``"text"`` -> ``out.text`` (rendered with the generation prompt), ``"tokens"`` -> ``out.tokens`` (ids).
+  prompt + user query) and returns them in TorchRL's layout, a TensorDict of batch size ``(B,)``, with llmrl's
+  per-row entries (:func:`~llmrl_core.envs.tensordict_io.slots_view`). Without ``prompts`` a primer transform
+  (DataLoadingPrimer) supplies them; ``env.reset()`` with no argument is TorchRL's call (TorchRL's layout only).
+  The policy reads the prompt in the env's ``input_mode``: ``"history"`` -> ``out["history", "prompt"]`` (a
+  ``History``; the policy applies the chat template), ``"text"`` -> ``out["text", "prompt"]`` (rendered with the
+  generation prompt), ``"tokens"`` -> ``out["tokens", "prompt"]`` (ids).
 * ``out = env.step(actions)`` takes one action per slot: a :class:`~llmrl_core.data.llm_data.Response`
   (text, token ids, log-probs, finish reason), a plain string, or an :class:`~llmrl_core.data.llm_data.LLMData`
   batch; ``None`` for slots already done. The response is appended to the slot's Conversation as the
   ``policy_role`` message (``is_complete=False`` when it was cut by the token limit), the transforms run
   (tools, reward parsers), and the full conversation becomes the next prompt (multi-turn).
 * ``done = terminated | truncated``: transforms terminate (e.g. an answer was given); the env truncates
-  slots that reach ``max_turns`` (None = no limit). ``reward`` is the reward of this step (``(B,)`` float).
+  slots that reach ``max_turns`` (None = no limit). ``reward`` is the reward of this step (``(B, 1)`` float);
+  :func:`~llmrl_core.envs.tensordict_io.active_rows` lists the rows that still need an action.
 * ``out = env.reset_slots(indices)`` starts new conversations in those slots only (the others keep theirs);
   ``step_and_maybe_reset(actions)`` steps and then resets the slots that are done (TorchRL's partial reset),
   so a slot in a long episode never holds back the others' next prompts.
 
 TorchRL's calls work too: ``reset`` and ``step`` given a TensorDict read it and answer in TorchRL's layout
-(:mod:`llmrl_core.envs.tensordict_io`). Inside, slots are still the dataclasses of :mod:`llmrl_core.envs.types`.
+(:mod:`llmrl_core.envs.tensordict_io`). Inside, the env keeps each conversation's bookkeeping in ``env.slots``
+(:class:`~llmrl_core.envs.types.SlotState`: exact sampled ids, policy mask), which no transform sees.
 Text and tokens are rendered with the template TorchRL's ``History`` picks (``template_kwargs`` may name it:
 ``chat_template`` / ``chat_template_name``); ``chat_template_name="tokenizer"`` renders with the model's own
 template instead (the flows' envs do: prompts as the model was trained on).
@@ -41,7 +44,7 @@ from torch.utils.data import DataLoader, RandomSampler
 
 from llmrl_core.collector_registration import CollectorRegistration
 from llmrl_core.data.chat_templates import assistant_char_spans, torchrl_template
-from llmrl_core.data.conversation import Conversation, ConversationBatch, Message
+from llmrl_core.data.conversation import Conversation, Message
 from llmrl_core.data.llm_data import LLMData, Response
 from llmrl_core.envs.env_specs import EnvSpecs
 from llmrl_core.envs.td_list_calls import (
@@ -51,13 +54,16 @@ from llmrl_core.envs.td_list_calls import (
     run_td_step,
 )
 from llmrl_core.envs.tensordict_io import (
+    SlotPrompts,
     Turn,
     actions_from_tensordict,
+    active_rows,
     add_row_fields,
     output_to_tensordict,
     rows_from_tensordict,
+    slots_view,
 )
-from llmrl_core.envs.types import EnvOutput, PromptRow, SlotState
+from llmrl_core.envs.types import PromptRow, SlotState
 
 if TYPE_CHECKING:
     from llmrl_core.envs.dataset_chat_env import DatasetChatEnv
@@ -274,23 +280,24 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
         return self._template.end_of_turn
 
     # --- reset -----------------------------------------------------------------------------------
-    def reset(self, prompts: Sequence[Any] | TensorDictBase | None = None) -> EnvOutput | TensorDictBase:
+    def reset(self, prompts: Sequence[Any] | TensorDictBase | None = None) -> TensorDictBase:
         """Start B new conversations and return them in TorchRL's layout, or as llmrl's slot view for a list.
 
         ``env.reset()`` (TorchRL's call on an env with a primer) draws the prompts from the primer and returns a
         TensorDict, as TorchRL does. Given a TensorDict (``env.reset(TensorDict({"query": [...]},
         batch_size=(B,)))``) the rows come from its fields and it is filled in with TorchRL's layout and returned
         (:mod:`llmrl_core.envs.tensordict_io`). Given a sequence of prompts (str, Conversation, list of messages,
-        dict row or PromptRow: llmrl's own call) the answer is an :class:`EnvOutput`, as from :meth:`reset_batch`.
+        dict row or PromptRow: llmrl's own call) the answer is :meth:`reset_batch`'s (TorchRL's layout of every slot
+        with llmrl's per-row entries).
         """
         if prompts is None:
             prompts = TensorDict(batch_size=())
         if isinstance(prompts, TensorDictBase):
             # An empty TensorDict (TorchRL's ``env.reset()`` on an env with a primer) draws from the primer.
             given = rows_from_tensordict(prompts, self.data_key) if not prompts.is_empty() else None
-            out = self._reset_rows(given)
-            rows = given if given is not None else [dict(data) for data in out.data]
-            result = add_row_fields(output_to_tensordict(out, self.input_mode), rows, self.input_mode)
+            self._reset_rows(given)
+            rows = given if given is not None else [dict(slot.data) for slot in self.slots]
+            result = add_row_fields(self._layout(self.slots), rows, self.input_mode)
             if prompts.batch_size != result.batch_size:
                 prompts = prompts.expand(result.batch_size).clone() if not prompts.batch_dims else prompts
             prompts = prompts.update(result)  # as TorchRL: the reset TensorDict is filled in and returned
@@ -307,46 +314,42 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
         lent_history = "history" not in reset_td.keys()
         reset_td = run_reset_transforms(self, given, reset_td, self.slots, rows)
         if lent_history:
-            fresh = output_to_tensordict(self._output_of(self.slots), self.input_mode)
+            fresh = self._layout(self.slots)
             reset_td.set(self.input_mode, fresh.get(self.input_mode))  # the prompts as the conversations now read
             del reset_td["history"]
         return reset_td
 
-    def reset_batch(self, prompts: Sequence[Any] | None = None) -> EnvOutput:
-        """llmrl's slot call: start B new conversations (from ``prompts``, else the primer) and return the batch as
-        an :class:`EnvOutput` (what the collector and the flows' rollout actors read); TensorDict transforms'
-        ``_reset`` runs on the new slots."""
-        out = self._reset_rows(prompts)
+    def reset_batch(self, prompts: Sequence[Any] | None = None) -> TensorDict:
+        """llmrl's list call: start B new conversations (from ``prompts``, else the primer) and return the batch in
+        TorchRL's layout with llmrl's per-row entries (:func:`~llmrl_core.envs.tensordict_io.slots_view`: what the
+        collector and the flows' rollout actors read); TensorDict transforms' ``_reset`` runs on the new slots."""
+        self._reset_rows(prompts)
         if self.td_transforms:
             run_td_reset(self, self.slots)
-            out = self._output()  # the conversations as the TensorDict transforms left them
-        return out
+        return self._view()
 
-    def _reset_rows(self, prompts: Sequence[Any] | None) -> EnvOutput:
+    def _reset_rows(self, prompts: Sequence[Any] | None) -> None:
         rows = self._collect_prompts(prompts)
         self.slots = [self._make_slot(i, row) for i, row in enumerate(rows)]
         self._start_episodes(self.slots)
         self._start_tokens(self.slots)
-        return self._output()
 
-    def reset_slots(self, indices: Sequence[int], prompts: Sequence[Any] | None = None) -> EnvOutput:
+    def reset_slots(self, indices: Sequence[int], prompts: Sequence[Any] | None = None) -> TensorDict:
         """Start new conversations in the slots ``indices`` only; every other slot keeps its episode as it is.
 
         ``prompts`` gives one item per index (as in :meth:`reset`); without it the primer supplies them: it
         draws whole batches as usual and the rows no slot took yet wait for the next reset, so no prompt is
         skipped and a row keeps the ``group_id``/``sample_index`` the primer gave it. Transforms'
         ``on_reset`` sees the new slots only. Any slot may be reset (a running episode is abandoned). The
-        output covers all slots; the others' ``reward``/``done`` are those of their last step.
+        output covers all slots (as :meth:`reset_batch`'s); the others' ``reward``/``done`` are those of their last
+        step.
         """
-        out, new_slots = self._reset_slot_rows(indices, prompts)
+        new_slots = self._reset_slot_rows(indices, prompts)
         if self.td_transforms and new_slots:
             run_td_reset(self, new_slots)
-            out = self._output()  # the conversations as the TensorDict transforms left them
-        return out
+        return self._view()
 
-    def _reset_slot_rows(
-        self, indices: Sequence[int], prompts: Sequence[Any] | None
-    ) -> tuple[EnvOutput, list[SlotState]]:
+    def _reset_slot_rows(self, indices: Sequence[int], prompts: Sequence[Any] | None) -> list[SlotState]:
         if not self.slots:
             raise RuntimeError("reset_slots() called before reset()")
         index_list = [int(i) for i in indices]
@@ -356,7 +359,7 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
             if not 0 <= i < len(self.slots):
                 raise IndexError(f"reset_slots(): slot {i} out of range for {len(self.slots)} slots")
         if not index_list:
-            return self._output(), []
+            return []
         if prompts is None:
             rows = self._draw_rows(len(index_list), "reset_slots()")
         else:
@@ -370,30 +373,32 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
             self.slots[slot.index] = slot
         self._start_episodes(new_slots)
         self._start_tokens(new_slots)
-        return self._output(), new_slots
+        return new_slots
 
     def step_and_maybe_reset(
         self, actions: LLMData | Sequence[Action] | TensorDictBase, prompts: Sequence[Any] | None = None
-    ) -> tuple[EnvOutput, EnvOutput] | tuple[TensorDictBase, TensorDictBase]:
+    ) -> tuple[TensorDictBase, TensorDictBase]:
         """Step, then reset the slots that are done; returns ``(step output, next output)``.
 
         The step output is what :meth:`step` returned (rewards and done flags of this step, the finished
         conversations). The next output holds the prompts to answer next: finished slots start new episodes
         (from ``prompts``, one per finished slot in slot order, or the primer), running ones continue. When no
         slot finished, both are the same object. A finished slot needs ``prompts`` or a primer. TorchRL returns
-        the step's tensordict (with ``"next"``) and the partially reset one; ours are two :class:`EnvOutput`.
+        the step's tensordict (with ``"next"``) and the partially reset one, as here for a TensorDict; for a list of
+        answers both are llmrl's list-call answers (:meth:`reset_batch`).
         """
         if isinstance(actions, TensorDictBase):
             stepped = self.step(actions)
             done = [i for i, d in enumerate(stepped.get(("next", "done")).reshape(-1).tolist()) if d]
-            following = self._output() if not done else self._reset_slot_rows(done, prompts)[0]
-            reset_td = output_to_tensordict(following, self.input_mode)
+            if done:
+                self._reset_slot_rows(done, prompts)
+            reset_td = self._layout(self.slots)
             mask = torch.zeros(len(self.slots), 1, dtype=torch.bool)
             mask[done] = True
             given = TensorDict({"_reset": mask}, batch_size=reset_td.batch_size)  # TorchRL's partial-reset flags
             return stepped, self._reset_transforms(given, reset_td, done)
         out = self.step(actions)
-        done = [i for i, d in enumerate(out.done.tolist()) if d]
+        done = [i for i in range(out.batch_size[0]) if i not in set(active_rows(out))]
         if not done:
             return out, out
         return out, self.reset_slots(done, prompts)
@@ -504,7 +509,7 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
         )
 
     # --- step ------------------------------------------------------------------------------------
-    def step(self, actions: LLMData | Sequence[Action] | TensorDictBase) -> EnvOutput | TensorDictBase:
+    def step(self, actions: LLMData | Sequence[Action] | TensorDictBase) -> TensorDictBase:
         """Append each active slot's response, run the transforms, return the next prompts and rewards.
 
         Given a TensorDict (TorchRL's call) the answers are read from it and the outcome is written under its
@@ -518,11 +523,10 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
             for transform in self.td_transforms:
                 actions = transform._inv_call(actions)
             turns = self._apply_actions(actions_from_tensordict(actions, self.tokenizer))
-            out = self._output()
             bare = actions.get("history", None)
             if isinstance(bare, History):
                 actions.set("history", ChatHistory(prompt=bare, full=bare, batch_size=actions.batch_size))
-            next_td = output_to_tensordict(out, self.input_mode, **self.step_layout(out))
+            next_td = self._layout(self.slots, **self.step_layout(self.slots))
             next_td = self._with_row_fields(next_td, self.slots)
             if self.td_transforms:
                 slots = [turn.slot for turn in turns]
@@ -535,7 +539,7 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
             return actions.set("next", next_td)
         turns = self._apply_actions(actions)
         run_td_step(self, turns)
-        return self._output()
+        return self._view()
 
     def _apply_actions(self, actions: LLMData | Sequence[Action]) -> list[Turn]:
         """Append the answers, run the slot transforms and the turn limits; the turns of the active slots."""
@@ -688,13 +692,13 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
         slot.prompt_text = next_text
         self._check_context(slot)
 
-    def step_layout(self, out: EnvOutput) -> dict[str, Any]:
+    def step_layout(self, slots: Sequence[SlotState]) -> dict[str, Any]:
         """Which entries a TensorDict step writes under ``"next"`` besides the prompt and done flags: ``reward``
         when the env or a transform may reward (:meth:`reward_row_shape`; each row of the longest ``reward_shape`` among
         them), ``truncated`` when the env can cut an episode short (``max_turns``, ``max_prompt_tokens``) or a
         transform did. TorchRL's bare ``ChatEnv`` writes neither; its ``DatasetChatEnv`` both (a reward parser, a
         step counter)."""
-        truncated = self.can_cut_short() or bool(out.truncated.any())
+        truncated = self.can_cut_short() or any(slot.truncated for slot in slots)
         return {"step": True, "reward": self.reward_row_shape(), "truncated": truncated}
 
     def _with_row_fields(self, next_td: TensorDictBase, slots: Sequence[SlotState]) -> TensorDictBase:
@@ -706,33 +710,21 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
             add_row_fields(next_td, [slot.data for slot in slots], self.input_mode)
         return next_td
 
-    def _output(self) -> EnvOutput:
-        return self._output_of(self.slots)
-
-    def _output_of(self, slots: list[SlotState]) -> EnvOutput:
-        text = tokens = None
+    def _prompts_of(self, slots: Sequence[SlotState]) -> SlotPrompts:
+        """The slots' prompts in the env's input mode: rendered text (text, tokens modes), exact ids (tokens)."""
         if self.input_mode == "text":
-            text = [self._render(s.history, add_generation_prompt=not s.done) for s in slots]
-        elif self.input_mode == "tokens":
-            text = [s.prompt_text or "" for s in slots]
-            tokens = [s.all_tokens() for s in slots]
-        return EnvOutput(
-            history=ConversationBatch([s.history for s in slots]),
-            reward=torch.tensor([s.reward for s in slots], dtype=torch.float32),
-            done=torch.tensor([s.done for s in slots], dtype=torch.bool),
-            terminated=torch.tensor([s.terminated for s in slots], dtype=torch.bool),
-            truncated=torch.tensor([s.truncated for s in slots], dtype=torch.bool),
-            turn=torch.tensor([s.turn for s in slots], dtype=torch.long),
-            text=text,
-            tokens=tokens,
-            reward_components=[dict(s.reward_components) for s in slots],
-            next_fields=[dict(s.next_fields) for s in slots],
-            info=[s.info for s in slots],
-            data=[s.data for s in slots],
-            prompt_id=[s.prompt_id for s in slots],
-            group_id=[s.group_id for s in slots],
-            sample_index=[s.sample_index for s in slots],
-        )
+            return SlotPrompts(text=[self._render(s.history, add_generation_prompt=not s.done) for s in slots])
+        if self.input_mode == "tokens":
+            return SlotPrompts(text=[s.prompt_text or "" for s in slots], tokens=[s.all_tokens() for s in slots])
+        return SlotPrompts()
+
+    def _layout(self, slots: Sequence[SlotState], **layout: Any) -> TensorDict:
+        """``slots`` in TorchRL's layout (the TensorDict calls' answer; ``layout``: :meth:`step_layout`'s)."""
+        return output_to_tensordict(slots, self._prompts_of(slots), self.input_mode, **layout)
+
+    def _view(self) -> TensorDict:
+        """llmrl's list calls' answer: every slot (:func:`~llmrl_core.envs.tensordict_io.slots_view`)."""
+        return slots_view(self.slots, self._prompts_of(self.slots))
 
     # --- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

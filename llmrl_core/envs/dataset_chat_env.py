@@ -1,7 +1,7 @@
 """``DatasetChatEnv``: a :class:`~llmrl_core.envs.chat_env.ChatEnv` fed by a :class:`DataLoadingPrimer`.
 
-``reset()`` with no arguments draws the next batch of prompts (a TensorDict, as TorchRL's; ``reset_batch()`` gives
-llmrl's :class:`~llmrl_core.envs.types.EnvOutput`), so a rollout loop only calls ``reset`` / ``step``. The primer
+``reset()`` with no arguments draws the next batch of prompts (a TensorDict, as TorchRL's; ``reset_batch()`` is
+llmrl's list call, with its per-row entries), so a rollout loop only calls ``reset`` / ``step``. The primer
 is the first (TensorDict) transform; its cursor is part of ``env.state_dict()`` for resuming.
 
 TorchRL's arguments work as documented: ``num_envs`` slots per reset (with ``group_repeats`` they hold

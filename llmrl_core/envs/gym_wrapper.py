@@ -36,11 +36,11 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from llmrl_core.data.conversation import Message
 from llmrl_core.envs.chat_env import ChatEnv, InputMode
-from llmrl_core.envs.types import EnvOutput, PromptRow, SlotState
+from llmrl_core.envs.types import PromptRow, SlotState
 
 
 class TextGymEnv(Protocol):
@@ -317,17 +317,17 @@ class MLGymWrapper(ChatEnv):
 
     def reset(
         self, prompts: Sequence[Any] | TensorDictBase | None = None, *, seed: int | None = None
-    ) -> EnvOutput | TensorDictBase:
-        """Start new games, answered as :meth:`ChatEnv.reset` answers (a TensorDict for ``reset()`` or a
-        TensorDict, an :class:`EnvOutput` for a list). ``seed`` restarts the seed count (game k gets
+    ) -> TensorDictBase:
+        """Start new games, answered as :meth:`ChatEnv.reset` answers (TorchRL's layout for ``reset()`` or a
+        TensorDict; with llmrl's per-row entries for a list). ``seed`` restarts the seed count (game k gets
         ``seed + k``); ``prompts`` optionally gives one row per slot (a dict or :class:`PromptRow`: ``seed`` /
         ``options`` for the game's reset, and ``group_id`` / ``sample_index``); by default ``batch_size`` games x
         ``repeats`` copies are played."""
         self._restart_seed(seed)
         return super().reset(prompts)
 
-    def reset_batch(self, prompts: Sequence[Any] | None = None, *, seed: int | None = None) -> EnvOutput:
-        """:meth:`reset` as llmrl's slot call: the new games as an :class:`EnvOutput`."""
+    def reset_batch(self, prompts: Sequence[Any] | None = None, *, seed: int | None = None) -> TensorDict:
+        """:meth:`reset` as llmrl's list call: the new games as :meth:`ChatEnv.reset_batch` answers them."""
         self._restart_seed(seed)
         return super().reset_batch(prompts)
 

@@ -22,7 +22,6 @@ from llmrl_core.envs.tensordict_io import (
     add_row_fields,
     entry_keys,
     entry_rows,
-    output_to_tensordict,
     reward_change,
     reward_rows,
     turns_to_tensordict,
@@ -42,9 +41,7 @@ def run_td_reset(env: ChatEnv, slots: list[SlotState]) -> None:
     it rewrites becomes the slot's prompt."""
     if not env.td_transforms or not slots:
         return
-    td = add_row_fields(
-        output_to_tensordict(env._output_of(slots), env.input_mode), [s.data for s in slots], env.input_mode
-    )
+    td = add_row_fields(env._layout(slots), [s.data for s in slots], env.input_mode)
     run_reset_transforms(env, td, td, slots, list(range(len(slots))), list_call=True)
 
 
@@ -87,8 +84,7 @@ def run_td_step(env: ChatEnv, turns: list[Turn]) -> None:
         return
     slots = [turn.slot for turn in turns]
     action_td = add_row_fields(turns_to_tensordict(turns), [slot.data for slot in slots], env.input_mode)
-    out = env._output_of(slots)
-    next_td = env._with_row_fields(output_to_tensordict(out, env.input_mode, **env.step_layout(out)), slots)
+    next_td = env._with_row_fields(env._layout(slots, **env.step_layout(slots)), slots)
     next_td = with_prompt_history(next_td, slots)
     rows = list(range(len(slots)))
     run_step_transforms(env, slots, rows, action_td, next_td, list_call=True)

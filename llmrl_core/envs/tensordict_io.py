@@ -38,7 +38,7 @@ from tensordict.utils import NestedKey
 from llmrl_core.data.conversation import Conversation
 from llmrl_core.data.history import History
 from llmrl_core.data.llm_data import Response
-from llmrl_core.envs.types import EnvOutput, SlotState
+from llmrl_core.envs.types import SlotState
 
 _LAYOUT_KEYS = ("history", "text", "tokens", "log_probs", "done", "terminated", "truncated", "reward", "next")
 
@@ -225,37 +225,77 @@ def actions_from_tensordict(td: TensorDictBase, tokenizer: Any = None) -> list[R
 
 
 def output_to_tensordict(
-    out: EnvOutput,
+    slots: Sequence[SlotState],
+    prompts: SlotPrompts,
     input_mode: str,
     *,
     step: bool = False,
     reward: tuple[int, ...] | None = None,
     truncated: bool = False,
 ) -> TensorDict:
-    """An :class:`EnvOutput` as TorchRL's ChatEnv TensorDict (see the module docstring). A reset's carries
-    ``done``/``terminated`` and the prompt; a ``step``'s adds what the transforms wrote for ``"next"``
+    """The env's ``slots`` as TorchRL's ChatEnv TensorDict (see the module docstring), their prompts rendered in
+    ``prompts``. A reset's carries ``done``/``terminated`` and the prompt of the env's ``input_mode`` (``"all"``:
+    every mode's prompt the env has); a ``step``'s adds what the transforms wrote for ``"next"``
     (:func:`stack_next_fields`), ``reward`` of one row's shape ``reward`` when given (the env has a reward source)
     and ``truncated`` when asked (the env can cut an episode short): TorchRL's bare ``ChatEnv`` writes neither."""
     from llmrl_core.modules.policies.common import ChatHistory, Text, Tokens
 
-    size = out.batch_size
+    size = len(slots)
     fields: dict[str, Any] = {
-        "done": out.done.reshape(size, 1).clone(),
-        "terminated": out.terminated.reshape(size, 1).clone(),
+        "done": torch.tensor([s.done for s in slots], dtype=torch.bool).reshape(size, 1),
+        "terminated": torch.tensor([s.terminated for s in slots], dtype=torch.bool).reshape(size, 1),
     }
     if truncated:
-        fields["truncated"] = out.truncated.reshape(size, 1).clone()
-    if input_mode == "history":  # as TorchRL: one prompt entry, the one of the env's input mode
-        fields["history"] = ChatHistory(prompt=History.from_conversations(list(out.history)), batch_size=(size,))
-    if out.text is not None and input_mode == "text":
-        fields["text"] = Text(prompt=list(out.text), batch_size=(size,))
-    if out.tokens is not None and input_mode == "tokens":  # ragged ids: one Tokens per slot, lazily stacked
-        fields["tokens"] = lazy_stack([Tokens(prompt=ids, padded=False, batch_size=()) for ids in out.tokens])
+        fields["truncated"] = torch.tensor([s.truncated for s in slots], dtype=torch.bool).reshape(size, 1)
+    every = input_mode == "all"
+    if every or input_mode == "history":  # as TorchRL: one prompt entry, the one of the env's input mode
+        conversations = [s.history for s in slots]
+        fields["history"] = ChatHistory(prompt=History.from_conversations(conversations), batch_size=(size,))
+    if prompts.text is not None and (every or input_mode == "text"):
+        fields["text"] = Text(prompt=list(prompts.text), batch_size=(size,))
+    if prompts.tokens is not None and (every or input_mode == "tokens"):  # ragged ids: one Tokens per slot, lazily
+        fields["tokens"] = lazy_stack([Tokens(prompt=ids, padded=False, batch_size=()) for ids in prompts.tokens])
     if reward is not None:
-        fields["reward"] = out.reward.reshape(size, *reward).to(torch.float32)
+        fields["reward"] = torch.tensor([s.reward for s in slots], dtype=torch.float32).reshape(size, *reward)
     if step:
-        fields.update(stack_next_fields(out.next_fields))
+        fields.update(stack_next_fields([s.next_fields for s in slots]))
     return TensorDict(fields, batch_size=(size,))
+
+
+# llmrl's entries of a list call's answer, per row, beside TorchRL's layout (a prompt row's field of the same name
+# is not repeated at the top level; ``env.slots[i].data`` keeps every field)
+SLOT_ENTRIES = ("turn", "prompt_id", "group_id", "sample_index", "reward_components", "info")
+
+
+def slots_view(slots: Sequence[SlotState], prompts: SlotPrompts) -> TensorDict:
+    """The answer of llmrl's list calls (``reset(prompts)``, ``reset_slots``, ``step(answers)``): TorchRL's layout
+    of every slot (every prompt entry the env has: ``("history", "prompt")`` always, ``("text", "prompt")`` in text
+    and tokens modes, ``("tokens", "prompt")`` in tokens mode; ``reward``, ``done``, ``terminated``, ``truncated``
+    ``(B, 1)``; what the transforms wrote for the step), the prompt rows' fields (``query``, ``answer``, ...) and
+    llmrl's per-row entries (:data:`SLOT_ENTRIES`): the slot's ``turn`` and ``sample_index`` (``(B,)`` longs), its
+    ``prompt_id`` and ``group_id``, the step's ``reward_components`` and the episode's ``info`` (dicts)."""
+    td = output_to_tensordict(slots, prompts, "all", step=True, reward=(1,), truncated=True)
+    td.set("turn", torch.tensor([s.turn for s in slots], dtype=torch.long))
+    td.set("sample_index", torch.tensor([s.sample_index for s in slots], dtype=torch.long))
+    for name in ("prompt_id", "group_id"):
+        td.set(name, NonTensorStack(*[NonTensorData(getattr(s, name)) for s in slots]))
+    td.set("reward_components", NonTensorStack(*[NonTensorData(dict(s.reward_components)) for s in slots]))
+    td.set("info", NonTensorStack(*[NonTensorData(s.info) for s in slots]))
+    return add_row_fields(td, [s.data for s in slots], "text" if "text" in td.keys() else "history")
+
+
+def active_rows(td: TensorDictBase) -> list[int]:
+    """The rows of a list call's answer (or any TensorDict with ``done``) whose episode still needs an action."""
+    return [i for i, done in enumerate(td.get("done").reshape(td.batch_size[0], -1).any(-1).tolist()) if not done]
+
+
+@dataclass
+class SlotPrompts:
+    """The slots' prompts as the policy reads them: the rendered ``text`` (text and tokens modes) and the exact
+    ``tokens`` (tokens mode); None where the env's input mode has none."""
+
+    text: list[str] | None = None
+    tokens: list[torch.Tensor] | None = None
 
 
 def stack_next_fields(rows: Sequence[Mapping[Any, Any]]) -> dict[Any, Any]:
@@ -320,9 +360,11 @@ def end_rows(next_tensordict: TensorDictBase, ended: Sequence[bool]) -> None:
 def add_row_fields(td: TensorDictBase, rows: Sequence[Mapping[str, Any]], input_mode: str) -> TensorDictBase:
     """Write the prompt rows' fields (``query``, ``answer``, ...) into ``td``, one entry per row (a stack, as TorchRL
     writes them), except a field named like a layout entry, which the layout holds; a ``text`` field is the rows'
-    in history mode (TorchRL's IFEval rows carry their prompt so), the layout's in text and tokens modes."""
+    in history mode (TorchRL's IFEval rows carry their prompt so), the layout's in text and tokens modes. A field
+    some rows lack is None in those rows."""
     reserved = set(_LAYOUT_KEYS) - ({"text"} if input_mode == "history" else set())
-    for name in rows[0] if rows else ():
+    names = dict.fromkeys(name for row in rows for name in row)  # every row's fields, in first-seen order
+    for name in names:
         if name not in reserved and name not in td.keys():
             td.set(name, [row.get(name) for row in rows])
     return td

@@ -1,9 +1,10 @@
-"""The typed objects of the env <-> policy contract: :class:`PromptRow`, :class:`SlotState`, :class:`EnvOutput`.
+"""The env's own bookkeeping: :class:`PromptRow` (a prompt and its identity in the run) and :class:`SlotState`
+(a conversation slot: its exact sampled ids, policy mask, reward parts).
 
-These are the env's own bookkeeping (a slot's exact sampled ids, its policy mask, its reward parts) and the answer
-of llmrl's list calls (``reset(prompts)``, ``reset_slots``, ``step(answers)``: the collector's and the flows').
-Transforms never see them: they are TorchRL's TensorDict transforms and read and write the slots in TorchRL's
-layout (:mod:`llmrl_core.envs.td_list_calls`); ``Transform._note_row`` carries what that layout has no place for.
+Neither crosses the env's boundary: every call answers a TensorDict in TorchRL's layout (the list calls with
+llmrl's per-row entries, :func:`~llmrl_core.envs.tensordict_io.slots_view`), and transforms are TorchRL's
+TensorDict transforms that read and write the slots in that layout (:mod:`llmrl_core.envs.td_list_calls`);
+``Transform._note_row`` carries what the layout has no place for.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from typing import Any
 
 import torch
 
-from llmrl_core.data.conversation import Conversation, ConversationBatch, Message
-from llmrl_core.data.llm_data import LLMData, Response
+from llmrl_core.data.conversation import Conversation, Message
+from llmrl_core.data.llm_data import Response
 
 
 @dataclass
@@ -113,41 +114,9 @@ class SlotState:
         return torch.cat(parts) if parts else torch.empty(0, dtype=torch.bool)
 
 
-@dataclass
-class EnvOutput:
-    """What ``reset()`` and ``step()`` return: the next prompts and this step's outcome, one entry per slot.
+def __getattr__(name: str) -> Any:
+    if name == "EnvOutput":  # removed: say what replaced it
+        from llmrl_core.envs import transforms
 
-    ``history`` is always set (the conversation to continue); ``text`` (rendered with the generation prompt)
-    is set in text and tokens modes; ``tokens`` in tokens mode. ``reward`` is this step's reward (zeros after
-    reset). A slot whose ``done`` is True needs no further action; ``active`` lists the others.
-    """
-
-    history: ConversationBatch
-    reward: torch.Tensor
-    done: torch.Tensor
-    terminated: torch.Tensor
-    truncated: torch.Tensor
-    turn: torch.Tensor
-    text: list[str] | None = None
-    tokens: list[torch.Tensor] | None = None
-    reward_components: list[dict[str, float]] = field(default_factory=list)
-    next_fields: list[dict[Any, Any]] = field(default_factory=list)  # see SlotState.next_fields
-    info: list[dict[str, Any]] = field(default_factory=list)
-    data: list[dict[str, Any]] = field(default_factory=list)
-    prompt_id: list[str | int | None] = field(default_factory=list)
-    group_id: list[int | None] = field(default_factory=list)
-    sample_index: list[int] = field(default_factory=list)
-
-    @property
-    def batch_size(self) -> int:
-        """Number of slots."""
-        return len(self.history)
-
-    @property
-    def active(self) -> list[int]:
-        """Indices of slots that still need an action (not done)."""
-        return [i for i, d in enumerate(self.done.tolist()) if not d]
-
-    def as_llm_data(self) -> LLMData:
-        """The prompts as an :class:`LLMData` batch for a policy wrapper."""
-        return LLMData(history=self.history, text=self.text, tokens=self.tokens)
+        raise transforms.removed_name(__name__, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -66,9 +66,7 @@ def gsm8k_prompt_ids(
         compute_reward=False,
         few_shot=few_shot,
     )
-    out = env.reset_batch()
-    assert out.tokens is not None
-    return [t.tolist() for t in out.tokens]
+    return [t.tolist() for t in env.reset_batch().get(("tokens", "prompt"), as_list=True)]
 
 
 def _sample(engine: Any, prompts: list[list[int]], sampling: SamplingConfig, n: int) -> list[list[Completion]]:
@@ -260,9 +258,7 @@ def evaluate_ifeval(
         chat_template_name=MODEL_TEMPLATE,  # as the flows' env renders
         compute_reward=False,
     )
-    out = env.reset_batch()
-    assert out.tokens is not None
-    prompt_ids = [t.tolist() for t in out.tokens]
+    prompt_ids = [t.tolist() for t in env.reset_batch().get(("tokens", "prompt"), as_list=True)]
     scorer = IfEvalScorer()
 
     def score(text: str, index: str) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """The interface shared by :class:`TransformersWrapper` and :class:`vLLMWrapper`.
 
-Both wrappers take what a ``ChatEnv`` gives (an :class:`~llmrl_core.envs.types.EnvOutput` or an
-:class:`~llmrl_core.data.llm_data.LLMData`) in one of the env's input modes and return an
+Both wrappers take what a ``ChatEnv``'s list call gives (its TensorDict answer, read by
+:meth:`LLMData.from_tensordict <llmrl_core.data.llm_data.LLMData.from_tensordict>`) or an
+:class:`~llmrl_core.data.llm_data.LLMData` in one of the env's input modes and return an
 :class:`LLMData` whose response fields are filled, so environments, collectors and losses do not care
 which backend runs:
 
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
+from tensordict import TensorDictBase
 
 from llmrl_core.data.conversation import Conversation, ConversationBatch
 from llmrl_core.data.llm_data import LLMData
@@ -102,7 +104,7 @@ class LLMWrapperBase:
 
     # --- prompts ---------------------------------------------------------------------------------
     def prompt_token_ids(self, data: Any) -> list[list[int]]:
-        """Token ids of each prompt in ``data`` (EnvOutput or LLMData), read in this wrapper's input mode."""
+        """Token ids of each prompt in ``data`` (an LLMData), read in this wrapper's input mode."""
         if self.input_mode == "tokens":
             tokens = getattr(data, "tokens", None)
             if tokens is None:
@@ -129,6 +131,8 @@ class LLMWrapperBase:
 
         In scoring mode ``responses`` defaults to ``data.tokens_response``.
         """
+        if isinstance(data, TensorDictBase):  # a ChatEnv's answer
+            data = LLMData.from_tensordict(data)
         prompts = self.prompt_token_ids(data)
         if self.generate:
             out = self._generate(prompts)

@@ -45,6 +45,9 @@ REMOVED = {
     "how to port one",
     "GymEnvTransform": "MLGymWrapper plays its games as the env's own dynamics now (llmrl_core.envs.mlgym.TextGames, "
     "not a transform)",
+    "EnvOutput": "llmrl's list calls (reset(prompts), reset_slots, step(answers)) answer a TensorDict in TorchRL's "
+    "layout with llmrl's per-row entries (llmrl_core.envs.tensordict_io.slots_view); the README's 'Migrating' "
+    "section maps each EnvOutput field to its key",
 }
 
 
