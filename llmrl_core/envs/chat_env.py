@@ -57,7 +57,6 @@ from llmrl_core.envs.tensordict_io import (
     SlotPrompts,
     Turn,
     actions_from_tensordict,
-    active_rows,
     add_row_fields,
     output_to_tensordict,
     rows_from_tensordict,
@@ -398,7 +397,7 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
             given = TensorDict({"_reset": mask}, batch_size=reset_td.batch_size)  # TorchRL's partial-reset flags
             return stepped, self._reset_transforms(given, reset_td, done)
         out = self.step(actions)
-        done = [i for i in range(out.batch_size[0]) if i not in set(active_rows(out))]
+        done = [i for i, ended in enumerate(out.get("done").reshape(-1).tolist()) if ended]
         if not done:
             return out, out
         return out, self.reset_slots(done, prompts)

@@ -15,6 +15,9 @@ as TorchRL's. An action is read from
 or ``("tokens", "response")`` decoded with the env's tokenizer; the sampled ids and log-probs
 (``("tokens", "response")``, ``("log_probs", "response")``) ride along with the answer. A reset reads the data key
 (``query``), or TorchRL's older ``text=`` field when the data key is absent.
+
+llmrl's list calls (``reset(prompts)``, ``reset_slots``, ``step(answers)``) answer the same layout for every slot,
+with every prompt entry the env has and llmrl's per-row entries (:func:`slots_view`).
 """
 
 from __future__ import annotations
@@ -262,18 +265,14 @@ def output_to_tensordict(
     return TensorDict(fields, batch_size=(size,))
 
 
-# llmrl's entries of a list call's answer, per row, beside TorchRL's layout (a prompt row's field of the same name
-# is not repeated at the top level; ``env.slots[i].data`` keeps every field)
-SLOT_ENTRIES = ("turn", "prompt_id", "group_id", "sample_index", "reward_components", "info")
-
-
 def slots_view(slots: Sequence[SlotState], prompts: SlotPrompts) -> TensorDict:
     """The answer of llmrl's list calls (``reset(prompts)``, ``reset_slots``, ``step(answers)``): TorchRL's layout
     of every slot (every prompt entry the env has: ``("history", "prompt")`` always, ``("text", "prompt")`` in text
     and tokens modes, ``("tokens", "prompt")`` in tokens mode; ``reward``, ``done``, ``terminated``, ``truncated``
     ``(B, 1)``; what the transforms wrote for the step), the prompt rows' fields (``query``, ``answer``, ...) and
-    llmrl's per-row entries (:data:`SLOT_ENTRIES`): the slot's ``turn`` and ``sample_index`` (``(B,)`` longs), its
-    ``prompt_id`` and ``group_id``, the step's ``reward_components`` and the episode's ``info`` (dicts)."""
+    llmrl's per-row entries: the slot's ``turn`` and ``sample_index`` (``(B,)`` longs), its ``prompt_id`` and
+    ``group_id``, the step's ``reward_components`` and the episode's ``info`` (dicts). A prompt row's field named
+    like one of these entries is not repeated at the top level (``env.slots[i].data`` keeps every field)."""
     td = output_to_tensordict(slots, prompts, "all", step=True, reward=(1,), truncated=True)
     td.set("turn", torch.tensor([s.turn for s in slots], dtype=torch.long))
     td.set("sample_index", torch.tensor([s.sample_index for s in slots], dtype=torch.long))
