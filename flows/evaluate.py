@@ -33,6 +33,8 @@ from llmrl_core.pipeline.preflight import PreflightError, check_run_id, held_out
 from storage.layout import RunLayout, default_runs_root
 from tasks.console import library_logs
 from tasks.evaluate import (
+    EvaluationBar,
+    answers_per_version,
     env_scoring,
     evaluate_version,
     evaluation_dir,
@@ -68,12 +70,14 @@ def evaluate(
     log_mlflow: bool = True,
     tracking_uri: str | None = None,
     keep_engine: bool = False,
+    progress: bool = True,
 ) -> dict[str, Any]:
     """Evaluate ``versions`` (a list, or ``"all"``: 0 plus every stored one) of run ``run_id``; returns paths,
     the report rows and where MLflow recorded them. ``source`` names the held-out prompts (default: the run's
     ``task.eval_source``), ``task`` overrides keys of the run's task section (prompt format, rewards).
     ``keep_engine`` keeps the engine resident after the run; ``backend`` is the engine's (``vllm`` or
-    ``transformers``, as ``rollout.backend``)."""
+    ``transformers``, as ``rollout.backend``). ``progress``: a bar on the console over every version's answers
+    (rate and ETA), as ``grpo``'s over its versions."""
     check_run_id(run_id)
     if not run_exists(run_id, runs_dir):
         raise PreflightError(f"run_id: no run {run_id!r} under {runs_dir or default_runs_root()}")
@@ -120,10 +124,15 @@ def evaluate(
     chosen = resolve_versions(run_id, runs_dir, versions)
     source_rows(source, "source", env_options=env.get("options"))  # opens, has rows: before the engine starts
     logger.info("evaluating run %s versions %s on %s questions of %s", run_id, chosen, n_questions, source)
+    bar = EvaluationBar(run_id, chosen, answers_per_version(settings), enabled=progress)  # shown before the engine
+    outcomes = []
     try:
         with library_logs(RunLayout.for_runs_dir(run_id, runs_dir).run_dir):  # vLLM's log to <run>/logs/ (-v: here)
-            outcomes = [evaluate_version(run_id, runs_dir, v, settings) for v in chosen]
+            for v in chosen:
+                outcomes.append(evaluate_version(run_id, runs_dir, v, settings, bar.for_version(v)))
+                bar.finished(v, outcomes[-1]["reused"])
     finally:
+        bar.close()
         if not keep_engine:
             release_engines()
     paths = {o["version"]: o["path"] for o in outcomes}

@@ -34,7 +34,7 @@ from tasks import commits
 from tasks import grpo_stages as stages
 from tasks.actor_calls import wait_calls, with_restarts
 from tasks.cluster import dask_cluster
-from tasks.console import library_logs
+from tasks.console import library_logs, progress_bar
 from tasks.fork import resolve_fork, start_from_fork
 from tasks.iteration_log import (
     agreement_off_line,
@@ -63,12 +63,9 @@ def _maybe_fail(cfg: GRPOConfig, stage: str, version: int) -> None:
 
 
 def iteration_bar(cfg: GRPOConfig, start: int) -> Any:
-    """A tqdm bar over the run's versions (on stderr; ``None`` when ``cfg.progress`` is off)."""
-    if not cfg.progress or start >= cfg.iterations:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=cfg.iterations, initial=start, desc=f"grpo {cfg.run_id}", unit="version", dynamic_ncols=True)
+    """The console's bar (:func:`~tasks.console.progress_bar`) over the run's versions (``None`` when
+    ``cfg.progress`` is off)."""
+    return progress_bar(cfg.iterations, f"grpo {cfg.run_id}", "version", initial=start, enabled=cfg.progress)
 
 
 @flow(name="grpo", validate_parameters=False)  # the config validates itself (load_config), with llmrl's messages
@@ -314,6 +311,7 @@ def final_evaluation(cfg: GRPOConfig, final: int) -> dict[str, Any]:
         dtype=cfg.rollout.dtype,
         backend=cfg.rollout.backend,
         tracking_uri=cfg.tracking_uri,
+        progress=cfg.progress,
     )
     greedy = {row["version"]: row for row in out["rows"] if row["mode"] == "greedy"}
     base, last = greedy[0], greedy[final]

@@ -11,6 +11,9 @@ By default (``LLMRL_VERBOSE`` unset; ``llmrl run ... -v`` sets it) a flow run wr
 The console keeps the flow's own lines (Prefect's flow-run logger: start, placement, dtype, versions, warnings
 that need the user, the result and its paths), warnings and errors of every library, and llmrl's progress bar.
 With ``-v`` nothing is redirected and the libraries log live, as before.
+
+:func:`progress_bar` is that bar, the one of every long command (grpo's versions, the evaluation's answers,
+collect's batches, sft's and offline's epochs): tqdm on stderr, like the flow's log lines.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 VERBOSE = "LLMRL_VERBOSE"
 WORKER_LOG = "LLMRL_WORKER_LOG"
@@ -37,6 +41,17 @@ LIBRARY_LOGGERS = {
     "vllm": logging.ERROR,
     "py.warnings": logging.CRITICAL + 1,
 }
+
+
+def progress_bar(total: int, desc: str, unit: str, initial: int = 0, enabled: bool = True) -> Any:
+    """llmrl's progress bar on the console (stderr): ``initial`` of ``total`` done (counted in ``unit``), with rate
+    and ETA; ``None`` when ``enabled`` is off (a flow's ``progress`` setting) or nothing is left to do. Close it on
+    every way out, so that an error line starts a line of its own."""
+    if not enabled or initial >= total:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True)
 
 
 def verbose() -> bool:

@@ -8,6 +8,8 @@
   keyed by the evaluation settings and the weights' sha256, so a re-run (or a retry) reuses finished
   versions instead of sampling them again.
 * Tasks pass paths and summaries; responses stay in the result files.
+* :class:`EvaluationBar` is the console's progress bar over every version's answers (greedy and sampled):
+  :func:`evaluate_version` reports to it as the engine calls finish (a reused version leaves the total).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
 
 from llmrl_core.builtin_data.sources import load_source_rows
 from llmrl_core.evaluation import (
@@ -30,6 +33,7 @@ from llmrl_core.evaluation import (
     plot_curves,
     report_rows,
 )
+from llmrl_core.evaluation.gsm8k_eval import Progress
 from llmrl_core.evaluation.report import verdict_lines
 from llmrl_core.evaluation.results import save_result, write_text_atomic
 from llmrl_core.model_store import base_state_dict, resolve_model
@@ -40,6 +44,7 @@ from llmrl_core.policies.vllm_worker import start_engine, vLLMWorker
 from storage.checkpoints import CheckpointStore
 from storage.hashing import config_hash
 from storage.layout import RunLayout
+from tasks.console import progress_bar
 from tasks.reporting import artifact_key
 
 _RESIDENT: dict[str, dict[str, Any]] = {}  # engine-config hash -> {"worker": vLLMWorker, "weights": source id}
@@ -81,6 +86,52 @@ def release_engines() -> int:
 
     gc.collect()
     return count
+
+
+def answers_per_version(settings: dict[str, Any]) -> int:
+    """The answers one version's evaluation samples: a greedy one (if ``greedy``) and ``n_samples`` per question."""
+    return settings["n_questions"] * (int(settings["greedy"]) + settings["n_samples"])
+
+
+class EvaluationBar:
+    """The evaluate flow's console bar (:func:`~tasks.console.progress_bar`): the answers of every version to
+    evaluate, with rate and ETA; :meth:`for_version` is the :data:`~llmrl_core.evaluation.gsm8k_eval.Progress`
+    callback of one version, :meth:`reused` takes a version that needed no sampling off the total."""
+
+    def __init__(self, run_id: str, versions: list[int], per_version: int, enabled: bool = True) -> None:
+        self.versions, self.per_version = list(versions), per_version
+        self.bar = progress_bar(len(self.versions) * per_version, f"evaluate {run_id}", "answer", enabled=enabled)
+        self.base = 0  # the answers of the versions before the current one
+
+    def for_version(self, version: int) -> Progress | None:
+        """The callback of ``version``'s evaluation (``None`` without a bar): it moves the bar to that version's
+        answers done (a retry of the version starts it from its first answer again)."""
+        if self.bar is None:
+            return None
+        bar, base = self.bar, self.base
+        position = f"version {version} ({self.versions.index(version) + 1}/{len(self.versions)})"
+
+        def report(done: int, total: int) -> None:
+            bar.set_postfix_str(position, refresh=False)
+            bar.update(base + done - bar.n)
+
+        return report
+
+    def finished(self, version: int, reused: bool) -> None:
+        """``version`` is done: the bar moves past it (``reused``: its answers leave the total)."""
+        if self.bar is None:
+            return
+        if reused:
+            self.bar.total -= self.per_version
+            self.bar.refresh()
+        else:
+            self.base += self.per_version
+            self.bar.update(self.base - self.bar.n)
+
+    def close(self) -> None:
+        """Close the bar (on every way out of the flow)."""
+        if self.bar is not None:
+            self.bar.close()
 
 
 def base_weights_id(model: str | None) -> str:
@@ -173,9 +224,12 @@ def resolve_versions(run_id: str, runs_dir: str | None, versions: list[int] | st
     return wanted
 
 
-@task(name="evaluate-version", retries=1, retry_delay_seconds=5)
-def evaluate_version(run_id: str, runs_dir: str | None, version: int, settings: dict[str, Any]) -> dict[str, Any]:
-    """Score one version on the settings' held-out questions; writes its result JSON, returns its path and summary."""
+@task(name="evaluate-version", retries=1, retry_delay_seconds=5, cache_policy=NO_CACHE)  # reuse: the result files
+def evaluate_version(
+    run_id: str, runs_dir: str | None, version: int, settings: dict[str, Any], progress: Progress | None = None
+) -> dict[str, Any]:
+    """Score one version on the settings' held-out questions; writes its result JSON, returns its path and summary.
+    ``progress`` gets (answers done, answers of the version) as the engine calls finish."""
     logger = get_run_logger()
     out_dir = evaluation_dir(run_id, runs_dir, settings)
     store = _store(run_id, runs_dir)
@@ -214,12 +268,18 @@ def evaluate_version(run_id: str, runs_dir: str | None, version: int, settings: 
         seed=settings["seed"],
     )
     if scoring == "agent":
-        result = _evaluate_agent(resident, rows, settings, sampling)
+        result = _evaluate_agent(resident, rows, settings, sampling, progress)
     elif scoring == "episode":
-        result = _evaluate_episodes(worker, rows, settings, task, sampling)
+        result = _evaluate_episodes(worker, rows, settings, task, sampling, progress)
     elif scoring == "ifeval":
         result = evaluate_ifeval(
-            worker, rows, settings["n_samples"], settings["k_values"], sampling, greedy=settings["greedy"]
+            worker,
+            rows,
+            settings["n_samples"],
+            settings["k_values"],
+            sampling,
+            greedy=settings["greedy"],
+            progress=progress,
         )
     else:
         result = evaluate_gsm8k(
@@ -235,6 +295,7 @@ def evaluate_version(run_id: str, runs_dir: str | None, version: int, settings: 
             format_reward=task.format_reward,
             correct_reward=task.correct_reward,
             task=settings["source"],
+            progress=progress,
         )
     result.settings.update(
         {"run_id": run_id, "policy_version": version, "weights_id": weights_id, "source": settings["source"]}
@@ -248,7 +309,11 @@ def evaluate_version(run_id: str, runs_dir: str | None, version: int, settings: 
 
 
 def _evaluate_agent(
-    resident: dict[str, Any], rows: list[dict[str, Any]], settings: dict[str, Any], sampling: SamplingConfig
+    resident: dict[str, Any],
+    rows: list[dict[str, Any]],
+    settings: dict[str, Any],
+    sampling: SamplingConfig,
+    progress: Progress | None = None,
 ) -> Any:
     """Play every held-out row with the run's agent (``env.agent``) against the endpoint of the resident engine,
     with the evaluation's sampling imposed."""
@@ -273,11 +338,17 @@ def _evaluate_agent(
         concurrency=settings.get("agent_concurrency", 8),
         timeout_s=settings.get("agent_timeout_s", 120.0),
         settings={"task": settings["source"], "env": env},
+        progress=progress,
     )
 
 
 def _evaluate_episodes(
-    worker: vLLMWorker, rows: list[dict[str, Any]], settings: dict[str, Any], task: TaskConfig, sampling: SamplingConfig
+    worker: vLLMWorker,
+    rows: list[dict[str, Any]],
+    settings: dict[str, Any],
+    task: TaskConfig,
+    sampling: SamplingConfig,
+    progress: Progress | None = None,
 ) -> Any:
     """Play every held-out row in the run's own env (tools and games included), built as a rollout worker does."""
     from llmrl_core.evaluation.env_eval import evaluate_env
@@ -297,6 +368,7 @@ def _evaluate_episodes(
             greedy=settings["greedy"],
             prompt_field=env_cfg.prompt_field,
             settings={"task": settings["source"], "env": settings["env"]},
+            progress=progress,
         )
     finally:
         env.close()

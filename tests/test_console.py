@@ -48,3 +48,27 @@ def test_local_workers_keep_the_users_preloads(monkeypatch):
     assert env["LLMRL_WORKER_LOG"] == "/tmp/rollout-0.log"
     monkeypatch.setenv("LLMRL_VERBOSE", "1")
     assert worker_log_options(Path("/tmp"), "rollout-0") == ({}, {})
+
+
+def test_the_evaluation_bar_counts_every_versions_answers_and_drops_a_reused_one(capsys):
+    from tasks.evaluate import EvaluationBar, answers_per_version
+
+    per_version = answers_per_version({"n_questions": 5, "greedy": True, "n_samples": 1})
+    bar = EvaluationBar("r", [0, 2, 3], per_version)
+    assert per_version == 10 and bar.bar.total == 30 and bar.bar.n == 0
+    report = bar.for_version(0)
+    report(0, 10)
+    report(4, 10)
+    report(2, 10)  # a retry of the version starts it again
+    assert bar.bar.n == 2
+    report(10, 10)
+    bar.finished(0, reused=False)
+    bar.finished(2, reused=True)  # its result file was reused: nothing sampled
+    assert (bar.bar.n, bar.bar.total) == (10, 20)
+    bar.for_version(3)(6, 10)
+    assert bar.bar.n == 16
+    bar.finished(3, reused=False)
+    bar.close()
+    err = capsys.readouterr().err
+    assert "evaluate r" in err and "20/20" in err and "version 3 (3/3)" in err
+    assert EvaluationBar("r", [0], 10, enabled=False).for_version(0) is None

@@ -243,3 +243,53 @@ def test_verdict_names_the_best_version_and_whether_it_clears_three_standard_err
     assert "z = 3.00, clears 3 standard errors" in greedy and "200 questions" in greedy
     assert sampled.startswith("sampled: best version 10") and "z = 2.00, does not clear" in sampled
     assert verdict_lines(rows[:2]) == []  # the baseline alone: nothing to compare
+
+
+def test_a_long_evaluation_reports_its_progress_in_chunks_that_keep_every_prompts_seed(tokenizer):
+    worker = ScriptedWorker(tokenizer)
+    rows = [ROWS[i % len(ROWS)] for i in range(40)]
+    worker.prompt_index = {tuple(p): i % len(ROWS) for i, p in enumerate(gsm8k_prompt_ids(tokenizer, rows))}
+    sampling = SamplingConfig(max_new_tokens=64, temperature=0.7, seed=3)
+    seen = []
+    result = evaluate_gsm8k(worker, rows, n_samples=2, sampling=sampling, progress=lambda d, t: seen.append((d, t)))
+    total = 40 * (1 + 2)
+    assert seen[0] == (0, total) and seen[-1] == (total, total)
+    assert {t for _, t in seen} == {total}
+    done = [d for d, _ in seen]
+    assert done == sorted(done) and len(set(done)) == len(done) >= 4  # several counts within each mode
+    # prompt i keeps seed + i in whichever call samples it (the engine seeds a call's prompt j with its seed + j)
+    greedy_calls = [(len(p), s.seed) for p, s, n in worker.calls if n == 1]
+    starts = [0, *itertools.accumulate(size for size, _ in greedy_calls)][:-1]
+    assert len(greedy_calls) >= 2 and [seed for _, seed in greedy_calls] == [3 + start for start in starts]
+    worker.calls.clear()
+    plain = evaluate_gsm8k(worker, rows, n_samples=2, sampling=sampling)
+    assert len(worker.calls) == 2  # without a progress callback: one engine call per mode, as before
+    assert plain.summary() == pytest.approx(result.summary(), nan_ok=True)
+
+
+def test_chunks_are_sized_to_the_measured_rate():
+    from llmrl_core.evaluation import gsm8k_eval
+
+    now = [0.0]
+    calls = []
+
+    class SlowEngine:
+        """The engine's interface (``generate`` and ``load_weights``), 0.5 s per prompt on a fake clock."""
+
+        def load_weights(self, weights, version):
+            raise AssertionError("not used")
+
+        def generate(self, prompts, sampling, n=1):
+            calls.append((len(prompts), sampling.seed))
+            now[0] += 0.5 * len(prompts)
+            return [[Completion(list(p), [1], [], "x", "stop")] * n for p in prompts]
+
+    advanced = []
+    prompts = [[i] for i in range(100)]
+    out = gsm8k_eval.sample_in_chunks(
+        SlowEngine(), prompts, SamplingConfig(seed=0), 1, advanced.append, clock=lambda: now[0]
+    )
+    assert [o[0].prompt_token_ids for o in out] == prompts
+    # first FIRST_CHUNK_SEQUENCES prompts, then what 2 prompts/s finish in CHUNK_SECONDS (at most 4x the last call)
+    assert calls == [(16, 0), (40, 16), (40, 56), (4, 96)]
+    assert advanced == [16, 40, 40, 4]

@@ -23,7 +23,7 @@ from llmrl_core.agents.runner import EpisodeOutcome
 from llmrl_core.collectors.tensordict_batches import EpisodeRow
 from llmrl_core.envs.types import PromptRow
 from llmrl_core.evaluation.env_eval import held_out_answers
-from llmrl_core.evaluation.gsm8k_eval import run_decoding_modes
+from llmrl_core.evaluation.gsm8k_eval import Advance, Progress, run_decoding_modes
 from llmrl_core.evaluation.results import EvaluationResult, ModeResult, QuestionOutcome, SampleOutcome
 from llmrl_core.policies.base import SamplingConfig
 
@@ -121,16 +121,17 @@ def evaluate_agent(
     concurrency: int = 8,
     timeout_s: float = 120.0,
     settings: Mapping[str, Any] | None = None,
+    progress: Progress | None = None,
 ) -> EvaluationResult:
     """Play every row with the agent ``agent`` (``module:function``) against ``worker``'s engine (greedy if
     ``greedy``, ``n_samples`` sampled episodes if > 0) and score task success (see the module docstring).
-    ``tokenizer``: the endpoint's own copy of the engine's tokenizer."""
+    ``tokenizer``: the endpoint's own copy of the engine's tokenizer. ``progress`` is advanced a mode at a time."""
     answers = held_out_answers(rows, prompt_field, answer_field)
 
-    def run_mode(name: str, cfg: SamplingConfig, n: int) -> ModeResult:
+    def run_mode(name: str, cfg: SamplingConfig, n: int, advance: Advance | None) -> ModeResult:
         groups = _play(worker, agent, rows, prompt_field, cfg, n, tokenizer, concurrency, timeout_s)
         questions = [QuestionOutcome(i, answers[i], samples) for i, samples in enumerate(groups)]
         return ModeResult(mode=name, n_samples=n, temperature=cfg.temperature, questions=questions)
 
     info = {"multi_turn": True, "agent": agent, **dict(settings or {})}
-    return run_decoding_modes(run_mode, len(rows), n_samples, k_values, sampling, greedy, info)
+    return run_decoding_modes(run_mode, len(rows), n_samples, k_values, sampling, greedy, info, progress)

@@ -22,7 +22,7 @@ from llmrl_core.collectors.tensordict_batches import EpisodeRow
 from llmrl_core.collectors.tensordict_batches import rows as episode_rows
 from llmrl_core.envs.chat_env import ChatEnv
 from llmrl_core.envs.types import PromptRow
-from llmrl_core.evaluation.gsm8k_eval import run_decoding_modes
+from llmrl_core.evaluation.gsm8k_eval import Advance, Progress, run_decoding_modes
 from llmrl_core.evaluation.results import EvaluationResult, ModeResult, QuestionOutcome, SampleOutcome
 from llmrl_core.policies.base import SamplingConfig
 
@@ -112,14 +112,16 @@ def evaluate_env(
     prompt_field: str = "question",
     answer_field: str = "answer",
     settings: Mapping[str, Any] | None = None,
+    progress: Progress | None = None,
 ) -> EvaluationResult:
     """Play every row in ``env`` with ``worker`` (greedy if ``greedy``, ``n_samples`` sampled if > 0) and score
-    the episodes (see the module docstring). ``prompt_field`` is the row field that becomes the user message."""
+    the episodes (see the module docstring). ``prompt_field`` is the row field that becomes the user message.
+    ``progress`` (:data:`~llmrl_core.evaluation.gsm8k_eval.Progress`) is advanced a mode at a time."""
     answers = held_out_answers(rows, prompt_field, answer_field)
 
-    def run_mode(name: str, cfg: SamplingConfig, n: int) -> ModeResult:
+    def run_mode(name: str, cfg: SamplingConfig, n: int, advance: Advance | None) -> ModeResult:
         groups = _play(worker, env, rows, prompt_field, cfg, n)
         return _mode(name, groups, answers, n, cfg.temperature, env.policy_role)
 
     info = {"multi_turn": True, **dict(settings or {})}
-    return run_decoding_modes(run_mode, len(rows), n_samples, k_values, sampling, greedy, info)
+    return run_decoding_modes(run_mode, len(rows), n_samples, k_values, sampling, greedy, info, progress)

@@ -15,10 +15,16 @@
 ``engine`` is a :class:`~llmrl_core.policies.vllm_worker.vLLMWorker`, a ``TransformersWorker`` or a ``vllm.LLM``.
 The scoring half is :func:`evaluate_prompts`, which takes any prompt ids and any ``score(text, answer_field)``
 function with the parser's output keys, for tasks other than GSM8K.
+
+``progress`` (every ``evaluate_*``): a :data:`Progress` callback, called with (answers done, answers in all) from
+the start; with it, the prompts of a mode are sampled in engine calls sized to last about ``CHUNK_SECONDS`` each
+(the first one small, so a first count comes within seconds), every prompt keeping its seed (``seed + its index``).
+Without it, one engine call per mode, as before.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -32,6 +38,14 @@ from llmrl_core.policies.base import SamplingConfig
 from llmrl_core.policies.vllm_engine import Completion, generate
 
 ScoreFn = Callable[[str, str], Mapping[str, Any]]
+Progress = Callable[[int, int], None]  # (answers done, answers in the whole evaluation: every mode)
+Advance = Callable[[int], None]  # a mode's runner: this many more answers are done
+
+# Chunked sampling (only with a progress callback): the first engine call samples about FIRST_CHUNK_SEQUENCES
+# answers, each later one as many prompts as the last call's rate finishes in CHUNK_SECONDS (at most 4x the last
+# call). A call of ~20 s keeps the engine's batch full but for the tail of its longest answers.
+FIRST_CHUNK_SEQUENCES = 16
+CHUNK_SECONDS = 20.0
 
 
 def check_rows(rows: Sequence[Mapping[str, Any]], fields: Sequence[str] = ("question", "answer")) -> None:
@@ -69,7 +83,7 @@ def gsm8k_prompt_ids(
     return [t.tolist() for t in env.reset_batch().get(("tokens", "prompt"), as_list=True)]
 
 
-def _sample(engine: Any, prompts: list[list[int]], sampling: SamplingConfig, n: int) -> list[list[Completion]]:
+def _sample_once(engine: Any, prompts: list[list[int]], sampling: SamplingConfig, n: int) -> list[list[Completion]]:
     if hasattr(engine, "load_weights"):  # a vLLMWorker or a TransformersWorker (a vllm.LLM has no load_weights)
         return engine.generate(prompts, sampling, n=n)
     return generate(
@@ -82,6 +96,35 @@ def _sample(engine: Any, prompts: list[list[int]], sampling: SamplingConfig, n: 
         seed=sampling.seed,
         stop=sampling.stop or None,
     )
+
+
+def sample_in_chunks(
+    engine: Any,
+    prompts: list[list[int]],
+    sampling: SamplingConfig,
+    n: int,
+    advance: Advance | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[list[Completion]]:
+    """``n`` completions per prompt: one engine call without ``advance``; with it, calls sized by the measured rate
+    (see ``CHUNK_SECONDS``), ``advance(answers)`` after each. Prompt ``i`` is sampled with ``seed + i`` either way
+    (the engine seeds a call's prompt ``j`` with its ``seed + j``), so a chunked evaluation samples what one call
+    would."""
+    if advance is None:
+        return _sample_once(engine, prompts, sampling, n)
+    out: list[list[Completion]] = []
+    start, size = 0, max(1, FIRST_CHUNK_SEQUENCES // max(n, 1))
+    while start < len(prompts):
+        stop = min(len(prompts), start + size)
+        chunk_sampling = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + start)
+        t0 = clock()
+        out.extend(_sample_once(engine, prompts[start:stop], chunk_sampling, n))
+        elapsed = clock() - t0
+        advance((stop - start) * n)
+        rate = (stop - start) / max(elapsed, 1e-6)  # prompts per second
+        size = max(1, min(int(rate * CHUNK_SECONDS), 4 * (stop - start)))
+        start = stop
+    return out
 
 
 def _score_mode(
@@ -126,23 +169,27 @@ def evaluate_prompts(
     sampling: SamplingConfig | None = None,
     greedy: bool = True,
     settings: Mapping[str, Any] | None = None,
+    progress: Progress | None = None,
 ) -> EvaluationResult:
     """Sample and score every prompt: greedy (if ``greedy``) and ``n_samples`` sampled (if ``n_samples > 0``).
 
     ``score(text, answer_field)`` returns at least ``success``, ``reward_answer`` and ``reward`` (the keys of
-    :meth:`GSM8KRewardParser.score`).
+    :meth:`GSM8KRewardParser.score`). ``progress``: see the module docstring.
     """
     if len(prompt_ids) != len(answers):
         raise ValueError(f"{len(prompt_ids)} prompts but {len(answers)} answers")
     prompts = [list(p) for p in prompt_ids]
 
-    def run_mode(name: str, cfg: SamplingConfig, n: int) -> ModeResult:
-        return _score_mode(name, _sample(engine, prompts, cfg, n), answers, score, n, cfg.temperature)
+    def run_mode(name: str, cfg: SamplingConfig, n: int, advance: Advance | None) -> ModeResult:
+        groups = sample_in_chunks(engine, prompts, cfg, n, advance)
+        return _score_mode(name, groups, answers, score, n, cfg.temperature)
 
-    return run_decoding_modes(run_mode, len(prompts), n_samples, k_values, sampling, greedy, settings)
+    return run_decoding_modes(run_mode, len(prompts), n_samples, k_values, sampling, greedy, settings, progress)
 
 
-ModeRunner = Callable[[str, SamplingConfig, int], ModeResult]  # (mode name, sampling, samples per question)
+# (mode name, sampling, samples per question, the mode's progress: None when nobody follows it) -> its result; a
+# runner that never calls ``advance`` reports the whole mode when it returns
+ModeRunner = Callable[[str, SamplingConfig, int, Advance | None], ModeResult]
 
 
 def run_decoding_modes(
@@ -153,10 +200,12 @@ def run_decoding_modes(
     sampling: SamplingConfig | None,
     greedy: bool,
     settings: Mapping[str, Any] | None,
+    progress: Progress | None = None,
 ) -> EvaluationResult:
     """The greedy mode (temperature 0, one sample) if ``greedy`` and the sampled mode (``n_samples`` at
     ``sampling``) if ``n_samples > 0``, each produced by ``run_mode``, after checking the settings; the one
-    driver of single-turn (:func:`evaluate_prompts`) and episode (``env_eval.evaluate_env``) evaluation."""
+    driver of single-turn (:func:`evaluate_prompts`) and episode (``env_eval.evaluate_env``) evaluation.
+    ``progress`` gets (0, total) before the first mode, then the answers done as the modes report them."""
     sampling = sampling or SamplingConfig(max_new_tokens=256, temperature=0.7, seed=0)
     if n_samples < 0:
         raise ValueError(f"n_samples must be >= 0, got {n_samples}")
@@ -167,11 +216,25 @@ def run_decoding_modes(
         raise ValueError(f"k_values {bad_k} must lie in 1..n_samples ({n_samples})")
     if n_samples > 0 and sampling.temperature == 0:
         raise ValueError("sampled mode needs a temperature > 0 (greedy is its own mode)")
+    planned = [("greedy", replace(sampling, temperature=0.0, top_p=1.0), 1)] if greedy else []
+    planned += [("sampled", sampling, n_samples)] if n_samples > 0 else []
+    total = num_questions * sum(n for _, _, n in planned)
+    done = 0
+
+    def advance(answers: int) -> None:
+        nonlocal done
+        done += answers
+        if progress is not None:
+            progress(done, total)
+
+    if progress is not None:
+        progress(0, total)
     modes: dict[str, ModeResult] = {}
-    if greedy:
-        modes["greedy"] = run_mode("greedy", replace(sampling, temperature=0.0, top_p=1.0), 1)
-    if n_samples > 0:
-        modes["sampled"] = run_mode("sampled", sampling, n_samples)
+    for name, cfg, n in planned:
+        before = done
+        modes[name] = run_mode(name, cfg, n, advance if progress is not None else None)
+        if done < before + num_questions * n:  # a runner that does not report within its mode
+            advance(before + num_questions * n - done)
     info = {
         "num_questions": num_questions,
         "n_samples": n_samples,
@@ -198,6 +261,7 @@ def evaluate_gsm8k(
     correct_reward: float = 1.0,
     few_shot: Sequence[Mapping[str, str]] = (),
     task: str = "gsm8k",
+    progress: Progress | None = None,
 ) -> EvaluationResult:
     """Accuracy, answer-tag rate, mean reward and pass@k of ``engine`` on GSM8K ``rows`` (question/answer dicts).
 
@@ -228,6 +292,7 @@ def evaluate_gsm8k(
         sampling=sampling,
         greedy=greedy,
         settings=settings,
+        progress=progress,
     )
 
 
@@ -240,6 +305,7 @@ def evaluate_ifeval(
     *,
     greedy: bool = True,
     task: str = "ifeval",
+    progress: Progress | None = None,
 ) -> EvaluationResult:
     """IFEval's four metrics (prompt/instruction level, strict/loose), the reward, and ``accuracy`` = prompt-level
     strict, of ``engine`` on IFEval ``rows`` (``key``, ``prompt``, ``instruction_id_list``, ``kwargs``), with the
@@ -281,4 +347,5 @@ def evaluate_ifeval(
         sampling=sampling,
         greedy=greedy,
         settings={"task": task},
+        progress=progress,
     )
