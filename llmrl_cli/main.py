@@ -6,6 +6,7 @@ import typer
 
 from llmrl_cli.config_cmd import config_app
 from llmrl_cli.demo import demo
+from llmrl_cli.docs_cmd import docs
 from llmrl_cli.doctor import doctor
 from llmrl_cli.lineage import lineage
 from llmrl_cli.models import models_app
@@ -32,6 +33,7 @@ app.command("doctor")(doctor)
 app.command("demo")(demo)
 app.command("ui")(ui)
 app.command("plan")(plan)
+app.command("docs")(docs)
 
 
 @app.command("version")
