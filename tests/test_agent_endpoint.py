@@ -429,19 +429,20 @@ def test_completion_calls_continue_by_text_or_by_ids(tokenizer):
 
 
 def test_the_readme_agent_runs_against_the_endpoint(endpoint):
-    """README "Bring your environment", route 2: the agent as printed, a plain openai client, a real engine."""
+    """docs/environments.md "Bring your environment", route 2: the agent as printed, a plain openai client, a real
+    engine."""
     import re
     from pathlib import Path
 
     import httpx
     import openai
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "environments.md").read_text()
     section = readme[readme.index("**2. Any agent that talks to an OpenAI-compatible endpoint**") :]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     assert "llmrl" not in code.split("->")[-1].split("\n", 1)[1]  # no llmrl import in the agent
     namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "docs/environments.md", "exec"), namespace)
     client = openai.OpenAI(
         base_url=endpoint.base_url,
         api_key="x",

@@ -306,7 +306,7 @@ def test_the_flows_built_in_envs_render_with_the_models_own_template(name, defau
 
 
 def test_the_readme_example_env_builds_and_pays(tmp_path, monkeypatch, default_model_path):
-    """The README's "Your own environment" code and YAML, as a user would copy them."""
+    """The "Your own environment" code and YAML of docs/environments.md, as a user would copy them."""
     import re
     from pathlib import Path
 
@@ -318,8 +318,8 @@ def test_the_readme_example_env_builds_and_pays(tmp_path, monkeypatch, default_m
     from llmrl_core.pipeline.env_config import EnvConfig, build_env, validate_env_config
     from llmrl_core.pipeline.task_config import TaskConfig
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("### Your own environment", 1)[1]
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "environments.md").read_text()
+    section = readme.split("## Your own environment", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     config = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
     (tmp_path / "my_env.py").write_text(code)

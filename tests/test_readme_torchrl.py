@@ -1,6 +1,6 @@
-"""The README's TorchRL code runs as written: the "Speaking TorchRL" block (TorchRL code with only its imports
-changed) and the example transform of the environments section (a reward once written as a per-conversation
-``step_slot``, now TorchRL's ``Transform``)."""
+"""The docs' TorchRL code runs as written: the import rule's block of docs/torchrl.md (TorchRL code with only its
+imports changed) and the example transform of docs/environments.md (a reward once written as a per-conversation
+``step_slot``, now TorchRL's ``Transform``). Both blocks were the README's before the docs site."""
 
 from __future__ import annotations
 
@@ -9,23 +9,24 @@ import re
 from pathlib import Path
 from typing import Any
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-TORCHRL_BLOCK = "### Speaking TorchRL"
-TRANSFORM_BLOCK = "A reward that was a per-conversation `step_slot(slot)`"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+TORCHRL_BLOCK = (DOCS / "torchrl.md", "## The import rule")
+TRANSFORM_BLOCK = (DOCS / "environments.md", "A reward that was a per-conversation `step_slot(slot)`")
 
 
-def _block(anchor: str) -> str:
-    """The first python code block after ``anchor`` in the README."""
-    text = README.read_text()
+def _block(where: tuple[Path, str]) -> str:
+    """The first python code block after the anchor ``where[1]`` in the page ``where[0]``."""
+    page, anchor = where
+    text = page.read_text()
     section = text[text.index(anchor) :]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-def _run(block: str) -> tuple[dict[str, Any], list[str]]:
-    """Execute ``block``; its namespace and the lines it printed."""
+def _run(block: str, page: Path) -> tuple[dict[str, Any], list[str]]:
+    """Execute ``block`` (from ``page``); its namespace and the lines it printed."""
     printed: list[str] = []
     namespace = {"__builtins__": {**vars(builtins), "print": lambda *a, **k: printed.append(" ".join(map(str, a)))}}
-    exec(compile(block, str(README), "exec"), namespace)
+    exec(compile(block, str(page), "exec"), namespace)
     return namespace, printed
 
 
@@ -36,7 +37,7 @@ def test_the_torchrl_block_uses_only_ported_imports():
 
 
 def test_the_torchrl_block_runs():
-    namespace, printed = _run(_block(TORCHRL_BLOCK))
+    namespace, printed = _run(_block(TORCHRL_BLOCK), TORCHRL_BLOCK[0])
     kl = namespace["kl"]
     assert kl.shape[0] == 2 and float(kl.abs().max()) == 0.0  # same weights on both sides
     versions = [line.split()[0] for line in printed[2:]]
@@ -46,7 +47,7 @@ def test_the_torchrl_block_runs():
 
 def test_the_readme_transform_runs_and_prints_its_comment():
     block = _block(TRANSFORM_BLOCK)
-    namespace, printed = _run(block)
+    namespace, printed = _run(block, TRANSFORM_BLOCK[0])
     assert printed == [block.splitlines()[-1].split("# ", 1)[1]]
     env = namespace["env"]
     assert env.slots[0].done and not env.slots[1].done and env.slots[0].episode_reward == 1.0

@@ -1,5 +1,5 @@
-"""README "Bring your environment", route 3: the verifiers environment as printed loads with verifiers' own API and
-its rubric pays the right answer."""
+"""docs/environments.md "Bring your environment", route 3 (the README's before the docs site): the verifiers
+environment as printed loads with verifiers' own API and its rubric pays the right answer."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ vf = pytest.importorskip("verifiers", reason="the optional 'verifiers' extra is 
 
 
 def test_the_readme_verifiers_env_loads_and_its_rubric_pays():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "environments.md").read_text()
     section = readme[readme.index("**3. The ecosystem's environments, by config.**") :]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "docs/environments.md", "exec"), namespace)
     env = namespace["load_environment"](n=4)
     assert isinstance(env, vf.SingleTurnEnv)
     rows = env.get_dataset()
