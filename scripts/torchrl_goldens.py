@@ -45,6 +45,7 @@ from torchrl_layout_probes import (  # noqa: E402
     ifeval_scorer_layout,
     library,
     reset_layout,
+    reward_parser_done,
     reward_parser_layout,
     step_layout,
     template_choice,
@@ -517,7 +518,15 @@ def _torchrl_library() -> Any:
         TransformersWrapper,
         Transform=Transform,
         tools=tools,
+        limit_turns=_step_counter,
     )
+
+
+def _step_counter(env: Any, max_steps: int) -> Any:
+    """TorchRL's turn limit: a ``StepCounter`` appended to the env."""
+    from torchrl.envs import StepCounter
+
+    return env.append_transform(StepCounter(max_steps=max_steps))
 
 
 def _collector_rows_layout_probes(model_path: str) -> dict[str, Any]:
@@ -575,6 +584,14 @@ def _reward_parser_layout_probes(model_path: str) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     return reward_parser_layout(_torchrl_library(), AutoTokenizer.from_pretrained(model_path))[0]
+
+
+def _reward_parser_done_probes(model_path: str) -> dict[str, Any]:
+    """TorchRL's ``GSM8KRewardParser``'s done flags for answers with and without a valid tag (``reward_parser_done``
+    there), without and with a turn limit."""
+    from transformers import AutoTokenizer
+
+    return reward_parser_done(_torchrl_library(), AutoTokenizer.from_pretrained(model_path))
 
 
 def _module_names_probes(model_path: str) -> dict[str, Any]:
@@ -687,6 +704,7 @@ def run_probes(model: str, result_path: Path) -> None:
         ("step_layout", _step_layout_probes),
         ("module_names", _module_names_probes),
         ("reward_parser_layout", _reward_parser_layout_probes),
+        ("reward_parser_done", _reward_parser_done_probes),
         ("template_choice", _template_choice_probes),
         ("ifeval_scorer_layout", _ifeval_scorer_layout_probes),
         ("collector_rows_layout", _collector_rows_layout_probes),

@@ -6,8 +6,9 @@ Runs in the side virtual environment that has ``torchrl`` (never in llmrl's own 
     /work/sidevenv/torchrl/bin/python scripts/torchrl_template_goldens.py \\
         --model ~/.cache/llmrl/models/SmolLM2-135M-Instruct --out tests/goldens/torchrl/chat_templates.json
 
-For each name and each chat of ``CHATS``: the text with and without the generation prompt, and the assistant mask
-of the tokenized chat (the packaged SmolLM2 tokenizer: its bos/eos are what the templates insert).
+For each name and each chat of ``CHATS`` (the last one has two tool turns in a row): the text with and without the
+generation prompt, and the assistant mask of the tokenized chat (the packaged SmolLM2 tokenizer: its bos/eos are what
+the templates insert).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ CHATS = [
      {"role": "assistant", "content": "It is 4."}],
     [{"role": "user", "content": "Only user"}],
     [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue, like the sky."}],
+    [{"role": "user", "content": "3*4 and 5+5?"}, {"role": "assistant", "content": "Calling the calculator."},
+     {"role": "tool", "content": "12"}, {"role": "tool", "content": "10"},
+     {"role": "assistant", "content": "12 and 10."}],
 ]  # fmt: skip
 
 

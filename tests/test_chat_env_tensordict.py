@@ -19,6 +19,7 @@ from tests.torchrl_layout_probes import (
     ifeval_scorer_layout,
     library,
     reset_layout,
+    reward_parser_done,
     reward_parser_layout,
     step_layout,
     template_choice,
@@ -552,7 +553,20 @@ def _llmrl_library():
     from llmrl_core.envs.reward import GSM8KRewardParser, IfEvalScorer
     from llmrl_core.modules.policies import Text
 
-    return library(ChatEnv, History, ChatHistory, Text, GSM8KRewardParser, IfEvalScorer, Transform=TensorDictTransform)
+    def limit_turns(env, turns):  # llmrl's turn limit is the env's own max_turns (TorchRL: a StepCounter)
+        env.max_turns = turns
+        return env
+
+    return library(
+        ChatEnv,
+        History,
+        ChatHistory,
+        Text,
+        GSM8KRewardParser,
+        IfEvalScorer,
+        Transform=TensorDictTransform,
+        limit_turns=limit_turns,
+    )
 
 
 def _api_golden(name: str) -> dict:
@@ -669,6 +683,26 @@ def test_a_gsm8k_reward_parser_step_answers_torchrls_layout(default_model_path):
     # the slots agree with the step data: the parser's reward is theirs, its parts are their components
     assert [slot.reward for slot in env.slots] == pytest.approx([1.0, 0.1])
     assert env.slots[1].reward_components["reward_think"] == 0.0
+
+
+def test_gsm8k_reward_parser_ends_an_episode_only_on_a_valid_answer_tag_as_torchrl(default_model_path):
+    """Without a turn limit, an answer with no answer tag (or an empty, unclosed or upper-case one) leaves the
+    episode running, as TorchRL 0.14.1's parser does (it ends one only when ``reward_answer > 0``): a multi-turn
+    episode may continue. With a one-turn limit every answer ends it. Both against ``api_probes.json``
+    ``reward_parser_done`` (the same probe run on TorchRL, its limit a ``StepCounter``); ``truncated`` is left out:
+    TorchRL's ``StepCounter`` writes it, a bare llmrl env with ``max_turns`` does too, as the list calls read it."""
+    from transformers import AutoTokenizer
+
+    ours = reward_parser_done(_llmrl_library(), AutoTokenizer.from_pretrained(default_model_path))
+    golden = _api_golden("reward_parser_done")
+    assert ours.keys() == golden.keys()
+    for limit, answers in golden.items():
+        for answer, flags in answers.items():
+            assert ours[limit][answer]["done"] == flags["done"], (limit, answer)
+            assert ours[limit][answer]["terminated"] == flags["terminated"], (limit, answer)
+            assert ours[limit][answer]["reward"] == pytest.approx(flags["reward"]), (limit, answer)
+    assert golden["max_turns=None"]["The answer is 4."]["done"] == [False, False]
+    assert golden["max_turns=1"]["The answer is 4."]["done"] == [True, True]
 
 
 def test_a_torchrl_style_tool_transform_extends_the_conversation_as_torchrls_does(default_model_path):

@@ -98,6 +98,37 @@ def reward_parser_layout(api: Any, tokenizer: Any) -> tuple[dict[str, Any], Any]
     return {**_next_record(nxt, values=True), "next_answer": list(nxt["answer"])}, env
 
 
+REWARD_PARSER_DONE_ANSWERS = (
+    "The answer is 4.",
+    "<answer></answer>",
+    "<answer>4",
+    "<ANSWER>4</ANSWER>",
+    "<answer>5</answer>",
+    "<think>so</think> <answer>4</answer>",
+)
+
+
+def reward_parser_done(api: Any, tokenizer: Any) -> dict[str, Any]:
+    """``GSM8KRewardParser`` on a history-mode ``ChatEnv``, stepped once per answer of ``REWARD_PARSER_DONE_ANSWERS``
+    (no tag, an empty, unclosed or upper-case tag, a wrong and a right answer), without a turn limit and with a
+    limit of one turn (``api.limit_turns(env, 1)``: TorchRL's ``StepCounter``, llmrl's ``max_turns``): each answer's
+    ``done`` / ``terminated`` and ``reward`` under ``"next"``. Without a limit only a valid answer tag ends the
+    episode (a multi-turn episode may continue)."""
+    out: dict[str, Any] = {}
+    for limit in (None, 1):
+        record = out[f"max_turns={limit}"] = {}
+        for answer in REWARD_PARSER_DONE_ANSWERS:
+            rows = [{"query": "2+2?", "answer": "so #### 4"}] * 2
+            loader = DataLoader(rows, batch_size=2, collate_fn=lambda b: {k: [r[k] for r in b] for k in b[0]})
+            env = api.ChatEnv.from_dataloader(loader, tokenizer=tokenizer, batch_size=(2,), input_mode="history")
+            if limit is not None:
+                env = api.limit_turns(env, limit)
+            env = env.append_transform(api.GSM8KRewardParser(tokenizer=tokenizer))
+            nxt = _answer_once(api, env, [answer, answer])
+            record[answer] = {key: nxt[key].flatten().tolist() for key in ("done", "terminated", "reward")}
+    return out
+
+
 def ifeval_scorer_layout(api: Any, tokenizer: Any) -> dict[str, Any]:
     """``ChatEnv.from_dataloader`` with ``IfEvalScorer`` appended, stepped once with an answer that follows its
     instruction (lowercase, in an answer block, with reasoning) and one that does not: the keys under ``"next"``,
@@ -412,6 +443,7 @@ def library(
     TransformersWrapper: Any = None,
     Transform: Any = None,
     tools: Any = None,
+    limit_turns: Any = None,
 ) -> SimpleNamespace:
     """The classes a probe uses, from one library."""
     return SimpleNamespace(
@@ -425,4 +457,5 @@ def library(
         TransformersWrapper=TransformersWrapper,
         Transform=Transform,
         tools=tools,
+        limit_turns=limit_turns,
     )

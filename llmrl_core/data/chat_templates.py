@@ -50,11 +50,19 @@ class NamedTemplate:
     assistant_lead: str = ""  # text the template puts before an assistant's content that the assistant generates
 
 
-# Qwen's chat format (TorchRL's "qwen"): ChatML with a default system turn when the chat does not open with one.
+# Qwen's chat format (TorchRL's "qwen"): ChatML with a default system turn when the chat does not open with one;
+# a run of tool messages is one "tool" turn, each result (its tool_responses, else its content) in <tool_response>.
 _QWEN = (
     "{% if not messages or messages[0]['role'] != 'system' %}"
     "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
-    "{% endif %}" + _CHATML
+    "{% endif %}"
+    "{% for message in messages %}{% if message['role'] == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{ '<|im_start|>tool' }}{% endif %}"
+    "{{ '\\n<tool_response>\\n' }}{{ message['tool_responses'] or message['content'] }}{{ '\\n</tool_response>' }}"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{ '<|im_end|>\\n' }}{% endif %}"
+    "{% else %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
 # The formats of TorchRL's other named templates ("llama", "deepseek", "falcon", "dialogpt"), written here:
