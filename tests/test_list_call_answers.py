@@ -3,8 +3,6 @@ of every slot with llmrl's per-row entries (``tensordict_io.slots_view``), no da
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 from tensordict import TensorDictBase
@@ -81,9 +79,3 @@ def test_reset_slots_answers_every_slot_and_llm_data_reads_the_answer(tokenizer)
     assert [t.tolist() for t in data.tokens] == [s.all_tokens().tolist() for s in env.slots]
     assert data.text == [s.prompt_text for s in env.slots]
     assert LLMData.from_tensordict(out, with_history=False).history is None
-
-
-@pytest.mark.parametrize("module", ["llmrl_core.envs", "llmrl_core.envs.types"])
-def test_the_removed_env_output_says_what_replaced_it(module):
-    with pytest.raises(ImportError, match="answer a TensorDict in TorchRL's layout"):
-        importlib.import_module(module).EnvOutput  # noqa: B018

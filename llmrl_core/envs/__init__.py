@@ -46,8 +46,6 @@ def __getattr__(name: str) -> Any:
 
     if name in _FROM_TRANSFORMS:
         return getattr(transforms, name)
-    if name in transforms.REMOVED:
-        raise transforms.removed_name(__name__, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

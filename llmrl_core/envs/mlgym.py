@@ -30,15 +30,6 @@ from llmrl_core.envs.gym_wrapper import (
     split_step_result,
 )
 
-
-def __getattr__(name: str) -> Any:
-    from llmrl_core.envs.transforms import REMOVED, removed_name
-
-    if name in REMOVED:
-        raise removed_name(__name__, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = ["MLGymTaskEnv", "MLGymWrapper", "TextGames", "TextGymEnv", "make_mlgym", "mlgym_score_reward"]
 
 MLGYM_INSTALL_HINT = (

@@ -112,11 +112,3 @@ class SlotState:
             for t, flag in zip(self.token_segments, self.segment_is_policy, strict=True)
         ]
         return torch.cat(parts) if parts else torch.empty(0, dtype=torch.bool)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "EnvOutput":  # removed: say what replaced it
-        from llmrl_core.envs import transforms
-
-        raise transforms.removed_name(__name__, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -38,27 +38,7 @@ _LAZY = {
 }
 
 
-# names llmrl had and removed: importing one says what replaced it (an ImportError, so ``from ... import`` shows it)
-REMOVED = {
-    "SlotTransform": "llmrl's per-conversation transforms (step_slot / on_step hooks on slots) were removed: every "
-    "env transform is TorchRL's Transform (_step / _reset on TensorDicts); the README's 'Migrating' section shows "
-    "how to port one",
-    "GymEnvTransform": "MLGymWrapper plays its games as the env's own dynamics now (llmrl_core.envs.mlgym.TextGames, "
-    "not a transform)",
-    "EnvOutput": "llmrl's list calls (reset(prompts), reset_slots, step(answers)) answer a TensorDict in TorchRL's "
-    "layout with llmrl's per-row entries (llmrl_core.envs.tensordict_io.slots_view); the README's 'Migrating' "
-    "section maps each EnvOutput field to its key",
-}
-
-
-def removed_name(module: str, name: str) -> ImportError:
-    """The error for a removed name: what replaced it."""
-    return ImportError(f"{module}.{name} is gone: {REMOVED[name]}", name=name)
-
-
 def __getattr__(name: str) -> Any:
-    if name in REMOVED:
-        raise removed_name(__name__, name)
     if name in _LAZY:
         import importlib
 
