@@ -274,22 +274,29 @@ def test_chunks_are_sized_to_the_measured_rate():
     calls = []
 
     class SlowEngine:
-        """The engine's interface (``generate`` and ``load_weights``), 0.5 s per prompt on a fake clock."""
+        """The engine's interface (``generate`` and ``load_weights``), ``seconds`` per prompt on a fake clock."""
+
+        def __init__(self, seconds):
+            self.seconds = seconds
 
         def load_weights(self, weights, version):
             raise AssertionError("not used")
 
         def generate(self, prompts, sampling, n=1):
             calls.append((len(prompts), sampling.seed))
-            now[0] += 0.5 * len(prompts)
+            now[0] += self.seconds * len(prompts)
             return [[Completion(list(p), [1], [], "x", "stop")] * n for p in prompts]
 
     advanced = []
     prompts = [[i] for i in range(100)]
     out = gsm8k_eval.sample_in_chunks(
-        SlowEngine(), prompts, SamplingConfig(seed=0), 1, advanced.append, clock=lambda: now[0]
+        SlowEngine(0.5), prompts, SamplingConfig(seed=0), 1, advanced.append, clock=lambda: now[0]
     )
     assert [o[0].prompt_token_ids for o in out] == prompts
     # first FIRST_CHUNK_SEQUENCES prompts, then what 2 prompts/s finish in CHUNK_SECONDS (at most 4x the last call)
     assert calls == [(16, 0), (40, 16), (40, 56), (4, 96)]
     assert advanced == [16, 40, 40, 4]
+    calls.clear()
+    clock = lambda: now[0]  # noqa: E731
+    gsm8k_eval.sample_in_chunks(SlowEngine(20.0), prompts[:40], SamplingConfig(seed=0), 4, lambda _: None, clock)
+    assert [size for size, _ in calls] == [4] * 10  # 16 answers, then 0.05 prompts/s: never a narrower call

@@ -43,7 +43,8 @@ Advance = Callable[[int], None]  # a mode's runner: this many more answers are d
 
 # Chunked sampling (only with a progress callback): the first engine call samples about FIRST_CHUNK_SEQUENCES
 # answers, each later one as many prompts as the last call's rate finishes in CHUNK_SECONDS (at most 4x the last
-# call). A call of ~20 s keeps the engine's batch full but for the tail of its longest answers.
+# call, never fewer than the first: a slow engine keeps its batch width). A call of ~20 s keeps the engine's batch
+# full but for the tail of its longest answers.
 FIRST_CHUNK_SEQUENCES = 16
 CHUNK_SECONDS = 20.0
 
@@ -114,6 +115,7 @@ def sample_in_chunks(
         return _sample_once(engine, prompts, sampling, n)
     out: list[list[Completion]] = []
     start, size = 0, max(1, FIRST_CHUNK_SEQUENCES // max(n, 1))
+    smallest = size
     while start < len(prompts):
         stop = min(len(prompts), start + size)
         chunk_sampling = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + start)
@@ -122,7 +124,7 @@ def sample_in_chunks(
         elapsed = clock() - t0
         advance((stop - start) * n)
         rate = (stop - start) / max(elapsed, 1e-6)  # prompts per second
-        size = max(1, min(int(rate * CHUNK_SECONDS), 4 * (stop - start)))
+        size = max(smallest, min(int(rate * CHUNK_SECONDS), 4 * (stop - start)))
         start = stop
     return out
 
