@@ -24,6 +24,7 @@ from storage.trajectories import TrajectoryStore
 from tasks import grpo_stages as stages
 from tasks.actor_calls import wait_calls, with_restarts
 from tasks.cluster import dask_cluster
+from tasks.console import progress_bar
 from tasks.reporting import artifact_key, live_markdown
 from tasks.rollout_actor import RolloutWorker
 
@@ -109,11 +110,21 @@ def collect_once(
         TrajectoryStore(staging_uri).delete_partition(cfg.run_id, policy_version)
         primer_state = None
         rows_total = 0
-        for batch in range(batches):
-            rows, primer_state = stages.load_prompts(cfg, primer_state)
-            summaries = stages.rollout(engines, rows, policy_version, staging_uri, shard_offset=batch * len(engines))
-            rows_total += sum(s["rows"] for s in summaries)
-            log.info("batch %d/%d: %d rollouts", batch + 1, batches, sum(s["rows"] for s in summaries))
+        bar = progress_bar(batches, f"collect {cfg.run_id}", "batch", enabled=cfg.progress)  # the console's, as grpo's
+        try:
+            for batch in range(batches):
+                rows, primer_state = stages.load_prompts(cfg, primer_state)
+                summaries = stages.rollout(
+                    engines, rows, policy_version, staging_uri, shard_offset=batch * len(engines)
+                )
+                rows_total += sum(s["rows"] for s in summaries)
+                log.info("batch %d/%d: %d rollouts", batch + 1, batches, sum(s["rows"] for s in summaries))
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix_str(f"{rows_total} rollouts")
+        finally:
+            if bar is not None:
+                bar.close()
         written = stages.write_trajectories(cfg, staging_uri, out_layout.trajectories_uri, policy_version)
     return rows_total, written
 

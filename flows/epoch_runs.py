@@ -30,6 +30,7 @@ from storage.run_lock import RunLock
 from tasks.actor_calls import wait_calls
 from tasks.cluster import dask_cluster
 from tasks.commits import check_resume_state, fetch_markers, latest_published, replaced_line
+from tasks.console import progress_bar
 from tasks.epoch_stages import lineage_config, train_epoch
 from tasks.fork import Fork, resolve_fork, start_from_fork
 from tasks.publishing import publish_version
@@ -188,18 +189,35 @@ def train_epochs(run: EpochRun, plan: EpochPlan) -> None:
         elif run.start > 0:
             if not wait_calls([(trainer, trainer.restore(run.start))], "resume", run.start)[0]:
                 log.warning("version %d resumed from its weights alone: a fresh optimizer", run.start)
-        for epoch in range(run.start, cfg.epochs):
-            trained = train_epoch(trainer, plan.samples, epoch, plan.groups_per_batch, plan.steps_per_batch)
-            measured = plan.measure(trainer) if plan.measure is not None else {}
-            metrics = {**plan.fixed_metrics, **measured, **{k: trained[k] for k in EPOCH_METRICS}}
-            info = run.publish(trainer, epoch + 1, data=plan.data, metrics=metrics)
-            log.info(
-                "epoch %d -> version %d: %d steps, %s %.4f, %.1f s; %s",
-                epoch,
-                epoch + 1,
-                int(metrics["steps"]),
-                label,
-                metrics[key],
-                metrics["epoch_s"],
-                info["checkpoint"],
-            )
+        name = "sft" if isinstance(cfg, SFTConfig) else "offline"
+        bar = progress_bar(cfg.epochs, f"{name} {cfg.run_id}", "epoch", initial=run.start)  # the console's, as grpo's
+        try:
+            _train_and_publish(run, plan, trainer, bar)
+        finally:
+            if bar is not None:
+                bar.close()
+
+
+def _train_and_publish(run: EpochRun, plan: EpochPlan, trainer: Any, bar: Any) -> None:
+    """Train and publish each epoch ``run`` still lacks, one version each, moving the console's ``bar``."""
+    log = get_run_logger()
+    cfg = run.cfg
+    label, key = plan.reported_loss
+    for epoch in range(run.start, cfg.epochs):
+        trained = train_epoch(trainer, plan.samples, epoch, plan.groups_per_batch, plan.steps_per_batch)
+        measured = plan.measure(trainer) if plan.measure is not None else {}
+        metrics = {**plan.fixed_metrics, **measured, **{k: trained[k] for k in EPOCH_METRICS}}
+        info = run.publish(trainer, epoch + 1, data=plan.data, metrics=metrics)
+        log.info(
+            "epoch %d -> version %d: %d steps, %s %.4f, %.1f s; %s",
+            epoch,
+            epoch + 1,
+            int(metrics["steps"]),
+            label,
+            metrics[key],
+            metrics["epoch_s"],
+            info["checkpoint"],
+        )
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix_str(f"{label} {metrics[key]:.4f}")
