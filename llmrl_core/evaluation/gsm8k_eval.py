@@ -19,7 +19,11 @@ function with the parser's output keys, for tasks other than GSM8K.
 ``progress`` (every ``evaluate_*``): a :data:`Progress` callback, called with (answers done, answers in all) from
 the start; with it, the prompts of a mode are sampled in engine calls sized to last about ``CHUNK_SECONDS`` each
 (the first one small, so a first count comes within seconds), every prompt keeping its seed (``seed + its index``).
-Without it, one engine call per mode, as before.
+Without it, one engine call per mode, as before. Chunks sized by time keep the speed on any engine (measured on
+2 CPU cores, 96 questions, greedy + 2 samples of 96 tokens: 49.6 s chunked against 47.5 s in one call) where a
+fixed size would starve a GPU's batch or leave a CPU minutes without a count; the price is that the engine's
+batches differ from one call's, so a few answers (4 of 96 greedy, 8 of 192 sampled there) differ in the last
+bits of float arithmetic, as between two machines. Leave ``progress`` out for exactly one call's answers.
 """
 
 from __future__ import annotations
