@@ -27,8 +27,9 @@ def main() -> None:
 
     from llmrl_core.builtin_data import load_gsm8k
     from llmrl_core.model_store import resolve_model
-    from llmrl_core.policies.hf_scoring import load_causal_lm, render_chat_prompt
-    from llmrl_core.policies.vllm_engine import EngineConfig, generate, make_llm
+    from llmrl_core.modules.backends.transformers.scoring import load_causal_lm, render_chat_prompt
+    from llmrl_core.modules.backends.types import EngineConfig
+    from llmrl_core.modules.backends.vllm.engine import generate, make_llm
 
     model_dir = resolve_model(EngineConfig().model)
     matmul_peak(str(model_dir), args.dtype)  # measured before the engine starts: the cores are the peak's alone

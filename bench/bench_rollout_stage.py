@@ -42,9 +42,9 @@ def main() -> None:
 
     from llmrl_cli.run import MAIN_JOB
     from llmrl_core.model_store import resolve_model
+    from llmrl_core.modules.backends.vllm.engine import shutdown_llm
     from llmrl_core.pipeline.config_io import load_config
     from llmrl_core.pipeline.grpo_config import GRPOConfig
-    from llmrl_core.policies.vllm_engine import shutdown_llm
     from storage.trajectories import TrajectoryStore
     from tasks.grpo_stages import load_prompts
     from tasks.rollout_actor import RolloutWorker, sampling_config

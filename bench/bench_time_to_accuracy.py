@@ -194,9 +194,8 @@ def evaluate_all(model_dir: str, weights: dict[str, dict[int, Any]], job: dict, 
     from llmrl_core.builtin_data.sources import load_source_rows
     from llmrl_core.evaluation.gsm8k_eval import evaluate_gsm8k
     from llmrl_core.model_store import base_state_dict
-    from llmrl_core.policies.base import SamplingConfig
-    from llmrl_core.policies.vllm_engine import EngineConfig
-    from llmrl_core.policies.vllm_worker import start_engine
+    from llmrl_core.modules.backends.types import EngineConfig, SamplingConfig
+    from llmrl_core.modules.backends.vllm.worker import start_engine
 
     task = job["task"]
     rows = load_source_rows(task["eval_source"], limit=questions)

@@ -78,7 +78,7 @@ def config(args: argparse.Namespace, run_id: str = "bench-train-vs-trl"):
 def generate(args: argparse.Namespace, out: Path) -> None:
     """Child-process mode: one rollout stage + the advantages stage, written to ``out`` as JSON rows."""
     from llmrl_core.model_store import resolve_model
-    from llmrl_core.policies.vllm_engine import shutdown_llm
+    from llmrl_core.modules.backends.vllm.engine import shutdown_llm
     from storage.trajectories import TrajectoryStore
     from tasks.grpo_stages import assign_advantages, load_prompts
     from tasks.records import logprob_temperature

@@ -1,7 +1,8 @@
 """Trainer log-probs vs the sampler's, and GRPO train-step speed, fp32 against bf16 autocast (CPU or CUDA).
 
 The sampler is llmrl's Transformers engine (``rollout.backend: transformers``,
-:class:`~llmrl_core.policies.transformers_worker.TransformersWorker`) at temperature T, recording the log-probs of
+:class:`~llmrl_core.modules.backends.transformers.worker.TransformersWorker`)
+at temperature T, recording the log-probs of
 the distribution it sampled from (as vLLM's ``processed_logprobs``), in fp32 and in bf16; so the script runs where
 vLLM is not installed (e.g. a GPU machine with torch and transformers only). Printed: the engine's sampling speed,
 mean and max |trainer - sampler| log-prob for an fp32 and a bf16 autocast trainer against each engine, then GRPO
@@ -22,11 +23,10 @@ from transformers import AutoModelForCausalLM
 
 from llmrl_core.builtin_data import load_gsm8k
 from llmrl_core.model_store import ensure_default_model
+from llmrl_core.modules.backends.transformers.scoring import render_chat_prompt
+from llmrl_core.modules.backends.transformers.worker import TransformersWorker
+from llmrl_core.modules.backends.types import EngineConfig, SamplingConfig
 from llmrl_core.objectives import GRPOLoss
-from llmrl_core.policies.base import SamplingConfig
-from llmrl_core.policies.hf_scoring import render_chat_prompt
-from llmrl_core.policies.transformers_worker import TransformersWorker
-from llmrl_core.policies.vllm_engine import EngineConfig
 from llmrl_core.trainer import Trainer, TrainerConfig
 from llmrl_core.trainer.batch import TrainSample, pack_samples
 from llmrl_core.trainer.scoring import score_packed

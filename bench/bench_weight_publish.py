@@ -3,7 +3,7 @@
 Usage: ``.venv/bin/python bench/bench_weight_publish.py [--repeats 3] [--dtype float32] [--kv-cache-gb 1.0]
 [--reload-path auto|vllm]`` (``vllm``: vLLM's own ``reload_weights`` instead of llmrl's in-place CPU reload).
 
-Starts one resident :class:`~llmrl_core.policies.vllm_worker.vLLMWorker` (packaged SmolLM2-135M) and loads the
+Starts one resident :class:`~llmrl_core.modules.backends.vllm.worker.vLLMWorker` (packaged SmolLM2-135M) and loads the
 base weights (tied ``lm_head.weight`` spelled out, as ``tasks/evaluate.py`` does). Then, interleaved and
 repeated after one untimed warm-up of each: (a) ``load_weights(path)`` of a safetensors file written once,
 (b) ``load_weights(bytes)`` of ``state_dict_to_bytes``, and the baselines (c) ``{k: v.clone()}`` of the state
@@ -49,8 +49,9 @@ def main() -> None:
     import torch
 
     from llmrl_core.model_store import base_state_dict
-    from llmrl_core.policies.vllm_engine import EngineConfig, shutdown_llm
-    from llmrl_core.policies.vllm_worker import vLLMWorker
+    from llmrl_core.modules.backends.types import EngineConfig
+    from llmrl_core.modules.backends.vllm.engine import shutdown_llm
+    from llmrl_core.modules.backends.vllm.worker import vLLMWorker
     from llmrl_core.weight_sync.serialization import state_dict_to_bytes, write_state_dict_atomic
     from llmrl_core.weight_sync.updater import cast_floats, engine_dtype
     from storage.handoff import SharedWeights

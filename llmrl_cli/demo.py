@@ -26,7 +26,8 @@ def demo(
     """Answer GSM8K questions with the packaged model on vLLM, with per-token log-probs."""
     from llmrl_core.jobs.gsm8k_answers import answer_gsm8k, summarize, write_jsonl_atomic
     from llmrl_core.model_store import resolve_model
-    from llmrl_core.policies.vllm_engine import EngineConfig, make_llm
+    from llmrl_core.modules.backends.types import EngineConfig
+    from llmrl_core.modules.backends.vllm.engine import make_llm
 
     typer.echo(f"[1/3] model: {resolve_model(model, progress=lambda m: typer.echo(f'      {m}'))}")
     typer.echo(f"[2/3] starting vLLM ({dtype}) ...")

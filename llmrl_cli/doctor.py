@@ -83,8 +83,9 @@ def doctor(
 
 
 def _check_engine() -> bool:
-    from llmrl_core.policies.hf_scoring import render_chat_prompt
-    from llmrl_core.policies.vllm_engine import EngineConfig, generate, make_llm
+    from llmrl_core.modules.backends.transformers.scoring import render_chat_prompt
+    from llmrl_core.modules.backends.types import EngineConfig
+    from llmrl_core.modules.backends.vllm.engine import generate, make_llm
 
     typer.echo("vllm engine   starting on the default model ...")
     start = time.perf_counter()

@@ -7,7 +7,8 @@ from pathlib import Path
 from prefect import task
 
 from llmrl_core.jobs.gsm8k_answers import answer_gsm8k, write_jsonl_atomic
-from llmrl_core.policies.vllm_engine import EngineConfig, make_llm
+from llmrl_core.modules.backends.types import EngineConfig
+from llmrl_core.modules.backends.vllm.engine import make_llm
 from tasks.reporting import live_table
 
 

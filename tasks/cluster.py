@@ -66,7 +66,7 @@ class Placement:
         every started actor that has them, before the run's client lets Dask drop them.
 
         Dask drops an actor without telling it; an in-process vLLM engine dropped that way is never freed
-        (:func:`~llmrl_core.policies.vllm_engine.shutdown_llm`), so a joined cluster's rollout worker grew by
+        (:func:`~llmrl_core.modules.backends.vllm.engine.shutdown_llm`), so a joined cluster's rollout worker grew by
         an engine per run. A failing or hung close is logged, not raised: the run's result stands.
         """
         actors = [f.result() for f in self.actors if f.status == "finished"]  # else nothing resident to close

@@ -1,7 +1,7 @@
 """Stages of the evaluate flow: pick versions, score one version, write the report, publish it.
 
 * One resident engine per process serves every version: :func:`resident_worker` keeps a
-  :class:`~llmrl_core.policies.vllm_worker.vLLMWorker` per engine config, and :func:`evaluate_version`
+  :class:`~llmrl_core.modules.backends.vllm.worker.vLLMWorker` per engine config, and :func:`evaluate_version`
   loads the version's weights into it (a stored checkpoint, or the base model's own weights for an
   unstored version 0), skipping the load when the engine already holds them.
 * Each version's result is a JSON file under ``RUN/evaluations/<settings hash>/``, written atomically and
@@ -37,10 +37,9 @@ from llmrl_core.evaluation.gsm8k_eval import Progress
 from llmrl_core.evaluation.report import verdict_lines
 from llmrl_core.evaluation.results import save_result, write_text_atomic
 from llmrl_core.model_store import base_state_dict, resolve_model
+from llmrl_core.modules.backends.types import EngineConfig, SamplingConfig
+from llmrl_core.modules.backends.vllm.worker import start_engine, vLLMWorker
 from llmrl_core.pipeline.task_config import TaskConfig
-from llmrl_core.policies.base import SamplingConfig
-from llmrl_core.policies.vllm_engine import EngineConfig
-from llmrl_core.policies.vllm_worker import start_engine, vLLMWorker
 from storage.checkpoints import CheckpointStore
 from storage.hashing import config_hash
 from storage.layout import RunLayout

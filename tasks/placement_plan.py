@@ -42,10 +42,10 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from llmrl_core.modules.backends.types import EngineConfig
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.pipeline.offline_config import OfflineConfig
 from llmrl_core.pipeline.sft_config import SFTConfig
-from llmrl_core.policies.vllm_engine import EngineConfig
 
 RunConfig = GRPOConfig | SFTConfig | OfflineConfig  # the configs with ``dask`` and ``train.device`` sections
 

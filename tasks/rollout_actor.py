@@ -18,10 +18,9 @@ from llmrl_core.collectors.tensordict_batches import rows as episode_rows
 from llmrl_core.envs.reward_calls import RewardFunctionError
 from llmrl_core.evaluation.rollout_health import rollout_health
 from llmrl_core.hardware import cuda_peak_gib, where_am_i
+from llmrl_core.modules.backends.types import EngineConfig, SamplingConfig
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.pipeline.task_config import make_task_env
-from llmrl_core.policies.base import SamplingConfig
-from llmrl_core.policies.vllm_engine import EngineConfig
 from llmrl_core.user_code import UserCodeError
 from storage.checkpoints import CheckpointStore
 from storage.trajectories import TrajectoryStore

@@ -140,7 +140,7 @@ def default_model_path() -> str:
 @pytest.fixture(scope="session")
 def hf_model_fp32(default_model_path):
     """(model, tokenizer): the packaged model in fp32 with transformers, eval mode."""
-    from llmrl_core.policies.hf_scoring import load_causal_lm
+    from llmrl_core.modules.backends.transformers.scoring import load_causal_lm
 
     return load_causal_lm(default_model_path, dtype="float32")
 
@@ -151,7 +151,8 @@ def vllm_engine_fp32(default_model_path):
 
     Tests that push weights into it must restore the original weights before they end.
     """
-    from llmrl_core.policies.vllm_engine import EngineConfig, make_llm
+    from llmrl_core.modules.backends.types import EngineConfig
+    from llmrl_core.modules.backends.vllm.engine import make_llm
 
     return make_llm(
         EngineConfig(model=default_model_path, dtype="float32", kv_cache_gb=1, seed=0, weight_sync_extension=True)

@@ -65,7 +65,7 @@ def _agent_rollout(engine, agent: str, version: int, max_new_tokens: int, seed: 
     from transformers import AutoTokenizer
 
     from llmrl_core.agents import run_agent_rollout
-    from llmrl_core.policies.base import SamplingConfig
+    from llmrl_core.modules.backends.types import SamplingConfig
 
     worker = types.SimpleNamespace(llm=engine, policy_version=version, config=types.SimpleNamespace(max_model_len=2048))
     return run_agent_rollout(

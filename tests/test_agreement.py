@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from llmrl_core.builtin_data import load_gsm8k
+from llmrl_core.modules.backends.transformers.scoring import render_chat_prompt
+from llmrl_core.modules.backends.vllm.engine import generate
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
-from llmrl_core.policies.hf_scoring import render_chat_prompt
-from llmrl_core.policies.vllm_engine import generate
 from storage.handoff import SharedWeights
 from storage.layout import RunLayout
 from storage.schema import TrajectoryRecord

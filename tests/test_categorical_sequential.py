@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.distributions import Categorical
 
-from llmrl_core.policies import CategoricalSequential
+from llmrl_core.modules.policies.distributions import CategoricalSequential
 from llmrl_core.ports import free_port
 from llmrl_core.weight_sync import stateless_init_process_group
 

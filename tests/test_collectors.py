@@ -16,13 +16,12 @@ from llmrl_core.data import LLMData
 from llmrl_core.data.tensor_specs import Unbounded
 from llmrl_core.envs import ChatEnv, PolicyVersion, Transform, make_gsm8k_env
 from llmrl_core.envs.tensordict_io import end_rows, step_row_fields
-from llmrl_core.policies.base import SamplingConfig
-from llmrl_core.policies.vllm_wrapper import vLLMWrapper
+from llmrl_core.modules import vLLMWrapper
 
 
 @pytest.fixture(scope="module")
 def policy(vllm_engine_fp32):
-    return vLLMWrapper(vllm_engine_fp32, sampling=SamplingConfig(max_new_tokens=24, temperature=0.8, seed=0))
+    return vLLMWrapper(vllm_engine_fp32, generate_kwargs={"max_new_tokens": 24, "temperature": 0.8, "seed": 0})
 
 
 def _gsm8k_env(tokenizer, batch_size=2, repeats=2, input_mode="history"):

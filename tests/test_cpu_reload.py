@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmrl_core.policies.hf_scoring import load_causal_lm
-from llmrl_core.policies.vllm_wrapper import score_with_vllm
+from llmrl_core.modules.backends.transformers.scoring import load_causal_lm
+from llmrl_core.modules.backends.vllm.engine import score_with_vllm
 from llmrl_core.weight_sync.updater import add_tied_head
 from llmrl_core.weight_sync.worker_extension import _worker, reload_and_fingerprint
 
@@ -72,7 +72,8 @@ def test_the_in_place_reload_leaves_the_engine_as_vllms_own_reload_does(default_
     """Two fresh bf16 engines (the flows' dtype; the paths are not mixed on one engine): one reloads through vLLM's
     ``reload_weights``, the other in place; their log-probs on the same answer are bit-identical, and both moved
     from the base model's."""
-    from llmrl_core.policies.vllm_engine import EngineConfig, make_llm, shutdown_llm
+    from llmrl_core.modules.backends.types import EngineConfig
+    from llmrl_core.modules.backends.vllm.engine import make_llm, shutdown_llm
 
     model, tokenizer = load_causal_lm(default_model_path, dtype="float32")
     prompt, response = _ids(tokenizer)

@@ -10,8 +10,7 @@ import torch
 from llmrl_core.collectors.dask_collector import DaskLLMCollector, shard_by_group
 from llmrl_core.collectors.tensordict_batches import rows as episodes
 from llmrl_core.envs import PromptRow, make_gsm8k_env
-from llmrl_core.policies.base import SamplingConfig
-from llmrl_core.policies.vllm_engine import EngineConfig
+from llmrl_core.modules.backends.types import EngineConfig, SamplingConfig
 
 
 def test_shard_by_group_keeps_groups_together_and_balances():
@@ -35,7 +34,7 @@ def test_two_workers_collect_with_consistent_versions(default_model_path, tmp_pa
     from dask.distributed import Client, LocalCluster
 
     from llmrl_core.builtin_data import load_gsm8k
-    from llmrl_core.policies.hf_scoring import load_causal_lm
+    from llmrl_core.modules.backends.transformers.scoring import load_causal_lm
 
     rows = [
         PromptRow({"query": r["question"], "answer": r["answer"]}, prompt_id=i, group_id=i, sample_index=k)

@@ -14,8 +14,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from llmrl_core.modules.backends.transformers.scoring import score_response_tokens
 from llmrl_core.objectives import GRPOLoss, SFTLoss
-from llmrl_core.policies.hf_scoring import score_response_tokens
 from llmrl_core.trainer import Trainer, TrainerConfig, TrainSample
 from llmrl_core.trainer.data_parallel import DataParallelTrainer, run_data_parallel, shard_samples
 

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import torch
 
+from llmrl_core.modules.backends.types import EngineConfig
+from llmrl_core.modules.backends.vllm import worker as vllm_worker
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
-from llmrl_core.policies import vllm_worker
-from llmrl_core.policies.vllm_engine import EngineConfig
 
 
 class RecordingLLM:
@@ -95,7 +95,7 @@ def test_without_sleep_mode_sleep_is_a_no_op(monkeypatch):
 def test_the_engine_starts_in_sleep_mode_on_cuda_only(monkeypatch):
     import vllm
 
-    from llmrl_core.policies import vllm_engine
+    from llmrl_core.modules.backends.vllm import engine as vllm_engine
 
     for key in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CACHE_ROOT", "VLLM_CPU_KVCACHE_SPACE"):
         monkeypatch.setenv(key, "0" if key == "VLLM_ENABLE_V1_MULTIPROCESSING" else "1")

@@ -109,7 +109,7 @@ def test_versions_are_scored_with_their_own_weights(flow_run, hf_model_fp32, def
     model, tokenizer = hf_model_fp32
     prompts = gsm8k_prompt_ids(tokenizer, load_gsm8k("test", limit=N_QUESTIONS))
 
-    from llmrl_core.policies.hf_scoring import load_causal_lm
+    from llmrl_core.modules.backends.transformers.scoring import load_causal_lm
 
     copy, _ = load_causal_lm(default_model_path, dtype="float32")
     copy.load_state_dict(perturbed)

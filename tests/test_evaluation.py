@@ -24,8 +24,7 @@ from llmrl_core.evaluation import (
     report_rows,
     save_result,
 )
-from llmrl_core.policies.base import SamplingConfig
-from llmrl_core.policies.vllm_engine import Completion
+from llmrl_core.modules.backends.types import Completion, SamplingConfig
 
 
 def _brute_force_pass_at_k(n: int, c: int, k: int) -> Fraction:
@@ -105,7 +104,7 @@ class ScriptedWorker:
     def load_weights(self, weights, version):
         raise AssertionError("not used")
 
-    def generate(self, prompts, sampling, n=1):
+    def generate(self, prompts, sampling, n=1, progress=False):
         self.calls.append((prompts, sampling, n))
         out = []
         for prompt in prompts:
@@ -113,6 +112,8 @@ class ScriptedWorker:
             texts = SCRIPT[index][:1] if n == 1 else SCRIPT[index][1 : 1 + n]
             reason = "stop" if n == 1 else "length"
             out.append([Completion(list(prompt), [1] * (len(t) // 4 + 1), [], t, reason) for t in texts])
+            if callable(progress):  # as the engines report: answers done so far, after each finished prompt
+                progress(len(out) * n, len(prompts) * n)
         return out
 
 
@@ -245,7 +246,9 @@ def test_verdict_names_the_best_version_and_whether_it_clears_three_standard_err
     assert verdict_lines(rows[:2]) == []  # the baseline alone: nothing to compare
 
 
-def test_a_long_evaluation_reports_its_progress_in_chunks_that_keep_every_prompts_seed(tokenizer):
+def test_a_long_evaluation_reports_its_progress_as_the_engine_finishes_answers(tokenizer):
+    """With a progress callback, each mode is still one engine call (the same call, so the same answers) and the
+    counts come from the engine as it finishes answers: (0, total) first, then rising to (total, total)."""
     worker = ScriptedWorker(tokenizer)
     rows = [ROWS[i % len(ROWS)] for i in range(40)]
     worker.prompt_index = {tuple(p): i % len(ROWS) for i, p in enumerate(gsm8k_prompt_ids(tokenizer, rows))}
@@ -256,47 +259,22 @@ def test_a_long_evaluation_reports_its_progress_in_chunks_that_keep_every_prompt
     assert seen[0] == (0, total) and seen[-1] == (total, total)
     assert {t for _, t in seen} == {total}
     done = [d for d, _ in seen]
-    assert done == sorted(done) and len(set(done)) == len(done) >= 4  # several counts within each mode
-    # prompt i keeps seed + i in whichever call samples it (the engine seeds a call's prompt j with its seed + j)
-    greedy_calls = [(len(p), s.seed) for p, s, n in worker.calls if n == 1]
-    starts = [0, *itertools.accumulate(size for size, _ in greedy_calls)][:-1]
-    assert len(greedy_calls) >= 2 and [seed for _, seed in greedy_calls] == [3 + start for start in starts]
+    assert done == sorted(done) and len(set(done)) == len(done) >= 6  # several counts within each mode
+    assert [(len(p), s.seed, n) for p, s, n in worker.calls] == [(40, 3, 1), (40, 3, 2)]  # one call per mode
     worker.calls.clear()
     plain = evaluate_gsm8k(worker, rows, n_samples=2, sampling=sampling)
-    assert len(worker.calls) == 2  # without a progress callback: one engine call per mode, as before
+    assert len(worker.calls) == 2
     assert plain.summary() == pytest.approx(result.summary(), nan_ok=True)
 
 
-def test_chunks_are_sized_to_the_measured_rate():
-    from llmrl_core.evaluation import gsm8k_eval
+def test_vllm_reports_finished_answers_through_the_progress_callback(vllm_engine_fp32):
+    """The callback rides on vLLM's own per-request progress (``use_tqdm``): counts of finished answers, the last
+    one every answer, nothing printed; the answers are those of the same call without it."""
+    from llmrl_core.modules.backends.vllm.engine import generate
 
-    now = [0.0]
-    calls = []
-
-    class SlowEngine:
-        """The engine's interface (``generate`` and ``load_weights``), ``seconds`` per prompt on a fake clock."""
-
-        def __init__(self, seconds):
-            self.seconds = seconds
-
-        def load_weights(self, weights, version):
-            raise AssertionError("not used")
-
-        def generate(self, prompts, sampling, n=1):
-            calls.append((len(prompts), sampling.seed))
-            now[0] += self.seconds * len(prompts)
-            return [[Completion(list(p), [1], [], "x", "stop")] * n for p in prompts]
-
-    advanced = []
-    prompts = [[i] for i in range(100)]
-    out = gsm8k_eval.sample_in_chunks(
-        SlowEngine(0.5), prompts, SamplingConfig(seed=0), 1, advanced.append, clock=lambda: now[0]
-    )
-    assert [o[0].prompt_token_ids for o in out] == prompts
-    # first FIRST_CHUNK_SEQUENCES prompts, then what 2 prompts/s finish in CHUNK_SECONDS (at most 4x the last call)
-    assert calls == [(16, 0), (40, 16), (40, 56), (4, 96)]
-    assert advanced == [16, 40, 40, 4]
-    calls.clear()
-    clock = lambda: now[0]  # noqa: E731
-    gsm8k_eval.sample_in_chunks(SlowEngine(20.0), prompts[:40], SamplingConfig(seed=0), 4, lambda _: None, clock)
-    assert [size for size, _ in calls] == [4] * 10  # 16 answers, then 0.05 prompts/s: never a narrower call
+    prompts = [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12]]
+    seen = []
+    with_bar = generate(vllm_engine_fp32, prompts, max_tokens=8, n=2, seed=1, use_tqdm=lambda d, t: seen.append(d))
+    plain = generate(vllm_engine_fp32, prompts, max_tokens=8, n=2, seed=1)
+    assert seen[0] == 0 and seen[-1] == 6 and seen == sorted(seen)
+    assert [[c.token_ids for c in g] for g in with_bar] == [[c.token_ids for c in g] for g in plain]

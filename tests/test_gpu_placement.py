@@ -6,10 +6,10 @@ import os
 
 import pytest
 
+from llmrl_core.modules.backends.types import EngineConfig
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig, RolloutConfig, TrainConfig
 from llmrl_core.pipeline.sft_config import SFTConfig
-from llmrl_core.policies.vllm_engine import EngineConfig
 from tasks.placement_plan import (
     THREAD_VARIABLES,
     available_cores,
@@ -83,12 +83,12 @@ def test_rollout_worker_passes_the_settings_to_its_engine(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(actors.RolloutActor, "__init__", fake_init)
     monkeypatch.setattr("llmrl_core.model_store.resolve_model", lambda model: model)
-    monkeypatch.setattr("llmrl_core.policies.vllm_engine.cuda_available", lambda: True)
+    monkeypatch.setattr("llmrl_core.modules.backends.types.cuda_available", lambda: True)
     actors.RolloutWorker(grpo(tp=2, utilization=0.25), "/models/m")
     actors.RolloutWorker(grpo(), "/models/m")
     assert (seen[0].tensor_parallel_size, seen[0].gpu_memory_utilization) == (2, 0.25)
     assert (seen[1].tensor_parallel_size, seen[1].gpu_memory_utilization) == (1, EngineConfig.gpu_memory_utilization)
-    monkeypatch.setattr("llmrl_core.policies.vllm_engine.cuda_available", lambda: False)
+    monkeypatch.setattr("llmrl_core.modules.backends.types.cuda_available", lambda: False)
     with pytest.raises(ValueError, match="rollout.tensor_parallel_size"):
         actors.RolloutWorker(grpo(tp=2), "/models/m")
 

@@ -472,7 +472,7 @@ def test_bad_inputs_name_the_field():
 
 def test_grpo_loss_module_scores_the_model(hf_model_fp32):
     """GRPOLoss on a packed batch equals grpo_loss on log-probs scored one sample at a time (no training)."""
-    from llmrl_core.policies.hf_scoring import score_response_tokens
+    from llmrl_core.modules.backends.transformers.scoring import score_response_tokens
     from llmrl_core.trainer import TrainSample, pack_samples
 
     model, tok = hf_model_fp32

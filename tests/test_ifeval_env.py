@@ -131,12 +131,11 @@ def test_text_mode_renders_the_packaged_models_chat_template(default_model_path)
 @pytest.mark.slow
 def test_the_packaged_model_generates_and_the_env_scores_it(hf_model_fp32):
     """End to end with the real model (greedy, 24 new tokens): ~10 s on an idle machine, ~90 s under load."""
-    from llmrl_core.policies.base import SamplingConfig
-    from llmrl_core.policies.transformers_wrapper import TransformersWrapper
+    from llmrl_core.modules import TransformersWrapper
 
     model, tokenizer = hf_model_fp32
     env = IFEvalEnv(_rows(1001, 2422), batch_size=2, shuffle=False)
-    policy = TransformersWrapper(model, tokenizer, sampling=SamplingConfig(max_new_tokens=24, temperature=0))
+    policy = TransformersWrapper(model, tokenizer=tokenizer, generate_kwargs={"max_new_tokens": 24, "do_sample": False})
     out = env.reset_batch()
     torch.manual_seed(0)
     generated = policy(out)

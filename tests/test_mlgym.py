@@ -500,10 +500,11 @@ def test_mlgym_score_reward():
 def test_collector_plays_guess_number_with_vllm(vllm_engine_fp32):
     from llmrl_core.collectors import LLMCollector
     from llmrl_core.collectors.tensordict_batches import rows as episodes
-    from llmrl_core.policies.base import SamplingConfig
-    from llmrl_core.policies.vllm_wrapper import vLLMWrapper
+    from llmrl_core.modules import vLLMWrapper
 
-    policy = vLLMWrapper(vllm_engine_fp32, sampling=SamplingConfig(max_new_tokens=24, temperature=0.8, seed=0))
+    policy = vLLMWrapper(
+        vllm_engine_fp32, input_mode="tokens", generate_kwargs={"max_new_tokens": 24, "temperature": 0.8, "seed": 0}
+    )
     env = make_guess_number_env(policy.tokenizer, input_mode="tokens", batch_size=2, max_guesses=3, seed=0)
     batch = LLMCollector(env, policy, total_trajectories=2).collect()
     sampled_rows = batch.get(("log_probs", "full"), as_list=True)

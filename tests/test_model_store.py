@@ -55,7 +55,7 @@ def test_prepared_model_matches_the_gguf_weights(fresh_home):
 def test_tokenizer_has_chat_template_and_greedy_answer_contains_5(fresh_home):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from llmrl_core.policies.hf_scoring import render_chat_prompt
+    from llmrl_core.modules.backends.transformers.scoring import render_chat_prompt
 
     _, prepared, _ = fresh_home
     tokenizer = AutoTokenizer.from_pretrained(prepared.path)

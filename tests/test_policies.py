@@ -8,9 +8,9 @@ import torch
 from tensordict import TensorDict, lazy_stack, set_list_to_stack
 
 from llmrl_core.data.history import History
+from llmrl_core.modules.backends.transformers.scoring import teacher_forced_log_probs
+from llmrl_core.modules.backends.types import SamplingConfig
 from llmrl_core.modules.policies import ChatHistory, Masks, Text, Tokens, TransformersWrapper, vLLMWrapper
-from llmrl_core.policies.base import SamplingConfig
-from llmrl_core.policies.hf_scoring import teacher_forced_log_probs
 
 CHATS = [
     [{"role": "user", "content": "What is 2+3?"}],
@@ -266,7 +266,7 @@ def test_bad_sampling_settings_are_rejected():
 
 
 def test_llm_on_device_rejects_unknown_devices():
-    from llmrl_core.policies.vllm_worker import LLMOnDevice
+    from llmrl_core.modules.backends.vllm.worker import LLMOnDevice
 
     with pytest.raises(ValueError, match="device must be 'cpu' or 'cuda"):
         LLMOnDevice(device="tpu:0")
@@ -276,7 +276,7 @@ def test_make_vllm_worker_takes_torchrls_arguments(monkeypatch, default_model_pa
     """TorchRL's ``make_vllm_worker`` (keyword-only arguments) through the porting rule: its errors, and what a
     local engine is built from (the engine class is replaced by a recorder: starting vLLM is tested elsewhere)."""
     from llmrl_core.modules import make_vllm_worker
-    from llmrl_core.policies import vllm_worker
+    from llmrl_core.modules.backends.vllm import worker as vllm_worker
 
     with pytest.raises(RuntimeError, match="llmrl has no Ray: pass make_ray_worker=False"):
         make_vllm_worker(model_name=str(default_model_path))
@@ -306,8 +306,8 @@ def test_make_vllm_worker_takes_torchrls_arguments(monkeypatch, default_model_pa
 def test_torchrls_module_names_import_by_the_porting_rule():
     """``from torchrl.modules.llm import ...`` names of TorchRL's reference page, ported."""
     from llmrl_core import modules
-    from llmrl_core.policies.distributions import CategoricalSequential
-    from llmrl_core.policies.vllm_worker import LLMOnDevice, vLLMWorker
+    from llmrl_core.modules.backends.vllm.worker import LLMOnDevice, vLLMWorker
+    from llmrl_core.modules.policies.distributions import CategoricalSequential
     from llmrl_core.weight_sync.process_group import stateless_init_process_group
 
     assert modules.CategoricalSequential is CategoricalSequential and modules.vLLMWorker is vLLMWorker

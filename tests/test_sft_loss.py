@@ -162,7 +162,7 @@ def test_fully_masked_row_and_errors():
 
 def test_sft_loss_module_on_the_model_assistant_only(hf_model_fp32):
     """SFTLoss on a packed batch: only response_mask tokens count (no training of the shared model)."""
-    from llmrl_core.policies.hf_scoring import score_response_tokens
+    from llmrl_core.modules.backends.transformers.scoring import score_response_tokens
     from llmrl_core.trainer import TrainSample, pack_samples
 
     model, tok = hf_model_fp32

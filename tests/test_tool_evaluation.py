@@ -119,13 +119,15 @@ def test_the_evaluate_flow_plays_tool_and_game_envs_and_batches_single_turn_ones
 @pytest.mark.slow
 def test_evaluate_env_executes_the_tool_and_scores_every_episode(vllm_engine_fp32, tokenizer):
     from llmrl_core.evaluation.env_eval import evaluate_env
-    from llmrl_core.policies.base import SamplingConfig
-    from llmrl_core.policies.vllm_wrapper import vLLMWrapper
+    from llmrl_core.modules import vLLMWrapper
+    from llmrl_core.modules.backends.types import SamplingConfig
 
     # The real shared engine; the namespace stands in for what the episode loop reads of a vLLMWorker: its config,
-    # policy version and policy (a vLLMWrapper on the engine).
+    # policy version and policy (TorchRL's vLLMWrapper on the engine).
     def policy(input_mode: str, sampling: SamplingConfig, progress: bool = False) -> vLLMWrapper:
-        return vLLMWrapper(vllm_engine_fp32, input_mode=input_mode, sampling=sampling, progress=progress)
+        wrapper = vLLMWrapper(vllm_engine_fp32, input_mode=input_mode, generate_kwargs=sampling.as_kwargs())
+        wrapper.progress = progress
+        return wrapper
 
     worker = SimpleNamespace(config=SimpleNamespace(max_model_len=2048), policy_version=0, policy=policy)
     env = build_env(EnvConfig(name="arithmetic_python"), TASK, tokenizer, input_mode="tokens")

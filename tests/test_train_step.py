@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
+from llmrl_core.modules.backends.transformers.scoring import render_chat_prompt, score_response_tokens
 from llmrl_core.objectives import GRPOLoss, SFTLoss
-from llmrl_core.policies.hf_scoring import render_chat_prompt, score_response_tokens
 from llmrl_core.trainer import (
     LoraOptions,
     Trainer,

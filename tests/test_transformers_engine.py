@@ -11,10 +11,9 @@ import pytest
 import torch
 from cli_runs import run_llmrl
 
+from llmrl_core.modules.backends.types import EngineConfig, SamplingConfig
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
-from llmrl_core.policies.base import SamplingConfig
-from llmrl_core.policies.vllm_engine import EngineConfig
 from tasks.weight_sync import Endpoint, choose_weight_route
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def engine(default_model_path):
-    from llmrl_core.policies.vllm_worker import start_engine
+    from llmrl_core.modules.backends.vllm.worker import start_engine
 
     worker = start_engine(EngineConfig(model=default_model_path, backend="transformers", dtype="float32", device="cpu"))
     yield worker
@@ -44,7 +43,7 @@ def _by_hand(model, prompt: list[int], response: list[int], temperature: float) 
 
 
 def test_the_engine_samples_groups_with_the_log_probs_of_its_sampling_distribution(engine):
-    from llmrl_core.policies.transformers_worker import TransformersWorker
+    from llmrl_core.modules.backends.transformers.worker import TransformersWorker
 
     assert isinstance(engine, TransformersWorker)
     prompts = _prompts(engine.get_tokenizer())
@@ -65,7 +64,7 @@ def test_the_engine_samples_groups_with_the_log_probs_of_its_sampling_distributi
 
 
 def test_raw_log_probs_are_the_teacher_forced_ones_and_stop_strings_end_a_response(default_model_path):
-    from llmrl_core.policies.transformers_worker import TransformersWorker
+    from llmrl_core.modules.backends.transformers.worker import TransformersWorker
 
     worker = TransformersWorker(
         EngineConfig(model=default_model_path, dtype="float32", device="cpu", logprobs_mode="raw_logprobs"),

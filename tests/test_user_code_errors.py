@@ -15,7 +15,7 @@ def test_a_shard_whose_agent_episodes_all_failed_is_the_users_code(monkeypatch):
     """Every episode of an ``env.agent`` shard failed: an AgentFailed (one line on the command line, not retried)
     with the first failures' reasons."""
     from llmrl_core.agents import rollout as agent_rollout
-    from llmrl_core.policies.base import SamplingConfig
+    from llmrl_core.modules.backends.types import SamplingConfig
     from llmrl_core.user_code import UserCodeError
     from tasks.grpo_stages import retry_unless_user_error
     from tasks.rollout_actor import AgentFailed, RolloutWorker

@@ -88,7 +88,7 @@ def _rollout(engine, spec: dict, sampling_seed: int):
     from llmrl_core.agents import run_agent_rollout
     from llmrl_core.builtin_data.sources import load_source_rows
     from llmrl_core.envs.types import PromptRow
-    from llmrl_core.policies.base import SamplingConfig
+    from llmrl_core.modules.backends.types import SamplingConfig
 
     env = EnvConfig(verifiers=spec)
     data = load_source_rows("verifiers:train", limit=2, env_options=env.options)

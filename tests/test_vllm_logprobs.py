@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from llmrl_core.builtin_data import load_gsm8k
-from llmrl_core.policies.hf_scoring import render_chat_prompt, score_response_tokens
-from llmrl_core.policies.vllm_engine import generate
+from llmrl_core.modules.backends.transformers.scoring import render_chat_prompt, score_response_tokens
+from llmrl_core.modules.backends.vllm.engine import generate
 
 
 def _gsm8k_prompts(tokenizer, n):

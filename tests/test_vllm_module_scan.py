@@ -15,7 +15,7 @@ def test_the_modules_vllm_cannot_scan_are_hidden_while_an_engine_starts():
     import flask.globals  # noqa: F401  (request, current_app, ...: LocalProxy globals)
     from vllm.triton_utils.dispatcher import _rebind_kernels
 
-    from llmrl_core.policies.vllm_module_scan import modules_hidden_from_vllm_scan
+    from llmrl_core.modules.backends.vllm.module_scan import modules_hidden_from_vllm_scan
 
     with pytest.raises(RuntimeError, match="application context"):
         _rebind_kernels([])  # vLLM's own scan, as an engine start runs it, with Flask imported

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from llmrl_core.envs import PolicyVersion
-from llmrl_core.policies.hf_scoring import load_causal_lm
-from llmrl_core.policies.vllm_wrapper import score_with_vllm
+from llmrl_core.modules.backends.transformers.scoring import load_causal_lm
+from llmrl_core.modules.backends.vllm.engine import score_with_vllm
 from llmrl_core.weight_sync import vLLMUpdater
 from llmrl_core.weight_sync.fingerprint import weights_fingerprint
 from llmrl_core.weight_sync.serialization import state_dict_from_bytes, state_dict_to_bytes
@@ -105,7 +105,8 @@ def test_safetensors_bytes_round_trip_keeps_tied_weights():
     reason="an NCCL push needs two GPUs: the engine's (GPU 0) and the trainer's (GPU 1); NCCL refuses two ranks on one",
 )
 def test_nccl_push_matches_trainer(default_model_path):
-    from llmrl_core.policies.vllm_engine import EngineConfig, make_llm
+    from llmrl_core.modules.backends.types import EngineConfig
+    from llmrl_core.modules.backends.vllm.engine import make_llm
 
     model, tokenizer = load_causal_lm(default_model_path, dtype="float32", device="cuda:1")
     llm = make_llm(
@@ -130,9 +131,10 @@ def test_nccl_push_matches_trainer(default_model_path):
 
 CROSS_PROCESS_SCRIPT = """
 import sys, torch
-from llmrl_core.policies.vllm_engine import EngineConfig, make_llm, shutdown_llm
-from llmrl_core.policies.vllm_wrapper import score_with_vllm
-from llmrl_core.policies.hf_scoring import load_causal_lm
+from llmrl_core.modules.backends.types import EngineConfig
+from llmrl_core.modules.backends.vllm.engine import make_llm, shutdown_llm
+from llmrl_core.modules.backends.vllm.engine import score_with_vllm
+from llmrl_core.modules.backends.transformers.scoring import load_causal_lm
 from llmrl_core.weight_sync import vLLMUpdater
 
 if __name__ == "__main__":
@@ -233,7 +235,7 @@ def test_the_rotary_reload_warning_is_explained_once_then_hidden(caplog):
     never a checkpoint weight): llmrl explains it once and hides it; other reload warnings still show."""
     import logging
 
-    from llmrl_core.policies.vllm_engine import quiet_reload_warnings
+    from llmrl_core.modules.backends.vllm.engine import quiet_reload_warnings
 
     quiet_reload_warnings()
     quiet_reload_warnings()  # idempotent

@@ -10,7 +10,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from llmrl_core.policies.vllm_engine import Completion
+from llmrl_core.modules.backends.types import Completion
 
 
 @dataclass

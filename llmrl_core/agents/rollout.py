@@ -13,7 +13,7 @@ from llmrl_core.agents.runner import EpisodeJob, EpisodeOutcome, run_episodes
 from llmrl_core.agents.server import AgentEndpoint, SamplingPolicy
 from llmrl_core.collectors.tensordict_batches import EpisodeRow
 from llmrl_core.envs.types import PromptRow
-from llmrl_core.policies.base import SamplingConfig
+from llmrl_core.modules.backends.types import SamplingConfig
 
 
 @dataclass
@@ -81,7 +81,7 @@ def run_agent_rollout(
     prompt_field: str = "question",
 ) -> AgentRollout:
     """Run ``agent_path``'s agent once per row against ``worker``'s engine (a
-    :class:`~llmrl_core.policies.vllm_worker.vLLMWorker`) at its current policy version. The endpoint imposes
+    :class:`~llmrl_core.modules.backends.vllm.worker.vLLMWorker`) at its current policy version. The endpoint imposes
     ``sampling``'s temperature and top-p, caps replies at its ``max_new_tokens``, and seeds every call from its
     seed. ``tokenizer``: the endpoint's own copy of the engine's tokenizer. Each agent gets its row with the prompt
     under ``query`` (as the built-in envs see it) and under its data field ``prompt_field`` too, as the held-out

@@ -24,8 +24,7 @@ from llmrl_core.collectors.tensordict_batches import rows as episode_rows
 from llmrl_core.envs.chat_env import ChatEnv
 from llmrl_core.envs.transforms.policy_version import PolicyVersion
 from llmrl_core.envs.types import PromptRow
-from llmrl_core.policies.base import SamplingConfig
-from llmrl_core.policies.vllm_engine import EngineConfig
+from llmrl_core.modules.backends.types import EngineConfig, SamplingConfig
 from llmrl_core.weight_sync.serialization import state_dict_to_bytes, write_state_dict_atomic
 
 EnvFactory = Callable[[Any], ChatEnv]  # tokenizer -> env (batch_size None: reset takes any number of rows)
@@ -35,7 +34,8 @@ def collect_episodes(
     worker: Any, env: ChatEnv, rows: Sequence[PromptRow], sampling: SamplingConfig, progress: bool = False
 ) -> TensorDictBase:
     """Every row of ``rows`` played to the end of its episode (all turns, tools included) by ``worker`` (a
-    :class:`~llmrl_core.policies.vllm_worker.vLLMWorker` or a ``TransformersWorker``: its ``policy``) in ``env``,
+    :class:`~llmrl_core.modules.backends.vllm.worker.vLLMWorker` or a ``TransformersWorker``: its ``policy``) in
+    ``env``,
     stamped with the worker's version. A slot whose conversation outgrows the engine's context is truncated
     (``ChatEnv.max_prompt_tokens``). The one episode loop of the rollout actors and the evaluation of multi-turn
     envs. Returns the collector's TensorDict of episodes (:mod:`llmrl_core.collectors.tensordict_batches`)."""
@@ -60,7 +60,7 @@ class RolloutActor:
     worker (``tasks.rollout_actor.RolloutWorker``) extends it with staging shards and rollout metrics."""
 
     def __init__(self, env_factory: EnvFactory, engine_config: EngineConfig, sampling: SamplingConfig) -> None:
-        from llmrl_core.policies.vllm_worker import start_engine
+        from llmrl_core.modules.backends.vllm.worker import start_engine
 
         self.worker = start_engine(engine_config)  # vLLM, or Transformers (engine_config.backend)
         self.env = env_factory(self.worker.get_tokenizer())

@@ -30,7 +30,7 @@ finished slot is reset on its own at once), shaped ``(B, steps)`` (row ``b``: sl
 ``flatten_data`` (TorchRL's default when a ``replay_buffer`` is given) viewed as ``(B * steps,)``. With a
 ``queue`` (anything with ``put``) or a ``replay_buffer`` (anything with ``extend``), every batch is also delivered
 there. The policy is a TorchRL-style wrapper (:mod:`llmrl_core.modules`, TensorDict in and out) or a rollout
-engine callable on :class:`~llmrl_core.data.llm_data.LLMData` (:mod:`llmrl_core.policies`).
+callable on :class:`~llmrl_core.data.llm_data.LLMData`.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ Policy = Callable[[LLMData], Any]
 class LLMCollector(PolicyWeights):
     """Runs env(s) and a policy together; iterate it for batches (see the module docstring).
 
-    ``policy`` is a wrapper from :mod:`llmrl_core.policies` (or any callable taking :class:`LLMData` and
+    ``policy`` is a wrapper from :mod:`llmrl_core.modules` (or any callable taking :class:`LLMData` and
     returning an object with ``responses()``). ``prompts`` optionally feeds resets from an iterable of
     rows (otherwise each env's primer does), ``prompts_per_reset`` at a time (default: the env's batch size;
     rolling resets take one row per freed slot). ``dialog_turns_per_batch`` sets the batch size in turns (in

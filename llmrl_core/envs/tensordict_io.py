@@ -190,8 +190,9 @@ def responses_from_tensordict(td: TensorDictBase, tokenizer: Any = None, text_fi
     bare ``History``), the sampled text (``("text", "response")``, ``"text_response"``), or, when neither is there,
     the sampled ids decoded with ``tokenizer``. The sampled ids and log-probs (``("tokens", "response")``,
     ``("log_probs", "response")``, padding removed) ride along, so a tokens-mode env keeps them exactly; a message
-    marked incomplete reads as cut by the token limit (``finish_reason="length"``). ``text_first`` (a policy's
-    fresh output) reads the sampled text before the conversation.
+    marked incomplete reads as cut by the token limit (``finish_reason="length"``), unless the data says why each
+    answer ended (``"finish_reason"``, what a wrapper on an engine writes). ``text_first`` (a policy's fresh output)
+    reads the sampled text before the conversation.
     """
     ids = _sampled_rows(td, ("tokens", "response"))
     log_probs = _sampled_rows(td, ("log_probs", "response"))
@@ -207,13 +208,15 @@ def responses_from_tensordict(td: TensorDictBase, tokenizer: Any = None, text_fi
             raise ValueError("the answers are token ids only (('tokens', 'response')): decoding them needs a tokenizer")
         answers = ([tokenizer.decode(row.tolist(), skip_special_tokens=False) for row in ids], [True] * len(ids))
     texts, complete = answers
+    reasons = td.get("finish_reason", None) if "finish_reason" in td.keys() else None
+    reasons = _text_rows(reasons) if reasons is not None else [None if whole else "length" for whole in complete]
     out = []
-    for i, (text, whole) in enumerate(zip(texts, complete, strict=True)):
+    for i, (text, reason) in enumerate(zip(texts, reasons, strict=True)):
         row_ids = ids[i].to(torch.long) if ids is not None else None
         row_lps = log_probs[i] if log_probs is not None else None
         if row_ids is not None and row_lps is not None and row_lps.shape != row_ids.shape:
             row_lps = None
-        out.append(Response(text, token_ids=row_ids, log_probs=row_lps, finish_reason=None if whole else "length"))
+        out.append(Response(text, token_ids=row_ids, log_probs=row_lps, finish_reason=reason))
     return out
 
 

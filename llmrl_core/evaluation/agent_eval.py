@@ -25,7 +25,7 @@ from llmrl_core.envs.types import PromptRow
 from llmrl_core.evaluation.env_eval import held_out_answers
 from llmrl_core.evaluation.gsm8k_eval import Advance, Progress, run_decoding_modes
 from llmrl_core.evaluation.results import EvaluationResult, ModeResult, QuestionOutcome, SampleOutcome
-from llmrl_core.policies.base import SamplingConfig
+from llmrl_core.modules.backends.types import SamplingConfig
 
 SUCCESS_KEY = "success"
 

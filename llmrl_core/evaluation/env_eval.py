@@ -24,7 +24,7 @@ from llmrl_core.envs.chat_env import ChatEnv
 from llmrl_core.envs.types import PromptRow
 from llmrl_core.evaluation.gsm8k_eval import Advance, Progress, run_decoding_modes
 from llmrl_core.evaluation.results import EvaluationResult, ModeResult, QuestionOutcome, SampleOutcome
-from llmrl_core.policies.base import SamplingConfig
+from llmrl_core.modules.backends.types import SamplingConfig
 
 
 def episode_outcome(t: EpisodeRow, policy_role: str = "assistant") -> SampleOutcome:

@@ -12,23 +12,18 @@
   per question at ``sampling.temperature`` with ``sampling.seed``; vLLM derives a distinct seed for each of
   the ``n`` samples, so the same seed gives every policy version the same random stream).
 
-``engine`` is a :class:`~llmrl_core.policies.vllm_worker.vLLMWorker`, a ``TransformersWorker`` or a ``vllm.LLM``.
+``engine`` is a :class:`~llmrl_core.modules.backends.vllm.worker.vLLMWorker`, a ``TransformersWorker`` or a
+``vllm.LLM``.
 The scoring half is :func:`evaluate_prompts`, which takes any prompt ids and any ``score(text, answer_field)``
 function with the parser's output keys, for tasks other than GSM8K.
 
 ``progress`` (every ``evaluate_*``): a :data:`Progress` callback, called with (answers done, answers in all) from
-the start; with it, the prompts of a mode are sampled in engine calls sized to last about ``CHUNK_SECONDS`` each
-(the first one small, so a first count comes within seconds), every prompt keeping its seed (``seed + its index``).
-Without it, one engine call per mode, as before. Chunks sized by time keep the speed on any engine (measured on
-2 CPU cores, 96 questions, greedy + 2 samples of 96 tokens: 49.6 s chunked against 47.5 s in one call) where a
-fixed size would starve a GPU's batch or leave a CPU minutes without a count; the price is that the engine's
-batches differ from one call's, so a few answers (4 of 96 greedy, 8 of 192 sampled there) differ in the last
-bits of float arithmetic, as between two machines. Leave ``progress`` out for exactly one call's answers.
+the start and then as the engine finishes answers (vLLM reports each finished request; the transformers engine
+each batch). The engine call is the same as without it, so are the answers.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -37,20 +32,13 @@ from llmrl_core.data.chat_templates import MODEL_TEMPLATE
 from llmrl_core.envs.gsm8k import GSM8K_QUESTION_TEMPLATE, GSM8K_SYSTEM_PROMPT, GSM8KEnv
 from llmrl_core.envs.gsm8k_reward import GSM8KRewardParser, extract_tags, gold_answer, normalize_answer
 from llmrl_core.evaluation.results import EvaluationResult, ModeResult, QuestionOutcome, SampleOutcome
+from llmrl_core.modules.backends.types import Completion, SamplingConfig
+from llmrl_core.modules.backends.vllm.engine import generate
 from llmrl_core.pipeline.preflight import check_rows as check_source_rows
-from llmrl_core.policies.base import SamplingConfig
-from llmrl_core.policies.vllm_engine import Completion, generate
 
 ScoreFn = Callable[[str, str], Mapping[str, Any]]
 Progress = Callable[[int, int], None]  # (answers done, answers in the whole evaluation: every mode)
 Advance = Callable[[int], None]  # a mode's runner: this many more answers are done
-
-# Chunked sampling (only with a progress callback): the first engine call samples about FIRST_CHUNK_SEQUENCES
-# answers, each later one as many prompts as the last call's rate finishes in CHUNK_SECONDS (at most 4x the last
-# call, never fewer than the first: a slow engine keeps its batch width). A call of ~20 s keeps the engine's batch
-# full but for the tail of its longest answers.
-FIRST_CHUNK_SEQUENCES = 16
-CHUNK_SECONDS = 20.0
 
 
 def check_rows(rows: Sequence[Mapping[str, Any]], fields: Sequence[str] = ("question", "answer")) -> None:
@@ -88,9 +76,22 @@ def gsm8k_prompt_ids(
     return [t.tolist() for t in env.reset_batch().get(("tokens", "prompt"), as_list=True)]
 
 
-def _sample_once(engine: Any, prompts: list[list[int]], sampling: SamplingConfig, n: int) -> list[list[Completion]]:
+def sample_prompts(
+    engine: Any, prompts: list[list[int]], sampling: SamplingConfig, n: int, advance: Advance | None = None
+) -> list[list[Completion]]:
+    """``n`` completions per prompt in one engine call (prompt ``i`` seeded with ``seed + i``); ``advance(answers)``
+    as the engine finishes them."""
+    report: Callable[[int, int], None] | bool = False
+    if advance is not None:
+        reported = [0]
+
+        def report(done: int, total: int) -> None:  # done: the engine's count of finished answers
+            if done > reported[0]:
+                advance(done - reported[0])
+                reported[0] = done
+
     if hasattr(engine, "load_weights"):  # a vLLMWorker or a TransformersWorker (a vllm.LLM has no load_weights)
-        return engine.generate(prompts, sampling, n=n)
+        return engine.generate(prompts, sampling, n=n, progress=report)
     return generate(
         engine,
         prompts,
@@ -100,37 +101,8 @@ def _sample_once(engine: Any, prompts: list[list[int]], sampling: SamplingConfig
         n=n,
         seed=sampling.seed,
         stop=sampling.stop or None,
+        use_tqdm=report,
     )
-
-
-def sample_in_chunks(
-    engine: Any,
-    prompts: list[list[int]],
-    sampling: SamplingConfig,
-    n: int,
-    advance: Advance | None = None,
-    clock: Callable[[], float] = time.perf_counter,
-) -> list[list[Completion]]:
-    """``n`` completions per prompt: one engine call without ``advance``; with it, calls sized by the measured rate
-    (see ``CHUNK_SECONDS``), ``advance(answers)`` after each. Prompt ``i`` is sampled with ``seed + i`` either way
-    (the engine seeds a call's prompt ``j`` with its ``seed + j``), so a chunked evaluation samples what one call
-    would."""
-    if advance is None:
-        return _sample_once(engine, prompts, sampling, n)
-    out: list[list[Completion]] = []
-    start, size = 0, max(1, FIRST_CHUNK_SEQUENCES // max(n, 1))
-    smallest = size
-    while start < len(prompts):
-        stop = min(len(prompts), start + size)
-        chunk_sampling = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + start)
-        t0 = clock()
-        out.extend(_sample_once(engine, prompts[start:stop], chunk_sampling, n))
-        elapsed = clock() - t0
-        advance((stop - start) * n)
-        rate = (stop - start) / max(elapsed, 1e-6)  # prompts per second
-        size = max(smallest, min(int(rate * CHUNK_SECONDS), 4 * (stop - start)))
-        start = stop
-    return out
 
 
 def _score_mode(
@@ -187,7 +159,7 @@ def evaluate_prompts(
     prompts = [list(p) for p in prompt_ids]
 
     def run_mode(name: str, cfg: SamplingConfig, n: int, advance: Advance | None) -> ModeResult:
-        groups = sample_in_chunks(engine, prompts, cfg, n, advance)
+        groups = sample_prompts(engine, prompts, cfg, n, advance)
         return _score_mode(name, groups, answers, score, n, cfg.temperature)
 
     return run_decoding_modes(run_mode, len(prompts), n_samples, k_values, sampling, greedy, settings, progress)

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from llmrl_core.builtin_data import gsm8k_gold, load_gsm8k
-from llmrl_core.policies.hf_scoring import render_chat_prompt
-from llmrl_core.policies.vllm_engine import generate
+from llmrl_core.modules.backends.transformers.scoring import render_chat_prompt
+from llmrl_core.modules.backends.vllm.engine import generate
 
 
 @dataclass

@@ -10,11 +10,11 @@ from llmrl_core.modules.policies import __all__ as _POLICY_NAMES
 
 # TorchRL's backends and utilities of ``torchrl.modules.llm``; they load on first use (vLLM is heavy)
 _LAZY = {
-    "make_vllm_worker": "llmrl_core.policies.vllm_worker",
-    "vLLMWorker": "llmrl_core.policies.vllm_worker",
-    "LLMOnDevice": "llmrl_core.policies.vllm_worker",
+    "make_vllm_worker": "llmrl_core.modules.backends.vllm.worker",
+    "vLLMWorker": "llmrl_core.modules.backends.vllm.worker",
+    "LLMOnDevice": "llmrl_core.modules.backends.vllm.worker",
     "stateless_init_process_group": "llmrl_core.weight_sync.process_group",
-    "CategoricalSequential": "llmrl_core.policies.distributions",
+    "CategoricalSequential": "llmrl_core.modules.policies.distributions",
 }
 
 __all__ = [*_POLICY_NAMES, *_LAZY]

@@ -21,7 +21,7 @@ from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 
 from llmrl_core.data.tensors import as_padded_tensor
-from llmrl_core.policies.hf_scoring import teacher_forced_log_probs
+from llmrl_core.modules.backends.transformers.scoring import teacher_forced_log_probs
 
 MASKING_STRATEGIES = ("sft", "rlhf", "generic")
 

@@ -1,7 +1,20 @@
 """TorchRL's ``torchrl.modules.llm.backends`` under llmrl's name (the README's import rule);
-the functions live in the modules imported here."""
+the functions live in the modules named here and load on first use (vLLM is heavy). The engines' own parts:
+:mod:`.types` (EngineConfig, SamplingConfig, Completion), :mod:`.vllm` and :mod:`.transformers`."""
 
-from llmrl_core.policies.vllm_worker import make_vllm_worker
-from llmrl_core.weight_sync.process_group import stateless_init_process_group
+from typing import Any
 
-__all__ = ["make_vllm_worker", "stateless_init_process_group"]
+_LAZY = {
+    "make_vllm_worker": "llmrl_core.modules.backends.vllm.worker",
+    "stateless_init_process_group": "llmrl_core.weight_sync.process_group",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

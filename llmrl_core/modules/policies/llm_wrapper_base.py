@@ -32,6 +32,14 @@ as in SmolLM2 and many chat models, or a value TorchRL leaves undefined):
   hold 0 (TorchRL leaves the log-prob of the pad token);
 * ``text.full`` is ``text.prompt + text.response`` (TorchRL decodes the padded token row);
 * prompts of different lengths work in history mode (TorchRL fails to stack them).
+
+llmrl's addition: a wrapper built on a *resident engine* (a :class:`~llmrl_core.modules.backends.vllm.worker.vLLMWorker`
+or :class:`~llmrl_core.modules.backends.transformers.worker.TransformersWorker`, what the flows' rollout workers hold;
+``worker.policy(...)`` builds one) samples through the engine's own ``generate``: prompt ``i`` seeded with
+``seed + i`` (so the copies of a GRPO group sample differently), the engine's text and finish reason kept (written
+per sample as ``"finish_reason"``: ``"stop"`` or ``"length"``). Its ``generate_kwargs`` are then the engine's
+sampling settings only (``max_new_tokens``, ``temperature``, ``top_p``, ``do_sample``, ``seed``,
+``stop_sequences``, ``num_return_sequences``); scoring and the TensorDict layout are unchanged.
 """
 
 from __future__ import annotations
@@ -55,11 +63,27 @@ from tensordict.utils import NestedKey
 from llmrl_core.collector_registration import CollectorRegistration
 from llmrl_core.data.history import History
 from llmrl_core.data.tensors import as_padded_tensor
+from llmrl_core.modules.backends.types import SamplingConfig
 from llmrl_core.modules.policies.common import ChatHistory, LogProbs, Masks, Text, Tokens
 
 __all__ = ["LLMWrapperBase"]
 
 InputMode = Literal["history", "text", "tokens"]
+
+# what a wrapper on a resident engine takes in generate_kwargs (the engine's SamplingConfig)
+ENGINE_GENERATE_KWARGS = frozenset(
+    {"max_new_tokens", "temperature", "top_p", "do_sample", "seed", "stop_sequences", "stop", "num_return_sequences"}
+)
+
+
+# what llmrl's wrappers write beside TorchRL's out_keys, when they know it (a sample's finish reason)
+LLMRL_OUT_KEYS = ("finish_reason",)
+
+
+def is_resident_engine(model: Any) -> bool:
+    """Whether ``model`` is one of llmrl's resident engines (a ``vLLMWorker`` / ``TransformersWorker``: it samples
+    token-id prompts with ``generate(prompt_ids, sampling, n)`` and knows its policy version)."""
+    return hasattr(model, "generate") and hasattr(model, "policy_version") and hasattr(model, "get_tokenizer")
 
 
 class LLMWrapperBase(CollectorRegistration, TensorDictModuleBase):
@@ -69,6 +93,9 @@ class LLMWrapperBase(CollectorRegistration, TensorDictModuleBase):
     :meth:`_generate_rows` and :meth:`_score_rows`; see :class:`~llmrl_core.modules.policies.TransformersWrapper`
     for the arguments.
     """
+
+    engine: Any = None  # llmrl: the resident engine this wrapper samples through (None: the backend's own call)
+    progress: bool = False  # llmrl: the engine's progress bar over each call's prompts (vLLM engines)
 
     COMMON_GENERATION_PARAMS = {
         "max_new_tokens",
@@ -256,6 +283,46 @@ class LLMWrapperBase(CollectorRegistration, TensorDictModuleBase):
         self.chat_template_name = chat_template_name
         self.chat_template = chat_template
 
+    def _setup_engine(self, engine: Any, standardized: dict) -> None:
+        """Sample through ``engine`` (a resident engine, :func:`is_resident_engine`) with the settings of
+        ``standardized`` (TorchRL's common names), refusing what the engine's sampling does not have."""
+        unknown = sorted(set(standardized) - ENGINE_GENERATE_KWARGS)
+        if unknown:
+            raise ValueError(
+                f"{type(self).__name__} on a resident engine ({type(engine).__name__}) samples with the engine's "
+                f"settings: generate_kwargs {unknown} are not supported there (supported: "
+                f"{sorted(ENGINE_GENERATE_KWARGS)}); wrap the engine's model instead for the backend's full options"
+            )
+        stop = standardized.get("stop_sequences", standardized.get("stop")) or []
+        greedy = standardized.get("do_sample") is False
+        self.engine = engine
+        self._engine_sampling = SamplingConfig(
+            max_new_tokens=int(standardized.get("max_new_tokens", SamplingConfig.max_new_tokens)),
+            temperature=0.0 if greedy else float(standardized.get("temperature", SamplingConfig.temperature)),
+            top_p=float(standardized.get("top_p", SamplingConfig.top_p)),
+            seed=standardized.get("seed"),
+            stop=[stop] if isinstance(stop, str) else list(stop),
+        )
+
+    def _engine_rows(self, prompts: list[torch.Tensor]) -> list[list[tuple[Any, ...]]]:
+        """:meth:`_generate_rows` through the resident engine: per sample ``(ids, log-probs, text, finish
+        reason)``, the engine's text and finish reason kept."""
+        groups = self.engine.generate(
+            [p.tolist() for p in prompts], self._engine_sampling, self.num_samples or 1, progress=self.progress
+        )
+        return [
+            [
+                (
+                    torch.tensor(c.token_ids, dtype=torch.long),
+                    torch.tensor(c.logprobs, dtype=torch.float32) if self.return_log_probs else None,
+                    c.text,
+                    c.finish_reason,
+                )
+                for c in group
+            ]
+            for group in groups
+        ]
+
     def _setup_samples(self, num_samples: int | None, requested: int, inplace: Any) -> None:
         """TorchRL's rules tying ``num_samples``, the backend's sample count and ``inplace``."""
         self.num_samples = num_samples
@@ -398,15 +465,16 @@ class LLMWrapperBase(CollectorRegistration, TensorDictModuleBase):
             out = self._compute(tensordict, **kwargs)
             if tensordict.device is not None:
                 out = out.to(tensordict.device)
+            keys = [*self.out_keys, *(k for k in LLMRL_OUT_KEYS if k in out.keys())]
             if tensordict_out is None:
                 if self.inplace is True:
                     tensordict_out = tensordict
                 elif self.inplace == "empty":
                     tensordict_out = tensordict.empty()
                 else:
-                    return out.select(*self.out_keys, strict=False)
-            tensordict_out.exclude(*self.out_keys, inplace=True)
-            for key in self.out_keys:
+                    return out.select(*keys, strict=False)
+            tensordict_out.exclude(*keys, inplace=True)
+            for key in keys:
                 value = out.get(key, None)
                 if value is not None:
                     tensordict_out.set(key, value)
@@ -576,18 +644,21 @@ class LLMWrapperBase(CollectorRegistration, TensorDictModuleBase):
                 )
             prompts = self._token_rows(td, self.input_key)
         assert prompts is not None
-        samples = self._generate_rows(prompts)
+        samples = self._engine_rows(prompts) if self.engine is not None else self._generate_rows(prompts)
         n = self.num_samples
         flat_prompts = [p for p in prompts for _ in range(n or 1)]
-        flat = [pair for row in samples for pair in row]
-        responses = [r.long().cpu() for r, _ in flat]
-        log_probs = [lp for _, lp in flat]
+        flat = [sample for row in samples for sample in row]
+        responses = [sample[0].long().cpu() for sample in flat]
+        log_probs = [sample[1] for sample in flat]
+        finish_reasons = [sample[3] if len(sample) > 3 else None for sample in flat]
         tokenizer = self.tokenizer
         text_response = (
             tokenizer.batch_decode([r.tolist() for r in responses], skip_special_tokens=False)
             if tokenizer is not None
             else None
         )
+        if flat and all(len(sample) > 2 for sample in flat):  # the engine's own text
+            text_response = [sample[2] for sample in flat]
         flat_text_prompt = [t for t in text_prompt for _ in range(n or 1)] if text_prompt is not None else None
 
         # per-sample tensors, padded the TorchRL way when asked
@@ -650,6 +721,8 @@ class LLMWrapperBase(CollectorRegistration, TensorDictModuleBase):
             row.set(self.masks_key, Masks(all_attention_mask=mask_rows[i], batch_size=[]))
             if lp_rows is not None:
                 row.set(self.log_probs_key, LogProbs(response=lp_rows[i], batch_size=[]))
+            if finish_reasons[i] is not None:
+                row.set_non_tensor("finish_reason", finish_reasons[i])
             if response_histories is not None:
                 prompt_h, response_h = prompt_histories[i], response_histories[i]
                 row.set(

@@ -1,9 +1,10 @@
 """``TransformersWrapper``: a Hugging Face causal LM as a TensorDict policy (TorchRL's constructor and outputs).
 
 Generation runs ``model.generate`` on the left-padded prompts (the shared helper
-:func:`llmrl_core.policies.transformers_wrapper.generate_with_log_probs`); scoring (``generate=False``) runs one
-teacher-forced forward pass per micro-batch through :func:`llmrl_core.policies.hf_scoring.teacher_forced_log_probs`,
-the scorer every llmrl component uses. The TensorDict layout, input modes and argument checks are those of
+:func:`llmrl_core.modules.backends.transformers.scoring.generate_with_log_probs`), or, on a resident engine (a
+``TransformersWorker``), the engine's own ``generate``; scoring (``generate=False``) runs one teacher-forced forward
+pass per micro-batch through :func:`llmrl_core.modules.backends.transformers.scoring.teacher_forced_log_probs`, the
+scorer every llmrl component uses. The TensorDict layout, input modes and argument checks are those of
 :class:`~llmrl_core.modules.policies.llm_wrapper_base.LLMWrapperBase` (see there for where llmrl differs from
 TorchRL 0.14.1).
 """
@@ -18,9 +19,13 @@ import torch
 from tensordict.utils import NestedKey
 
 from llmrl_core.data.tensors import as_padded_tensor
-from llmrl_core.modules.policies.llm_wrapper_base import LLMWrapperBase
-from llmrl_core.policies.hf_scoring import teacher_forced_log_probs
-from llmrl_core.policies.transformers_wrapper import _stop_token_ids, generate_with_log_probs
+from llmrl_core.modules.backends.transformers.scoring import (
+    generate_with_log_probs,
+    load_causal_lm,
+    stop_token_ids,
+    teacher_forced_log_probs,
+)
+from llmrl_core.modules.policies.llm_wrapper_base import LLMWrapperBase, is_resident_engine
 
 __all__ = ["TransformersWrapper"]
 
@@ -37,7 +42,8 @@ class TransformersWrapper(LLMWrapperBase):
     """A transformers causal LM that generates (``generate=True``) or scores (``generate=False``) TensorDicts.
 
     Args:
-        model: a loaded ``PreTrainedModel``, or a model reference for
+        model: a loaded ``PreTrainedModel``, a resident ``TransformersWorker`` (sampling through its ``generate``),
+            or a model reference for
             :func:`llmrl_core.model_store.resolve_model` (``"default"``, a local folder, a cached hub id), loaded
             in fp32 (on ``device`` when given).
 
@@ -101,9 +107,10 @@ class TransformersWrapper(LLMWrapperBase):
         score_batch_size: int = 8,
     ) -> None:
         super().__init__()
+        engine = model if is_resident_engine(model) else None
+        if engine is not None:
+            model, tokenizer = engine.model, tokenizer if tokenizer is not None else engine.get_tokenizer()
         if isinstance(model, str):
-            from llmrl_core.policies.hf_scoring import load_causal_lm
-
             model, loaded_tokenizer = load_causal_lm(model, device=str(device) if device is not None else "cpu")
             if tokenizer is None:
                 tokenizer = loaded_tokenizer
@@ -152,7 +159,7 @@ class TransformersWrapper(LLMWrapperBase):
         for key, value in standardized.items():
             if key not in self.COMMON_GENERATION_PARAMS:
                 continue
-            if key == "stop_sequences":
+            if key == "stop_sequences" and engine is None:
                 warnings.warn(
                     "stop_sequences parameter is not yet fully supported in TransformersWrapper. "
                     "Use eos_token_id or implement custom stopping criteria for full support.",
@@ -174,6 +181,8 @@ class TransformersWrapper(LLMWrapperBase):
         hf_kwargs.setdefault("return_dict_in_generate", True)
         self.generate_kwargs = hf_kwargs
         self._in_get_dist_call = False
+        if engine is not None:
+            self._setup_engine(engine, standardized)
 
     def get_new_version(self, **kwargs: Any) -> TransformersWrapper:
         """A wrapper on the same model with some settings changed, e.g. ``get_new_version(generate=False)``.
@@ -181,7 +190,7 @@ class TransformersWrapper(LLMWrapperBase):
         Unchanged settings are copied; a default ``input_key`` follows the new ``input_mode`` / ``generate``
         (TorchRL copies the old key, so a scoring copy of a generating wrapper would read the prompt).
         """
-        model = kwargs.pop("model", self.model)
+        model = kwargs.pop("model", self.engine if self.engine is not None else self.model)
         constructor = self._new_version_kwargs(kwargs)
         constructor.setdefault("score_batch_size", self.score_batch_size)
         return type(self)(model, **constructor)
@@ -205,7 +214,7 @@ class TransformersWrapper(LLMWrapperBase):
             kwargs.pop("tokenizer", None)
         device = self._device or self._model_device
         new, log_probs = generate_with_log_probs(self.model, ids.long().to(device), mask.to(device), **kwargs)
-        stop_ids = _stop_token_ids(self.model, self.tokenizer) if self.tokenizer is not None else set()
+        stop_ids = stop_token_ids(self.model, self.tokenizer) if self.tokenizer is not None else set()
         extra_eos = kwargs.get("eos_token_id")
         if extra_eos is not None:
             stop_ids |= set(extra_eos if isinstance(extra_eos, (list, tuple)) else [extra_eos])

@@ -2,8 +2,10 @@
 
 Generation samples with ``vllm.LLM.generate`` on token-id prompts and reads the log-prob of each sampled token
 (the engine's ``logprobs_mode`` decides raw or processed log-probs); scoring (``generate=False``) reads vLLM's
-``prompt_logprobs`` over the full sequence through :func:`llmrl_core.policies.vllm_wrapper.score_with_vllm`, the
-scorer llmrl's rollout code uses. The TensorDict layout, input modes and argument checks are those of
+``prompt_logprobs`` over the full sequence through :func:`llmrl_core.modules.backends.vllm.engine.score_with_vllm`,
+the scorer llmrl's rollout code uses. On a resident engine (a ``vLLMWorker``) it samples through the engine's own
+``generate`` (see :mod:`llmrl_core.modules.policies.llm_wrapper_base`). The TensorDict layout, input modes and
+argument checks are those of
 :class:`~llmrl_core.modules.policies.llm_wrapper_base.LLMWrapperBase`.
 """
 
@@ -14,14 +16,15 @@ from typing import Any, Literal
 import torch
 from tensordict.utils import NestedKey
 
-from llmrl_core.modules.policies.llm_wrapper_base import LLMWrapperBase
+from llmrl_core.modules.policies.llm_wrapper_base import LLMWrapperBase, is_resident_engine
 
 __all__ = ["vLLMWrapper"]
 
 
 def _as_llm(model: Any) -> Any:
     """A ``vllm.LLM`` from an engine, a worker holding one (``.llm``), an ``EngineConfig`` or a model reference."""
-    from llmrl_core.policies.vllm_engine import EngineConfig, make_llm
+    from llmrl_core.modules.backends.types import EngineConfig
+    from llmrl_core.modules.backends.vllm.engine import make_llm
 
     if isinstance(model, str):
         return make_llm(EngineConfig(model=model))
@@ -39,9 +42,9 @@ class vLLMWrapper(LLMWrapperBase):  # noqa: N801 - TorchRL's name
     """A vLLM engine that generates (``generate=True``) or scores (``generate=False``) TensorDicts.
 
     Args:
-        model: a ``vllm.LLM``, a :class:`~llmrl_core.policies.vllm_worker.vLLMWorker`, an
-            :class:`~llmrl_core.policies.vllm_engine.EngineConfig`, or a model reference (``"default"``, a folder, a
-            cached hub id) from which an engine is started.
+        model: a ``vllm.LLM``, a :class:`~llmrl_core.modules.backends.vllm.worker.vLLMWorker` (sampling through its
+            ``generate``), an :class:`~llmrl_core.modules.backends.types.EngineConfig`, or a model reference
+            (``"default"``, a folder, a cached hub id) from which an engine is started.
 
     Keyword Args:
         generate_kwargs: sampling settings in TorchRL's common names (``max_new_tokens``, ``temperature``,
@@ -90,6 +93,7 @@ class vLLMWrapper(LLMWrapperBase):  # noqa: N801 - TorchRL's name
             raise ValueError(f"input_mode must be one of 'history', 'text', 'tokens'. Got '{input_mode}'")
         if pad_model_input is not None:
             raise ValueError("pad_model_input is not supported by vLLMWrapper.")
+        engine = model if is_resident_engine(model) else None
         llm = _as_llm(model)
         self.model = llm
         if isinstance(tokenizer, str):
@@ -155,6 +159,8 @@ class vLLMWrapper(LLMWrapperBase):  # noqa: N801 - TorchRL's name
         vllm_kwargs.setdefault("include_stop_str_in_output", True)
         vllm_kwargs.setdefault("skip_special_tokens", False)
         self._sampling_kwargs = vllm_kwargs
+        if engine is not None:
+            self._setup_engine(engine, standardized)
 
     @property
     def sampling_params(self) -> Any:
@@ -169,35 +175,36 @@ class vLLMWrapper(LLMWrapperBase):  # noqa: N801 - TorchRL's name
 
     def get_new_version(self, **kwargs: Any) -> vLLMWrapper:
         """A wrapper on the same engine with some settings changed, e.g. ``get_new_version(generate=False)``."""
-        model = kwargs.pop("model", self.model)
+        model = kwargs.pop("model", self.engine if self.engine is not None else self.model)
         return type(self)(model, **self._new_version_kwargs(kwargs))
 
     # --- backend primitives ------------------------------------------------------------------------
-    def _generate_rows(self, prompts: list[torch.Tensor]) -> list[list[tuple[torch.Tensor, torch.Tensor | None]]]:
-        from vllm.inputs import TokensPrompt
+    def _generate_rows(self, prompts: list[torch.Tensor]) -> list[list[tuple[Any, ...]]]:
+        """Samples of each prompt through :func:`~llmrl_core.modules.backends.vllm.engine.generate` (prompt ``i``
+        seeded with ``seed + i`` when a seed is given): ``(ids, log-probs, vLLM's text, finish reason)``."""
+        from llmrl_core.modules.backends.vllm.engine import generate
 
         for i, prompt in enumerate(prompts):
             if prompt.numel() == 0:
                 raise ValueError(f"prompt {i} is empty: vLLM needs at least one prompt token")
-        requests = [TokensPrompt(prompt_token_ids=p.tolist()) for p in prompts]
-        outputs = self.model.generate(requests, self.sampling_params, use_tqdm=False)
-        rows = []
-        for out in outputs:
-            samples = []
-            for completion in out.outputs:
-                ids = list(completion.token_ids)
-                log_probs = None
-                if self.return_log_probs and completion.logprobs is not None:
-                    log_probs = torch.tensor(
-                        [step[tok].logprob for tok, step in zip(ids, completion.logprobs, strict=True)],
-                        dtype=torch.float32,
-                    )
-                samples.append((torch.tensor(ids, dtype=torch.long), log_probs))
-            rows.append(samples)
-        return rows
+        kwargs = dict(self._sampling_kwargs)
+        kwargs.setdefault("max_tokens", 16)  # vLLM's own default
+        groups = generate(self.model, [p.tolist() for p in prompts], use_tqdm=self.progress, **kwargs)
+        return [
+            [
+                (
+                    torch.tensor(c.token_ids, dtype=torch.long),
+                    torch.tensor(c.logprobs, dtype=torch.float32) if self.return_log_probs else None,
+                    c.text,
+                    c.finish_reason,
+                )
+                for c in group
+            ]
+            for group in groups
+        ]
 
     def _score_rows(self, sequences: list[torch.Tensor]) -> list[torch.Tensor]:
-        from llmrl_core.policies.vllm_wrapper import score_with_vllm
+        from llmrl_core.modules.backends.vllm.engine import score_with_vllm
 
         lists = [s.tolist() for s in sequences]
         scores = score_with_vllm(self.model, [s[:1] for s in lists], [s[1:] for s in lists])

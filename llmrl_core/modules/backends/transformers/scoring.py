@@ -1,4 +1,5 @@
-"""Teacher-forced per-token log-probs with transformers: the reference for sampler log-probs."""
+"""A transformers causal LM as an engine's parts: loading it, teacher-forced per-token log-probs (the reference for
+sampler log-probs) and sampling with the sampled tokens' log-probs."""
 
 from __future__ import annotations
 
@@ -83,3 +84,34 @@ def score_response_tokens(
     ids = torch.tensor([list(prompt_token_ids) + list(response_token_ids)])
     log_probs, _ = teacher_forced_log_probs(model, ids)
     return log_probs[0, len(prompt_token_ids) :].cpu()
+
+
+def stop_token_ids(model: Any, tokenizer: Any) -> set[int]:
+    """The ids that end a response: the model's generation-config EOS id(s) and the tokenizer's EOS."""
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+def generate_with_log_probs(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, processed: bool = False, **generate_kwargs: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``model.generate`` on a left-padded batch: ``(new_tokens, log_probs)``, both ``(N, R)`` on the CPU.
+
+    ``N`` is the batch times ``num_return_sequences`` (the samples of a row are consecutive), ``R`` the longest
+    continuation; rows that stopped early are filled with the pad id by ``generate`` (their log-probs there are
+    meaningless: trim with the stop tokens). ``log_probs`` is the log-prob of each new token under the model's
+    raw logits (before temperature / top-p processing), or, with ``processed=True``, under the scores ``generate``
+    sampled from (its logits processors applied: temperature, top-p). ``generate_kwargs`` go to ``model.generate``
+    (``output_logits`` / ``output_scores`` and ``return_dict_in_generate`` are forced on).
+    """
+    device = next(model.parameters()).device
+    kwargs = dict(generate_kwargs, return_dict_in_generate=True)
+    kwargs["output_scores" if processed else "output_logits"] = True
+    out = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device).long(), **kwargs)
+    new = out.sequences[:, input_ids.shape[1] :]
+    logits = torch.stack(list(out.scores if processed else out.logits), dim=1)
+    log_probs = gather_log_probs(logits, new[:, : logits.shape[1]])
+    return new.cpu(), log_probs.detach().cpu()

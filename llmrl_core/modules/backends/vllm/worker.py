@@ -1,9 +1,10 @@
 """A vLLM engine that stays resident in its process: ``vLLMWorker``, ``make_vllm_worker``, ``LLMOnDevice``.
 
 A worker owns one engine for its whole life (a Dask worker, a script), so loading a model is a one-time
-cost. It samples and scores through :class:`~llmrl_core.policies.vllm_wrapper.vLLMWrapper` semantics and
-accepts new weights as a state dict, safetensors bytes or a safetensors file path (the forms that cross a
-process boundary), recording the policy version that each load brings.
+cost. It samples (:func:`~llmrl_core.modules.backends.vllm.engine.generate`) and scores, serves as a policy
+through TorchRL's :class:`~llmrl_core.modules.policies.vLLMWrapper` (:meth:`vLLMWorker.policy`), and accepts new
+weights as a state dict, safetensors bytes or a safetensors file path (the forms that cross a process boundary),
+recording the policy version that each load brings.
 """
 
 from __future__ import annotations
@@ -11,14 +12,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from llmrl_core.policies.base import SamplingConfig
-from llmrl_core.policies.vllm_engine import Completion, EngineConfig, generate, make_llm, shutdown_llm
-from llmrl_core.policies.vllm_wrapper import score_with_vllm
+from llmrl_core.modules.backends.types import Completion, EngineConfig, SamplingConfig
+from llmrl_core.modules.backends.vllm.engine import generate, make_llm, score_with_vllm, shutdown_llm
 from llmrl_core.weight_sync.serialization import state_dict_from
 from llmrl_core.weight_sync.updater import vLLMUpdater
 
@@ -41,16 +41,24 @@ class vLLMWorker:  # noqa: N801 - TorchRL's naming
         return self.llm.get_tokenizer()
 
     def policy(self, input_mode: str = "tokens", sampling: SamplingConfig | None = None, progress: bool = False) -> Any:
-        """A :class:`~llmrl_core.policies.vllm_wrapper.vLLMWrapper` on this engine (the episode loop's policy)."""
-        from llmrl_core.policies.vllm_wrapper import vLLMWrapper
+        """TorchRL's :class:`~llmrl_core.modules.policies.vLLMWrapper` on this engine (the episode loop's policy):
+        it samples through :meth:`generate`, ``progress`` showing vLLM's bar over each call's prompts."""
+        from llmrl_core.modules.policies import vLLMWrapper
 
         self.wake()
-        return vLLMWrapper(self.llm, input_mode=input_mode, sampling=sampling, progress=progress)  # type: ignore[arg-type]
+        wrapper = vLLMWrapper(self, input_mode=input_mode, generate_kwargs=(sampling or SamplingConfig()).as_kwargs())
+        wrapper.progress = progress
+        return wrapper
 
     def generate(
-        self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig | None = None, n: int = 1
+        self,
+        prompt_token_ids: Sequence[Sequence[int]],
+        sampling: SamplingConfig | None = None,
+        n: int = 1,
+        progress: bool | Callable[[int, int], None] = False,
     ) -> list[list[Completion]]:
-        """Sample ``n`` completions per prompt (token-id prompts), with sampler log-probs."""
+        """Sample ``n`` completions per prompt (token-id prompts), with sampler log-probs. ``progress``: vLLM's bar
+        (True) or a callback ``(requests done, requests)`` called as requests finish."""
         cfg = sampling or SamplingConfig()
         self.wake()
         return generate(
@@ -62,6 +70,7 @@ class vLLMWorker:  # noqa: N801 - TorchRL's naming
             n=n,
             seed=cfg.seed,
             stop=cfg.stop or None,
+            use_tqdm=progress,
         )
 
     def score(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> list[torch.Tensor]:
@@ -149,7 +158,7 @@ class vLLMWorker:  # noqa: N801 - TorchRL's naming
         return version
 
     def close(self) -> None:
-        """Shut the engine down and free its memory (:func:`~llmrl_core.policies.vllm_engine.shutdown_llm`);
+        """Shut the engine down and free its memory (:func:`~llmrl_core.modules.backends.vllm.engine.shutdown_llm`);
         the worker cannot be used afterwards. Idempotent. A process that hosts engines one after another (a
         joined Dask cluster's rollout worker, a notebook) must call it: a dropped engine is not freed."""
         llm, self.llm = self.llm, None
@@ -161,9 +170,9 @@ class vLLMWorker:  # noqa: N801 - TorchRL's naming
 
 def start_engine(config: EngineConfig) -> Any:
     """The resident engine ``config.backend`` names: a :class:`vLLMWorker` (``vllm``) or a
-    :class:`~llmrl_core.policies.transformers_worker.TransformersWorker` (``transformers``: no vLLM needed)."""
+    :class:`~llmrl_core.modules.backends.transformers.worker.TransformersWorker` (``transformers``: no vLLM needed)."""
     if config.backend == "transformers":
-        from llmrl_core.policies.transformers_worker import TransformersWorker
+        from llmrl_core.modules.backends.transformers.worker import TransformersWorker
 
         return TransformersWorker(config)
     return vLLMWorker(config)

@@ -11,107 +11,14 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
+
 from llmrl_core.model_store import resolve_model
+from llmrl_core.modules.backends.types import Completion, EngineConfig
 from llmrl_core.paths import llmrl_home
-
-
-def cuda_available() -> bool:
-    """Whether torch sees a CUDA device."""
-    import torch
-
-    return torch.cuda.is_available()
-
-
-LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
-ENGINE_BACKENDS = ("vllm", "transformers")
-SLEEP_LEVELS = (0, 1, 2)
-
-
-@dataclass
-class EngineConfig:
-    """How to build a vLLM engine: model, dtype, KV-cache size, device and seed.
-
-    ``model`` takes anything :func:`llmrl_core.model_store.resolve_model` accepts (``None`` is the
-    packaged SmolLM2). ``kv_cache_gb`` sizes the CPU KV cache; on GPU ``gpu_memory_utilization``
-    (vLLM's fraction of each GPU's memory for this engine) is used instead. ``device="auto"`` picks CUDA
-    when torch sees it. ``tensor_parallel_size`` shards the model over that many GPUs (vLLM starts one
-    worker process per GPU); CUDA only: the CPU engine runs in-process, so more than 1 on CPU is refused
-    (vLLM's CPU backend only parallelises over NUMA nodes in worker processes; scale CPU rollouts with more
-    engines instead).
-
-    ``backend`` picks the engine (:func:`~llmrl_core.policies.vllm_worker.start_engine`): ``vllm`` (the default,
-    the fast path) or ``transformers`` (:class:`~llmrl_core.policies.transformers_worker.TransformersWorker`, for
-    machines without vLLM; it reads ``model``, ``dtype``, ``device``, ``max_model_len`` and ``logprobs_mode``).
-
-    ``sleep_level`` (CUDA vLLM engines only) starts the engine with vLLM's sleep mode, so that
-    :meth:`~llmrl_core.policies.vllm_worker.vLLMWorker.sleep` can give its GPU memory back while a trainer on the
-    same GPU trains: ``1`` moves the weights to host memory and drops the KV cache, ``2`` drops both (the next
-    weight load refills them); ``0`` (the default) leaves sleep mode off.
-
-    ``logprobs_mode`` is vLLM's: ``processed_logprobs`` (the default here) returns the log-probs of the
-    distribution the token was drawn from (temperature, top-k/top-p applied), which is what an importance
-    ratio needs; ``raw_logprobs`` (vLLM's own default) those of the unscaled model. A trainer scoring
-    processed log-probs divides its logits by the same temperature (``TrainSample.temperature``).
-    """
-
-    model: str | None = None
-    dtype: str = "auto"  # auto: bfloat16 where the hardware runs it fast, else float32 (llmrl_core.hardware)
-    kv_cache_gb: float = 1.0
-    gpu_memory_utilization: float = 0.4
-    tensor_parallel_size: int = 1
-    max_model_len: int = 2048
-    seed: int = 0
-    device: str = "auto"
-    enforce_eager: bool = True
-    in_process: bool = True
-    weight_sync_extension: bool = False
-    logprobs_mode: str = "processed_logprobs"
-    extra: dict[str, Any] = field(default_factory=dict)
-    backend: str = "vllm"
-    sleep_level: int = 0
-
-    def __post_init__(self) -> None:
-        if self.backend not in ENGINE_BACKENDS:
-            raise ValueError(f"EngineConfig.backend must be one of {ENGINE_BACKENDS}, got {self.backend!r}")
-        if self.logprobs_mode not in LOGPROBS_MODES:
-            raise ValueError(f"EngineConfig.logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
-        if self.tensor_parallel_size < 1:
-            raise ValueError(f"EngineConfig.tensor_parallel_size must be >= 1, got {self.tensor_parallel_size!r}")
-        if self.sleep_level not in SLEEP_LEVELS:
-            raise ValueError(f"EngineConfig.sleep_level must be one of {SLEEP_LEVELS}, got {self.sleep_level!r}")
-        if self.sleep_level and self.backend != "vllm":
-            raise ValueError("EngineConfig.sleep_level needs the vllm backend (vLLM's sleep mode)")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(
-                f"EngineConfig.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
-            )
-
-    def check_parallelism(self) -> None:
-        """Refuse what this engine cannot run on its device, before vLLM starts: tensor parallelism and sleep mode
-        need CUDA."""
-        if self.sleep_level and self.resolved_device() == "cpu":
-            raise ValueError(
-                f"sleep_level={self.sleep_level} needs a CUDA engine (vLLM's sleep mode frees GPU memory; its CPU "
-                "backend has none): set rollout.sleep_level=0 on CPU"
-            )
-        if self.tensor_parallel_size > 1 and self.resolved_device() == "cpu":
-            raise ValueError(
-                f"tensor_parallel_size={self.tensor_parallel_size} needs CUDA GPUs (one per shard), and this engine "
-                "runs on CPU: the CPU engine runs in-process on the worker's cores; set rollout.tensor_parallel_size=1 "
-                "and scale CPU rollouts with rollout.workers"
-            )
-
-    def resolved_device(self) -> str:
-        """``cuda`` or ``cpu``: the device this config runs on."""
-        if self.device == "auto":
-            return "cuda" if cuda_available() else "cpu"
-        if self.device not in {"cpu", "cuda"}:
-            raise ValueError(f"EngineConfig.device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
-        return self.device
 
 
 def configure_vllm_environment(config: EngineConfig) -> None:
@@ -204,7 +111,7 @@ def make_llm(config: EngineConfig | None = None) -> Any:
 
         kwargs["worker_extension_cls"] = WEIGHT_SYNC_EXTENSION
     kwargs.update(config.extra)
-    from llmrl_core.policies.vllm_module_scan import modules_hidden_from_vllm_scan
+    from llmrl_core.modules.backends.vllm.module_scan import modules_hidden_from_vllm_scan
 
     with modules_hidden_from_vllm_scan():  # a Flask global in this process would stop vLLM's start-up scan
         llm = LLM(**kwargs)
@@ -237,63 +144,92 @@ def shutdown_llm(llm: Any) -> None:
     gc.collect()  # the engine's cycles, collectable again once the heap is unfrozen
 
 
-@dataclass
-class Completion:
-    """One sampled response: its tokens, their log-probs under the sampler, text and finish reason."""
-
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    logprobs: list[float]
-    text: str
-    finish_reason: str | None
-
-
 def generate(
     llm: Any,
     prompt_token_ids: Sequence[Sequence[int]],
     *,
     max_tokens: int = 128,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    n: int = 1,
     seed: int | None = None,
-    stop: Sequence[str] | None = None,
-    ignore_eos: bool = False,
-    use_tqdm: bool = False,
+    use_tqdm: bool | Callable[[int, int], None] = False,
+    **sampling: Any,
 ) -> list[list[Completion]]:
-    """Sample ``n`` responses per prompt; each comes with its sampled tokens' log-probs.
+    """Sample responses to token-id prompts; each comes with its sampled tokens' log-probs, text and finish reason.
 
-    Prompts are token ids (render them with the tokenizer's chat template first), so the tokens
-    the sampler saw are exactly the tokens a trainer will score.
+    Prompts are token ids (render them with the tokenizer's chat template first), so the tokens the sampler saw
+    are exactly the tokens a trainer will score. ``sampling`` holds ``vllm.SamplingParams`` fields (``n``,
+    ``temperature``, ``top_p``, ``stop``, ``ignore_eos``, ...; ``logprobs`` is 0 unless given: the sampled
+    token's own log-prob).
 
     ``seed`` seeds prompt ``i`` with ``seed + i``: the same call gives the same samples again, and repeated
     prompts (the G copies of a GRPO group) get different samples. One seed for every request would make
-    identical prompts sample identical responses.
+    identical prompts sample identical responses. ``use_tqdm``: vLLM's progress bar (True), or a callback
+    ``(requests done, requests)`` called as requests finish (the same answers as without it).
     """
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
+    settings = {"logprobs": 0, **sampling, "max_tokens": max_tokens}
+    if settings.get("stop") is not None:
+        settings["stop"] = list(settings["stop"]) or None
+
     def params_for(index: int) -> Any:
-        return SamplingParams(
-            n=n,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seed=None if seed is None else seed + index,
-            stop=list(stop) if stop else None,
-            ignore_eos=ignore_eos,
-            logprobs=0,
-        )
+        return SamplingParams(**settings, seed=None if seed is None else seed + index)
 
     prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_token_ids]
     params = [params_for(i) for i in range(len(prompts))] if seed is not None else params_for(0)
-    outputs = llm.generate(prompts, params, use_tqdm=use_tqdm)
+    bar = callback_progress_bar(use_tqdm) if callable(use_tqdm) else use_tqdm
+    outputs = llm.generate(prompts, params, use_tqdm=bar)
     results: list[list[Completion]] = []
     for out in outputs:
         group = []
         for comp in out.outputs:
             token_ids = list(comp.token_ids)
-            lps = [step[tok].logprob for tok, step in zip(token_ids, comp.logprobs or [], strict=True)]
+            steps = comp.logprobs or []
+            lps = [step[tok].logprob for tok, step in zip(token_ids, steps, strict=True)] if steps else []
             group.append(Completion(list(out.prompt_token_ids), token_ids, lps, comp.text, comp.finish_reason))
         results.append(group)
     return results
+
+
+def callback_progress_bar(callback: Callable[[int, int], None]) -> Callable[..., Any]:
+    """A tqdm class for vLLM's ``use_tqdm`` that prints nothing and calls ``callback(done, total)`` as the engine
+    finishes requests (vLLM also wraps the prompts it adds in one; that one stays silent)."""
+    from tqdm import tqdm
+
+    class CallbackBar(tqdm):
+        def __init__(self, iterable: Any = None, *args: Any, **kwargs: Any) -> None:
+            self._reports = iterable is None  # the engine's bar over finished requests (not the adding loop)
+            kwargs["file"] = open(os.devnull, "w")  # noqa: SIM115 - closed with the bar
+            super().__init__(iterable, *args, **kwargs)
+            if self._reports:
+                callback(0, int(self.total or 0))
+
+        def update(self, n: float | None = 1) -> bool | None:
+            shown = super().update(n)
+            if self._reports:
+                callback(int(self.n), int(self.total or 0))
+            return shown
+
+        def close(self) -> None:
+            super().close()
+            self.fp.close()
+
+    return CallbackBar
+
+
+def score_with_vllm(llm: Any, prompts: list[list[int]], responses: list[list[int]]) -> list[torch.Tensor]:
+    """Log-prob of each response token given its prompt, read from vLLM's ``prompt_logprobs``."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    for i, prompt in enumerate(prompts):
+        if not prompt:
+            raise ValueError(f"prompt {i} is empty: scoring needs at least one prompt token")
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+    seqs = [TokensPrompt(prompt_token_ids=p + r) for p, r in zip(prompts, responses, strict=True)]
+    outputs = llm.generate(seqs, params, use_tqdm=False)
+    result = []
+    for prompt, response, out in zip(prompts, responses, outputs, strict=True):
+        steps = out.prompt_logprobs[len(prompt) :]
+        result.append(torch.tensor([step[tok].logprob for tok, step in zip(response, steps, strict=True)]))
+    return result
