@@ -330,7 +330,7 @@ class LLMCollector(PolicyWeights):
     # --- producing items -------------------------------------------------------------------------
     def _generate(self, data: LLMData) -> list[Any]:
         if isinstance(self.policy, TensorDictModuleBase):  # a TorchRL-style wrapper: TensorDict in, out
-            out = self.policy(llm_data_to_tensordict(data))
+            out = self.policy(llm_data_to_tensordict(data, getattr(self.policy, "input_mode", None)))
             responses = responses_from_tensordict(out, getattr(self.policy, "tokenizer", None), text_first=True)
             # the prompt/full ids and masks a dialog-turn row carries
             for response, fields in zip(responses, policy_row_fields(out), strict=True):

@@ -309,15 +309,17 @@ def rows(batch: TensorDictBase) -> list[EpisodeRow]:
     return out
 
 
-def llm_data_to_tensordict(data: LLMData) -> TensorDict:
-    """The prompts of an :class:`LLMData` batch as the input of a TensorDict policy wrapper (TorchRL's keys)."""
+def llm_data_to_tensordict(data: LLMData, input_mode: str | None = None) -> TensorDict:
+    """The prompts of an :class:`LLMData` batch as the input of a TensorDict policy wrapper (TorchRL's keys): every
+    form the data has, or with ``input_mode`` ``"tokens"`` / ``"text"`` only that one (what such a wrapper reads)."""
     from llmrl_core.modules.policies.common import ChatHistory, Text, Tokens
 
     size = data.batch_size
     per_row = []
+    with_history = input_mode not in ("tokens", "text")
     for i in range(size):
         row = TensorDict(batch_size=())
-        if data.history is not None:
+        if data.history is not None and with_history:
             row.set("history", ChatHistory(prompt=_history(data.history[i]), batch_size=()))
         if data.text is not None:
             row.set("text", Text(prompt=data.text[i], batch_size=()))
