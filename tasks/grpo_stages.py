@@ -20,7 +20,8 @@ from llmrl_core.collectors.dask_collector import shard_by_group
 from llmrl_core.envs.primer import DataLoadingPrimer
 from llmrl_core.envs.transforms.kl import kl_reward_penalty
 from llmrl_core.envs.types import PromptRow
-from llmrl_core.objectives import mc_advantage
+from llmrl_core.objectives import MCAdvantage
+from llmrl_core.pipeline.components import component_class
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.user_code import UserCodeError
 from llmrl_core.weight_sync.fingerprint import check_engines_hold
@@ -159,10 +160,18 @@ def assign_advantages(cfg: GRPOConfig, records: list[Any]) -> dict[str, int]:
             penalty = kl_reward_penalty(record.sampler_logprobs, record.ref_logprobs, record.response_mask, t.kl_coef)
             record.reward_components = {**record.reward_components, "kl_penalty": -penalty}
     returns = [r.reward + r.reward_components.get("kl_penalty", 0.0) for r in records]
-    result = mc_advantage(returns, [r.group_id for r in records], method=t.advantage)
+    result = advantage_estimator(cfg)(returns, [r.group_id for r in records])
     for record, advantage in zip(records, result.advantages.tolist(), strict=True):
         record.advantage = float(advantage)
     return {k: int(v) for k, v in result.stats.items()}
+
+
+def advantage_estimator(cfg: GRPOConfig) -> MCAdvantage:
+    """TorchRL's ``MCAdvantage`` with the run's ``train.advantage`` method (``train.advantage_class``, a subclass,
+    built the same way plus ``train.advantage_kwargs``), called on a batch's returns and group ids."""
+    t = cfg.train
+    cls = component_class(t.advantage_class, MCAdvantage, "train.advantage_class") if t.advantage_class else MCAdvantage
+    return cls(method=t.advantage, **t.advantage_kwargs)
 
 
 @task(name="write-trajectories", retries=1, **STAGE)

@@ -19,6 +19,7 @@ from llmrl_core.envs.reward_calls import RewardFunctionError
 from llmrl_core.evaluation.rollout_health import rollout_health
 from llmrl_core.hardware import cuda_peak_gib, where_am_i
 from llmrl_core.modules.backends.types import EngineConfig, SamplingConfig
+from llmrl_core.pipeline.components import component_class, policy_base
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.pipeline.task_config import make_task_env
 from llmrl_core.user_code import UserCodeError
@@ -88,6 +89,8 @@ class RolloutWorker(RolloutActor):
             ),  # an agent run has no env: the agent talks to the engine through its OpenAI endpoint
             engine,
             sampling_config(cfg, 0, 0),
+            component_class(r.policy_class, policy_base(r.backend), "rollout.policy_class") if r.policy_class else None,
+            r.policy_kwargs,
         )
         self._agent_tokenizer: Any = None
         self._stopped = False

@@ -119,11 +119,15 @@ class TrainerWorker:
         )
 
     def _objective(self, model: torch.nn.Module) -> Any:
-        """The loss the trainer optimizes: GRPO with the run's ``train`` options."""
+        """The loss the trainer optimizes: GRPO with the run's ``train`` options (``train.loss_class``, a
+        ``GRPOLoss`` subclass, built the same way plus ``train.loss_kwargs``)."""
         from llmrl_core.objectives import GRPOLoss
+        from llmrl_core.pipeline.components import component_class
 
         t = self.cfg.train
-        return GRPOLoss(model, entropy_bonus=t.entropy_coeff > 0, **t.loss_options(self.cfg.rollout.max_new_tokens))
+        loss = component_class(t.loss_class, GRPOLoss, "train.loss_class") if t.loss_class else GRPOLoss
+        options = {**t.loss_options(self.cfg.rollout.max_new_tokens), **t.loss_kwargs}
+        return loss(model, entropy_bonus=t.entropy_coeff > 0, **options)
 
     def _keeps_reference(self) -> bool:
         """Whether a frozen copy of the starting weights is kept (the KL to the reference)."""

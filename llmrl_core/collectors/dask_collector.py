@@ -31,17 +31,24 @@ EnvFactory = Callable[[Any], ChatEnv]  # tokenizer -> env (batch_size None: rese
 
 
 def collect_episodes(
-    worker: Any, env: ChatEnv, rows: Sequence[PromptRow], sampling: SamplingConfig, progress: bool = False
+    worker: Any,
+    env: ChatEnv,
+    rows: Sequence[PromptRow],
+    sampling: SamplingConfig,
+    progress: bool = False,
+    policy_class: type | None = None,
+    policy_kwargs: dict[str, Any] | None = None,
 ) -> TensorDictBase:
     """Every row of ``rows`` played to the end of its episode (all turns, tools included) by ``worker`` (a
-    :class:`~llmrl_core.modules.backends.vllm.worker.vLLMWorker` or a ``TransformersWorker``: its ``policy``) in
-    ``env``,
-    stamped with the worker's version. A slot whose conversation outgrows the engine's context is truncated
+    :class:`~llmrl_core.modules.backends.vllm.worker.vLLMWorker` or a ``TransformersWorker``: its ``policy``, TorchRL's
+    wrapper on the engine, or ``policy_class`` built the same way plus ``policy_kwargs``) in ``env``, stamped with the
+    worker's version. A slot whose conversation outgrows the engine's context is truncated
     (``ChatEnv.max_prompt_tokens``). The one episode loop of the rollout actors and the evaluation of multi-turn
     envs. Returns the collector's TensorDict of episodes (:mod:`llmrl_core.collectors.tensordict_batches`)."""
     room = int(worker.config.max_model_len) - int(sampling.max_new_tokens)  # a prompt the engine can still answer
     env.max_prompt_tokens = room if env.max_prompt_tokens is None else min(env.max_prompt_tokens, room)
-    policy = worker.policy(input_mode=env.input_mode, sampling=sampling, progress=progress)
+    extra = {"cls": policy_class, **(policy_kwargs or {})} if policy_class is not None else {}
+    policy = worker.policy(input_mode=env.input_mode, sampling=sampling, progress=progress, **extra)
     collector = LLMCollector(
         env,
         policy,
@@ -59,12 +66,20 @@ class RolloutActor:
     The one rollout actor of llmrl: :class:`DaskLLMCollector` uses it as is, and the GRPO/collect flows' rollout
     worker (``tasks.rollout_actor.RolloutWorker``) extends it with staging shards and rollout metrics."""
 
-    def __init__(self, env_factory: EnvFactory, engine_config: EngineConfig, sampling: SamplingConfig) -> None:
+    def __init__(
+        self,
+        env_factory: EnvFactory,
+        engine_config: EngineConfig,
+        sampling: SamplingConfig,
+        policy_class: type | None = None,
+        policy_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         from llmrl_core.modules.backends.vllm.worker import start_engine
 
         self.worker = start_engine(engine_config)  # vLLM, or Transformers (engine_config.backend)
         self.env = env_factory(self.worker.get_tokenizer())
         self.sampling = sampling
+        self.policy_class, self.policy_kwargs = policy_class, dict(policy_kwargs or {})  # the wrapper to sample with
         self.busy_until = time.perf_counter()  # end of the engine's last collect or weight load
 
     def idle_s(self) -> float:
@@ -77,7 +92,15 @@ class RolloutActor:
         """Run every row to the end of its episode (all turns) with the current weights; ``sampling`` overrides
         the actor's own for this call (e.g. a seed per version and shard)."""
         try:
-            return collect_episodes(self.worker, self.env, rows, sampling or self.sampling, progress=progress)
+            return collect_episodes(
+                self.worker,
+                self.env,
+                rows,
+                sampling or self.sampling,
+                progress=progress,
+                policy_class=self.policy_class,
+                policy_kwargs=self.policy_kwargs,
+            )
         finally:
             self.busy_until = time.perf_counter()
 

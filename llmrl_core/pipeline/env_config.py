@@ -15,8 +15,9 @@ Three ways to name an environment, all checked by :func:`validate_env_config` be
 - ``factory: "my_pkg.my_module:make_env"``: any importable function returning a
   :class:`~llmrl_core.envs.chat_env.ChatEnv` (with its transforms), called as
   ``factory(tokenizer=..., input_mode=..., **options)``;
-- on top of either, ``transforms`` (a list of ``{name: {options}}``, :data:`TRANSFORMS`) appends tools and
-  transforms, and ``rewards`` adds reward functions named ``module:function`` with weights. A reward function
+- on top of either, ``transforms`` (a list of ``{name: {options}}``: :data:`TRANSFORMS`, or ``module:Class``
+  naming your own TorchRL ``Transform`` subclass) appends tools and transforms, and ``rewards`` adds reward
+  functions named ``module:function`` with weights. A reward function
   takes ``(prompt, completion, row)`` — the text of the user message the episode answers (not a few-shot
   example's), the episode's last assistant message and the prompt row's fields — and returns a float; TRL
   users know the convention. It is called once per episode, when the episode ends; its weighted value is
@@ -83,7 +84,8 @@ class EnvConfig:
     factory: str | None = None  # "module:function" returning a ChatEnv; wins over name
     options: dict[str, Any] = field(default_factory=dict)  # keyword options of the factory / built-in
     args: dict[str, Any] = field(default_factory=dict)  # another name for options (reasoning_gym's spelling)
-    transforms: list[dict[str, Any]] = field(default_factory=list)  # [{python_interpreter: {timeout: 5}}, ...]
+    # [{python_interpreter: {timeout: 5}}, {"my_module:MyTransform": {option: 1}}, ...]: built-ins or your own
+    transforms: list[dict[str, Any]] = field(default_factory=list)
     rewards: list[RewardFunctionConfig] = field(default_factory=list)
     env_reward: bool = True  # also pay the env's own reward (the task's answer check)
     max_turns: int | None = None  # None: 1 for single-turn envs, 3 for the tool variants
@@ -170,7 +172,15 @@ TRANSFORMS: dict[str, str] = {  # config name -> the transform class (imported w
 
 
 def _transform_class(name: str) -> Any:
-    """The class behind a transform name (for checking options without constructing it)."""
+    """The class behind a transform name (for checking options without constructing it): a built-in's, or a user's
+    ``module:Class`` (a subclass of TorchRL's env ``Transform``)."""
+    if ":" in name:
+        from llmrl_core.envs.transforms.td_base import Transform
+
+        cls = import_object(name, f"env.transforms.{name}")
+        if not (isinstance(cls, type) and issubclass(cls, Transform)):
+            raise ValueError(f"env.transforms: {name!r} must name a subclass of llmrl_core.envs.Transform")
+        return cls
     return import_object(TRANSFORMS[name], f"env.transforms.{name}")
 
 
@@ -197,8 +207,10 @@ def _transform_items(cfg: EnvConfig) -> list[tuple[str, dict[str, Any]]]:
         if not isinstance(entry, Mapping) or len(entry) != 1:
             raise ValueError(f"{where}: expected one {{name: options}} mapping, got {entry!r}")
         ((name, options),) = entry.items()
-        if name not in TRANSFORMS:
-            raise ValueError(f"{where}: unknown transform {name!r}; known: {sorted(TRANSFORMS)}")
+        if name not in TRANSFORMS and ":" not in name:
+            raise ValueError(
+                f"{where}: unknown transform {name!r}; known: {sorted(TRANSFORMS)}, or 'module:Class' (your own)"
+            )
         if name == "few_shot" and isinstance(options, list):
             options = {"examples": options}
         if options is None:

@@ -85,6 +85,10 @@ class RolloutConfig:
     # get the engine's memory. 1: weights to host memory, KV cache dropped; 2: both dropped (the next version's
     # load refills them, the cheaper choice here: every version is loaded anyway); 0: off.
     sleep_level: int = 0
+    # "module:Class": a subclass of TorchRL's vLLMWrapper (TransformersWrapper with backend transformers) that the
+    # rollouts sample with, built as the engine's own policy is plus policy_kwargs (null: the wrapper itself)
+    policy_class: str | None = None
+    policy_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check(self.workers >= 1, "rollout.workers", "must be >= 1", self.workers)
@@ -263,6 +267,14 @@ class TrainConfig:
     # trainer ranks, one per Dask worker: each trains on its token-balanced shard of the batch and the gradients
     # are summed over a torch.distributed group (gloo on CPU, NCCL on GPU); rank 0 publishes the weights
     data_parallel: int = 1
+    # "module:Class": a GRPOLoss subclass the trainer optimizes (built with this section's loss options plus
+    # loss_kwargs); null: GRPOLoss
+    loss_class: str | None = None
+    loss_kwargs: dict[str, Any] = field(default_factory=dict)
+    # "module:Class": an MCAdvantage subclass that gives the rows their advantages (built with method=advantage plus
+    # advantage_kwargs, called on each batch's returns and group ids); null: MCAdvantage
+    advantage_class: str | None = None
+    advantage_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check(math.isfinite(self.lr) and self.lr > 0, "train.lr", "must be > 0", self.lr)
@@ -371,8 +383,10 @@ class GRPOConfig:
         if self.iterations < 0:
             raise ValueError("iterations must be >= 0")
         from llmrl_core.objectives import GRPOLoss
+        from llmrl_core.pipeline.components import check_components
 
         validate_env_config(self.env)  # names, import paths and options: before any engine starts
+        check_components(self)  # the module:Class settings: importable, of the right base
         self._env_defaults()
         if self.rollout.backend == "transformers" and (self.env.agent or self.env.verifiers):
             route = "env.agent" if self.env.agent else "env.verifiers"

@@ -68,14 +68,21 @@ class TransformersWorker:
         """The engine's tokenizer."""
         return self.tokenizer
 
-    def policy(self, input_mode: str = "tokens", sampling: SamplingConfig | None = None, progress: bool = False) -> Any:
-        """TorchRL's :class:`~llmrl_core.modules.policies.TransformersWrapper` on this engine (the episode loop's
-        policy): it samples through :meth:`generate`; ``progress`` is accepted for the vLLM engine's sake."""
+    def policy(
+        self,
+        input_mode: str = "tokens",
+        sampling: SamplingConfig | None = None,
+        progress: bool = False,
+        cls: type | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """TorchRL's :class:`~llmrl_core.modules.policies.TransformersWrapper` (or ``cls``, a subclass, with
+        ``kwargs``) on this engine, the episode loop's policy: it samples through :meth:`generate`; ``progress`` is
+        accepted for the vLLM engine's sake."""
         from llmrl_core.modules.policies import TransformersWrapper
 
-        return TransformersWrapper(
-            self, input_mode=input_mode, generate_kwargs=(sampling or SamplingConfig()).as_kwargs()
-        )
+        generate_kwargs = (sampling or SamplingConfig()).as_kwargs()
+        return (cls or TransformersWrapper)(self, input_mode=input_mode, generate_kwargs=generate_kwargs, **kwargs)
 
     @property
     def device(self) -> torch.device:

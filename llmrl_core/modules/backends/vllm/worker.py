@@ -40,13 +40,23 @@ class vLLMWorker:  # noqa: N801 - TorchRL's naming
         """The engine's tokenizer."""
         return self.llm.get_tokenizer()
 
-    def policy(self, input_mode: str = "tokens", sampling: SamplingConfig | None = None, progress: bool = False) -> Any:
-        """TorchRL's :class:`~llmrl_core.modules.policies.vLLMWrapper` on this engine (the episode loop's policy):
-        it samples through :meth:`generate`, ``progress`` showing vLLM's bar over each call's prompts."""
+    def policy(
+        self,
+        input_mode: str = "tokens",
+        sampling: SamplingConfig | None = None,
+        progress: bool = False,
+        cls: type | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """TorchRL's :class:`~llmrl_core.modules.policies.vLLMWrapper` (or ``cls``, a subclass, with ``kwargs``) on
+        this engine, the episode loop's policy: it samples through :meth:`generate`, ``progress`` showing vLLM's
+        bar over each call's prompts."""
         from llmrl_core.modules.policies import vLLMWrapper
 
         self.wake()
-        wrapper = vLLMWrapper(self, input_mode=input_mode, generate_kwargs=(sampling or SamplingConfig()).as_kwargs())
+        cls = cls or vLLMWrapper
+        generate_kwargs = (sampling or SamplingConfig()).as_kwargs()
+        wrapper = cls(self, input_mode=input_mode, generate_kwargs=generate_kwargs, **kwargs)
         wrapper.progress = progress
         return wrapper
 
