@@ -302,9 +302,15 @@ PLACEMENT_ONLY = {
 # Settings added after runs existed, left out while at their default: an older run's config hash stays the same,
 # so it still resumes.
 ADDED_LATER = {
-    "rollout": {"max_staleness": 0, "backend": "vllm"},
+    "rollout": {"max_staleness": 0, "backend": "vllm", "policy_class": None, "policy_kwargs": {}},
     "env": {"reward_errors": "raise"},
-    "train": {"exact_skip": False},
+    "train": {
+        "exact_skip": False,
+        "loss_class": None,
+        "loss_kwargs": {},
+        "advantage_class": None,
+        "advantage_kwargs": {},
+    },
     "init": {"from_": None, "data_cursor": False},  # a section left out whole while at its defaults
 }
 

@@ -78,7 +78,7 @@ def test_rollout_worker_passes_the_settings_to_its_engine(monkeypatch: pytest.Mo
 
     seen: list[EngineConfig] = []
 
-    def fake_init(self, env_factory, engine, sampling) -> None:
+    def fake_init(self, env_factory, engine, sampling, policy_class=None, policy_kwargs=None) -> None:
         seen.append(engine)
 
     monkeypatch.setattr(actors.RolloutActor, "__init__", fake_init)

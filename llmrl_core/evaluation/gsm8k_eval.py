@@ -92,17 +92,7 @@ def sample_prompts(
 
     if hasattr(engine, "load_weights"):  # a vLLMWorker or a TransformersWorker (a vllm.LLM has no load_weights)
         return engine.generate(prompts, sampling, n=n, progress=report)
-    return generate(
-        engine,
-        prompts,
-        max_tokens=sampling.max_new_tokens,
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        n=n,
-        seed=sampling.seed,
-        stop=sampling.stop or None,
-        use_tqdm=report,
-    )
+    return generate(engine, prompts, n=n, use_tqdm=report, **sampling.vllm_kwargs())
 
 
 def _score_mode(

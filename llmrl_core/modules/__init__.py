@@ -3,8 +3,7 @@
 ``from torchrl.modules.llm import X`` becomes ``from llmrl_core.modules import X``.
 """
 
-from typing import Any
-
+from llmrl_core.lazy_exports import lazy_getattr
 from llmrl_core.modules.policies import *  # noqa: F403 - the same names as TorchRL's torchrl.modules.llm
 from llmrl_core.modules.policies import __all__ as _POLICY_NAMES
 
@@ -20,9 +19,4 @@ _LAZY = {
 __all__ = [*_POLICY_NAMES, *_LAZY]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)

@@ -7,8 +7,6 @@ TensorDict transforms), with TorchRL's generic tool framework
 (the tools' modules pull in heavier dependencies).
 """
 
-from typing import Any
-
 from llmrl_core.envs.transforms.few_shot import FewShotExamples
 from llmrl_core.envs.transforms.kl import KLComputation, KLRewardTransform, RetrieveKL, RetrieveLogProb
 from llmrl_core.envs.transforms.policy_version import PolicyVersion
@@ -26,6 +24,7 @@ from llmrl_core.envs.transforms.tool_calls import (
     ToolService,
     XMLBlockParser,
 )
+from llmrl_core.lazy_exports import lazy_getattr
 
 _LAZY = {
     "PythonInterpreter": "llmrl_core.tools.python_interpreter",
@@ -38,12 +37,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = [

@@ -122,6 +122,16 @@ class SamplingConfig:
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
+    def vllm_kwargs(self) -> dict[str, Any]:
+        """These settings as :func:`llmrl_core.modules.backends.vllm.engine.generate`'s arguments."""
+        return {
+            "max_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "seed": self.seed,
+            "stop": self.stop or None,
+        }
+
     def as_kwargs(self) -> dict[str, Any]:
         """These settings as a policy wrapper's ``generate_kwargs`` (TorchRL's common names)."""
         kwargs: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature}

@@ -305,11 +305,16 @@ class LLMWrapperBase(CollectorRegistration, TensorDictModuleBase):
         )
 
     def _engine_rows(self, prompts: list[torch.Tensor]) -> list[list[tuple[Any, ...]]]:
-        """:meth:`_generate_rows` through the resident engine: per sample ``(ids, log-probs, text, finish
-        reason)``, the engine's text and finish reason kept."""
+        """:meth:`_generate_rows` through the resident engine (see :meth:`_completion_rows`)."""
         groups = self.engine.generate(
             [p.tolist() for p in prompts], self._engine_sampling, self.num_samples or 1, progress=self.progress
         )
+        return self._completion_rows(groups)
+
+    def _completion_rows(self, groups: Sequence[Sequence[Any]]) -> list[list[tuple[Any, ...]]]:
+        """An engine's completions (:class:`~llmrl_core.modules.backends.types.Completion`, a group per prompt) as
+        :meth:`_generate_rows` rows: per sample ``(ids, log-probs, text, finish reason)``, the engine's text and
+        finish reason kept."""
         return [
             [
                 (
@@ -322,6 +327,17 @@ class LLMWrapperBase(CollectorRegistration, TensorDictModuleBase):
             ]
             for group in groups
         ]
+
+    @classmethod
+    def on_engine(
+        cls, engine: Any, input_mode: str, sampling: SamplingConfig | None, progress: bool = False, **kwargs: Any
+    ) -> LLMWrapperBase:
+        """This wrapper on a resident engine (what ``engine.policy(...)`` returns): ``sampling`` as its
+        ``generate_kwargs``, ``progress`` the engine's bar, ``kwargs`` for a subclass's own arguments."""
+        generate_kwargs = (sampling or SamplingConfig()).as_kwargs()
+        wrapper = cls(engine, input_mode=input_mode, generate_kwargs=generate_kwargs, **kwargs)
+        wrapper.progress = progress
+        return wrapper
 
     def _setup_samples(self, num_samples: int | None, requested: int, inplace: Any) -> None:
         """TorchRL's rules tying ``num_samples``, the backend's sample count and ``inplace``."""

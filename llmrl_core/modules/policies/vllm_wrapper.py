@@ -190,18 +190,7 @@ class vLLMWrapper(LLMWrapperBase):  # noqa: N801 - TorchRL's name
         kwargs = dict(self._sampling_kwargs)
         kwargs.setdefault("max_tokens", 16)  # vLLM's own default
         groups = generate(self.model, [p.tolist() for p in prompts], use_tqdm=self.progress, **kwargs)
-        return [
-            [
-                (
-                    torch.tensor(c.token_ids, dtype=torch.long),
-                    torch.tensor(c.logprobs, dtype=torch.float32) if self.return_log_probs else None,
-                    c.text,
-                    c.finish_reason,
-                )
-                for c in group
-            ]
-            for group in groups
-        ]
+        return self._completion_rows(groups)
 
     def _score_rows(self, sequences: list[torch.Tensor]) -> list[torch.Tensor]:
         from llmrl_core.modules.backends.vllm.engine import score_with_vllm

@@ -81,8 +81,7 @@ class TransformersWorker:
         accepted for the vLLM engine's sake."""
         from llmrl_core.modules.policies import TransformersWrapper
 
-        generate_kwargs = (sampling or SamplingConfig()).as_kwargs()
-        return (cls or TransformersWrapper)(self, input_mode=input_mode, generate_kwargs=generate_kwargs, **kwargs)
+        return (cls or TransformersWrapper).on_engine(self, input_mode, sampling, progress, **kwargs)
 
     @property
     def device(self) -> torch.device:

@@ -2,7 +2,7 @@
 the functions live in the modules named here and load on first use (vLLM is heavy). The engines' own parts:
 :mod:`.engine` (start, sample, score, shut down), :mod:`.worker` (the resident engine) and :mod:`.module_scan`."""
 
-from typing import Any
+from llmrl_core.lazy_exports import lazy_getattr
 
 _LAZY = {
     "make_vllm_worker": "llmrl_core.modules.backends.vllm.worker",
@@ -12,9 +12,4 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)

@@ -54,11 +54,7 @@ class vLLMWorker:  # noqa: N801 - TorchRL's naming
         from llmrl_core.modules.policies import vLLMWrapper
 
         self.wake()
-        cls = cls or vLLMWrapper
-        generate_kwargs = (sampling or SamplingConfig()).as_kwargs()
-        wrapper = cls(self, input_mode=input_mode, generate_kwargs=generate_kwargs, **kwargs)
-        wrapper.progress = progress
-        return wrapper
+        return (cls or vLLMWrapper).on_engine(self, input_mode, sampling, progress, **kwargs)
 
     def generate(
         self,
@@ -69,18 +65,9 @@ class vLLMWorker:  # noqa: N801 - TorchRL's naming
     ) -> list[list[Completion]]:
         """Sample ``n`` completions per prompt (token-id prompts), with sampler log-probs. ``progress``: vLLM's bar
         (True) or a callback ``(requests done, requests)`` called as requests finish."""
-        cfg = sampling or SamplingConfig()
         self.wake()
         return generate(
-            self.llm,
-            prompt_token_ids,
-            max_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            n=n,
-            seed=cfg.seed,
-            stop=cfg.stop or None,
-            use_tqdm=progress,
+            self.llm, prompt_token_ids, n=n, use_tqdm=progress, **(sampling or SamplingConfig()).vllm_kwargs()
         )
 
     def score(self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> list[torch.Tensor]:
