@@ -139,7 +139,7 @@ def test_the_packaged_model_generates_and_the_env_scores_it(hf_model_fp32):
     out = env.reset_batch()
     torch.manual_seed(0)
     generated = policy(out)
-    out = env.step(generated)
+    out = env.step(generated)["next"]  # TorchRL's step(td): the outcome under "next"
     assert out["done"].all()
     scorer = IfEvalScorer()
     for slot, reward in zip(env.slots, out["reward"].reshape(-1).tolist(), strict=True):
