@@ -20,6 +20,7 @@ is :mod:`tasks.placement_plan`.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -177,7 +178,9 @@ def _nanny_class() -> type:
     flow's ``__main__`` module first, and torch imported there sizes its thread pool from the environment the
     process was spawned with (Dask's ``OMP_NUM_THREADS=1``). So the thread variables also go into the
     Nanny's ``pre_spawn_env``, which it exports in this process right before each spawn (Dask does the same
-    with its own ``pre-spawn-environ``; the flow host's torch already has its threads).
+    with its own ``pre-spawn-environ``; the flow host's torch already has its threads). That export is process-wide
+    and the workers spawn concurrently, so :func:`dask_cluster` also has each started worker set torch's count from
+    its own environment.
     """
     global _NANNY
     if _NANNY is None:
@@ -190,6 +193,17 @@ def _nanny_class() -> type:
 
         _NANNY = ThreadsNanny
     return _NANNY
+
+
+def _torch_threads_from_env() -> int | None:
+    """On a worker: size torch's thread pool from the worker's own ``OMP_NUM_THREADS`` (when set)."""
+    count = os.environ.get("OMP_NUM_THREADS")
+    if not count:
+        return None
+    import torch
+
+    torch.set_num_threads(int(count))
+    return torch.get_num_threads()
 
 
 def _describe(env: dict[str, str]) -> str:
@@ -273,5 +287,8 @@ def dask_cluster(cfg: RunConfig, scratch: Path, rollout_workers: int | None = No
         client = stack.enter_context(Client(cluster))
         client.wait_for_workers(len(workers), timeout=120)
         client.register_plugin(BoundedExit())  # the workers end when closed, not 4 s later by the Nanny's kill
+        # the Nanny's pre-spawn export is process-wide and the workers start concurrently, so a worker's torch may
+        # have sized its pool from another worker's count: each worker now takes the count its own env names
+        client.run(_torch_threads_from_env)
         rollout, trainers = place_workers(client.scheduler_info()["workers"], n_rollout, n_trainers)
         yield Placement(client, rollout, trainers[0], trainer_ranks=trainers[1:])
