@@ -310,6 +310,8 @@ ADDED_LATER = {
         "loss_kwargs": {},
         "advantage_class": None,
         "advantage_kwargs": {},
+        "kl_transform_class": None,
+        "kl_transform_kwargs": {},
     },
     "init": {"from_": None, "data_cursor": False},  # a section left out whole while at its defaults
 }

@@ -410,35 +410,65 @@ class TrainerWorker:
         return state is not None
 
     # --- stages ----------------------------------------------------------------------------------
+    def reference_log_prob(self, temperature: float) -> Any:
+        """TorchRL's ``RetrieveLogProb`` on the frozen reference model: a ``TransformersWrapper`` that scores
+        ``("tokens", "full")`` packed under ``train.token_budget`` at the rows' sampling ``temperature``, writing
+        ``("ref_log_probs", "full")`` (``train.kl_transform_class`` / ``kl_transform_kwargs``: a subclass of it,
+        built the same way). One per temperature, kept with the actor."""
+        from llmrl_core.envs.transforms import RetrieveLogProb
+        from llmrl_core.modules.policies import TransformersWrapper
+        from llmrl_core.pipeline.components import component_class
+
+        cache = self.__dict__.setdefault("_reference_transforms", {})
+        if temperature not in cache:
+            t = self.cfg.train
+            cls = RetrieveLogProb
+            if t.kl_transform_class:
+                cls = component_class(t.kl_transform_class, RetrieveLogProb, "train.kl_transform_class")
+            scorer = TransformersWrapper(
+                self.ref,
+                input_mode="tokens",
+                generate=False,
+                return_log_probs=True,
+                pad_model_input=False,
+                score_token_budget=t.token_budget,
+                score_temperature=temperature,
+            )
+            kwargs = {"assistant_only": False, "log_probs_full_key": ("ref_log_probs", "full")}
+            cache[temperature] = cls(scorer, **{**kwargs, **t.kl_transform_kwargs})
+        return cache[temperature]
+
     @torch.no_grad()
     def score_reference(self, staging_uri: str, version: int) -> dict[str, Any]:
-        """Fill ``ref_logprobs`` of every staged row with the frozen reference model (rewrites each shard).
+        """Fill ``ref_logprobs`` of every staged row with the frozen reference model (rewrites each shard), through
+        TorchRL's ``RetrieveLogProb`` (:meth:`reference_log_prob`) on a TensorDict of the rows' tokens.
 
         Rows are scored in packed micro-batches under ``train.token_budget`` (one forward pass per micro-batch,
         as the train step), at each row's sampling temperature (the same distribution as the sampler's and the
         trainer's log-probs).
         """
-        from llmrl_core.trainer.batch import pack_samples, plan_micro_batches
-        from llmrl_core.trainer.scoring import score_packed
+        from tensordict import TensorDict, lazy_stack
 
         if self.ref is None:
             raise RuntimeError("no reference model: train.kl_coef is 0")
         start = time.perf_counter()
         store = TrajectoryStore(staging_uri)
-        device = next(self.ref.parameters()).device
         rows = 0
         tokens = 0
         for shard, records in read_shards(store, self.cfg.run_id, version):
             samples = [record_to_sample(dataclasses.replace(record, advantage=0.0)) for record in records]
-            plan = plan_micro_batches([s.length for s in samples], self.cfg.train.token_budget)
-            for group in plan:
-                batch = pack_samples([samples[i] for i in group])
+            by_temperature: dict[float, list[int]] = {}
+            for i, sample in enumerate(samples):
+                by_temperature.setdefault(float(sample.temperature), []).append(i)
+            for temperature, indices in by_temperature.items():
+                full = [torch.tensor([*samples[i].prompt_ids, *samples[i].response_ids]) for i in indices]
+                batch = lazy_stack([TensorDict({("tokens", "full"): ids}) for ids in full])
                 with self.trainer.autocast():
-                    scores = score_packed(self.ref, batch.to(device))
-                for row, i in enumerate(group):
-                    n = len(samples[i].response_ids)
-                    records[i].ref_logprobs = scores.log_probs[row, :n].float().cpu().tolist()
-                tokens += batch.num_tokens
+                    scored = self.reference_log_prob(temperature)(batch)
+                for i, log_probs in zip(indices, scored.get(("ref_log_probs", "full"), as_list=True), strict=True):
+                    prompt = len(samples[i].prompt_ids)
+                    records[i].ref_logprobs = log_probs[prompt:].float().cpu().tolist()
+                tokens += sum(len(ids) for ids in full)
             store.write_shard(self.cfg.run_id, version, shard, records)
             rows += len(records)
         seconds = time.perf_counter() - start

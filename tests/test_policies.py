@@ -122,13 +122,21 @@ def test_prompts_are_identical_in_every_input_mode(hf_model_fp32):
         TransformersWrapper(model, tokenizer=tokenizer)(TensorDict({("history", "prompt"): torch.zeros(3, 1)}, [3]))
 
 
-@pytest.mark.parametrize("pad_output", [False, True])
-def test_scoring_log_probs_and_entropy_match_a_direct_forward(hf_model_fp32, pad_output):
+@pytest.mark.parametrize(
+    ("pad_output", "packing"),
+    [(False, {}), (True, {}), (False, {"pad_model_input": False, "score_token_budget": 64, "score_temperature": 0.7})],
+)
+def test_scoring_log_probs_and_entropy_match_a_direct_forward(hf_model_fp32, pad_output, packing):
+    """Padded scoring, and packed scoring (``pad_model_input=False``: several sequences in one row of at most
+    ``score_token_budget`` tokens) at a sampling temperature, against one forward pass per sequence."""
     model, tokenizer = hf_model_fp32
     prompts = [tokenizer(t)["input_ids"] for t in History.from_chats(CHATS).apply_chat_template(tokenizer=tokenizer)]
     responses = [tokenizer(r, add_special_tokens=False)["input_ids"] for r in ["2 + 3 = 5.", "Red.", "One two"]]
     seqs = [torch.tensor(p + r) for p, r in zip(prompts, responses, strict=True)]
-    scorer = TransformersWrapper(model, tokenizer=tokenizer, input_mode="tokens", generate=False, pad_output=pad_output)
+    temperature = packing.get("score_temperature", 1.0)
+    scorer = TransformersWrapper(
+        model, tokenizer=tokenizer, input_mode="tokens", generate=False, pad_output=pad_output, **packing
+    )
     out = scorer(_ragged(("tokens", "full"), seqs))
     rows = out.get(("log_probs", "full"), as_list=True)
     if pad_output:
@@ -143,11 +151,11 @@ def test_scoring_log_probs_and_entropy_match_a_direct_forward(hf_model_fp32, pad
         )
     for seq, lps, prompt in zip(seqs, rows, prompts, strict=True):
         with torch.no_grad():
-            logp = torch.log_softmax(model(seq[None]).logits[0].float(), -1)
+            logp = torch.log_softmax(model(seq[None]).logits[0].float() / temperature, -1)
         expected = torch.cat([torch.zeros(1), logp[:-1].gather(-1, seq[1:, None]).squeeze(-1)])
         # padded batch vs one sequence: other matmul shapes, ~1e-5 apart in fp32 on an AVX-512 CPU
         torch.testing.assert_close(lps, expected, atol=5e-5, rtol=0)
-        _, entropy = teacher_forced_log_probs(model, seq[None], return_entropy=True)
+        _, entropy = teacher_forced_log_probs(model, seq[None], return_entropy=True, temperature=temperature)
         torch.testing.assert_close(entropy[0, 1:], -(logp.exp() * logp).sum(-1)[:-1], atol=1e-4, rtol=0)
         assert entropy[0, 0] == 0 and len(prompt) < len(seq)
 

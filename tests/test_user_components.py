@@ -1,6 +1,7 @@
 """User components by config (``module:Class`` settings): a subclass of TorchRL's ``vLLMWrapper``
-(``rollout.policy_class``), of ``GRPOLoss`` (``train.loss_class``), of ``MCAdvantage`` (``train.advantage_class``) and
-of the env ``Transform`` (``env.transforms``) runs inside the GRPO flow, each effect visible in the stored rows or the
+(``rollout.policy_class``), of ``GRPOLoss`` (``train.loss_class``), of ``MCAdvantage`` (``train.advantage_class``), of
+``RetrieveLogProb`` (``train.kl_transform_class``, the reference stage) and of the env ``Transform``
+(``env.transforms``) runs inside the GRPO flow, each effect visible in the stored rows or the
 logged metrics; a wrong base or a typo is refused before anything starts, naming the setting."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ USER_MODULE = textwrap.dedent(
 
     import torch
 
+    from llmrl_core.envs.transforms import RetrieveLogProb
     from llmrl_core.envs.transforms.td_base import Transform
     from llmrl_core.modules import vLLMWrapper
     from llmrl_core.objectives import GRPOLoss, MCAdvantage
@@ -60,6 +62,21 @@ USER_MODULE = textwrap.dedent(
             return result
 
 
+    class ShiftedReference(RetrieveLogProb):
+        '''The reference model's log-probs minus ``shift``: the stored ref_logprobs move by it.'''
+
+        def __init__(self, *args, shift=0.0, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.shift = shift
+
+        def forward(self, tensordict):
+            out = super().forward(tensordict)
+            rows = out.get(self.log_probs_full_key, as_list=True)
+            for row_td, row in zip(out.unbind(0), rows):
+                row_td.set(self.log_probs_full_key, row - self.shift)
+            return out
+
+
     class UserBonus(Transform):
         '''A TorchRL reward transform: ``bonus`` on every answer.'''
 
@@ -95,6 +112,10 @@ def user_module(tmp_path, monkeypatch):
         ("train.advantage_class=my_components:Nope", "train.advantage_class: module 'my_components' has no attribute"),
         ("train.loss_class=no_such_module_xyz:Loss", "train.loss_class: cannot import module 'no_such_module_xyz'"),
         ("env.transforms=[{'my_components:ScaledAdvantage': {}}]", "env.transforms: .* subclass of .*Transform"),
+        (
+            "train.kl_transform_class=my_components:UserBonus",
+            "train.kl_transform_class: .* subclass of .*RetrieveLogProb",
+        ),
     ],
 )
 def test_a_wrong_component_is_refused_naming_its_setting(user_module, override, message):
@@ -151,10 +172,11 @@ def test_a_user_env_transform_is_built_from_its_module_and_class(user_module, de
 
 @pytest.mark.slow
 def test_user_components_run_inside_the_grpo_flow(tmp_path, user_module):
-    """One GRPO run (two versions) with all four user components: the wrapper subclass sampled every rollout (its
+    """One GRPO run (two versions) with all five user components: the wrapper subclass sampled every rollout (its
     log: one call per rollout of 4 rows, at the engine's version), every stored row carries the transform's bonus, the
     stored advantages are the subclass's (3x the group-relative ones), and the logged loss_objective carries the
-    loss subclass's shift."""
+    loss subclass's shift; the reference stage's transform subclass moved the stored reference log-probs by its
+    shift."""
     from flows.grpo import grpo
     from llmrl_core.objectives import mc_advantage
     from storage.trajectories import TrajectoryStore
@@ -179,6 +201,9 @@ def test_user_components_run_inside_the_grpo_flow(tmp_path, user_module):
             "train.advantage_class=my_components:ScaledAdvantage",
             "train.advantage_kwargs={scale: 3.0}",
             "env.transforms=[{'my_components:UserBonus': {bonus: 0.5}}]",
+            "train.kl_coef=0.01",
+            "train.kl_transform_class=my_components:ShiftedReference",
+            "train.kl_transform_kwargs={shift: 1.0}",
         ]
     )
     calls = [json.loads(line) for line in log.read_text().splitlines()]
@@ -188,6 +213,10 @@ def test_user_components_run_inside_the_grpo_flow(tmp_path, user_module):
         records = store.read_records("uc", version=version)
         assert len(records) == 4
         assert all(r.reward_components["UserBonus"] == pytest.approx(0.5) for r in records)
+        if version == 0:  # the reference is the base model: fp32 engine and reference agree, less the shift
+            for r in records:
+                gap = [ref - s for ref, s in zip(r.ref_logprobs, r.sampler_logprobs, strict=True)]
+                assert gap == pytest.approx([-1.0] * len(gap), abs=2e-3), gap
         expected = mc_advantage([r.reward for r in records], [r.group_id for r in records]).advantages.tolist()
         assert [r.advantage for r in records] == pytest.approx([3.0 * a for a in expected], abs=1e-5)
         published = json.loads((tmp_path / "runs" / "uc" / "state" / f"published-v{version + 1}.json").read_text())

@@ -27,7 +27,8 @@ def policy_base(backend: str) -> type:
 
 def check_components(cfg: Any) -> None:
     """Import and check each ``module:Class`` a GRPO config names (``rollout.policy_class``, ``train.loss_class``,
-    ``train.advantage_class``), raising ValueError naming the setting."""
+    ``train.advantage_class``, ``train.kl_transform_class``), raising ValueError naming the setting."""
+    from llmrl_core.envs.transforms import RetrieveLogProb
     from llmrl_core.objectives import GRPOLoss, MCAdvantage
 
     if cfg.rollout.policy_class:
@@ -36,3 +37,5 @@ def check_components(cfg: Any) -> None:
         component_class(cfg.train.loss_class, GRPOLoss, "train.loss_class")
     if cfg.train.advantage_class:
         component_class(cfg.train.advantage_class, MCAdvantage, "train.advantage_class")
+    if cfg.train.kl_transform_class:
+        component_class(cfg.train.kl_transform_class, RetrieveLogProb, "train.kl_transform_class")

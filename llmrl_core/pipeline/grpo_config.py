@@ -275,6 +275,11 @@ class TrainConfig:
     # advantage_kwargs, called on each batch's returns and group ids); null: MCAdvantage
     advantage_class: str | None = None
     advantage_kwargs: dict[str, Any] = field(default_factory=dict)
+    # "module:Class": a RetrieveLogProb subclass the reference stage runs on the reference model (kl_coef > 0;
+    # built with assistant_only=False, log_probs_full_key=("ref_log_probs", "full") plus kl_transform_kwargs);
+    # null: RetrieveLogProb
+    kl_transform_class: str | None = None
+    kl_transform_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check(math.isfinite(self.lr) and self.lr > 0, "train.lr", "must be > 0", self.lr)

@@ -59,7 +59,9 @@ class TransformersWrapper(LLMWrapperBase):
             ``do_sample``, ``num_return_sequences``, ...; vLLM's ``max_tokens`` and ``n`` are accepted).
         tokenizer_kwargs: extra tokenizer arguments (text mode).
         pad_output: padded ``(B, T)`` outputs (True) or one tensor per sample (False, default).
-        pad_model_input: TorchRL's padding-vs-packing switch (scoring only); llmrl always pads.
+        pad_model_input: TorchRL's padding-vs-packing switch (scoring only): True (default) scores left-padded
+            batches; False packs the sequences into one row per forward pass (no padding computed), the trainer's
+            packed scorer (:func:`llmrl_core.trainer.scoring.score_packed`).
         inplace: ``True`` (default with one sample): write into the input; ``False``: a new TensorDict;
             ``"empty"``: an empty copy of the input.
         device: where inputs are moved for the model (the model itself is not moved).
@@ -72,6 +74,10 @@ class TransformersWrapper(LLMWrapperBase):
             TorchRL does; llmrl processes every call as its own batch.
         prefer_tokens: in history mode, generate from ``(tokens_key, "prompt")`` when present.
         score_batch_size: (llmrl) sequences per scoring forward pass (the vocabulary-sized logits dominate memory).
+        score_token_budget: (llmrl, packed scoring) tokens per forward pass instead of ``score_batch_size``
+            sequences (:func:`llmrl_core.trainer.batch.plan_micro_batches`; a longer sequence gets a pass alone).
+        score_temperature: (llmrl) scoring divides the logits by this first, so the log-probs are those of the
+            distribution a sampler at that temperature drew from (default 1.0: the model's own).
     """
 
     def __init__(
@@ -105,6 +111,8 @@ class TransformersWrapper(LLMWrapperBase):
         batching_timeout: float = 10.0,
         prefer_tokens: bool = False,
         score_batch_size: int = 8,
+        score_token_budget: int | None = None,
+        score_temperature: float = 1.0,
     ) -> None:
         super().__init__()
         engine = model if is_resident_engine(model) else None
@@ -124,8 +132,14 @@ class TransformersWrapper(LLMWrapperBase):
                 tokenizer = _load_tokenizer(str(name))
         if score_batch_size <= 0:
             raise ValueError(f"score_batch_size must be positive, got {score_batch_size}")
+        if score_token_budget is not None and score_token_budget <= 0:
+            raise ValueError(f"score_token_budget must be positive, got {score_token_budget}")
+        if not score_temperature > 0:
+            raise ValueError(f"score_temperature must be > 0, got {score_temperature}")
         self.model = model
         self.score_batch_size = int(score_batch_size)
+        self.score_token_budget = score_token_budget
+        self.score_temperature = float(score_temperature)
         if pad_model_input is not None and generate:
             raise ValueError("pad_model_input is not supported when generate=True.")
         self.pad_model_input = True if pad_model_input is None else pad_model_input
@@ -193,6 +207,8 @@ class TransformersWrapper(LLMWrapperBase):
         model = kwargs.pop("model", self.engine if self.engine is not None else self.model)
         constructor = self._new_version_kwargs(kwargs)
         constructor.setdefault("score_batch_size", self.score_batch_size)
+        constructor.setdefault("score_token_budget", self.score_token_budget)
+        constructor.setdefault("score_temperature", self.score_temperature)
         return type(self)(model, **constructor)
 
     # --- backend primitives ------------------------------------------------------------------------
@@ -232,6 +248,8 @@ class TransformersWrapper(LLMWrapperBase):
         return rows
 
     def _score_rows(self, sequences: list[torch.Tensor]) -> list[torch.Tensor]:
+        if not self.pad_model_input:
+            return self._score_packed_rows(sequences)
         pad = self.padding_value if self.padding_value is not None else 0
         device = self._device or self._model_device
         out: list[torch.Tensor] = []
@@ -245,10 +263,33 @@ class TransformersWrapper(LLMWrapperBase):
                     f"Input sequence length ({ids.shape[-1]}) exceeds model's max_position_embeddings ({max_len}). "
                     "Consider truncating or splitting your input."
                 )
-            log_probs, _ = teacher_forced_log_probs(self.model, ids.long().to(device), mask.to(device))
+            log_probs, _ = teacher_forced_log_probs(
+                self.model, ids.long().to(device), mask.to(device), temperature=self.score_temperature
+            )
             for row, seq in enumerate(chunk):
                 out.append(log_probs[row, ids.shape[1] - seq.numel() :])
         return out
+
+    def _score_packed_rows(self, sequences: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Per-token log-probs of each sequence (its first token: 0), several sequences packed into one row."""
+        from llmrl_core.trainer.batch import TrainSample, pack_samples, plan_micro_batches
+        from llmrl_core.trainer.scoring import score_packed
+
+        device = self._device or self._model_device
+        rows = [s.cpu().long().tolist() for s in sequences]
+        if self.score_token_budget is not None:
+            plan = plan_micro_batches([len(r) for r in rows], self.score_token_budget)
+        else:
+            size = self.score_batch_size
+            plan = [list(range(i, min(i + size, len(rows)))) for i in range(0, len(rows), size)]
+        out: list[torch.Tensor | None] = [None] * len(rows)
+        for group in plan:
+            samples = [TrainSample(prompt_ids=rows[i][:1], response_ids=rows[i][1:]) for i in group]
+            scores = score_packed(self.model, pack_samples(samples).to(device), temperature=self.score_temperature)
+            for row, i in enumerate(group):
+                first = scores.log_probs.new_zeros(1)
+                out[i] = torch.cat([first, scores.log_probs[row, : len(rows[i]) - 1]])
+        return [r for r in out if r is not None]
 
     def _logits_rows(self, sequences: list[torch.Tensor]) -> list[torch.Tensor]:
         from llmrl_core.modules.policies.distributions import logits_rows

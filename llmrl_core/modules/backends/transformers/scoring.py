@@ -48,6 +48,7 @@ def teacher_forced_log_probs(
     attention_mask: torch.Tensor | None = None,
     *,
     return_entropy: bool = False,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-position log-prob of each token of a padded batch given the tokens before it (one forward pass).
 
@@ -56,13 +57,16 @@ def teacher_forced_log_probs(
     Returns ``(log_probs, entropy)``, both ``(B, L)`` and aligned with ``input_ids``: entry ``t`` is about the
     token at ``t`` (its log-prob; the entropy of the distribution it was drawn from); the first real token of a
     row (no context) and padding positions are 0. ``entropy`` is None unless ``return_entropy``. Gradients flow
-    when enabled by the caller.
+    when enabled by the caller. ``temperature``: the logits are divided by it first (the distribution a sampler at
+    that temperature drew from).
     """
     device = next(model.parameters()).device
     ids = input_ids.to(device)
     mask = torch.ones_like(ids, dtype=torch.bool) if attention_mask is None else attention_mask.to(device).bool()
     position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=ids, attention_mask=mask.long(), position_ids=position_ids).logits[:, :-1]
+    if temperature != 1.0:
+        logits = logits.float() / temperature
     scored = mask[:, 1:] & mask[:, :-1]  # a token with a real token before it
     log_probs = torch.zeros(ids.shape, dtype=torch.float32, device=device)
     log_probs[:, 1:] = torch.where(scored, gather_log_probs(logits, ids[:, 1:]), 0.0)
