@@ -58,6 +58,18 @@ def _pin_xdist_worker() -> None:
 _pin_xdist_worker()
 
 
+# Fixtures that start an engine or a server: a test using one (directly or through another fixture) is marked
+# ``engine``, which the contributor tier (``scripts/test.sh --fast``) leaves out.
+ENGINE_FIXTURES = {"vllm_engine_fp32", "endpoint", "trainer_worker", "deployed", "fresh_home", "eager_vllm", "flow_run"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Mark ``engine`` the tests that use an :data:`ENGINE_FIXTURES` fixture (before ``-m`` selects)."""
+    if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+        item.add_marker(pytest.mark.engine)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``--dist loadgroup`` on a worker: each test marked ``xdist_group`` gets the ``@<group>`` suffix the scheduler

@@ -81,6 +81,7 @@ def _llmrl(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
+@pytest.mark.engine
 def test_the_cli_prints_the_schema_and_a_resolved_checked_config():
     out = _llmrl("config", "schema", "sft")
     assert out.returncode == 0, out.stderr[-2000:]

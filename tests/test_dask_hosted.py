@@ -311,6 +311,7 @@ def _kl_transforms_landed() -> bool:
     )
 
 
+@pytest.mark.engine
 @pytest.mark.skipif(not _kl_transforms_landed(), reason="the TensorDict KL transforms have not landed")
 def test_hosted_kl_transforms_equal_the_local_ones(client, default_model_path):
     from llmrl_core.data.history import History

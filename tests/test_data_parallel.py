@@ -143,6 +143,7 @@ def test_without_process_group_is_the_single_process_step():
         assert torch.equal(a, b)
 
 
+@pytest.mark.engine
 def test_two_gloo_ranks_match_the_single_process_step():
     model = tiny_llama()
     samples = make_samples(model)

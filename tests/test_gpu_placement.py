@@ -248,6 +248,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.engine
 @pytest.mark.skipif(
     __import__("torch").cuda.is_available(), reason="CPU threads of CPU workers (a GPU host keeps Dask's 1)"
 )

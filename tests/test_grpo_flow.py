@@ -660,6 +660,7 @@ def test_a_stop_signal_ends_the_run_cleanly(tmp_path, how):
     assert flow_run.state.type.value == "CANCELLED" and flow_run.state.message == says
 
 
+@pytest.mark.engine
 def test_a_killed_run_leaves_no_prefect_api_behind(tmp_path):
     """``kill -9`` of `llmrl run`: its Prefect API ends with it (the kernel's parent-death signal), instead of
     serving on for good."""

@@ -169,6 +169,7 @@ def test_a_transformers_engine_holds_one_batch_by_hand():
     assert "rollout.gpu_memory_utilization" not in " ".join(line.rule for line in lines.values())  # no reservation
 
 
+@pytest.mark.engine
 def test_llmrl_plan_prints_the_main_jobs_plan():
     proc = subprocess.run(
         [sys.executable, "-c", "from llmrl_cli.main import app; app()", "plan", "--set", "train.token_budget=512"],

@@ -33,6 +33,7 @@ def _artifacts_of(run_id: str) -> list:
     return sorted(found, key=lambda a: a.key)
 
 
+@pytest.mark.engine
 def test_one_live_table_and_curve_per_flow_run(tmp_path):
     first = report_twice(str(tmp_path))
     artifacts = _artifacts_of(first)
@@ -68,6 +69,7 @@ def report_in_background(report_dir: str, fail_at: int | None = None) -> tuple[s
     return str(flow_run.get_id()), seen
 
 
+@pytest.mark.engine
 def test_background_reports_give_the_same_artifacts_in_order(tmp_path):
     run, pngs = report_in_background(str(tmp_path))
     assert pngs == [str(tmp_path / "curves.png")] * 3

@@ -21,6 +21,7 @@ def no_api_url(monkeypatch, tmp_path):
     (tmp_path / "prefect").mkdir()
 
 
+@pytest.mark.engine
 def test_the_api_answers_in_the_block_and_is_gone_after_it(no_api_url):
     from prefect.settings import PREFECT_API_URL
 
@@ -32,6 +33,7 @@ def test_the_api_answers_in_the_block_and_is_gone_after_it(no_api_url):
     assert _api_children() == []
 
 
+@pytest.mark.engine
 def test_an_error_in_the_block_stops_the_api(no_api_url):
     with pytest.raises(KeyError, match="the run failed"):
         with run_api():
@@ -45,6 +47,7 @@ def test_with_an_api_set_no_server_starts(monkeypatch):
         assert url is None and _api_children() == []
 
 
+@pytest.mark.engine
 def test_without_a_prefect_home_the_api_lives_in_llmrls_home_not_the_working_directory(monkeypatch, tmp_path):
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     monkeypatch.delenv("PREFECT_HOME", raising=False)

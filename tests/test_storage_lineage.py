@@ -253,6 +253,7 @@ def mlflow_server(tmp_path):
         log.close()
 
 
+@pytest.mark.engine
 def test_lineage_against_an_mlflow_tracking_server(mlflow_server, tmp_path):
     store = TrajectoryStore(tmp_path / "trajectories")
     settings = LineageConfig(tracking_uri=mlflow_server, registered_model="grpo-policy")

@@ -287,6 +287,7 @@ def test_002_llm_collector(default_model_path, mocking_classes, eager_vllm):
     assert torch.isfinite(data.get(("log_probs", "response"))).all()
 
 
+@pytest.mark.engine
 @pytest.mark.parametrize(
     "name",
     [

@@ -1,0 +1,49 @@
+"""Every module of the project imports (the contributor tier, ``scripts/test.sh --fast``, runs this: a module whose
+behaviour is tested only by engine-starting tests still loads there), and the library keeps its layering: nothing
+under ``llmrl_core`` imports Prefect or MLflow."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGES = ("llmrl_core", "tasks", "flows", "storage", "llmrl_cli")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _modules() -> list[str]:
+    names = []
+    for package in PACKAGES:
+        names.append(package)
+        names.extend(info.name for info in pkgutil.walk_packages([str(ROOT / package)], f"{package}."))
+    return names
+
+
+def test_every_module_imports() -> None:
+    names = _modules()
+    on_disk = [p for package in PACKAGES for p in (ROOT / package).rglob("*.py")]
+    assert len(names) == len(on_disk), "a folder without __init__.py hides its modules from the walk"
+    failed = {}
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - every failure is reported, with its module
+            failed[name] = repr(exc)
+    assert not failed, failed
+
+
+def test_the_library_never_imports_prefect_or_mlflow() -> None:
+    """``import llmrl_core`` and every module under it, in a fresh interpreter: neither Prefect nor MLflow loads."""
+    library = [name for name in _modules() if name.split(".")[0] == "llmrl_core"]
+    code = (
+        "import importlib, sys\n"
+        f"for name in {library!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'prefect', 'mlflow'}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-2000:]
