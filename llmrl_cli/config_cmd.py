@@ -38,7 +38,7 @@ def config_class(flow: FlowName) -> type:
 @config_app.command("schema")
 def schema(flow: FlowName = typer.Argument(..., help="grpo, sft or offline.")) -> None:
     """Print the JSON schema of FLOW's config: every setting by section, with its type, default and description."""
-    from llmrl_core.pipeline.config_schema import config_schema
+    from llmrl_core.pipeline.config_io import config_schema
 
     typer.echo(json.dumps(config_schema(config_class(flow)), indent=2))
 

@@ -126,7 +126,7 @@ def check_placement(cfg: Any) -> None:
     from llmrl_core.pipeline.grpo_config import GRPOConfig
 
     if isinstance(cfg, GRPOConfig) and not cfg.dask.address:
-        from tasks.placement_plan import check_local_placement
+        from tasks.memory_check import check_local_placement
 
         check_local_placement(cfg, warn=False)
 

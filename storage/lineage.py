@@ -40,7 +40,17 @@ from typing import Any
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from mlflow import MlflowClient  # noqa: E402
-from mlflow.entities import Dataset, DatasetInput, InputTag, LoggedModelStatus, Metric, Param, RunTag  # noqa: E402
+from mlflow.entities import (  # noqa: E402
+    Dataset,
+    DatasetInput,
+    InputTag,
+    LoggedModelStatus,
+    Metric,
+    Param,
+    Run,
+    RunTag,
+    ViewType,
+)
 from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_GIT_COMMIT, MLFLOW_RUN_NAME  # noqa: E402
 
@@ -255,8 +265,6 @@ class LineageRecorder:
         """Record that this run starts from version ``version`` of ``source_run``: every lineage record names the
         fork point, the run is tagged with it and becomes a child of the source's MLflow run (when that run is in
         this tracking store)."""
-        from storage.lineage_query import find_run
-
         self.forked_from = {"run_id": source_run, "policy_version": version}
         tags = {"llmrl.forked_from": f"{source_run}@{version}"}
         try:
@@ -454,6 +462,16 @@ class LineageRecorder:
         """The LoggedModel id recorded for a policy version of this run (None when not recorded)."""
         found = self._model_ids(policy_version)
         return found[0] if found else None
+
+
+def find_run(client: MlflowClient, run_id: str) -> Run:
+    """The MLflow run of an llmrl run id, in any experiment (the newest if there are several)."""
+    experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
+    if experiments:
+        runs = client.search_runs(experiments, filter_string=f"tags.{RUN_TAG} = '{run_id}'", max_results=1)
+        if runs:
+            return runs[0]
+    raise LineageError(f"no MLflow run for llmrl run {run_id!r} at {client.tracking_uri}")
 
 
 def version_artifact_path(policy_version: int) -> str:

@@ -17,20 +17,16 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 from mlflow import MlflowClient  # noqa: E402
-from mlflow.entities import Run, ViewType  # noqa: E402
+from mlflow.entities import Run  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 
-from storage.lineage import RUN_TAG, LineageError, default_tracking_uri, tracking_root, version_artifact_path  # noqa: E402
-
-
-def find_run(client: MlflowClient, run_id: str) -> Run:
-    """The MLflow run of an llmrl run id, in any experiment (the newest if there are several)."""
-    experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
-    if experiments:
-        runs = client.search_runs(experiments, filter_string=f"tags.{RUN_TAG} = '{run_id}'", max_results=1)
-        if runs:
-            return runs[0]
-    raise LineageError(f"no MLflow run for llmrl run {run_id!r} at {client.tracking_uri}")
+from storage.lineage import (  # noqa: E402
+    LineageError,
+    default_tracking_uri,
+    find_run,
+    tracking_root,
+    version_artifact_path,
+)
 
 
 def recorded_versions(client: MlflowClient, run: Run) -> list[int]:

@@ -29,10 +29,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from storage.handoff import sweep_orphans
+from tasks.memory_check import check_local_placement
 from tasks.placement_plan import (
     THREAD_VARIABLES,
     RunConfig,
-    check_local_placement,
     local_worker_resources,
     rollout_count,
     rollout_placement,

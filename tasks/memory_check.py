@@ -12,7 +12,17 @@ from llmrl_core.hardware import choose_dtype
 from llmrl_core.memory_plan import DTYPE_BYTES, GIB, ModelShape, PlanInputs, PlanLine, memory_plan, over_budget
 from llmrl_core.model_store import resolve_model
 from llmrl_core.pipeline.grpo_config import GRPOConfig
-from tasks.placement_plan import gpu_assignment, local_worker_names, trainer_names, visible_gpus
+from tasks.placement_plan import (
+    GpuAssignment,
+    RunConfig,
+    available_cores,
+    gpu_assignment,
+    local_worker_names,
+    rollout_count,
+    trainer_names,
+    visible_gpus,
+    worker_environments,
+)
 
 
 @dataclass
@@ -103,3 +113,24 @@ def check_run_memory(cfg: GRPOConfig, warn: bool = True) -> RunPlan | None:
     for problem in plan.problems if warn else ():
         logging.getLogger("llmrl.memory").warning("memory plan (llmrl plan): %s", problem)
     return plan
+
+
+def check_local_placement(
+    cfg: RunConfig, rollout_workers: int | None = None, warn: bool = True
+) -> tuple[dict[str, dict[str, str]], GpuAssignment]:
+    """The local cluster's plan for ``cfg`` (each worker's environment and GPUs), refused with a ``ValueError`` naming
+    the setting where it cannot work: GPUs and threads (:func:`gpu_assignment`), and for a GRPO run the weight
+    route and the memory plan. ``llmrl run`` calls it before anything starts (a one-line error); the flow again
+    before its workers start. ``warn``: log the memory plan's warnings (the flow does; the CLI's early check not)."""
+    from tasks.weight_sync import check_local_route
+
+    envs, gpus = worker_environments(cfg, visible_gpus(), available_cores(), rollout_count(cfg, rollout_workers))
+    if isinstance(cfg, GRPOConfig):  # a weight route or a memory plan that cannot work: refused before any worker
+        check_local_route(
+            cfg.rollout.weight_sync,
+            gpus.visible,
+            [n for n in envs if n.startswith("rollout-")],
+            backend=cfg.rollout.backend,
+        )
+        check_run_memory(cfg, warn=warn)
+    return envs, gpus

@@ -1,6 +1,7 @@
 """The local cluster's plan for a run, a pure function of the config and the host: which GPUs and CPU threads each
 worker gets, and the checks that refuse a plan that cannot work before any worker starts (``llmrl run`` and the
-flows call :func:`check_local_placement`; :func:`tasks.cluster.dask_cluster` starts the workers it plans).
+flows call :func:`tasks.memory_check.check_local_placement`; :func:`tasks.cluster.dask_cluster` starts the workers
+it plans).
 
 GPUs of the local cluster (:func:`gpu_assignment`, a pure function of the config and the GPUs the flow
 host sees): each worker gets its own ``CUDA_VISIBLE_DEVICES``, set through the Nanny's ``env`` so it is in
@@ -283,25 +284,3 @@ def visible_gpus() -> list[str]:
     if listed is not None and listed.strip():
         return [g.strip() for g in listed.split(",") if g.strip()][:count]
     return [str(i) for i in range(count)]
-
-
-def check_local_placement(
-    cfg: RunConfig, rollout_workers: int | None = None, warn: bool = True
-) -> tuple[dict[str, dict[str, str]], GpuAssignment]:
-    """The local cluster's plan for ``cfg`` (each worker's environment and GPUs), refused with a ``ValueError`` naming
-    the setting where it cannot work: GPUs and threads (:func:`gpu_assignment`), and for a GRPO run the weight
-    route and the memory plan. ``llmrl run`` calls it before anything starts (a one-line error); the flow again
-    before its workers start. ``warn``: log the memory plan's warnings (the flow does; the CLI's early check not)."""
-    from tasks.memory_check import check_run_memory
-    from tasks.weight_sync import check_local_route
-
-    envs, gpus = worker_environments(cfg, visible_gpus(), available_cores(), rollout_count(cfg, rollout_workers))
-    if isinstance(cfg, GRPOConfig):  # a weight route or a memory plan that cannot work: refused before any worker
-        check_local_route(
-            cfg.rollout.weight_sync,
-            gpus.visible,
-            [n for n in envs if n.startswith("rollout-")],
-            backend=cfg.rollout.backend,
-        )
-        check_run_memory(cfg, warn=warn)
-    return envs, gpus

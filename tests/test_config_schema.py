@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from llmrl_core.pipeline.config_io import config_key
-from llmrl_core.pipeline.config_schema import config_schema, field_comments
+from llmrl_core.pipeline.config_io import config_key, config_schema
+from llmrl_core.pipeline.config_schema import field_comments
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.pipeline.offline_config import OfflineConfig
 from llmrl_core.pipeline.sft_config import SFTConfig

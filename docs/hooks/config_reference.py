@@ -2,7 +2,7 @@
 
 ``docs/configuration.md`` holds a marker line; this hook replaces it with one table per config section of every
 flow ``llmrl config schema`` knows (grpo, sft, offline): each setting's dotted name, type, default, constraints and
-description, all read from the schema (``llmrl_core.pipeline.config_schema.config_schema``). Nothing of it is
+description, all read from the schema (``llmrl_core.pipeline.config_io.config_schema``). Nothing of it is
 written by hand, so the page cannot drift from the code.
 
 It also serves the result images that live outside ``docs/`` (``bench/results/*.png``, ``recipes/*/results/*.png``)
@@ -25,7 +25,7 @@ IMAGES = ("bench/results/*.png", "recipes/*/results/*.png")
 def flow_schemas() -> dict[str, dict[str, Any]]:
     """Each flow's JSON schema, as ``llmrl config schema FLOW`` prints it."""
     from llmrl_cli.config_cmd import FlowName, config_class
-    from llmrl_core.pipeline.config_schema import config_schema
+    from llmrl_core.pipeline.config_io import config_schema
 
     return {flow.value: config_schema(config_class(flow)) for flow in FlowName}
 

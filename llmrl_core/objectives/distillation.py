@@ -94,7 +94,7 @@ class DistillationLoss(TensorKeysMixin, nn.Module):
 
     def forward(self, td: Any) -> DistillationLossOutput:
         """The loss on a batch of chats carrying the teacher's log-probs."""
-        from llmrl_core.objectives import tensordict_input as tdi
+        import llmrl_core.objectives.tensordict_input as tdi
 
         owner = "DistillationLoss"
         keys = self.tensor_keys

@@ -476,7 +476,7 @@ class GRPOLoss(TensorKeysMixin, nn.Module):
 
     def _forward_tensordict(self, td: Any) -> GRPOLossOutput:
         """TorchRL's call: the keys of :mod:`llmrl_core.objectives.tensordict_input`, TorchRL's errors."""
-        from llmrl_core.objectives import tensordict_input as tdi
+        import llmrl_core.objectives.tensordict_input as tdi
 
         keys = self.tensor_keys
         if not tdi.has_key(td, keys.action):

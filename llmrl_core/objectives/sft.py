@@ -213,7 +213,7 @@ class SFTLoss(TensorKeysMixin, nn.Module):
 
     def _forward_tensordict(self, td: Any) -> SFTLossOutput:
         """TorchRL's call on a batch of chats (see the class docstring for the keys read)."""
-        from llmrl_core.objectives import tensordict_input as tdi
+        import llmrl_core.objectives.tensordict_input as tdi
 
         keys = self.tensor_keys
         tokens, attention, assistant = tdi.chat_tokens(

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import keyword
 import re
 import typing
 from collections.abc import Iterable, Mapping
@@ -28,16 +27,13 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
+from llmrl_core.pipeline.config_schema import config_key, describe_section
+
 T = TypeVar("T")
 
 
 class ConfigError(ValueError):
     """A config file or override is malformed; the message names the file and the dotted key."""
-
-
-def config_key(name: str) -> str:
-    """The key a field is written as: a Python keyword's field (``from_``) without its trailing underscore."""
-    return name[:-1] if name.endswith("_") and keyword.iskeyword(name[:-1]) else name
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -139,8 +135,6 @@ def strict_config(cls: type[T]) -> type[T]:
     a text setting is taken as written, and the JSON schema describes every setting
     (:func:`~llmrl_core.pipeline.config_schema.describe_section`). A config module calls it on its config class
     when it is defined, so any schema of it (the Prefect run form's too) is described."""
-    from llmrl_core.pipeline.config_schema import describe_section
-
     if "__pydantic_config__" not in vars(cls):
         cls.__pydantic_config__ = ConfigDict(  # type: ignore[attr-defined]
             extra="forbid", coerce_numbers_to_str=True, json_schema_extra=describe_section
@@ -156,6 +150,11 @@ def config_validator(cls: type) -> TypeAdapter:
     """pydantic's validator (and JSON schema) for config dataclass ``cls``, strict as :func:`strict_config` says; built
     once per class."""
     return TypeAdapter(strict_config(cls))
+
+
+def config_schema(cls: type) -> dict[str, Any]:
+    """The JSON schema of the config dataclass ``cls`` with each setting's and section's description."""
+    return config_validator(cls).json_schema()
 
 
 _EXPECTED = {"bool": "bool", "int": "int", "float": "float", "string": "str", "list": "a list", "tuple": "a list"}

@@ -12,11 +12,17 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import keyword
 import re
 import typing
 from typing import Any
 
 _FIELD = re.compile(r"^\s+(?P<name>[A-Za-z_]\w*)\s*:\s*[^=#]+(?:=.*)?$")
+
+
+def config_key(name: str) -> str:
+    """The key a field is written as: a Python keyword's field (``from_``) without its trailing underscore."""
+    return name[:-1] if name.endswith("_") and keyword.iskeyword(name[:-1]) else name
 
 
 def field_comments(cls: type) -> dict[str, str]:
@@ -68,8 +74,6 @@ def describe_section(schema: dict[str, Any], cls: type) -> None:
     """pydantic's ``json_schema_extra`` hook of a config section: the section's docstring as its description, each
     setting titled by the key it is written as (``run_id``, ``from``) and described by its comment (or the docstring
     sentence that names it); a setting that is a section gets that section's first docstring line."""
-    from llmrl_core.pipeline.config_io import config_key
-
     if cls.__doc__:
         schema["description"] = inspect.cleandoc(cls.__doc__)
     described: dict[str, str] = {}
@@ -90,10 +94,3 @@ def describe_section(schema: dict[str, Any], cls: type) -> None:
 
 def _is_section(tp: Any) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp) and bool(tp.__doc__)
-
-
-def config_schema(cls: type) -> dict[str, Any]:
-    """The JSON schema of the config dataclass ``cls`` with each setting's and section's description."""
-    from llmrl_core.pipeline.config_io import config_validator
-
-    return config_validator(cls).json_schema()

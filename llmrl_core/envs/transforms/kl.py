@@ -41,7 +41,7 @@ from tensordict import TensorDictBase, unravel_key
 from tensordict.utils import NestedKey
 from torch.nn.utils.rnn import pad_sequence
 
-from llmrl_core.envs.transforms import kl_rows
+import llmrl_core.envs.transforms.kl_rows as kl_rows
 from llmrl_core.envs.transforms.kl_computation import KLComputation
 from llmrl_core.envs.transforms.kl_math import kl_reward_penalty, token_kl
 from llmrl_core.envs.transforms.log_prob import RetrieveLogProb
