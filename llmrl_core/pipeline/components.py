@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmrl_core.pipeline.env_config import import_object
+from llmrl_core.user_code import import_object
 
 
 def component_class(path: str, base: type, setting: str) -> type:

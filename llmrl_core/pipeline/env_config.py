@@ -29,7 +29,6 @@ Three ways to name an environment, all checked by :func:`validate_env_config` be
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import sys
 from collections.abc import Mapping
@@ -38,7 +37,8 @@ from typing import Any
 
 from llmrl_core.data.chat_templates import MODEL_TEMPLATE
 from llmrl_core.envs.reward_calls import REWARD_ERRORS
-from llmrl_core.user_code import UserCodeError
+from llmrl_core.pipeline.reward_functions import RewardFunctionConfig, RewardFunctions
+from llmrl_core.user_code import UserCodeError, import_object
 
 SINGLE_TURN = ("gsm8k", "arithmetic")
 PYTHON_TOOL = ("gsm8k_python", "arithmetic_python")
@@ -61,19 +61,6 @@ MCP_TOOL_PROMPT = (
     'You can call a calculator: write <tool_call>{{"name": "calc.evaluate", "arguments": {{"expression": "2*3"}}}}'
     "</tool_call> and you will get the result. When you know the result, give it as <answer>NUMBER</answer>."
 )
-
-
-@dataclass
-class RewardFunctionConfig:
-    """One reward function: ``function`` is ``module:function`` (called with prompt, completion, row)."""
-
-    function: str
-    weight: float = 1.0  # its reward is multiplied by this before being added
-    name: str | None = None  # the reward component's name (default: the function's name)
-
-    def __post_init__(self) -> None:
-        if ":" not in self.function:
-            raise ValueError(f"env.rewards: function must look like 'module:function', got {self.function!r}")
 
 
 @dataclass
@@ -143,25 +130,6 @@ class EnvConfig:
 
 
 # --- resolving names ---------------------------------------------------------------------------------------
-def import_object(path: str, setting: str) -> Any:
-    """The object named by ``module:attribute`` (``setting`` names the config key in errors)."""
-    module_name, _, attribute = path.partition(":")
-    if not module_name or not attribute:
-        raise ValueError(f"{setting}: {path!r} must look like 'module:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"{setting}: cannot import module {module_name!r} ({err})") from err
-    obj = module
-    for part in attribute.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"{setting}: module {module_name!r} has no attribute {attribute!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ValueError(f"{setting}: {path!r} is not callable")
-    return obj
-
-
 TRANSFORMS: dict[str, str] = {  # config name -> the transform class (imported when used)
     "python_interpreter": "llmrl_core.tools.python_interpreter:PythonInterpreter",
     "mcp": "llmrl_core.tools.mcp_transform:MCPToolTransform",
@@ -298,16 +266,6 @@ def _check_mcp_servers(servers: Mapping[str, Any]) -> None:
 
 
 # --- building ----------------------------------------------------------------------------------------------
-def load_reward_functions(specs: list[RewardFunctionConfig]) -> list[tuple[Any, float, str, str]]:
-    """``(function, weight, component name, label)`` per spec; the label names its setting in errors."""
-    loaded = []
-    for i, spec in enumerate(specs):
-        fn = import_object(spec.function, f"env.rewards[{i}].function")
-        name = spec.name or getattr(fn, "__name__", "reward_fn")
-        loaded.append((fn, spec.weight, name, f"env.rewards[{i}].function {spec.function!r}"))
-    return loaded
-
-
 def _builtin_env(cfg: EnvConfig, task: Any, tokenizer: Any, input_mode: str, max_turns: int) -> Any:
     # the built-in envs render with the model's own chat template (a ChatEnv's default is TorchRL's choice)
     options = {"chat_template_name": MODEL_TEMPLATE, **cfg.options}
@@ -422,7 +380,5 @@ def build_env(cfg: EnvConfig, task: Any, tokenizer: Any, *, input_mode: str = "t
     for name, options in _transform_items(cfg):
         env.append_transform(make_transform(name, **options))
     if cfg.rewards:
-        from llmrl_core.pipeline.reward_functions import RewardFunctions
-
         env.append_transform(RewardFunctions(cfg.rewards, keep_env_reward=cfg.env_reward, on_error=cfg.reward_errors))
     return env

@@ -133,7 +133,7 @@ def _brevity(answers: str = "", max_tokens: int = 256) -> Rescorer:
 @register_reward("env")
 def _env_rewards(answers: str = "", rewards: Sequence[Any] = ()) -> Rescorer:
     from llmrl_core.envs.reward_calls import describe_row, reward_value
-    from llmrl_core.pipeline.env_config import RewardFunctionConfig, load_reward_functions
+    from llmrl_core.pipeline.reward_functions import RewardFunctionConfig, load_reward_functions
 
     specs = [r if isinstance(r, RewardFunctionConfig) else RewardFunctionConfig(**r) for r in rewards]
     if not specs:

@@ -6,6 +6,7 @@ row (:mod:`llmrl_core.envs.reward_calls`)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,7 +16,30 @@ from llmrl_core.data.tensor_specs import Composite, Unbounded
 from llmrl_core.envs.reward_calls import REWARD_ERRORS, RewardFunctionError, describe_row, reward_value
 from llmrl_core.envs.tensordict_io import responses_from_tensordict, step_flattened, step_row_fields
 from llmrl_core.envs.transforms.td_base import Transform
-from llmrl_core.pipeline.env_config import RewardFunctionConfig, load_reward_functions
+from llmrl_core.user_code import import_object
+
+
+@dataclass
+class RewardFunctionConfig:
+    """One reward function: ``function`` is ``module:function`` (called with prompt, completion, row)."""
+
+    function: str
+    weight: float = 1.0  # its reward is multiplied by this before being added
+    name: str | None = None  # the reward component's name (default: the function's name)
+
+    def __post_init__(self) -> None:
+        if ":" not in self.function:
+            raise ValueError(f"env.rewards: function must look like 'module:function', got {self.function!r}")
+
+
+def load_reward_functions(specs: list[RewardFunctionConfig]) -> list[tuple[Any, float, str, str]]:
+    """``(function, weight, component name, label)`` per spec; the label names its setting in errors."""
+    loaded = []
+    for i, spec in enumerate(specs):
+        fn = import_object(spec.function, f"env.rewards[{i}].function")
+        name = spec.name or getattr(fn, "__name__", "reward_fn")
+        loaded.append((fn, spec.weight, name, f"env.rewards[{i}].function {spec.function!r}"))
+    return loaded
 
 
 class RewardFunctions(Transform):

@@ -16,7 +16,11 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from llmrl_core.envs.ifeval import checks_case, checks_format, checks_keywords, checks_length, checks_startend
+import llmrl_core.envs.ifeval.checks_case as checks_case
+import llmrl_core.envs.ifeval.checks_format as checks_format
+import llmrl_core.envs.ifeval.checks_keywords as checks_keywords
+import llmrl_core.envs.ifeval.checks_length as checks_length
+import llmrl_core.envs.ifeval.checks_startend as checks_startend
 
 Checker = Callable[..., bool]
 
