@@ -42,7 +42,7 @@ def _history(conversation: Conversation) -> History | None:
 
 
 def _chat_history(prompt: Conversation, response: Conversation, full: Conversation) -> Any:
-    from llmrl_core.modules.policies.common import ChatHistory
+    from llmrl_core.modules.policies.outputs import ChatHistory
 
     return ChatHistory(prompt=_history(prompt), response=_history(response), full=_history(full), batch_size=())
 
@@ -73,7 +73,7 @@ def episode_row(
     """A finished env slot's episode as a TensorDict row (see the module docstring). Everything is copied out of
     the slot, which the env reuses on its next reset. ``versions`` holds the version that sampled each turn and
     ``components`` the episode's summed named rewards."""
-    from llmrl_core.modules.policies.common import LogProbs, Masks, Text, Tokens
+    from llmrl_core.modules.policies.outputs import LogProbs, Masks, Text, Tokens
 
     messages = slot.history.copy().messages
     responses = list(slot.responses)
@@ -137,7 +137,7 @@ def turn_row(
     step writes them (TorchRL's: no reward without a reward source, ``(1, 1)`` with its reward parsers); the row's
     root keeps llmrl's ``reward`` and ``truncated`` either way."""
     from llmrl_core.data.conversation import Message
-    from llmrl_core.modules.policies.common import LogProbs, Masks, Text, Tokens
+    from llmrl_core.modules.policies.outputs import LogProbs, Masks, Text, Tokens
 
     answer = Conversation([Message(role="assistant", content=response.text)])
     full = Conversation([*prompt.messages, *answer.messages])
@@ -175,7 +175,7 @@ def turn_row(
 def _with_policy_fields(row: TensorDict, fields: dict[tuple[str, str], torch.Tensor]) -> None:
     """Add the policy's entries the row does not hold yet, inside TorchRL's containers (``Tokens``, ``Masks``,
     ``LogProbs``)."""
-    from llmrl_core.modules.policies.common import LogProbs, Masks, Tokens
+    from llmrl_core.modules.policies.outputs import LogProbs, Masks, Tokens
 
     containers = {"tokens": Tokens, "masks": Masks, "log_probs": LogProbs}
     for (group, name), value in fields.items():
@@ -198,7 +198,7 @@ def _with_torchrl_step(
     the next prompt (``("next", "history").prompt``), and what the env's TensorDict transforms added to it
     (``added``: ``kl_penalty``, ...). A field named like an entry the row has already (``text``, ``data``, ...) is
     left out of the root."""
-    from llmrl_core.modules.policies.common import ChatHistory
+    from llmrl_core.modules.policies.outputs import ChatHistory
 
     flags = {key: row.get(key).clone() for key in _FLAG_KEYS}
     if step_layout is not None:
@@ -312,7 +312,7 @@ def rows(batch: TensorDictBase) -> list[EpisodeRow]:
 def llm_data_to_tensordict(data: LLMData, input_mode: str | None = None) -> TensorDict:
     """The prompts of an :class:`LLMData` batch as the input of a TensorDict policy wrapper (TorchRL's keys): every
     form the data has, or with ``input_mode`` ``"tokens"`` / ``"text"`` only that one (what such a wrapper reads)."""
-    from llmrl_core.modules.policies.common import ChatHistory, Text, Tokens
+    from llmrl_core.modules.policies.outputs import ChatHistory, Text, Tokens
 
     size = data.batch_size
     per_row = []

@@ -517,7 +517,7 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
         """
         if isinstance(actions, TensorDictBase):
             from llmrl_core.data.history import History
-            from llmrl_core.modules.policies.common import ChatHistory
+            from llmrl_core.modules.policies.outputs import ChatHistory
 
             for transform in self.td_transforms:
                 actions = transform._inv_call(actions)

@@ -54,7 +54,7 @@ class EnvSpecs:
 
     # --- the composites --------------------------------------------------------------------------
     def _io_spec(self, field: str) -> Composite:
-        from llmrl_core.modules.policies.common import ChatHistory, Text, Tokens
+        from llmrl_core.modules.policies.outputs import ChatHistory, Text, Tokens
 
         kind = {"history": ChatHistory, "text": Text, "tokens": Tokens}[self.input_mode]
         inner = kind.default_spec(shape=tuple(self.batch_size), keys=[field]).to(self.device)

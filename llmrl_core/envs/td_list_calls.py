@@ -276,7 +276,7 @@ def with_prompt_history(td: TensorDictBase, slots: list[SlotState]) -> TensorDic
     and tokens modes): what a tool transform reads and extends."""
     if "history" not in td.keys():
         from llmrl_core.data.history import History
-        from llmrl_core.modules.policies.common import ChatHistory
+        from llmrl_core.modules.policies.outputs import ChatHistory
 
         prompt = History.from_conversations([slot.history for slot in slots])
         td.set("history", ChatHistory(prompt=prompt, batch_size=td.batch_size))

@@ -244,7 +244,7 @@ def output_to_tensordict(
     every mode's prompt the env has); a ``step``'s adds what the transforms wrote for ``"next"``
     (:func:`stack_next_fields`), ``reward`` of one row's shape ``reward`` when given (the env has a reward source)
     and ``truncated`` when asked (the env can cut an episode short): TorchRL's bare ``ChatEnv`` writes neither."""
-    from llmrl_core.modules.policies.common import ChatHistory, Text, Tokens
+    from llmrl_core.modules.policies.outputs import ChatHistory, Text, Tokens
 
     size = len(slots)
     fields: dict[str, Any] = {
@@ -387,7 +387,7 @@ class Turn:
 def turns_to_tensordict(turns: Sequence[Turn]) -> TensorDict:
     """The action data of a step made by a list call, in TorchRL's layout (see
     :func:`llmrl_core.envs.td_list_calls.run_td_step`)."""
-    from llmrl_core.modules.policies.common import ChatHistory, LogProbs, Text
+    from llmrl_core.modules.policies.outputs import ChatHistory, LogProbs, Text
 
     size = len(turns)
     messages = [turn.slot.history.messages[: turn.messages_with_answer] for turn in turns]
@@ -422,7 +422,7 @@ def turns_to_tensordict(turns: Sequence[Turn]) -> TensorDict:
 
 def _turn_tokens(turn: Turn, with_prompt: bool) -> Any:
     """One turn's ``Tokens``: the answer's ids, and with ``with_prompt`` the ids it followed and the two joined."""
-    from llmrl_core.modules.policies.common import Tokens
+    from llmrl_core.modules.policies.outputs import Tokens
 
     response = turn.response.token_ids.to(torch.long)
     if not with_prompt:

@@ -64,7 +64,7 @@ from llmrl_core.collector_registration import CollectorRegistration
 from llmrl_core.data.history import History
 from llmrl_core.data.tensors import as_padded_tensor
 from llmrl_core.modules.backends.types import SamplingConfig
-from llmrl_core.modules.policies.common import ChatHistory, LogProbs, Masks, Text, Tokens
+from llmrl_core.modules.policies.outputs import ChatHistory, LogProbs, Masks, Text, Tokens
 
 __all__ = ["LLMWrapperBase"]
 
