@@ -182,7 +182,8 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
         subclass's own transforms are not added.
         """
         from llmrl_core.envs.dataset_chat_env import DatasetChatEnv
-        from llmrl_core.envs.primer import DataLoadingPrimer, refuse_torchrl_only
+        from llmrl_core.envs.primer import DataLoadingPrimer
+        from llmrl_core.envs.torchrl_only import refuse_torchrl_only
 
         refuse_torchrl_only(f"{cls.__name__}.from_dataloader", primers=primers)
         batch_size = _flat_batch_size(batch_size, f"{cls.__name__}.from_dataloader")

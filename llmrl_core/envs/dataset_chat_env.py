@@ -23,7 +23,8 @@ import torch
 
 from llmrl_core.envs.chat_env import ChatEnv, InputMode
 from llmrl_core.envs.data_sources import transpose_columns
-from llmrl_core.envs.primer import DataLoadingPrimer, refuse_torchrl_only
+from llmrl_core.envs.primer import DataLoadingPrimer
+from llmrl_core.envs.torchrl_only import refuse_torchrl_only
 
 
 def load_named_dataset(dataset: Any, name: str | None, split: str | None) -> Any:

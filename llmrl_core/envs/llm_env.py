@@ -26,7 +26,8 @@ import torch
 from llmrl_core.data.chat_templates import resolve_template
 from llmrl_core.data.llm_data import Response
 from llmrl_core.envs.chat_env import ChatEnv, _flat_batch_size
-from llmrl_core.envs.primer import DataLoadingPrimer, refuse_torchrl_only
+from llmrl_core.envs.primer import DataLoadingPrimer
+from llmrl_core.envs.torchrl_only import refuse_torchrl_only
 from llmrl_core.envs.types import PromptRow, SlotState
 
 # A conversation rendered as the plain concatenation of its contents: the observation of a completion env.

@@ -22,26 +22,11 @@ import numpy as np
 from torch.utils.data import DataLoader
 
 from llmrl_core.envs.data_sources import RowSource, RowStream, is_stream, open_source
+from llmrl_core.envs.torchrl_only import refuse_torchrl_only
 from llmrl_core.envs.transforms.td_base import Transform
 from llmrl_core.envs.types import PromptRow
 
 _STATE_VERSION = 1
-
-
-def refuse_torchrl_only(owner: str, *, primers: Any = None, use_ray_service: bool = False, **ray: Any) -> None:
-    """Refuse, by name, the TorchRL arguments that have no meaning here: ``primers`` (TorchRL specs: llmrl's envs
-    take their extra fields from the prompt rows) and Ray services (llmrl hosts remote parts on Dask)."""
-    if primers is not None:
-        raise ValueError(
-            f"{owner}: primers= takes TorchRL specs, which llmrl does not use; extra prompt fields come from the "
-            "dataset rows themselves (pass them as row fields)"
-        )
-    if use_ray_service or any(bool(v) for v in ray.values()):
-        names = ["use_ray_service"] if use_ray_service else [k for k, v in ray.items() if v]
-        raise ValueError(
-            f"{owner}: {', '.join(names)} asks for a Ray service; llmrl runs remote parts on Dask "
-            "(see RayLLMCollector / RayRetrieveKL, hosted as Dask actors)"
-        )
 
 
 def _as_count(value: Any, name: str) -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmrl_core.envs.primer import refuse_torchrl_only
+from llmrl_core.envs.torchrl_only import refuse_torchrl_only
 from llmrl_core.envs.transforms.td_base import Transform
 from llmrl_core.envs.types import PromptRow
 
