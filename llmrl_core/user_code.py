@@ -20,8 +20,8 @@ def import_object(path: str, setting: str) -> Any:
         raise ValueError(f"{setting}: {path!r} must look like 'module:function'")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"{setting}: cannot import module {module_name!r} ({err})") from err
+    except Exception as err:  # user code may fail to import for any reason: say which setting
+        raise ValueError(f"{setting}: cannot import module {module_name!r} ({type(err).__name__}: {err})") from err
     obj = module
     for part in attribute.split("."):
         if not hasattr(obj, part):

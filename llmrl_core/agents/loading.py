@@ -3,10 +3,11 @@ any engine starts, with errors that name the setting."""
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any
+
+from llmrl_core.user_code import import_object
 
 SETTING = "env.agent"
 
@@ -16,19 +17,7 @@ def load_agent(path: str, setting: str = SETTING) -> Callable[..., Any]:
     ``(row, client)``; raises ValueError naming ``setting`` otherwise."""
     if not isinstance(path, str) or ":" not in path:
         raise ValueError(f"{setting} must look like 'module:function', got {path!r}")
-    module_name, _, attribute = path.partition(":")
-    if not module_name or not attribute:
-        raise ValueError(f"{setting} must look like 'module:function', got {path!r}")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except Exception as err:  # an agent module may fail to import for any reason: say which setting
-        raise ValueError(f"{setting}: cannot import module {module_name!r} ({type(err).__name__}: {err})") from err
-    for part in attribute.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"{setting}: module {module_name!r} has no attribute {attribute!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ValueError(f"{setting}: {path!r} is not callable")
+    obj = import_object(path, setting)
     try:
         inspect.signature(obj).bind({}, object())
     except TypeError as err:
