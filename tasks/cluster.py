@@ -195,34 +195,6 @@ def _nanny_class() -> type:
     return _NANNY
 
 
-# What every local worker imports before its actor starts (~8 s on 2 cores, each worker): with no GPU in use, the
-# workers are forked from one forkserver process that imported them once and lives as long as the flow host, so
-# from the second local cluster of a process on (tests, a server running flows in-process) and on every worker
-# restart (healing), a worker starts in well under a second. Not with GPUs: an import may start CUDA, which a
-# forked child cannot use.
-_FORKSERVER_PRELOAD = (
-    "distributed",
-    "torch",
-    "transformers",
-    "vllm",
-    "tasks.rollout_actor",
-    "tasks.trainer_actor",
-    "llmrl_core.modules.backends.vllm.engine",
-)
-
-
-def _fork_workers_from_preloaded_server() -> dict[str, str]:
-    """Switch Dask's worker processes to ``forkserver`` with :data:`_FORKSERVER_PRELOAD` (for the caller's
-    ``dask.config`` block) and return the environment each worker must be given: a forked worker has the
-    environment of the forkserver (this process's when it started), so the current one travels in the Nanny's
-    ``env`` (less the thread and GPU variables, which the placement sets)."""
-    from distributed.utils import get_mp_context
-
-    get_mp_context().set_forkserver_preload(list(_FORKSERVER_PRELOAD))  # before the first fork starts the server
-    skip = {*THREAD_VARIABLES, "CUDA_VISIBLE_DEVICES"}
-    return {k: v for k, v in os.environ.items() if k not in skip}
-
-
 def _torch_threads_from_env() -> int | None:
     """On a worker: size torch's thread pool from the worker's own ``OMP_NUM_THREADS`` (when set)."""
     count = os.environ.get("OMP_NUM_THREADS")
@@ -293,17 +265,10 @@ def dask_cluster(cfg: RunConfig, scratch: Path, rollout_workers: int | None = No
     if gpus.visible or any(envs.values()):
         log.info("local Dask workers: " + "; ".join(f"{name} {_describe(env)}" for name, env in envs.items()))
     logs = logs_dir(scratch.parent)
-    fork = not any(gpus.visible.values())  # no GPU in use: workers forked from a preloaded server
-    import dask
-
-    parent_env: dict[str, str] = {}
-    if fork:
-        with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
-            parent_env = _fork_workers_from_preloaded_server()
     workers = {}
     for name, res in resources.items():
         log_options, log_env = worker_log_options(logs, name)
-        options = {**common, **log_options, "resources": res, "env": {**parent_env, **envs[name], **log_env}}
+        options = {**common, **log_options, "resources": res, "env": {**envs[name], **log_env}}
         workers[name] = {"cls": _nanny_class(), "options": options}
     if not verbose():
         log.info(f"library logs: {logs} (llmrl run ... -v shows them here)")
@@ -314,9 +279,9 @@ def dask_cluster(cfg: RunConfig, scratch: Path, rollout_workers: int | None = No
         # last on the way out, once the workers are gone: the shared-memory weights their trainer left behind
         # (storage/handoff.py; a trainer process ends with its worker, without a chance to remove them itself)
         stack.callback(sweep_orphans)
-        if fork:
-            stack.enter_context(dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}))
         if tensor_parallel:  # vLLM starts a process per GPU: a daemonic Dask worker may not have children
+            import dask
+
             stack.enter_context(dask.config.set({"distributed.worker.daemon": False}))
         cluster = stack.enter_context(SpecCluster(workers=workers, scheduler=scheduler, name="llmrl-grpo"))
         client = stack.enter_context(Client(cluster))
