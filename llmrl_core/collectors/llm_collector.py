@@ -30,7 +30,8 @@ finished slot is reset on its own at once), shaped ``(B, steps)`` (row ``b``: sl
 ``flatten_data`` (TorchRL's default when a ``replay_buffer`` is given) viewed as ``(B * steps,)``. With a
 ``queue`` (anything with ``put``) or a ``replay_buffer`` (anything with ``extend``), every batch is also delivered
 there. The policy is a TorchRL-style wrapper (:mod:`llmrl_core.modules`, TensorDict in and out) or a rollout
-callable on :class:`~llmrl_core.data.llm_data.LLMData`.
+callable on :class:`~llmrl_core.data.llm_data.LLMData`. The items are cut into batches by
+:class:`~llmrl_core.collectors.batch_assembly.BatchAssembly`.
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
-from tensordict import TensorDictBase, lazy_stack
+from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
+from llmrl_core.collectors.batch_assembly import BatchAssembly
 from llmrl_core.collectors.env_tracker import EnvTracker, select_slots
 from llmrl_core.collectors.policy_weights import PolicyWeights, Version
 from llmrl_core.collectors.tensordict_batches import llm_data_to_tensordict, stack_rows, turn_row
@@ -56,7 +58,7 @@ from llmrl_core.envs.transforms.policy_version import PolicyVersion
 Policy = Callable[[LLMData], Any]
 
 
-class LLMCollector(PolicyWeights):
+class LLMCollector(BatchAssembly, PolicyWeights):
     """Runs env(s) and a policy together; iterate it for batches (see the module docstring).
 
     ``policy`` is a wrapper from :mod:`llmrl_core.modules` (or any callable taking :class:`LLMData` and
@@ -195,39 +197,6 @@ class LLMCollector(PolicyWeights):
             self._deliver(batch)
             yield batch
 
-    def _to_tensordict(self, units: list[Any]) -> TensorDictBase:
-        """One batch as a TensorDict. Dialog turns of whole env steps come as TorchRL lays them out: ``(batch,
-        steps)``, row ``b`` slot ``b``'s turns in order, or with ``flatten_data`` that viewed as ``(batch * steps,)``
-        slot after slot. A batch with a step that not every slot answered (the prompts ran out, or the total left
-        room for fewer turns than slots) is flat, step after step."""
-        if not self._step_layout:
-            return stack_rows(units)
-        if units and all(len(step) == self.envs[0].num_slots for step in units):
-            batch = lazy_stack([stack_rows(step) for step in units], -1)
-            return batch.view(-1) if self.flatten_data else batch
-        return stack_rows([turn for step in units for turn in step])
-
-    def _item_batches(self) -> Iterator[list[Any]]:
-        """The batches as lists of rows before they are stacked: episodes, dialog turns, or (step layout) lists of
-        one env step's dialog turns."""
-        stream = self._run_async() if self.async_envs else self._run_sync()
-        buffer: list[Any] = []
-        try:
-            for items in stream:
-                if not self._step_layout:
-                    buffer.extend(items)
-                elif items:
-                    buffer.append(items)
-                while buffer and self._batch_ready(buffer):
-                    batch, buffer = self._split_batch(buffer)
-                    yield batch
-                if self._finished():
-                    break
-            if buffer:
-                yield buffer
-        finally:
-            stream.close()
-
     def collect(self) -> TensorDictBase:
         """Run to the configured total and return everything as one TensorDict of rows (needs a total)."""
         if self.total_dialog_turns is None and self.total_trajectories is None:
@@ -235,32 +204,6 @@ class LLMCollector(PolicyWeights):
         flat = (batch.view(-1) if batch.batch_dims > 1 else batch for batch in self)
         rows = [batch[i] for batch in flat for i in range(batch.batch_size[0])]
         return stack_rows(rows)
-
-    def _unit_turns(self, unit: Any) -> int:
-        """Dialog turns in one buffered unit: an episode, one env step's turns (step layout), or one turn."""
-        if self._yield_trajectories:
-            return int(unit["num_turns"])
-        return len(unit) if self._step_layout else 1
-
-    def _turns(self, items: list[Any]) -> int:
-        return sum(self._unit_turns(unit) for unit in items)
-
-    def _batch_ready(self, buffer: list[Any]) -> bool:
-        if self.dialog_turns_per_batch is None:
-            return True
-        return self._turns(buffer) >= self.dialog_turns_per_batch
-
-    def _split_batch(self, buffer: list[Any]) -> tuple[list[Any], list[Any]]:
-        if self.dialog_turns_per_batch is None:
-            return buffer, []
-        if not self._yield_trajectories and not self._step_layout:
-            n = self.dialog_turns_per_batch
-            return buffer[:n], buffer[n:]
-        taken, turns = 0, 0  # whole episodes / whole steps, as many as reach the batch size
-        while taken < len(buffer) and turns < self.dialog_turns_per_batch:
-            turns += self._unit_turns(buffer[taken])
-            taken += 1
-        return buffer[:taken], buffer[taken:]
 
     def _deliver(self, batch: list[Any]) -> None:
         if self.sink is None:

@@ -34,7 +34,6 @@ re-tokenization drift enters the log-probs; ``SlotState.policy_mask()`` marks th
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -43,10 +42,18 @@ from tensordict import TensorDict, TensorDictBase
 from torch.utils.data import DataLoader, RandomSampler
 
 from llmrl_core.collector_registration import CollectorRegistration
-from llmrl_core.data.chat_templates import assistant_char_spans, torchrl_template
+from llmrl_core.data.chat_templates import torchrl_template
 from llmrl_core.data.conversation import Conversation, Message
 from llmrl_core.data.llm_data import LLMData, Response
+from llmrl_core.envs.env_checkpoint import EnvCheckpoint
+from llmrl_core.envs.env_inputs import (
+    ChatEnvInputError,  # noqa: F401  (importable from here, as before)
+    _flat_batch_size,
+)
 from llmrl_core.envs.env_specs import EnvSpecs
+from llmrl_core.envs.prompt_rows import PromptRows
+from llmrl_core.envs.slot_layout import SlotLayout
+from llmrl_core.envs.slot_tokens import SlotTokens
 from llmrl_core.envs.td_list_calls import (
     run_reset_transforms,
     run_step_transforms,
@@ -54,14 +61,12 @@ from llmrl_core.envs.td_list_calls import (
     run_td_step,
 )
 from llmrl_core.envs.tensordict_io import (
-    SlotPrompts,
     Turn,
     actions_from_tensordict,
     add_row_fields,
-    output_to_tensordict,
     rows_from_tensordict,
-    slots_view,
 )
+from llmrl_core.envs.transform_chain import TransformChain
 from llmrl_core.envs.types import PromptRow, SlotState
 
 if TYPE_CHECKING:
@@ -71,29 +76,17 @@ InputMode = Literal["history", "text", "tokens"]
 Action = str | Response | None
 
 
-_SLOT_HOOKS = ("on_reset", "reset_slot", "on_step", "step_slot", "on_output")
+class ChatEnv(TransformChain, PromptRows, SlotTokens, SlotLayout, EnvCheckpoint, EnvSpecs, CollectorRegistration):
+    """A batched multi-turn chat env with composable transforms (TorchRL's ``ChatEnv`` semantics).
 
-
-def _refuse_slot_hooks(transform: Any) -> None:
-    """A transform written against llmrl's former per-conversation base (``SlotTransform``: ``step_slot(slot)``,
-    ``on_step(slots)``, ...) would have its hooks never run. Say so, with the fix, instead of ignoring them."""
-    defined = [hook for hook in _SLOT_HOOKS if any(hook in vars(cls) for cls in type(transform).__mro__)]
-    if defined:
-        raise TypeError(
-            f"{type(transform).__name__} defines {', '.join(defined)}: the hooks of llmrl's former per-conversation "
-            "transforms, which no env calls any more. Write it as TorchRL's Transform: _step(tensordict, "
-            "next_tensordict) reading the answer and writing 'reward' / 'done' under next, _reset(tensordict, "
-            "tensordict_reset) on ('history', 'prompt') (README, 'Migrating')."
-        )
-
-
-class ChatEnvInputError(ValueError, RuntimeError):
-    """A reset or a batch size the env cannot take (TorchRL raises these as ``RuntimeError``; llmrl's own code
-    has caught them as ``ValueError``: both work)."""
-
-
-class ChatEnv(EnvSpecs, CollectorRegistration):
-    """A batched multi-turn chat env with composable transforms (TorchRL's ``ChatEnv`` semantics)."""
+    Its parts are base classes, each in a module of its own: the transform chain
+    (:class:`~llmrl_core.envs.transform_chain.TransformChain`), the prompt rows of a reset
+    (:class:`~llmrl_core.envs.prompt_rows.PromptRows`), the tokens-mode bookkeeping
+    (:class:`~llmrl_core.envs.slot_tokens.SlotTokens`), the answers in TorchRL's layout
+    (:class:`~llmrl_core.envs.slot_layout.SlotLayout`), the checkpointed state
+    (:class:`~llmrl_core.envs.env_checkpoint.EnvCheckpoint`) and the specs
+    (:class:`~llmrl_core.envs.env_specs.EnvSpecs`).
+    """
 
     def __init__(
         self,
@@ -242,38 +235,6 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
     def batch_size(self, value: int | Sequence[int] | torch.Size | None) -> None:
         self.num_slots = _flat_batch_size(value, type(self).__name__)
 
-    # --- composition -----------------------------------------------------------------------------
-    def append_transform(self, transform: Any) -> ChatEnv:
-        """Add a TorchRL TensorDict transform (:class:`~llmrl_core.envs.transforms.td_base.Transform`: tools, reward
-        parsers, the primer, ``RetrieveKL``, ...) at the end of the chain; returns the env (chainable).
-
-        As in a TorchRL ``TransformedEnv``: ``_reset`` runs on every reset, ``_inv_call`` on the action and
-        ``_step`` on the ``"next"`` data of every step, in the order appended; on the list calls (``reset(prompts)``,
-        ``step(answers)``: the collector's and the flows') they see the slots in TorchRL's layout and what they write
-        becomes the slots' (:mod:`llmrl_core.envs.td_list_calls`).
-        """
-        self._check_transform(transform, "append_transform")
-        transform.set_container(self)
-        self.td_transforms.append(transform)
-        return self
-
-    def insert_transform(self, index: int, transform: Any) -> ChatEnv:
-        """Insert a TensorDict transform at ``index`` in the chain (TorchRL's ``insert_transform``)."""
-        self._check_transform(transform, "insert_transform")
-        transform.set_container(self)
-        self.td_transforms.insert(index, transform)
-        return self
-
-    @staticmethod
-    def _check_transform(transform: Any, caller: str) -> None:
-        from llmrl_core.envs.transforms import td_base
-
-        _refuse_slot_hooks(transform)
-        if not isinstance(transform, td_base.Transform):
-            raise TypeError(
-                f"{caller} expects a Transform (TorchRL's TensorDict transform), got {type(transform).__name__}"
-            )
-
     @property
     def end_of_turn(self) -> str | None:
         """The marker that closes a policy turn in the active chat template (e.g. ``<|im_end|>``)."""
@@ -412,102 +373,6 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
 
         return rollout(self, max_steps, policy, callback, **kwargs)
 
-    def set_seed(self, seed: int | None = None) -> int:
-        """Seed the prompt order: every primer restarts its stream in the order of ``seed``; returns the seed.
-
-        Transforms with their own ``set_seed(seed)`` get it too. Rows drawn for a partial reset but not used
-        yet are dropped (they came from the old order). ``None`` picks a random seed. (TorchRL's
-        ``set_seed`` returns a derived seed for a sibling env; this returns the seed itself.)
-        """
-        from llmrl_core.envs.primer import DataLoadingPrimer
-
-        seed = secrets.randbits(31) if seed is None else int(seed)
-        self._pending_rows = []
-        for transform in self.td_transforms:
-            set_seed = getattr(transform, "set_seed", None)
-            if callable(set_seed):
-                set_seed(seed)
-            elif isinstance(transform, DataLoadingPrimer):
-                transform.reset_dataloader(seed)
-        self._seed = seed
-        return seed
-
-    def _provided_rows(self, caller: str) -> list[Any]:
-        """The next batch of the env's prompt source: the first transform (e.g. the
-        ``DataLoadingPrimer``) whose ``provide_prompts`` answers."""
-        for transform in self.td_transforms:
-            provide = getattr(transform, "provide_prompts", None)
-            provided = provide(self.num_slots) if callable(provide) else None
-            if provided is not None:
-                return list(provided)
-        raise ChatEnvInputError(f"{caller} got no prompts and no transform provides them (add a DataLoadingPrimer)")
-
-    def _draw_rows(self, n: int, caller: str) -> list[PromptRow]:
-        """``n`` rows from the pending ones first, then from the primer, batch by batch."""
-        while len(self._pending_rows) < n:
-            provided = self._provided_rows(caller)
-            if not provided:
-                raise ValueError(f"{caller}: the primer supplied an empty batch")
-            self._pending_rows.extend(self._as_row(item, i) for i, item in enumerate(provided))
-        rows, self._pending_rows = self._pending_rows[:n], self._pending_rows[n:]
-        return rows
-
-    def _start_tokens(self, slots: list[SlotState]) -> None:
-        if self.input_mode == "tokens":
-            for slot in slots:
-                slot.prompt_text = self._render(slot.history, add_generation_prompt=True)
-                slot.token_segments = [self._encode(slot.prompt_text)]
-                slot.segment_is_policy = [False]
-
-    def _collect_prompts(self, prompts: Sequence[Any] | None) -> list[PromptRow]:
-        if prompts is None and self._pending_rows:
-            # Rows left over from a partial reset come first, so none is skipped.
-            prompts = self._draw_rows(self.num_slots or len(self.slots) or len(self._pending_rows), "reset()")
-        if prompts is None:
-            prompts = self._provided_rows("reset()")
-        if isinstance(prompts, str | Conversation | dict | PromptRow):
-            prompts = [prompts]
-        rows = [self._as_row(item, i) for i, item in enumerate(prompts)]
-        if not rows:
-            raise ValueError("reset() got an empty batch of prompts")
-        if self.num_slots is not None and len(rows) != self.num_slots:
-            raise ValueError(f"reset() got {len(rows)} prompts but the env's batch_size is {self.num_slots}")
-        return rows
-
-    def _as_row(self, item: Any, index: int) -> PromptRow:
-        if isinstance(item, PromptRow):
-            return item
-        if isinstance(item, dict) and not ("role" in item and "content" in item):
-            if self.data_key not in item:
-                raise ValueError(f"prompt {index}: row has no {self.data_key!r} field (fields: {sorted(item)})")
-            return PromptRow(data=dict(item), prompt_id=item.get("id", index))
-        return PromptRow(data={self.data_key: item}, prompt_id=index)
-
-    def _make_slot(self, index: int, row: PromptRow) -> SlotState:
-        query = row.data.get(self.data_key)
-        if query is None:
-            raise ValueError(f"prompt {index} (id {row.prompt_id!r}): missing {self.data_key!r}")
-        if isinstance(query, str):
-            history = Conversation([Message(self.user_role, query)])
-        elif isinstance(query, Conversation):
-            history = query.copy()
-        elif isinstance(query, list | tuple):
-            history = Conversation(list(query))
-        else:
-            raise TypeError(
-                f"prompt {index}: {self.data_key!r} must be str, Conversation or messages, got {type(query)}"
-            )
-        if self.system_prompt is not None and (not history.messages or history[0].role != self.system_role):
-            history.messages.insert(0, Message(self.system_role, self.system_prompt))
-        return SlotState(
-            index=index,
-            history=history,
-            data=dict(row.data),
-            prompt_id=row.prompt_id,
-            group_id=row.group_id,
-            sample_index=row.sample_index,
-        )
-
     # --- step ------------------------------------------------------------------------------------
     def step(self, actions: LLMData | Sequence[Action] | TensorDictBase) -> TensorDictBase:
         """Append each active slot's response, run the transforms, return the next prompts and rewards.
@@ -583,14 +448,6 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
         """Called with this step's active slots once their answers are appended, before the turn limit and the
         transforms' ``_step`` (the env's reply: reward, end flags, an observation message); nothing by default."""
 
-    def _check_context(self, slot: SlotState) -> None:
-        """Tokens mode: truncate a slot whose next prompt would not fit ``max_prompt_tokens`` (its ids end with the
-        sampled ones then)."""
-        limit = self.max_prompt_tokens
-        if limit is not None and not slot.done and sum(len(t) for t in slot.token_segments) > limit:
-            slot.info["context_full"] = True  # e.g. a tool printed pages: the next prompt would not fit
-            slot.truncate()
-
     def _apply_response(self, slot: SlotState, response: Response) -> None:
         content, ended = self.strip_end_of_turn(response.text)
         # A turn is open (is_complete=False) only when the sampler says it hit the token limit.
@@ -609,169 +466,6 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
                 return trimmed[: -len(marker)], True
         return text, False
 
-    # --- rendering / tokens ----------------------------------------------------------------------
-    def _render(self, history: Conversation, add_generation_prompt: bool) -> str:
-        return history.apply_chat_template(
-            self.tokenizer,
-            add_generation_prompt=add_generation_prompt,
-            chat_template=self._template.template,
-            **self.template_kwargs,
-        )  # type: ignore[return-value]
-
-    def _encode(self, text: str) -> torch.Tensor:
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return torch.tensor(ids, dtype=torch.long)
-
-    def _extend_tokens(self, slot: SlotState) -> None:
-        """Tokens mode: add the sampled ids, then the ids of the text the template adds after them."""
-        response = slot.last_response
-        assert response is not None and slot.prompt_text is not None
-        if response.token_ids is not None:
-            sampled_ids = response.token_ids.to(torch.long)
-            sampled_text = self.tokenizer.decode(sampled_ids.tolist(), skip_special_tokens=False)
-        else:
-            sampled_text = response.text
-            sampled_ids = self._encode(sampled_text)
-        slot.token_segments.append(sampled_ids)
-        slot.segment_is_policy.append(True)
-        consumed = slot.prompt_text + sampled_text
-        next_text = self._render(slot.history, add_generation_prompt=not slot.done)
-        if not next_text.startswith(consumed):
-            # The template renders the turn differently from the sampled text (e.g. it strips whitespace):
-            # keep the sampled ids and take the glue from where the template closes the policy turn.
-            msgs = [m.to_template_dict() for m in slot.history.messages]
-            spans = assistant_char_spans(
-                msgs,
-                self._template.template,
-                next_text,
-                roles=(self.policy_role,),
-                end_of_turn=self.end_of_turn,
-                include_end_of_turn=bool(self.end_of_turn) and sampled_text.endswith(self.end_of_turn or ""),
-                tokenizer=self.tokenizer,
-                **self.template_kwargs,
-            )
-            consumed = next_text[: spans[-1][1][1]]
-            slot.info["token_text_mismatch"] = True
-        # A finished episode has no next prompt: the template's closing text after the last turn is not added.
-        glue = "" if slot.done else next_text[len(consumed) :]
-        if glue:
-            slot.token_segments.append(self._encode(glue))
-            slot.segment_is_policy.append(False)
-        slot.prompt_text = consumed + glue
-
-    def _drop_glue(self, slot: SlotState) -> None:
-        """Tokens mode: take away the ids the template added after the slot's last answer (its next prompt's
-        opening), as for an episode that ended: its ids then end with the sampled ones."""
-        if self.input_mode != "tokens" or not slot.segment_is_policy or slot.segment_is_policy[-1]:
-            return
-        if len(slot.segment_is_policy) == 1:  # the first prompt is not glue
-            return
-        glue = slot.token_segments.pop()
-        slot.segment_is_policy.pop()
-        text = self.tokenizer.decode(glue.tolist(), skip_special_tokens=False)
-        if slot.prompt_text is not None and slot.prompt_text.endswith(text):
-            slot.prompt_text = slot.prompt_text[: len(slot.prompt_text) - len(text)]
-
-    def _retemplate_after_answer(self, slot: SlotState, changed_by: str) -> None:
-        """Tokens mode: the ids after the slot's last answer again, from its conversation as it is now (a TensorDict
-        transform appended messages after the answer, e.g. a tool's output). The ids before stay as they are."""
-        if self.input_mode != "tokens" or slot.done:
-            return
-        self._drop_glue(slot)
-        consumed = slot.prompt_text or ""
-        next_text = self._render(slot.history, add_generation_prompt=True)
-        if not next_text.startswith(consumed):
-            raise ValueError(
-                f"{changed_by} changed slot {slot.index}'s conversation so that the chat template renders the "
-                "text before its last answer differently; in tokens mode a transform may only append messages"
-            )
-        glue = next_text[len(consumed) :]
-        if glue:
-            slot.token_segments.append(self._encode(glue))
-            slot.segment_is_policy.append(False)
-        slot.prompt_text = next_text
-        self._check_context(slot)
-
-    def step_layout(self, slots: Sequence[SlotState]) -> dict[str, Any]:
-        """Which entries a TensorDict step writes under ``"next"`` besides the prompt and done flags: ``reward``
-        when the env or a transform may reward (:meth:`reward_row_shape`; each row of the longest ``reward_shape`` among
-        them), ``truncated`` when the env can cut an episode short (``max_turns``, ``max_prompt_tokens``) or a
-        transform did. TorchRL's bare ``ChatEnv`` writes neither; its ``DatasetChatEnv`` both (a reward parser, a
-        step counter)."""
-        truncated = self.can_cut_short() or any(slot.truncated for slot in slots)
-        return {"step": True, "reward": self.reward_row_shape(), "truncated": truncated}
-
-    def _with_row_fields(self, next_td: TensorDictBase, slots: Sequence[SlotState]) -> TensorDictBase:
-        """An env fed by a ``DataLoadingPrimer`` carries the prompt rows' fields (``query``, ``answer``, ...) in a
-        step's ``"next"`` data too, as TorchRL's primer does (its reward parsers read ``("next", "answer")``)."""
-        from llmrl_core.envs.primer import DataLoadingPrimer
-
-        if any(isinstance(transform, DataLoadingPrimer) for transform in self.td_transforms):
-            add_row_fields(next_td, [slot.data for slot in slots], self.input_mode)
-        return next_td
-
-    def _prompts_of(self, slots: Sequence[SlotState]) -> SlotPrompts:
-        """The slots' prompts in the env's input mode: rendered text (text, tokens modes), exact ids (tokens)."""
-        if self.input_mode == "text":
-            return SlotPrompts(text=[self._render(s.history, add_generation_prompt=not s.done) for s in slots])
-        if self.input_mode == "tokens":
-            return SlotPrompts(text=[s.prompt_text or "" for s in slots], tokens=[s.all_tokens() for s in slots])
-        return SlotPrompts()
-
-    def _layout(self, slots: Sequence[SlotState], **layout: Any) -> TensorDict:
-        """``slots`` in TorchRL's layout (the TensorDict calls' answer; ``layout``: :meth:`step_layout`'s)."""
-        return output_to_tensordict(slots, self._prompts_of(slots), self.input_mode, **layout)
-
-    def _view(self) -> TensorDict:
-        """llmrl's list calls' answer: every slot (:func:`~llmrl_core.envs.tensordict_io.slots_view`)."""
-        return slots_view(self.slots, self._prompts_of(self.slots))
-
-    # --- state -----------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """The transforms' checkpointable state, by position: those of the TensorDict transforms that are
-        checkpointed with the env (``td_transforms``: those whose ``env_checkpoint`` is True, e.g. the primer's
-        cursor).
-
-        After a partial reset, the primer rows no slot has taken yet are saved too (``pending_prompts``).
-        """
-        state: dict[str, Any] = {}
-        if self._checkpointed_td_transforms():
-            state["td_transforms"] = [t.state_dict() for t in self._checkpointed_td_transforms()]
-        if self._pending_rows:
-            state["pending_prompts"] = [
-                {"data": r.data, "prompt_id": r.prompt_id, "group_id": r.group_id, "sample_index": r.sample_index}
-                for r in self._pending_rows
-            ]
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output into the same transform chain."""
-        if any(state.get("transforms") or []):  # saved when llmrl had per-conversation transforms with state
-            raise ValueError(
-                "the state holds per-conversation transforms' state ('transforms'), saved by an llmrl whose "
-                "transforms were not all TorchRL's TensorDict transforms; start the run afresh"
-            )
-        checkpointed, td_states = self._checkpointed_td_transforms(), state.get("td_transforms", [])
-        if len(td_states) != len(checkpointed):
-            names = [type(t).__name__ for t in checkpointed]
-            raise ValueError(
-                f"state has {len(td_states)} TensorDict transform entries, the env checkpoints {len(checkpointed)} "
-                f"({names})"
-            )
-        for transform, sub in zip(checkpointed, td_states, strict=True):
-            transform.load_state_dict(sub)
-        self._pending_rows = [PromptRow(**dict(row)) for row in state.get("pending_prompts", [])]
-
-    def _checkpointed_td_transforms(self) -> list[Any]:
-        return [t for t in self.td_transforms if getattr(t, "env_checkpoint", False)]
-
-    def close(self) -> None:
-        """Release what the transforms hold (sandboxed interpreters, MCP servers, browsers)."""
-        for transform in self.td_transforms:
-            close = getattr(transform, "close", None)
-            if callable(close):
-                close()
-
     def __enter__(self) -> ChatEnv:
         return self
 
@@ -783,15 +477,3 @@ class ChatEnv(EnvSpecs, CollectorRegistration):
             f"{type(self).__name__}(input_mode={self.input_mode!r}, max_turns={self.max_turns}, "
             f"transforms={self.td_transforms})"
         )
-
-
-def _flat_batch_size(batch_size: int | Sequence[int] | torch.Size | None, owner: str) -> int | None:
-    """TorchRL's batch sizes (``(1,)``, ``[4]``, ``torch.Size([2])``) as llmrl's slot count; ``()`` is refused."""
-    if batch_size is None or isinstance(batch_size, int):
-        return batch_size
-    dims = list(batch_size)
-    if not dims:
-        raise ValueError(f"{owner} must have at least one dimension")
-    if len(dims) != 1:
-        raise ChatEnvInputError(f"{owner} takes a one-dimensional batch size, got {tuple(dims)}")
-    return int(dims[0])
