@@ -10,25 +10,23 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import io
 import os
-import random
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import pyarrow.fs as pafs
 import torch
 
 from llmrl_core.hardware import cuda_peak_gib, mixed_precision_for, where_am_i
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from storage.checkpoints import CheckpointManifest, CheckpointStore, WrittenWeights
-from storage.filesystems import read_bytes, write_atomic
 from storage.handoff import SharedWeights
 from storage.layout import RunLayout
 from storage.trajectories import TrajectoryStore
 from tasks.records import read_shards, record_to_sample
+from tasks.trainer_state import TrainerStateFiles
+from tasks.trainer_weight_sync import TrainerWeightSync
 
 AGREEMENT_KEYS = ("sampler_abs_diff_mean", "sampler_abs_diff_max", "kl_to_sampler", "sampler_ess")
 
@@ -63,7 +61,7 @@ def one_micro_batch(samples: list[Any], train: Any) -> list[Any]:
     return taken
 
 
-class TrainerWorker:
+class TrainerWorker(TrainerStateFiles, TrainerWeightSync):
     """The resident policy model, its optimizer and the checkpoint store of the run."""
 
     # what stage() wrote, for seal(): the store's file (a local store), its manifest (a remote store), or None
@@ -143,12 +141,7 @@ class TrainerWorker:
             **where_am_i(str(device), [device.index or 0] if device.type == "cuda" else None),
         }
 
-    # --- state -----------------------------------------------------------------------------------
-    def _state_file(self, version: int, layout: RunLayout | None = None) -> tuple[Any, str]:
-        """``(filesystem, path)`` of the optimizer/RNG state of ``version`` (a local folder or a remote store) of
-        this run, or of the run laid out at ``layout``."""
-        return (layout or self.layout).trainer_state_file(version)
-
+    # --- publishing --------------------------------------------------------------------------------
     def publish(self, version: int, config: dict[str, Any]) -> dict[str, Any]:
         """Checkpoint the weights as ``version`` and save optimizer + RNG state beside it (atomically):
         :meth:`stage` then :meth:`seal` in one call."""
@@ -257,20 +250,6 @@ class TrainerWorker:
         staleness = self.cfg.rollout.max_staleness if isinstance(self.cfg, GRPOConfig) else 0
         return range(max(0, version - 1 - staleness), version)
 
-    def save_state(self, version: int) -> int:
-        """Save the optimizer and RNG state reached at ``version`` (what a resume from it restores); returns it."""
-        state = {
-            "optimizer": self.trainer.optimizer.state_dict(),
-            "step": self.trainer.step_count,
-            "torch_rng": torch.get_rng_state(),
-            "python_rng": random.getstate(),
-            "numpy_rng": np.random.get_state(),
-            "lora": self._lora_state(),
-        }
-        write_atomic(*self._state_file(version), lambda out: torch.save(state, out))  # no copy in memory first
-        self._prune_states(version)
-        return version
-
     # --- data-parallel ranks (train.data_parallel > 1) ------------------------------------------------
     _data_parallel: Any = None  # a DataParallelTrainer once join_data_parallel() ran
 
@@ -299,115 +278,6 @@ class TrainerWorker:
         dist.all_gather_object(seen, digest)
         if len(set(seen)) > 1:
             raise RuntimeError(f"the trainer ranks read different batches ({len(samples)} rows here): {seen}")
-
-    # --- weight group (trainer = rank 0; tasks/weight_sync.py drives both sides) ---------------------
-    def weight_group_port(self) -> int:
-        """A TCP port free on this worker's host, for the weight group's rendezvous."""
-        from llmrl_core.ports import free_port
-
-        return free_port("")
-
-    def open_weight_group(self, master_address: str, master_port: int, world_size: int) -> None:
-        """Host the weight group as rank 0 on the trainer's device, NCCL on a GPU and gloo on the CPU (blocks until
-        every engine rank joined)."""
-        from llmrl_core.weight_sync.process_group import weight_group
-
-        self._weight_group = weight_group(master_address, master_port, 0, world_size, self.trainer.device)
-
-    def _weights_to_send(self) -> dict[str, torch.Tensor]:
-        """The inference weights, with the output head spelled out for a tied model (vLLM keeps its own copy)."""
-        from llmrl_core.weight_sync.updater import spell_out_tied_names
-
-        state = self.trainer.state_dict_for_inference()
-        spell_out_tied_names(state, bool(getattr(self.model.config, "tie_word_embeddings", False)))
-        return state
-
-    def share_weights_cuda(self) -> dict[str, tuple[Any, tuple]]:
-        """CUDA IPC handles of a copy of the current inference weights (``torch.multiprocessing``'s reduction of each
-        tensor: a rebuild function and its arguments, picklable), for engines on this worker's GPU
-        (``rollout.weight_sync=cuda_ipc``, :class:`tasks.weight_sync.CudaIpcWeightSync`). The copy is held until
-        :meth:`release_shared_cuda`: the engines read it in place."""
-        from torch.multiprocessing.reductions import reduce_tensor
-
-        state = self._weights_to_send()
-        on_host = sorted(name for name, t in state.items() if not t.is_cuda)
-        if on_host:
-            raise RuntimeError(
-                f"rollout.weight_sync=cuda_ipc needs the trainer's weights on CUDA; {on_host[0]} is on "
-                f"{state[on_host[0]].device}"
-            )
-        self._ipc_copy = state
-        return {name: reduce_tensor(t) for name, t in state.items()}
-
-    def release_shared_cuda(self) -> None:
-        """Let go of the copy :meth:`share_weights_cuda` shared (the engines have loaded it)."""
-        self._ipc_copy = None
-
-    def weights_metadata(self) -> list[tuple[str, str, tuple[int, ...]]]:
-        """``(name, dtype, shape)`` of every tensor :meth:`broadcast_weights` sends, in its order."""
-        from llmrl_core.weight_sync.process_group import tensor_metadata
-
-        return tensor_metadata(self._weights_to_send())
-
-    def broadcast_weights(self, metadata: list[tuple[str, str, tuple[int, ...]]]) -> int:
-        """Broadcast the current weights to the group, in the order of ``metadata`` (what the engines expect);
-        returns the number of tensors sent."""
-        group = getattr(self, "_weight_group", None)
-        if group is None:
-            raise RuntimeError("broadcast_weights called before open_weight_group")
-        from llmrl_core.weight_sync.process_group import send_weights
-
-        state = self._weights_to_send()
-        if [m[0] for m in metadata] != list(state):
-            raise RuntimeError("the engines expect other tensors than the trainer holds (weights_metadata is stale)")
-        return send_weights(group, state, self.trainer.device)
-
-    def _prune_states(self, version: int) -> None:
-        """Drop optimizer/RNG states older than ``version - 1`` (each is twice the model's size).
-
-        A resume starts from the last committed version, which is ``version`` once its commit marker is
-        written and ``version - 1`` until then, so those two are kept.
-        """
-        fs, path = self._state_file(version)
-        folder = path.rpartition("/")[0]
-        for entry in fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True)):
-            stem = entry.base_name.removeprefix("trainer-v").removesuffix(".pt")
-            if entry.base_name.startswith("trainer-v") and stem.isdigit() and int(stem) < version - 1:
-                fs.delete_file(entry.path)
-
-    def _lora_state(self) -> dict[str, torch.Tensor] | None:
-        """The LoRA adapter weights (the base model stays frozen at version 0), or None without LoRA."""
-        if self.trainer.config.lora is None:
-            return None
-        from peft import get_peft_model_state_dict
-
-        return {k: v.detach().cpu().clone() for k, v in get_peft_model_state_dict(self.trainer.model).items()}
-
-    def restore(self, version: int, source: RunLayout | None = None) -> bool:
-        """Continue from a published version: weights (or LoRA adapters), optimizer state and RNG; ``source``: the
-        layout of another run to start from (a fork, :mod:`tasks.fork`). Returns whether the optimizer and RNG
-        state was there too (a run keeps only its last ones: an older version gives its weights alone)."""
-        fs, state_path = self._state_file(version, source)
-        found = fs.get_file_info(state_path).type == pafs.FileType.File
-        state = torch.load(io.BytesIO(read_bytes(fs, state_path)), weights_only=False) if found else None
-        if self.trainer.config.lora is None:
-            checkpoints = self.checkpoints if source is None else CheckpointStore(source.checkpoints_uri)
-            loaded = checkpoints.load(version)
-            self.model.load_state_dict(loaded.state_dict, strict=False)
-            self.model.tie_weights()
-        elif state is None or state.get("lora") is None:
-            raise RuntimeError(f"{state_path}: no LoRA adapter state to resume version {version} from")
-        else:
-            from peft import set_peft_model_state_dict
-
-            set_peft_model_state_dict(self.trainer.model, state["lora"])
-        if state is not None:
-            self.trainer.optimizer.load_state_dict(state["optimizer"])
-            self.trainer.step_count = state["step"]
-            torch.set_rng_state(state["torch_rng"])
-            random.setstate(state["python_rng"])
-            np.random.set_state(state["numpy_rng"])
-        return state is not None
 
     # --- stages ----------------------------------------------------------------------------------
     def reference_log_prob(self, temperature: float) -> Any:

@@ -1,5 +1,6 @@
 """GRPO objective: the pure per-token function :func:`grpo_loss` and the model-facing :class:`GRPOLoss` (with
-TorchRL's variants :class:`DAPO` and :class:`CISPOLoss`, and their output tensorclasses).
+TorchRL's variants :class:`DAPO` and :class:`CISPOLoss`, and their output tensorclasses of
+:mod:`llmrl_core.objectives.grpo_outputs`).
 
 Semantics follow TorchRL 0.14.1's ``GRPOLoss`` (``torchrl.objectives.llm``), written from scratch here:
 
@@ -61,17 +62,22 @@ Further additions:
 from __future__ import annotations
 
 import inspect
-import math
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 import torch
-from tensordict import TensorClass
 from torch import nn
 
 from llmrl_core.objectives.advantage import MCAdvantage  # noqa: F401  (TorchRL's grpo module defines it)
 from llmrl_core.objectives.advantage_hosted import RayMCAdvantage  # noqa: F401  (and these two)
 from llmrl_core.objectives.advantage_selector import MCAdvantageSelector  # noqa: F401
+from llmrl_core.objectives.grpo_options import (
+    IMPORTANCE_LEVELS,  # noqa: F401  (importable from here, as before)
+    TIS_LEVELS,  # noqa: F401
+    check_choices,
+    clip_bounds,
+)
+from llmrl_core.objectives.grpo_outputs import CISPOLossOutput, DAPOLossOutput, GRPOLossOutput, LLMLossOutput
 from llmrl_core.objectives.reductions import (
     aggregate,
     broadcast_advantages,
@@ -83,97 +89,11 @@ from llmrl_core.objectives.reductions import (
 from llmrl_core.objectives.tensor_keys import TensorKeysMixin
 
 
-class LLMLossOutput(TensorClass["nocast"]):
-    """Loss terms (``loss_*``, differentiable) and detached diagnostics of one GRPO-family evaluation.
-
-    A tensorclass with TorchRL's fields in TorchRL's order (then llmrl's diagnostics), so TorchRL's idioms work:
-    ``out.loss_objective``, ``out.sum(reduce=True)`` (every field: the diagnostics are detached, so the gradient
-    is the loss terms'), ``out.detach()``, ``out.to_dict()``. Terms that were not requested are ``None``.
-    :attr:`loss` is the sum of the present ``loss_*`` terms only.
-    """
-
-    loss_objective: torch.Tensor
-    clip_fraction: torch.Tensor
-    kl_approx: torch.Tensor
-    ESS: torch.Tensor
-    entropy: torch.Tensor | None = None
-    loss_entropy: torch.Tensor | None = None
-    loss_kl_to_ref: torch.Tensor | None = None
-    kl_to_ref: torch.Tensor | None = None
-    loss_kl_to_inference: torch.Tensor | None = None
-    kl_to_inference: torch.Tensor | None = None
-    num_tokens: torch.Tensor | None = None
-    sampler_abs_diff_mean: torch.Tensor | None = None
-    sampler_abs_diff_max: torch.Tensor | None = None
-    kl_to_sampler: torch.Tensor | None = None
-    sampler_ess: torch.Tensor | None = None
-
-    @property
-    def loss(self) -> torch.Tensor:
-        """The total loss to back-propagate: the sum of every present ``loss_*`` term."""
-        terms = [getattr(self, f.name) for f in fields(self) if f.name.startswith("loss_")]
-        total = terms[0]
-        for term in terms[1:]:
-            if term is not None:
-                total = total + term
-        return total
-
-    def metrics(self) -> dict[str, float]:
-        """Every present scalar field as a Python float (for logging)."""
-        out = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, torch.Tensor) and value.numel() == 1:
-                out[f.name] = float(value.detach())
-        return out
-
-
-class GRPOLossOutput(LLMLossOutput):
-    """What :class:`GRPOLoss` returns (TorchRL's name; the fields are :class:`LLMLossOutput`'s)."""
-
-
-class DAPOLossOutput(LLMLossOutput):
-    """What :class:`DAPO` returns (TorchRL's name; the fields are :class:`LLMLossOutput`'s)."""
-
-
-class CISPOLossOutput(LLMLossOutput):
-    """What :class:`CISPOLoss` returns (TorchRL's name; the fields are :class:`LLMLossOutput`'s)."""
-
-
-IMPORTANCE_LEVELS: tuple[str, ...] = ("token", "sequence")
-TIS_LEVELS: tuple[str, ...] = ("token", "sequence")
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "objective": ("ppo", "cispo"),
-    "tis_mode": ("truncate", "mask"),
-    "importance_level": IMPORTANCE_LEVELS,
-    "tis_level": TIS_LEVELS,
-}
-
-
-def _check_choices(options: dict[str, Any]) -> None:
-    """Raise a ValueError naming the option and its valid values for a bad enumerated option."""
-    for name, valid in _CHOICES.items():
-        if name in options and options[name] not in valid:
-            raise ValueError(f"{name} must be one of {valid}, got {options[name]!r}")
-
-
 def _ess(log_weights: torch.Tensor) -> torch.Tensor:
     """(sum w)^2 / sum w^2 / n of the 1-D ``log_weights`` (computed in log space); 0 when empty."""
     if not log_weights.numel():
         return log_weights.new_zeros(())
     return (2 * log_weights.logsumexp(0) - (2 * log_weights).logsumexp(0)).exp() / log_weights.numel()
-
-
-def _clip_bounds(clip_epsilon: float | tuple[float, float]) -> tuple[float, float]:
-    if isinstance(clip_epsilon, tuple | list):
-        if len(clip_epsilon) != 2:
-            raise ValueError(f"clip_epsilon must be a float or an (eps_low, eps_high) pair, got {clip_epsilon!r}")
-        low, high = float(clip_epsilon[0]), float(clip_epsilon[1])
-    else:
-        low = high = float(clip_epsilon)
-    if low < 0 or high < 0 or low >= 1:
-        raise ValueError(f"clip_epsilon needs 0 <= eps_low < 1 and eps_high >= 0, got ({low}, {high})")
-    return math.log1p(-low), math.log1p(high)
 
 
 def grpo_loss(
@@ -229,10 +149,10 @@ def grpo_loss(
         raise TypeError(f"mask must be a bool tensor, got {mask.dtype}")
     if sampler_log_probs.requires_grad:
         raise ValueError("sampler_log_probs must not require grad (it is data from the sampler)")
-    _check_choices(
+    check_choices(
         {"objective": objective, "tis_mode": tis_mode, "importance_level": importance_level, "tis_level": tis_level}
     )
-    low, high = _clip_bounds(clip_epsilon)
+    low, high = clip_bounds(clip_epsilon)
     adv = broadcast_advantages(advantages.to(log_probs.dtype), shape)
 
     mask = mask & torch.isfinite(sampler_log_probs)
@@ -412,13 +332,13 @@ class GRPOLoss(TensorKeysMixin, nn.Module):
             kl_to_ref_coeff=kl_to_ref_coeff,
             kl_to_inference_coeff=kl_to_inference_coeff,
         )
-        _check_choices(self.options)
+        check_choices(self.options)
         if self.default_objective != GRPOLoss.default_objective and self.options["objective"] != self.default_objective:
             raise ValueError(
                 f"{type(self).__name__} is the {self.default_objective!r} objective; got "
                 f"objective={self.options['objective']!r} (use GRPOLoss for that)"
             )
-        _clip_bounds(clip_epsilon)
+        clip_bounds(clip_epsilon)
         if self.options["aggregation"] == "sequence_sum" and not self.options.get("norm_constant"):
             raise ValueError("aggregation='sequence_sum' needs norm_constant (e.g. the max new tokens)")
 

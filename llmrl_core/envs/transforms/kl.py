@@ -44,6 +44,7 @@ from torch.nn.utils.rnn import pad_sequence
 import llmrl_core.envs.transforms.kl_rows as kl_rows
 from llmrl_core.envs.transforms.kl_computation import KLComputation
 from llmrl_core.envs.transforms.kl_math import kl_reward_penalty, token_kl
+from llmrl_core.envs.transforms.kl_models import check_kl_models, gen_model_from_collector
 from llmrl_core.envs.transforms.log_prob import RetrieveLogProb
 from llmrl_core.envs.transforms.td_base import Compose, Transform, in_chat_env, set_missing_tolerance
 
@@ -150,32 +151,7 @@ class RetrieveKL(_HostedVariant, Compose):
             super().__init__()
             return
         self._initialized = True
-        if hasattr(gen_model, "pad_output") and hasattr(ref_model, "pad_output"):
-            if gen_model.pad_output != ref_model.pad_output:
-                raise ValueError(
-                    f"pad_output mismatch: gen_model.pad_output={gen_model.pad_output}, "
-                    f"ref_model.pad_output={ref_model.pad_output}. "
-                    "Both models must use the same padding strategy for KL computation."
-                )
-        if not getattr(gen_model, "return_log_probs", True):
-            raise ValueError(
-                "The generation model must have `return_log_probs=True` to use the `RetrieveKL` transform."
-            )
-        if getattr(gen_model, "generate", False):
-            raise ValueError("The generation model must have `generate=False` to use the `RetrieveKL` transform.")
-        if not getattr(ref_model, "return_log_probs", True):
-            raise ValueError("The reference model must have `return_log_probs=True` to use the `RetrieveKL` transform.")
-        if getattr(ref_model, "generate", False):
-            raise ValueError("The reference model must have `generate=False` to use the `RetrieveKL` transform.")
-        if getattr(gen_model, "log_probs_key", "gen_log_probs") == getattr(ref_model, "log_probs_key", "log_probs"):
-            raise ValueError(
-                "The generation and reference models must have different `log_prob_key` values to use the "
-                "`RetrieveKL` transform."
-            )
-        if gen_model is None:
-            raise ValueError("gen_model cannot be None when not using 'from_collector'")
-        if ref_model is None:
-            raise ValueError("ref_model cannot be None")
+        check_kl_models(gen_model, ref_model)
         common = dict(
             assistant_only=assistant_only,
             tokenizer_kwargs=tokenizer_kwargs,
@@ -216,14 +192,7 @@ class RetrieveKL(_HostedVariant, Compose):
             raise ValueError("ref_model cannot be None")
         gen_key = params.pop("gen_log_probs_full_key")
         kl_rows.check_full_key("gen_log_probs_full_key", gen_key)
-        gen_model = collector.policy.get_new_version(
-            generate=False,
-            return_log_probs=True,
-            log_probs_key=gen_key[:-1] if len(gen_key) > 2 else gen_key[0],
-            input_mode=ref_model.input_mode,
-            input_key=(ref_model.input_mode, "full"),
-            pad_output=getattr(ref_model, "pad_output", False),
-        )
+        gen_model = gen_model_from_collector(collector, ref_model, gen_key)
         ref_key = params.pop("ref_log_probs_full_key")
         kl_rows.check_full_key("ref_log_probs_full_key", ref_key)
         kl_key, add_to_reward, coeff = params.pop("kl_key"), params.pop("add_to_reward"), params.pop("coeff")

@@ -17,28 +17,32 @@ Containment follows TorchRL: :meth:`Transform.set_container` stores a weak refer
 :attr:`Transform.parent` is that env (TorchRL rebuilds a ``TransformedEnv`` holding only the transforms before
 this one; llmrl returns the containing env itself) and :attr:`Transform.collector` the collector the env was
 registered with. The ``transform_*_spec`` hooks return their argument unless overridden; an env passes its
-specs (:mod:`llmrl_core.data.tensor_specs`) through them, as a TorchRL ``TransformedEnv`` does.
+specs (:mod:`llmrl_core.data.tensor_specs`) through them, as a TorchRL ``TransformedEnv`` does
+(:mod:`llmrl_core.envs.transforms.spec_hooks`).
 
 llmrl's additions, for transforms inside a :class:`~llmrl_core.envs.chat_env.ChatEnv` (TorchRL's code never calls
-them): :meth:`Transform._slot_of` (the env slot a row is: the list calls hand transforms the active slots only),
-:meth:`Transform._reset_rows` (TorchRL's ``"_reset"`` rows), :meth:`Transform._rewrite_reset_prompts`,
-:meth:`Transform._note_row` (what the env keeps per slot beyond the TensorDict: reward parts, ``info`` entries,
-tool calls) and ``env_checkpoint`` (the transform's ``state_dict()`` is part of the env's).
+them; :mod:`llmrl_core.envs.transforms.env_rows`): :meth:`Transform._slot_of` (the env slot a row is: the list calls
+hand transforms the active slots only), :meth:`Transform._reset_rows` (TorchRL's ``"_reset"`` rows),
+:meth:`Transform._rewrite_reset_prompts`, :meth:`Transform._note_row` (what the env keeps per slot beyond the
+TensorDict: reward parts, ``info`` entries, tool calls) and ``env_checkpoint`` (the transform's ``state_dict()`` is
+part of the env's).
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from copy import copy
 from textwrap import indent
 from typing import Any
 
-import torch
 from tensordict import TensorDictBase, unravel_key
 from tensordict.utils import NestedKey
 from torch import nn
+
+from llmrl_core.envs.transforms.env_rows import EnvRows
+from llmrl_core.envs.transforms.spec_hooks import ComposeSpecHooks, SpecHooks
 
 __all__ = ["Compose", "Transform", "set_missing_tolerance"]
 
@@ -71,7 +75,7 @@ def forward_as_step(transform: Any, tensordict: TensorDictBase) -> TensorDictBas
     return tensordict.set("next", transform._step(tensordict, next_td))
 
 
-class Transform(nn.Module):
+class Transform(EnvRows, SpecHooks, nn.Module):
     """Base class of TensorDict env transforms (TorchRL's ``torchrl.envs.Transform`` interface).
 
     Args:
@@ -208,28 +212,6 @@ class Transform(nn.Module):
     def close(self) -> None:
         """Release resources (no-op)."""
 
-    # --- specs (not modelled: identity) ----------------------------------------------------------
-    def transform_observation_spec(self, observation_spec: Any) -> Any:
-        return observation_spec
-
-    def transform_reward_spec(self, reward_spec: Any) -> Any:
-        return reward_spec
-
-    def transform_done_spec(self, done_spec: Any) -> Any:
-        return done_spec
-
-    def transform_action_spec(self, action_spec: Any) -> Any:
-        return action_spec
-
-    def transform_state_spec(self, state_spec: Any) -> Any:
-        return state_spec
-
-    def transform_input_spec(self, input_spec: Any) -> Any:
-        return input_spec
-
-    def transform_output_spec(self, output_spec: Any) -> Any:
-        return output_spec
-
     # --- containment -----------------------------------------------------------------------------
     def set_container(self, container: Any) -> None:
         """Record the env or :class:`Compose` holding this transform (a transform has one container)."""
@@ -261,83 +243,6 @@ class Transform(nn.Module):
     def parent(self) -> Any:
         """The env this transform is attached to, or None (see the module docstring)."""
         return self.container
-
-    # --- llmrl: the env slots behind the rows, and what a transform tells the env about a row -----
-    def _slot_of(self, index: int) -> int:
-        """The env slot that row ``index`` of the data being transformed is: llmrl's list calls hand the transforms
-        the active slots only, so a row is not always its slot (``env.td_row_slots`` says which, while they run).
-        Per-episode state (a persistent interpreter, a browser tab) is kept under it."""
-        rows = getattr(self.parent, "td_row_slots", None)
-        return rows.get(index, index) if rows else index
-
-    def _active_rows(self, size: int) -> list[int]:
-        """The rows of a step's data whose episodes were running (they answered in this step): in a ChatEnv, those
-        ``env.td_row_slots`` maps (the list calls hand over the active slots), else all ``size`` rows."""
-        rows = getattr(self.parent, "td_row_slots", None)
-        return sorted(i for i in rows if i < size) if rows else list(range(size))
-
-    # llmrl: whether ``env.state_dict()`` holds this transform's ``state_dict()`` (a prompt source's cursor)
-    env_checkpoint: bool = False
-
-    def _reset_rows(self, tensordict: TensorDictBase | None, tensordict_reset: TensorDictBase) -> list[int]:
-        """The rows of ``tensordict_reset`` a ``_reset`` starts new episodes in: all, or those TorchRL's
-        ``"_reset"`` entry of ``tensordict`` marks (a partial reset)."""
-        flags = tensordict.get("_reset", None) if tensordict is not None else None
-        size = tensordict_reset.batch_size[0] if tensordict_reset.batch_dims else 1
-        if flags is None:
-            return list(range(size))
-        marked = torch.as_tensor(flags).reshape(size, -1).any(-1).tolist()
-        return [i for i, flag in enumerate(marked) if flag]
-
-    def _rewrite_reset_prompts(
-        self, tensordict: TensorDictBase | None, tensordict_reset: TensorDictBase, rewrite: Callable[[Any, int], Any]
-    ) -> TensorDictBase:
-        """The reset hook of a transform that edits the new conversations: ``rewrite(conversation, slot)`` for each
-        row that starts an episode (:meth:`_reset_rows`) of ``("history", "prompt")`` (a ChatEnv lends it in every
-        input mode); the others are left as they are."""
-        history = tensordict_reset.get(("history", "prompt"), None)
-        if history is None:
-            raise RuntimeError(
-                f"{type(self).__name__} needs the new conversations under ('history', 'prompt') of the reset data (a "
-                "ChatEnv hands them to its TensorDict transforms in every input mode)"
-            )
-        chosen = set(self._reset_rows(tensordict, tensordict_reset))
-        conversations = [
-            rewrite(c, self._slot_of(i)) if i in chosen else c for i, c in enumerate(history.to_conversations())
-        ]
-        tensordict_reset["history"].prompt = type(history).from_conversations(conversations)
-        return tensordict_reset
-
-    def _note_row(
-        self,
-        index: int,
-        *,
-        reward_components: Mapping[str, float] | None = None,
-        info: Mapping[str, Any] | None = None,
-        tool_call: tuple[str, Any, str, bool] | None = None,
-        replace_reward_components: bool = False,
-    ) -> None:
-        """Tell the env more about row ``index`` of this step than TorchRL's layout carries: the parts of the reward
-        this transform wrote (the slot's ``reward_components``: stored with the rollout, averaged per version),
-        ``info`` entries (e.g. IFEval's score) and a tool call run ``(tool, arguments, result, failed)`` (the slot's
-        ``info["tool_calls"]``, counted in ``num_tool_calls`` / ``tool_errors``). ``replace_reward_components``: the
-        slot's earlier parts are dropped first (a transform that replaced the step's reward). ChatEnv takes the
-        notes after the transform's ``_step`` (:meth:`take_row_notes`); outside a ChatEnv they are dropped at the
-        next take."""
-        notes = self.__dict__.setdefault("_row_notes", {}).setdefault(
-            index, {"reward_components": {}, "info": {}, "tool_calls": [], "replace_reward_components": False}
-        )
-        notes["replace_reward_components"] |= replace_reward_components
-        notes["reward_components"].update(reward_components or {})
-        notes["info"].update(info or {})
-        if tool_call is not None:
-            notes["tool_calls"].append(tool_call)
-
-    def take_row_notes(self) -> dict[int, dict[str, Any]]:
-        """The notes since the last take, per row (then forgotten)."""
-        notes = self.__dict__.get("_row_notes") or {}
-        self.__dict__["_row_notes"] = {}
-        return notes
 
     @property
     def collector(self) -> Any:
@@ -399,7 +304,7 @@ def _as_transform(item: Any) -> Transform:
     raise ValueError(f"Transform list must contain only transforms or callable. Got a element of type {type(item)}.")
 
 
-class Compose(Transform):
+class Compose(ComposeSpecHooks, Transform):
     """A chain of transforms run in order (the inverse runs in reverse order).
 
     ``Compose(t1, t2)``, ``Compose([t1, t2])`` and ``Compose(transforms=[t1, t2])`` are equivalent; plain
@@ -453,41 +358,6 @@ class Compose(Transform):
     def close(self) -> None:
         for transform in self.transforms:
             transform.close()
-
-    def transform_observation_spec(self, observation_spec: Any) -> Any:
-        for transform in self.transforms:
-            observation_spec = transform.transform_observation_spec(observation_spec)
-        return observation_spec
-
-    def transform_reward_spec(self, reward_spec: Any) -> Any:
-        for transform in self.transforms:
-            reward_spec = transform.transform_reward_spec(reward_spec)
-        return reward_spec
-
-    def transform_done_spec(self, done_spec: Any) -> Any:
-        for transform in self.transforms:
-            done_spec = transform.transform_done_spec(done_spec)
-        return done_spec
-
-    def transform_action_spec(self, action_spec: Any) -> Any:
-        for transform in self.transforms:
-            action_spec = transform.transform_action_spec(action_spec)
-        return action_spec
-
-    def transform_state_spec(self, state_spec: Any) -> Any:
-        for transform in self.transforms:
-            state_spec = transform.transform_state_spec(state_spec)
-        return state_spec
-
-    def transform_output_spec(self, output_spec: Any) -> Any:
-        for transform in self.transforms:
-            output_spec = transform.transform_output_spec(output_spec)
-        return output_spec
-
-    def transform_input_spec(self, input_spec: Any) -> Any:
-        for transform in self.transforms:
-            input_spec = transform.transform_input_spec(input_spec)
-        return input_spec
 
     def set_missing_tolerance(self, mode: bool = False) -> None:
         for transform in self.transforms:
@@ -553,9 +423,6 @@ class Compose(Transform):
         super().set_container(container)
         for transform in self.transforms:
             transform.__dict__["_container"] = weakref.ref(self)
-
-    def reset_parent(self) -> None:
-        super().reset_parent()
 
     def empty_cache(self) -> None:
         for transform in self.transforms:
