@@ -45,9 +45,9 @@ def main() -> None:
     from llmrl_core.modules.backends.vllm.engine import shutdown_llm
     from llmrl_core.pipeline.config_io import load_config
     from llmrl_core.pipeline.grpo_config import GRPOConfig
+    from runtime.rollout_actor import RolloutWorker, sampling_config
     from storage.trajectories import TrajectoryStore
     from tasks.grpo_stages import load_prompts
-    from tasks.rollout_actor import RolloutWorker, sampling_config
 
     cfg = load_config(
         GRPOConfig,

@@ -27,8 +27,8 @@ from transformers import AutoModelForCausalLM
 from llmrl_core.model_store import resolve_model
 from llmrl_core.objectives import GRPOLoss
 from llmrl_core.trainer import Trainer, TrainerConfig
+from runtime.records import record_to_sample
 from storage.trajectories import TrajectoryStore
-from tasks.records import record_to_sample
 
 
 def _gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -8,7 +8,7 @@ the rollout actor with the packaged SmolLM2-135M-Instruct (in a child process, s
 the process that times the steps), group advantages by the ``advantages`` stage. Both sides then train on these
 exact token ids, advantages and sampling temperature; no generation is timed.
 
-- Ours: the trainer of the flows (``tasks.trainer_actor.TrainerWorker``, built from the same config: GRPO loss,
+- Ours: the trainer of the flows (``runtime.trainer_actor.TrainerWorker``, built from the same config: GRPO loss,
   token-mean, clip 0.2, no KL, no entropy term, AdamW, grad-norm clip 1.0, packed micro-batches under
   ``train.token_budget``), one ``Trainer.train_step`` on all rows.
 - TRL: ``trl.GRPOTrainer`` (transformers backend, TRL 1.x) in its own venv (``bench/.venv-trl``, created here
@@ -79,10 +79,10 @@ def generate(args: argparse.Namespace, out: Path) -> None:
     """Child-process mode: one rollout stage + the advantages stage, written to ``out`` as JSON rows."""
     from llmrl_core.model_store import resolve_model
     from llmrl_core.modules.backends.vllm.engine import shutdown_llm
+    from runtime.records import logprob_temperature
+    from runtime.rollout_actor import RolloutWorker
     from storage.trajectories import TrajectoryStore
     from tasks.grpo_stages import assign_advantages, load_prompts
-    from tasks.records import logprob_temperature
-    from tasks.rollout_actor import RolloutWorker
 
     cfg = config(args)
     worker = RolloutWorker(cfg, resolve_model(cfg.model))
@@ -222,8 +222,8 @@ def main() -> None:
 
     from llmrl_core.model_store import resolve_model
     from llmrl_core.trainer.batch import TrainSample
+    from runtime.trainer_actor import TrainerWorker
     from storage.layout import RunLayout
-    from tasks.trainer_actor import TrainerWorker
 
     cfg = config(args)
     model_path = resolve_model(cfg.model)

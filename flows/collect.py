@@ -18,15 +18,15 @@ from prefect import flow, get_run_logger
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.pipeline.preflight import check_run_id, preflight
+from runtime.actor_calls import wait_calls, with_restarts
+from runtime.cluster import dask_cluster
+from runtime.console import progress_bar
+from runtime.rollout_actor import RolloutWorker
 from storage.checkpoints import CheckpointStore
 from storage.layout import RunLayout
 from storage.trajectories import TrajectoryStore
 from tasks import grpo_stages as stages
-from tasks.actor_calls import wait_calls, with_restarts
-from tasks.cluster import dask_cluster
-from tasks.console import progress_bar
 from tasks.reporting import artifact_key, live_markdown
-from tasks.rollout_actor import RolloutWorker
 
 
 def checkpoint_to_sample(run_id: str, layout: RunLayout, policy_version: int) -> str | None:

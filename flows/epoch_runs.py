@@ -22,21 +22,21 @@ from prefect import get_run_logger
 from llmrl_core.model_store import resolve_model
 from llmrl_core.pipeline.offline_config import OfflineConfig
 from llmrl_core.pipeline.sft_config import SFTConfig
+from runtime.actor_calls import wait_calls
+from runtime.cluster import dask_cluster
+from runtime.console import progress_bar
+from runtime.sft_actor import TrainerSetup, start_trainer
+from runtime.trainer_ranks import TrainerRanks
 from storage.checkpoints import CheckpointStore
 from storage.hashing import config_hash
 from storage.layout import RunLayout
 from storage.lineage import DataRef, LineageConfig, LineageRecorder
 from storage.run_lock import RunLock
-from tasks.actor_calls import wait_calls
-from tasks.cluster import dask_cluster
 from tasks.commits import check_resume_state, fetch_markers, latest_published, replaced_line
-from tasks.console import progress_bar
 from tasks.epoch_stages import lineage_config, train_epoch
 from tasks.fork import Fork, resolve_fork, start_from_fork
 from tasks.publishing import publish_version
 from tasks.run_identity import identify_run
-from tasks.sft_actor import TrainerSetup, start_trainer
-from tasks.trainer_ranks import TrainerRanks
 
 EPOCH_METRICS = ("loss_first", "loss_last", "loss_mean", "steps", "grad_norm", "epoch_s")
 

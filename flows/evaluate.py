@@ -30,8 +30,8 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from llmrl_core.pipeline.preflight import PreflightError, check_run_id, held_out_source, source_rows
+from runtime.console import library_logs
 from storage.layout import RunLayout, default_runs_root
-from tasks.console import library_logs
 from tasks.evaluate import (
     EvaluationBar,
     answers_per_version,

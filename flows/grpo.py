@@ -25,6 +25,13 @@ from prefect import flow, get_run_logger
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.pipeline.preflight import final_eval_source, preflight
+from runtime.actor_calls import wait_calls, with_restarts
+from runtime.cluster import dask_cluster
+from runtime.console import library_logs, progress_bar
+from runtime.rollout_actor import RolloutWorker
+from runtime.trainer_actor import TrainerWorker
+from runtime.trainer_ranks import TrainerRanks
+from runtime.weight_sync import choose_weight_route, endpoint_of, weight_sync_for
 from storage.checkpoints import CheckpointStore
 from storage.hashing import config_hash
 from storage.layout import RunLayout
@@ -33,9 +40,6 @@ from storage.run_lock import RunLock
 from storage.trajectories import TrajectoryStore
 from tasks import commits
 from tasks import grpo_stages as stages
-from tasks.actor_calls import wait_calls, with_restarts
-from tasks.cluster import dask_cluster
-from tasks.console import library_logs, progress_bar
 from tasks.fork import resolve_fork, start_from_fork
 from tasks.iteration_log import (
     agreement_off_line,
@@ -46,12 +50,8 @@ from tasks.iteration_log import (
 )
 from tasks.publishing import PendingPublish, publish_version, start_publish
 from tasks.reporting import BackgroundReports
-from tasks.rollout_actor import RolloutWorker
 from tasks.rollout_ahead import RolloutAhead
 from tasks.run_identity import identify_run
-from tasks.trainer_actor import TrainerWorker
-from tasks.trainer_ranks import TrainerRanks
-from tasks.weight_sync import choose_weight_route, endpoint_of, weight_sync_for
 
 
 class InjectedFailure(RuntimeError):
@@ -64,7 +64,7 @@ def _maybe_fail(cfg: GRPOConfig, stage: str, version: int) -> None:
 
 
 def iteration_bar(cfg: GRPOConfig, start: int) -> Any:
-    """The console's bar (:func:`~tasks.console.progress_bar`) over the run's versions (``None`` when
+    """The console's bar (:func:`~runtime.console.progress_bar`) over the run's versions (``None`` when
     ``cfg.progress`` is off)."""
     return progress_bar(cfg.iterations, f"grpo {cfg.run_id}", "version", initial=start, enabled=cfg.progress)
 
@@ -93,7 +93,7 @@ def grpo(
 def run_grpo(cfg: GRPOConfig, log: Any) -> dict[str, Any]:
     """One attempt at the run ``cfg``: resume after its last committed version (or start it), on workers of its
     own (a fresh local cluster, or the joined cluster's), and train to ``cfg.iterations``; then the final
-    evaluation. A :class:`~tasks.actor_calls.WorkerLost` leaves every committed version in place, so a new attempt
+    evaluation. A :class:`~runtime.actor_calls.WorkerLost` leaves every committed version in place, so a new attempt
     resumes exactly there (:func:`grpo` makes up to ``dask.restarts`` of them).
 
     Each iteration is the module docstring's diagram (:func:`_iteration`); the start-up (where to resume, the run's

@@ -21,10 +21,10 @@ from flows.epoch_runs import EpochPlan, EpochRun, log_training_set, train_epochs
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.offline_config import OfflineConfig
 from llmrl_core.pipeline.preflight import preflight
+from runtime.actor_calls import with_restarts
 from storage.lineage import DataRef, LineageRecorder
 from storage.trajectories import TrajectoryStore
 from tasks import offline_stages as stages
-from tasks.actor_calls import with_restarts
 
 
 def log_data(cfg: OfflineConfig, data: dict[str, Any], lineage: LineageRecorder, store_uri: str) -> list[DataRef]:

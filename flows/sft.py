@@ -23,10 +23,10 @@ from flows.epoch_runs import EpochPlan, EpochRun, log_training_set, train_epochs
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.preflight import preflight
 from llmrl_core.pipeline.sft_config import SFTConfig
+from runtime.actor_calls import with_restarts
 from storage.lineage import DataRef, LineageRecorder
 from storage.trajectories import TrajectoryStore
 from tasks import sft_stages as stages
-from tasks.actor_calls import with_restarts
 from tasks.epoch_stages import evaluate_loss
 from tasks.publishing import version_history
 

@@ -17,7 +17,7 @@ def plan(
     from llmrl_cli.run_more import load_checked
     from llmrl_core.memory_plan import render
     from llmrl_core.pipeline.grpo_config import GRPOConfig
-    from tasks.memory_check import plan_run
+    from runtime.memory_check import plan_run
 
     cfg = load_checked(GRPOConfig, config or MAIN_JOB, overrides, False, placement=False)  # the plan says what fits
     try:

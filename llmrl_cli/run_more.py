@@ -23,9 +23,9 @@ def run_flow(flow: Any, **parameters: Any) -> Any:
     from llmrl_cli.run_api import run_api
     from llmrl_core.envs.reward_calls import RewardFunctionError
     from llmrl_core.user_code import UserCodeError
+    from runtime.actor_calls import WorkerLost
+    from runtime.console import flow_echoes_dropped
     from storage.lineage import LineageError
-    from tasks.actor_calls import WorkerLost
-    from tasks.console import flow_echoes_dropped
     from tasks.grpo_stages import AgreementOff
 
     with run_api():  # the run's own Prefect API (unless a UI server is up), stopped after the run records its end
@@ -55,10 +55,10 @@ def run_flow(flow: Any, **parameters: Any) -> Any:
 
 
 def set_verbose(verbose: bool) -> None:
-    """``-v``: the libraries log to the console (tasks/console.py); otherwise to files under the run folder."""
+    """``-v``: the libraries log to the console (runtime/console.py); otherwise to files under the run folder."""
     import os
 
-    from tasks.console import VERBOSE
+    from runtime.console import VERBOSE
 
     if verbose:
         os.environ[VERBOSE] = "1"
@@ -126,7 +126,7 @@ def check_placement(cfg: Any) -> None:
     from llmrl_core.pipeline.grpo_config import GRPOConfig
 
     if isinstance(cfg, GRPOConfig) and not cfg.dask.address:
-        from tasks.memory_check import check_local_placement
+        from runtime.memory_check import check_local_placement
 
         check_local_placement(cfg, warn=False)
 

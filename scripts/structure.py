@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("llmrl_core", "tasks", "flows", "storage", "llmrl_cli")
+PACKAGES = ("llmrl_core", "runtime", "tasks", "flows", "storage", "llmrl_cli")
 
 
 def module_name(path: Path) -> str:

@@ -7,7 +7,7 @@ critical path of every iteration. :class:`SharedWeights` keeps one safetensors f
 ``/dev/shm``, in the engines' dtype, and rewrites it in place for each version: its pages stay allocated and mapped
 in the trainer, so a version costs one cast-and-copy (0.045 s for bf16) and the engines load it as they would any
 safetensors file, without a cast. The checkpoint of the version is written into the store when it is sealed,
-beside the next rollout (:meth:`tasks.trainer_actor.TrainerWorker.seal`).
+beside the next rollout (:meth:`runtime.trainer_actor.TrainerWorker.seal`).
 
 Only for engines on the trainer's host (the caller decides), only while no engine reads the file as it is
 rewritten (the flow loads a version into every engine before it stages the next), and only where ``/dev/shm`` is a

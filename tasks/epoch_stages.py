@@ -1,6 +1,6 @@
 """The stages every resident-trainer epoch run shares (SFT and offline GRPO), as thin Prefect tasks.
 
-A run of either flow trains a :class:`~tasks.sft_actor.EpochTrainerWorker` for ``epochs`` passes over one
+A run of either flow trains a :class:`~runtime.sft_actor.EpochTrainerWorker` for ``epochs`` passes over one
 training-set file; these tasks call it, and :func:`lineage_config` says which settings define its versions.
 """
 
@@ -13,7 +13,7 @@ from prefect import task
 
 from llmrl_core.pipeline.offline_config import OfflineConfig
 from llmrl_core.pipeline.sft_config import SFTConfig
-from tasks.actor_calls import wait_calls
+from runtime.actor_calls import wait_calls
 from tasks.grpo_stages import STAGE, version_defining
 
 

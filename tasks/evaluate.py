@@ -40,10 +40,10 @@ from llmrl_core.model_store import base_state_dict, resolve_model
 from llmrl_core.modules.backends.types import EngineConfig, SamplingConfig
 from llmrl_core.modules.backends.vllm.worker import start_engine, vLLMWorker
 from llmrl_core.pipeline.task_config import TaskConfig
+from runtime.console import progress_bar
 from storage.checkpoints import CheckpointStore
 from storage.hashing import config_hash
 from storage.layout import RunLayout
-from tasks.console import progress_bar
 from tasks.reporting import artifact_key
 
 _RESIDENT: dict[str, dict[str, Any]] = {}  # engine-config hash -> {"worker": vLLMWorker, "weights": source id}
@@ -93,7 +93,7 @@ def answers_per_version(settings: dict[str, Any]) -> int:
 
 
 class EvaluationBar:
-    """The evaluate flow's console bar (:func:`~tasks.console.progress_bar`): the answers of every version to
+    """The evaluate flow's console bar (:func:`~runtime.console.progress_bar`): the answers of every version to
     evaluate, with rate and ETA; :meth:`for_version` is the :data:`~llmrl_core.evaluation.gsm8k_eval.Progress`
     callback of one version, :meth:`reused` takes a version that needed no sampling off the total."""
 

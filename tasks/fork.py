@@ -2,10 +2,10 @@
 
 :func:`resolve_fork` checks the starting point before anything starts — the source run exists under the same
 runs root, ``V`` is published and its checkpoint was kept — and returns what the flow needs: the source's
-layout (its checkpoint and trainer state), and its data cursor at ``V``. The trainer then restores that version
-(:meth:`tasks.trainer_actor.TrainerWorker.restore` with ``source=``) and the new run publishes it as its version 0; its
-MLflow run is a child of the source's (``mlflow.parentRunId``) and every lineage record names the fork point.
-A forked run that has versions of its own resumes from them (the fork applied at its start).
+layout (its checkpoint and trainer state), and its data cursor at ``V``. The trainer then restores that
+version (:meth:`runtime.trainer_actor.TrainerWorker.restore` with ``source=``) and the new run publishes it as its
+version 0; its MLflow run is a child of the source's (``mlflow.parentRunId``) and every lineage record names the
+fork point. A forked run that has versions of its own resumes from them (the fork applied at its start).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def fork_tree(runs_root: Path, run_id: str) -> list[tuple[int, str, str]]:
 
 def start_from_fork(ranks: Any, fork: Fork, lineage: Any) -> None:
     """Load the fork point into the resident trainer, every rank of it (``ranks``: a
-    :class:`~tasks.trainer_ranks.TrainerRanks`; weights, and the optimizer and RNG state when the source kept them:
+    :class:`~runtime.trainer_ranks.TrainerRanks`; weights, and the optimizer and RNG state when the source kept them:
     a warning says when it did not) and record the fork in ``lineage``."""
     import logging
 

@@ -25,12 +25,12 @@ from llmrl_core.pipeline.components import component_class
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.user_code import UserCodeError
 from llmrl_core.weight_sync.fingerprint import check_engines_hold
+from runtime.actor_calls import WorkerLost, wait_calls
+from runtime.records import read_shards
+from runtime.trainer_ranks import TrainerRanks
 from storage.filesystems import join_uri
 from storage.trajectories import TrajectoryStore
-from tasks.actor_calls import WorkerLost, wait_calls
-from tasks.records import read_shards
 from tasks.rollout_traces import trace_sample
-from tasks.trainer_ranks import TrainerRanks
 
 STAGE = dict(cache_policy=NO_CACHE, persist_result=False)
 
@@ -99,7 +99,7 @@ def dispatch_rollout(
     batch: int | None = None,
 ) -> list[tuple[Any, Any]]:
     """Send the rows to the rollout engines (groups kept whole), one staging shard each; returns ``(engine, its
-    call)`` pairs at once (wait with :func:`tasks.actor_calls.wait_calls`). Calls on one engine run in the order
+    call)`` pairs at once (wait with :func:`runtime.actor_calls.wait_calls`). Calls on one engine run in the order
     they are sent, so weights loaded afterwards wait for this rollout. ``batch``: the training batch (seeds the
     sampling; default ``version``)."""
     shards = shard_by_group(rows, len(actors))
@@ -252,7 +252,7 @@ def publish_weights(
     way on the trainer (wait for it with :func:`seal_checkpoint` before the version counts).
 
     The trainer writes the weights file first (:meth:`TrainerWorker.stage`: into shared memory when the engines
-    share its host); each engine loads it, or, with an open NCCL group (``weight_sync``, tasks/weight_sync.py),
+    share its host); each engine loads it, or, with an open NCCL group (``weight_sync``, runtime/weight_sync.py),
     the trainer broadcasts instead. The seal (hash, manifest, optimizer state: :meth:`TrainerWorker.seal`) is
     asked for once the engines hold the version, so it runs beside their next rollout and not beside the loads
     (on shared cores it would slow the loads down: 0.6-0.75 s per reload instead of ~0.3 s on 2 cores). Each

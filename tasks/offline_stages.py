@@ -18,12 +18,12 @@ from prefect import task
 from llmrl_core.objectives import mc_advantage
 from llmrl_core.pipeline.offline_config import OfflineConfig
 from llmrl_core.pipeline.rescoring import make_rescorer
+from runtime.records import record_to_sample
+from runtime.sft_actor import TrainerSetup
+from runtime.train_data import write_samples
 from storage.layout import RunLayout
 from storage.trajectories import TrajectoryStore
 from tasks.grpo_stages import STAGE
-from tasks.records import record_to_sample
-from tasks.sft_actor import TrainerSetup
-from tasks.train_data import write_samples
 
 
 @task(name="rescore-trajectories", retries=1, **STAGE)

@@ -99,7 +99,7 @@ def start_publish(
     traces: list[dict[str, Any]] | None = None,
 ) -> PendingPublish:
     """Load ``version`` into the engines (the trainer seals its checkpoint meanwhile) and return what is left to
-    do to publish it. ``weight_sync``: an open NCCL weight group (tasks/weight_sync.py) that carries the weights to
+    do to publish it. ``weight_sync``: an open NCCL weight group (runtime/weight_sync.py) that carries the weights to
     the engines instead of a checkpoint load. ``reports``: the version's report is written in the background
     (beside the next iteration) instead of before :meth:`PendingPublish.complete` returns. ``markers_uri``: where
     the commit marker is copied for other flow hosts (:func:`tasks.commits.commit_version`). ``traces``: a

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmrl_core.pipeline.grpo_config import GRPOConfig
+from runtime.actor_calls import wait_calls
 from storage.checkpoints import CheckpointStore
 from storage.trajectories import TrajectoryStore
 from tasks import grpo_stages as stages
-from tasks.actor_calls import wait_calls
 
 
 @dataclass

@@ -4,7 +4,7 @@
 Chats are tokenized with ``Conversation.apply_chat_template(..., return_assistant_tokens_mask=True)``: the prompt is
 everything before the first assistant token, the loss covers assistant tokens only (user / tool turns of a
 multi-turn chat stay in the response but are masked out). Selected trajectories keep their stored tokens and
-``response_mask``. Both become one training-set file (:mod:`tasks.train_data`) that the trainer reads by path;
+``response_mask``. Both become one training-set file (:mod:`runtime.train_data`) that the trainer reads by path;
 the selected rows are also written, with their original run and version, to the run's own ``selected/`` store
 so lineage can name exactly what was trained on.
 """
@@ -24,12 +24,12 @@ from llmrl_core.envs.gsm8k import GSM8K_QUESTION_TEMPLATE, GSM8K_SYSTEM_PROMPT
 from llmrl_core.objectives import TopKRewardSelector
 from llmrl_core.pipeline.sft_config import SFTConfig
 from llmrl_core.trainer.batch import TrainSample
+from runtime.sft_actor import TrainerSetup
+from runtime.train_data import write_samples
 from storage.layout import RunLayout
 from storage.schema import table_to_records
 from storage.trajectories import TrajectoryStore
 from tasks.grpo_stages import STAGE
-from tasks.sft_actor import TrainerSetup
-from tasks.train_data import write_samples
 
 _CALCULATOR = re.compile(r"<<[^>]*>>")
 

@@ -31,7 +31,7 @@ for key, value in {
     # The ephemeral Prefect API can take longer than its 20 s default to start on a loaded 2-core machine.
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
     # Flows run in this process keep the libraries' loggers as they are (tests read them with caplog); the quiet
-    # console (tasks/console.py) is tested through the CLI in a process of its own (tests/test_main_job.py).
+    # console (runtime/console.py) is tested through the CLI in a process of its own (tests/test_main_job.py).
     "LLMRL_VERBOSE": "1",
 }.items():
     os.environ.setdefault(key, value)
@@ -45,8 +45,8 @@ for key, value in {
 def _pin_xdist_worker() -> None:
     """Give each pytest-xdist worker its own share of the cores (``gw0``: cores 0, N, 2N, ...; with 2 workers on 2
     cores, one core each), before torch is imported: its flows then size their CPU threads from that share
-    (``tasks.placement_plan.available_cores``), and the processes they start inherit it. Two flows whose threads
-    each fill every core slow down several-fold (tasks/placement_plan.py); on a core each they do not meet."""
+    (``runtime.placement_plan.available_cores``), and the processes they start inherit it. Two flows whose threads
+    each fill every core slow down several-fold (runtime/placement_plan.py); on a core each they do not meet."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):
         return

@@ -1,4 +1,4 @@
-"""tasks/actor_calls.py: waiting on actor calls names a dead or hung worker, and leaves the actor's own errors alone.
+"""runtime/actor_calls.py: waiting on actor calls names a dead or hung worker, and leaves the actor's own errors alone.
 The scheduler's view of each worker (seconds since its last heartbeat, None when gone) is stood in for here; the
 flow test (tests/test_grpo_flow.py, a SIGSTOPped rollout worker) runs the real thing."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tasks import actor_calls
-from tasks.actor_calls import WorkerLost, wait_calls
+from runtime import actor_calls
+from runtime.actor_calls import WorkerLost, wait_calls
 
 
 class RolloutWorker:  # the name the message gives the worker's role from

@@ -52,7 +52,7 @@ def _sampled_records(engine, tokenizer, logprobs_mode="processed_logprobs", temp
 
 @pytest.fixture(scope="module")
 def trainer_worker(tmp_path_factory, default_model_path):
-    from tasks.trainer_actor import TrainerWorker
+    from runtime.trainer_actor import TrainerWorker
 
     runs = tmp_path_factory.mktemp("runs")
     overrides = [
@@ -122,7 +122,7 @@ def test_a_trainer_holding_other_weights_is_flagged(vllm_engine_fp32, trainer_wo
 
 
 def test_one_micro_batch_takes_the_first_rows_within_the_token_budget():
-    from tasks.trainer_actor import one_micro_batch
+    from runtime.trainer_actor import one_micro_batch
 
     rows = [SimpleNamespace(length=n) for n in (50, 60, 70)]
     assert one_micro_batch(rows, SimpleNamespace(token_budget=120)) == rows[:2]
@@ -197,8 +197,8 @@ def test_trainer_worker_takes_the_loss_menu_lora_and_checkpointing_from_the_conf
     restores the adapters."""
     from safetensors.torch import load_file
 
+    from runtime.trainer_actor import TrainerWorker
     from storage.checkpoints import CheckpointStore
-    from tasks.trainer_actor import TrainerWorker
 
     overrides = [
         "run_id=agree",

@@ -170,7 +170,7 @@ def test_lineage_names_the_batch_of_a_shared_partition(tmp_path):
 
 def test_trainer_refuses_rows_older_than_the_bound(tmp_path):
     """The trainer's own check (before any forward pass): a batch sampled more than max_staleness versions ago."""
-    from tasks.trainer_actor import TrainerWorker
+    from runtime.trainer_actor import TrainerWorker
 
     store = TrajectoryStore(tmp_path / "traj")
     store.write_shard("r", 0, "b000002-0", make_records("r", 0))
@@ -217,7 +217,7 @@ def test_async_run_killed_mid_pipeline_resumes_exactly(tmp_path, default_model_p
     from transformers import AutoModelForCausalLM
 
     from flows.grpo import grpo
-    from tasks.records import record_to_sample
+    from runtime.records import record_to_sample
 
     overrides = _tiny(tmp_path)
     runs = tmp_path / "runs"

@@ -118,9 +118,9 @@ def test_a_placement_that_cannot_work_here_is_one_line_before_anything_starts(tm
                                                                               message):  # fmt: skip
     """GPUs, weight route and memory plan of the local cluster: checked by the CLI (exit 2, one line), not met as
     the flow's traceback after its Prefect API and cluster started."""
-    import tasks.memory_check
+    import runtime.memory_check
 
-    monkeypatch.setattr(tasks.memory_check, "visible_gpus", lambda: [])  # a CPU host, whatever this machine has
+    monkeypatch.setattr(runtime.memory_check, "visible_gpus", lambda: [])  # a CPU host, whatever this machine has
     result = runner.invoke(app, ["run", flow, "--set", f"runs_dir={tmp_path}", "--set", setting])
     assert result.exit_code == 2, result.output
     assert result.output.strip().splitlines()[-1].startswith(f"error: {message}")

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tasks.cluster import wait_for_placement
+from runtime.cluster import wait_for_placement
 
 ROLLOUT = {"resources": {"ROLLOUT": 1}}
 TRAINER = {"resources": {"TRAINER": 1}}

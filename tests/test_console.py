@@ -1,4 +1,4 @@
-"""The run's quiet console (tasks/console.py): what a lost worker leaves on it, and the workers' preloads."""
+"""The run's quiet console (runtime/console.py): what a lost worker leaves on it, and the workers' preloads."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import dask
 
-from tasks.actor_calls import WorkerLost
-from tasks.console import not_an_echo, worker_log_options
+from runtime.actor_calls import WorkerLost
+from runtime.console import not_an_echo, worker_log_options
 
 
 def _record(name: str, message: str, exc: BaseException | None = None) -> logging.LogRecord:
@@ -44,7 +44,7 @@ def test_local_workers_keep_the_users_preloads(monkeypatch):
     monkeypatch.delenv("LLMRL_VERBOSE", raising=False)
     with dask.config.set({"distributed.worker.preload": ["my_site.preload"]}):
         options, env = worker_log_options(Path("/tmp"), "rollout-0")
-    assert options["preload"] == ["my_site.preload", "tasks.worker_console"]
+    assert options["preload"] == ["my_site.preload", "runtime.worker_console"]
     assert env["LLMRL_WORKER_LOG"] == "/tmp/rollout-0.log"
     monkeypatch.setenv("LLMRL_VERBOSE", "1")
     assert worker_log_options(Path("/tmp"), "rollout-0") == ({}, {})

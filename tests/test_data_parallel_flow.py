@@ -4,7 +4,7 @@ stored rows.
 
 The flow runs a version of the main job (shortened) with two ranks, then resumes for a second one (both ranks
 restore version 1: weights, optimizer state); the test then replays the run's stored batches
-through one :class:`~tasks.trainer_actor.TrainerWorker` in this process (the trainer the flow uses with one rank)
+through one :class:`~runtime.trainer_actor.TrainerWorker` in this process (the trainer the flow uses with one rank)
 and compares each version's update, ``w(v+1) - w(v)``, with the published one. A rank that did not train, or whose
 gradients were not summed in, would give another update: the test checks that the update of the first half of the
 batch alone is far from it, so the comparison can fail.
@@ -45,11 +45,11 @@ def test_two_trainer_ranks_publish_the_weights_of_one_trainer(tmp_path):
     from llmrl_cli.run import MAIN_JOB
     from llmrl_core.pipeline.config_io import load_config
     from llmrl_core.pipeline.grpo_config import GRPOConfig
+    from runtime.records import record_to_sample
+    from runtime.trainer_actor import TrainerWorker, signal_rows
     from storage.checkpoints import CheckpointStore
     from storage.layout import RunLayout
     from storage.trajectories import TrajectoryStore
-    from tasks.records import record_to_sample
-    from tasks.trainer_actor import TrainerWorker, signal_rows
 
     runs = tmp_path / "runs"
     env = {k: v for k, v in os.environ.items() if k != "LLMRL_VERBOSE"}

@@ -132,7 +132,7 @@ def test_the_setting_leaves_the_config_hash_alone():
 
 
 def test_the_rollout_worker_sleeps_after_every_rollout_even_a_failed_one():
-    from tasks.rollout_actor import RolloutWorker
+    from runtime.rollout_actor import RolloutWorker
 
     engine = SimpleNamespace(policy_version=4, last_wake_s=0.25, slept=0)
 
@@ -161,7 +161,7 @@ def test_the_rollout_worker_sleeps_after_every_rollout_even_a_failed_one():
 
 
 def test_the_local_cluster_refuses_sleep_without_a_gpu_and_notes_it_on_a_shared_one():
-    from tasks.placement_plan import gpu_assignment
+    from runtime.placement_plan import gpu_assignment
 
     asleep = load_config(GRPOConfig, None, ["rollout.sleep_level=1", "rollout.gpu_memory_utilization=0.3"])
     with pytest.raises(ValueError, match=r"rollout.sleep_level=1 .* this host has no GPU .* set rollout.sleep_level=0"):

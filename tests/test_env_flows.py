@@ -41,7 +41,7 @@ PYTHON_SHOT = '[{question: "What is 23 + 45?", response: "```python\\nprint(23 +
 @pytest.mark.slow
 def test_grpo_with_the_python_tool_stores_tool_turns_and_trains_on_the_policy_mask(tmp_path):
     from llmrl_core.trainer.batch import pack_samples
-    from tasks.records import record_to_sample
+    from runtime.records import record_to_sample
 
     store = _run(
         tmp_path,

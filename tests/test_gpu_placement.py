@@ -1,4 +1,4 @@
-"""GPU placement and CPU threads of the local cluster (tasks/placement_plan.py) and their settings."""
+"""GPU placement and CPU threads of the local cluster (runtime/placement_plan.py) and their settings."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from llmrl_core.modules.backends.types import EngineConfig
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig, RolloutConfig, TrainConfig
 from llmrl_core.pipeline.sft_config import SFTConfig
-from tasks.placement_plan import (
+from runtime.placement_plan import (
     THREAD_VARIABLES,
     available_cores,
     gpu_assignment,
@@ -72,7 +72,7 @@ def test_engine_config_refuses_tensor_parallel_on_cpu() -> None:
 
 def test_rollout_worker_passes_the_settings_to_its_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     """RolloutWorker's constructor builds the EngineConfig from the rollout section (the engine start is stubbed)."""
-    import tasks.rollout_actor as actors
+    import runtime.rollout_actor as actors
 
     seen: list[EngineConfig] = []
 
@@ -239,7 +239,7 @@ def probe():
 if __name__ == "__main__":
     from llmrl_core.pipeline.config_io import load_config
     from llmrl_core.pipeline.grpo_config import GRPOConfig
-    from tasks.cluster import dask_cluster
+    from runtime.cluster import dask_cluster
 
     cfg = load_config(GRPOConfig, overrides=["rollout.workers=1", "rollout.threads=3", "train.device=cpu"])
     with dask_cluster(cfg, Path(sys.argv[2])) as place:

@@ -69,10 +69,10 @@ def test_two_iterations_crash_and_resume(tmp_path, default_model_path):
     from transformers import AutoModelForCausalLM
 
     from flows.grpo import InjectedFailure, grpo
+    from runtime.records import record_to_sample
     from storage.handoff import sweep_orphans
     from storage.lineage_query import version_lineage
     from storage.trajectories import TrajectoryStore
-    from tasks.records import record_to_sample
 
     # 1) crash after the train stage of iteration 1: version 1 is published, version 2 is not
     with pytest.raises(InjectedFailure):
@@ -302,8 +302,8 @@ def test_a_hung_rollout_worker_is_named_within_a_minute(tmp_path, default_model_
 
     import psutil
 
+    from runtime.actor_calls import SILENT_LIMIT_S
     from storage.trajectories import TrajectoryStore
-    from tasks.actor_calls import SILENT_LIMIT_S
 
     preload = str(Path(__file__).parent / "fault_preloads" / "rollout_worker_hangs_at_version_1.py")
     args = [a for o in _tiny(tmp_path, "progress=false", "run_id=hung", "dask.restarts=0") for a in ("--set", o)]
@@ -434,8 +434,8 @@ def _in_group(process, pgid: int) -> bool:
 
 
 def test_placement_is_by_declared_resources():
-    from tasks.cluster import place_workers
-    from tasks.placement_plan import local_worker_resources
+    from runtime.cluster import place_workers
+    from runtime.placement_plan import local_worker_resources
 
     cfg = load_config(GRPOConfig, None, ["rollout.workers=2", "train.device=cpu"])
     assert local_worker_resources(cfg) == {
@@ -459,8 +459,8 @@ def test_placement_is_by_declared_resources():
 def test_data_parallel_ranks_get_workers_of_their_own():
     """train.data_parallel=N: N trainer workers (the local cluster's named by rank, rank 0 ``trainer``), each with
     its share of the trainer's cores on CPU and a GPU of its own on CUDA; too few GPUs is refused by name."""
-    from tasks.cluster import place_workers
-    from tasks.placement_plan import gpu_assignment, local_worker_resources, worker_threads
+    from runtime.cluster import place_workers
+    from runtime.placement_plan import gpu_assignment, local_worker_resources, worker_threads
 
     cfg = load_config(GRPOConfig, None, ["train.data_parallel=2", "train.device=cpu"])
     assert list(local_worker_resources(cfg)) == ["rollout-0", "trainer", "trainer-1"]

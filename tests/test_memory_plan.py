@@ -75,7 +75,7 @@ def test_data_parallel_ranks_each_hold_a_whole_trainer_by_hand():
     ranks count against the host's memory."""
     from llmrl_core.pipeline.config_io import load_config
     from llmrl_core.pipeline.grpo_config import GRPOConfig
-    from tasks.memory_check import plan_run
+    from runtime.memory_check import plan_run
 
     shape = ModelShape.from_config(QWEN_05B)
     n = 494_032_768
@@ -193,7 +193,7 @@ def test_a_model_the_plan_cannot_read_runs_without_a_plan(tmp_path, caplog):
 
     from llmrl_core.pipeline.config_io import load_config
     from llmrl_core.pipeline.grpo_config import GRPOConfig
-    from tasks.memory_check import check_run_memory
+    from runtime.memory_check import check_run_memory
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 768, "n_layer": 12}))
     with caplog.at_level(logging.WARNING, logger="llmrl.memory"):

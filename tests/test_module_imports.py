@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-PACKAGES = ("llmrl_core", "tasks", "flows", "storage", "llmrl_cli")
+PACKAGES = ("llmrl_core", "runtime", "tasks", "flows", "storage", "llmrl_cli")
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -121,9 +121,9 @@ def test_offline_rescored_training(tmp_path, hf_model_fp32):
 
     from flows.offline import offline
     from llmrl_core.objectives import mc_advantage
+    from runtime.train_data import read_samples
     from storage.lineage_query import version_lineage
     from storage.trajectories import TrajectoryStore
-    from tasks.train_data import read_samples
 
     _store(tmp_path, hf_model_fp32)
     summary = offline(

@@ -127,7 +127,7 @@ def test_an_atomic_write_survives_a_server_side_copy_slower_than_the_sdk_default
 def test_the_trainer_publishes_restores_and_prunes_through_s3(s3_server, default_model_path, tmp_path, monkeypatch):
     """TrainerWorker on a remote runs folder: weights, manifests and optimizer/RNG state all land in the bucket
     (nothing on the local disk), a fresh trainer restores the optimizer state from there, old states are pruned."""
-    from tasks.trainer_actor import TrainerWorker
+    from runtime.trainer_actor import TrainerWorker
 
     monkeypatch.setenv("LLMRL_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("LLMRL_RUNS_DIR", raising=False)

@@ -80,7 +80,7 @@ def test_raise_stops_at_the_first_failing_row_naming_it(picky):
 
 
 def test_skip_fails_that_episode_alone(picky):
-    from tasks.rollout_actor import drop_failed_rewards
+    from runtime.rollout_actor import drop_failed_rewards
 
     env = _env(picky, "skip")
     out = env.step(["4<|im_end|>", "5<|im_end|>"])

@@ -1,6 +1,6 @@
 """A run that stops (Ctrl-C, SIGTERM, an error) while an engine is rolling out: on a joined cluster the workers
 outlive the run, so the engine must not finish its rollout into the run's staging area after the run has gone.
-The run's teardown (:meth:`tasks.cluster.Placement.close_actors`) tells every actor to stop before closing it."""
+The run's teardown (:meth:`runtime.cluster.Placement.close_actors`) tells every actor to stop before closing it."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from llmrl_core.pipeline.grpo_config import GRPOConfig
 def test_a_rollout_in_flight_when_the_run_stops_writes_nothing(tmp_path, default_model_path):
     from one_worker_cluster import one_worker_cluster
 
+    from runtime.cluster import Placement
+    from runtime.rollout_actor import RolloutStopped, RolloutWorker
     from storage.trajectories import TrajectoryStore
     from tasks import grpo_stages as stages
-    from tasks.cluster import Placement
-    from tasks.rollout_actor import RolloutStopped, RolloutWorker
 
     cfg = load_config(
         GRPOConfig,

@@ -10,8 +10,8 @@ import torch
 
 from llmrl_core.pipeline.config_io import ConfigError, load_config
 from llmrl_core.pipeline.sft_config import SFTConfig
+from runtime.train_data import epoch_batches, read_samples, samples_fingerprint, write_samples
 from tasks.sft_stages import gsm8k_chat, tokenize_chat
-from tasks.train_data import epoch_batches, read_samples, samples_fingerprint, write_samples
 
 
 def test_config_and_errors(tmp_path):
@@ -197,8 +197,8 @@ def test_the_epoch_trainer_is_built_as_the_grpo_trainer_is(tmp_path, monkeypatch
     """SFT's resident trainer goes through TrainerWorker.__init__: its train section's LoRA, gradient checkpointing
     and precision apply as they do to GRPO's, with its own objective and reference model."""
     from llmrl_core.objectives import SFTLoss
+    from runtime.sft_actor import EpochTrainerWorker
     from storage.layout import RunLayout
-    from tasks.sft_actor import EpochTrainerWorker
     from tasks.sft_stages import trainer_setup
 
     monkeypatch.setenv("LLMRL_HOME", str(tmp_path))

@@ -321,7 +321,7 @@ def test_a_failed_upload_leaves_nothing_visible_on_a_remote_store(remote_root, m
 def test_the_rollout_actor_loads_a_remote_checkpoint_through_the_store(remote_root, tmp_path):
     """``RolloutWorker.load`` with what the trainer published: a local path goes to the engine as is; a URI is
     read through the store on the worker (sha256-checked) and the engine gets the bytes."""
-    from tasks.rollout_actor import RolloutWorker
+    from runtime.rollout_actor import RolloutWorker
 
     received = []
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from runtime.cluster import Placement
 from storage import handoff
-from tasks.cluster import Placement
 
 
 def _dead_pid() -> int:

@@ -156,7 +156,7 @@ def test_rollout_health_by_hand():
 def test_skip_zero_signal_groups_keeps_only_groups_whose_rewards_differ():
     from types import SimpleNamespace
 
-    from tasks.trainer_actor import signal_rows
+    from runtime.trainer_actor import signal_rows
 
     rows = [
         SimpleNamespace(group_id=g, reward=r) for g, r in [("a", 1.0), ("a", 1.0), ("b", 0.0), ("b", 1.0), ("c", 0.0)]
@@ -167,7 +167,7 @@ def test_skip_zero_signal_groups_keeps_only_groups_whose_rewards_differ():
 
 def test_exact_skip_trains_every_row_where_the_skipped_groups_have_a_gradient():
     """With a KL or entropy term the all-equal groups still pull the weights: exact means training them."""
-    from tasks.trainer_actor import skips_groups
+    from runtime.trainer_actor import skips_groups
 
     recipe = str(ROOT / "recipes" / "arithmetic" / "grpo.yaml")
     assert skips_groups(load_config(GRPOConfig, recipe, ["train.exact_skip=true"]).train)
@@ -234,7 +234,7 @@ def test_a_factory_env_with_a_tensordict_reward_scores_the_flows_slot_steps(toke
 )
 def test_a_failing_env_factory_is_named_as_the_users_code(tokenizer, factory, message):
     """The user's env factory fails on the rollout worker: an EnvFactoryError naming the setting, which the command
-    line prints in one line (tasks/console.py, llmrl_cli/run_more.py) and the rollout task does not retry."""
+    line prints in one line (runtime/console.py, llmrl_cli/run_more.py) and the rollout task does not retry."""
     from llmrl_core.pipeline.env_config import EnvConfig, EnvFactoryError
     from tasks.grpo_stages import retry_unless_user_error
 

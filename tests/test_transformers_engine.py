@@ -14,7 +14,7 @@ from cli_runs import run_llmrl
 from llmrl_core.modules.backends.types import EngineConfig, SamplingConfig
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
-from tasks.weight_sync import Endpoint, choose_weight_route
+from runtime.weight_sync import Endpoint, choose_weight_route
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -159,7 +159,7 @@ def test_the_memory_plan_counts_the_cuda_ipc_copy_of_a_transformers_run(default_
     """One GPU, transformers engine, ``rollout.weight_sync=cuda_ipc``: the trainer's fp32 copy of the weights is in the
     plan; with ``auto`` (the shared file) it is not, and with the engine on another GPU the route is refused (no
     plan line: the placement check names the setting)."""
-    from tasks.memory_check import plan_run
+    from runtime.memory_check import plan_run
 
     capacity = {"cpu": 64 * 2**30, "cuda:0": 80 * 2**30, "cuda:1": 80 * 2**30}
 

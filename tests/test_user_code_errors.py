@@ -17,8 +17,8 @@ def test_a_shard_whose_agent_episodes_all_failed_is_the_users_code(monkeypatch):
     from llmrl_core.agents import rollout as agent_rollout
     from llmrl_core.modules.backends.types import SamplingConfig
     from llmrl_core.user_code import UserCodeError
+    from runtime.rollout_actor import AgentFailed, RolloutWorker
     from tasks.grpo_stages import retry_unless_user_error
-    from tasks.rollout_actor import AgentFailed, RolloutWorker
 
     failure = SimpleNamespace(episode_id="e0", error="crash", detail="ValueError: my agent is broken")
     result = SimpleNamespace(rows=[], failures=[failure] * 2, metrics=lambda: {"agent_failures": 2.0})

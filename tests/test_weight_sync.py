@@ -274,7 +274,7 @@ def test_weights_are_cast_to_the_engine_dtype_exactly_as_the_engine_would_round_
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA IPC needs a CUDA GPU")
 def test_cuda_ipc_handles_open_in_another_process_on_the_same_gpu(tmp_path):
     """``rollout.weight_sync=cuda_ipc`` for real: handles the trainer's way (``reduce_tensor``, pickled as Dask does),
-    opened by :func:`tasks.rollout_actor.open_cuda_handles` in another process that sees the same GPU."""
+    opened by :func:`runtime.rollout_actor.open_cuda_handles` in another process that sees the same GPU."""
     import pickle
     import subprocess
     import sys
@@ -285,7 +285,7 @@ def test_cuda_ipc_handles_open_in_another_process_on_the_same_gpu(tmp_path):
     weights = {"a": a, "b": torch.ones(5, device="cuda")}
     (tmp_path / "handles.pkl").write_bytes(pickle.dumps({n: reduce_tensor(t) for n, t in weights.items()}))
     child = (
-        "import pickle, sys, torch; from tasks.rollout_actor import open_cuda_handles; "
+        "import pickle, sys, torch; from runtime.rollout_actor import open_cuda_handles; "
         f"opened = open_cuda_handles(pickle.loads(open({str(tmp_path / 'handles.pkl')!r}, 'rb').read())); "
         "print({n: (t.device.type, float(t.sum()), tuple(t.shape)) for n, t in opened.items()})"
     )

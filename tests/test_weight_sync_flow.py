@@ -11,8 +11,7 @@ import pytest
 
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
-from tasks import grpo_stages as stages
-from tasks.weight_sync import (
+from runtime.weight_sync import (
     BroadcastWeightSync,
     CudaIpcWeightSync,
     Endpoint,
@@ -22,6 +21,7 @@ from tasks.weight_sync import (
     endpoint_of,
     weight_sync_for,
 )
+from tasks import grpo_stages as stages
 
 METADATA = [("model.embed_tokens.weight", "float32", (8, 4)), ("lm_head.weight", "float32", (8, 4))]
 
@@ -155,9 +155,9 @@ def test_the_weight_route_follows_the_topology(topology, trainer, engines, auto,
 
 
 def test_nccl_on_one_gpu_is_refused_before_any_worker_starts():
-    """The local cluster's GPU plan (tasks.placement_plan.gpu_assignment) puts the trainer and the engine on the one
+    """The local cluster's GPU plan (runtime.placement_plan.gpu_assignment) puts the trainer and the engine on the one
     GPU: weight_sync=nccl is refused with the reason; auto is fine (it will take the shared file)."""
-    from tasks.placement_plan import gpu_assignment
+    from runtime.placement_plan import gpu_assignment
 
     cfg = _cfg("rollout.weight_sync=nccl", "train.device=cuda")
     visible = gpu_assignment(cfg, ["0"]).visible
@@ -293,7 +293,7 @@ def test_cuda_ipc_hands_each_version_to_every_engine_then_lets_the_copy_go():
 
 
 def test_an_engine_opens_the_handles_on_its_own_device():
-    from tasks.rollout_actor import CUDA_DEVICE_ARGUMENT, open_cuda_handles
+    from runtime.rollout_actor import CUDA_DEVICE_ARGUMENT, open_cuda_handles
 
     def rebuild_cuda_tensor(*arguments):  # stands in for torch's: records the arguments it is given
         return arguments
@@ -310,7 +310,7 @@ def test_an_engine_opens_the_handles_on_its_own_device():
 def test_a_cpu_trainer_refuses_to_share_by_cuda_ipc():
     import torch
 
-    from tasks.trainer_actor import TrainerWorker
+    from runtime.trainer_actor import TrainerWorker
 
     trainer = TrainerWorker.__new__(TrainerWorker)
     trainer._weights_to_send = lambda: {"model.embed_tokens.weight": torch.zeros(2)}
@@ -321,7 +321,7 @@ def test_a_cpu_trainer_refuses_to_share_by_cuda_ipc():
 def test_a_trainer_protects_the_checkpoints_a_resume_needs_until_its_version_is_committed():
     """Sealing v keeps v - 1 (the last commit) and, in an asynchronous run, the max_staleness versions before it
     (they re-sample the unpublished batches)."""
-    from tasks.trainer_actor import TrainerWorker
+    from runtime.trainer_actor import TrainerWorker
 
     trainer = TrainerWorker.__new__(TrainerWorker)  # only the config matters here
     trainer.cfg = _cfg()

@@ -170,7 +170,7 @@ class EpisodeLog:
         reward_components: Mapping[str, float] | None = None,
         messages: list[dict[str, Any]] | None = None,
     ) -> EpisodeRow:
-        """The episode as one :class:`EpisodeRow` (what ``tasks.records.trajectory_to_record`` stores): the chain's
+        """The episode as one :class:`EpisodeRow` (what ``runtime.records.trajectory_to_record`` stores): the chain's
         last prompt and reply as tokens, the policy mask True exactly on the sampled ids."""
         chain = self.chain()
         if not chain:

@@ -64,7 +64,7 @@ class RolloutActor:
     """Lives on one Dask worker: a resident engine, an env factory, and the version of its weights.
 
     The one rollout actor of llmrl: :class:`DaskLLMCollector` uses it as is, and the GRPO/collect flows' rollout
-    worker (``tasks.rollout_actor.RolloutWorker``) extends it with staging shards and rollout metrics."""
+    worker (``runtime.rollout_actor.RolloutWorker``) extends it with staging shards and rollout metrics."""
 
     def __init__(
         self,

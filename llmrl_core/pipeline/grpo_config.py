@@ -59,7 +59,7 @@ class RolloutConfig:
     # batch that trains v -> v+1 is sampled by version max(0, v - k), so the engines sample ahead while the
     # trainer trains; the GRPO ratio uses the stored sampler log-probs.
     max_staleness: int = 0
-    # Placement and scale (tasks/cluster.py): each engine runs on tensor_parallel_size GPUs of its own (CUDA
+    # Placement and scale (runtime/cluster.py): each engine runs on tensor_parallel_size GPUs of its own (CUDA
     # only: CPU engines scale with rollout.workers); gpu_memory_utilization is vLLM's fraction of each GPU's
     # memory per engine (None: the engine default, 0.4; set it when engines share a GPU); threads are the CPU
     # threads (OMP_NUM_THREADS) of each CPU engine's worker (0: the available cores / rollout.workers).

@@ -8,7 +8,7 @@ from typing import Any
 
 def dask_setup(worker: Any) -> None:
     """Dask's preload hook: patch the rollout actor's load in this worker process."""
-    from tasks.rollout_actor import RolloutWorker
+    from runtime.rollout_actor import RolloutWorker
 
     load = RolloutWorker.load
 

@@ -14,7 +14,7 @@ def dask_setup(worker: Any) -> None:
     import signal
     from pathlib import Path
 
-    from tasks.rollout_actor import RolloutWorker
+    from runtime.rollout_actor import RolloutWorker
 
     rollout = RolloutWorker.rollout
     marker = Path(os.environ["LLMRL_TEST_FAULT_MARKER"])

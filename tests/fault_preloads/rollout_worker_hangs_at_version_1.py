@@ -11,7 +11,7 @@ def dask_setup(worker: Any) -> None:
     import os
     import signal
 
-    from tasks.rollout_actor import RolloutWorker
+    from runtime.rollout_actor import RolloutWorker
 
     rollout = RolloutWorker.rollout
 

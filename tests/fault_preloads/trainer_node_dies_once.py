@@ -14,7 +14,7 @@ def dask_setup(worker: Any) -> None:
     import signal
     from pathlib import Path
 
-    from tasks.trainer_actor import TrainerWorker
+    from runtime.trainer_actor import TrainerWorker
 
     train = TrainerWorker.train
     marker = Path(os.environ["LLMRL_TEST_FAULT_MARKER"])

@@ -13,7 +13,7 @@ def dask_setup(worker: Any) -> None:
     import signal
     from pathlib import Path
 
-    from tasks.sft_actor import EpochTrainerWorker
+    from runtime.sft_actor import EpochTrainerWorker
 
     train_epoch = EpochTrainerWorker.train_epoch
     marker = Path(os.environ["LLMRL_TEST_FAULT_MARKER"])

@@ -98,7 +98,7 @@ def make_llm(config: EngineConfig | None = None) -> Any:
             kwargs["enable_sleep_mode"] = True  # memory from vLLM's CuMem pool, so sleep() can release it
         if config.tensor_parallel_size > 1:
             # vLLM starts one worker process per GPU (its multiprocessing executor), also with the engine core
-            # in-process; inside a Dask worker that needs non-daemonic worker processes (tasks/cluster.py).
+            # in-process; inside a Dask worker that needs non-daemonic worker processes (runtime/cluster.py).
             kwargs["tensor_parallel_size"] = config.tensor_parallel_size
     else:
         # Per-request seeds on CPU: when chunked prefill splits a seeded prompt, vLLM rewinds the request's

@@ -14,7 +14,7 @@ Placement is by Dask resources in both cases: ``ROLLOUT`` workers host the engin
   ``rollout.tensor_parallel_size > 1``).
 
 The plan of the local cluster (which GPUs and CPU threads each worker gets, checked before any worker starts)
-is :mod:`tasks.placement_plan`.
+is :mod:`runtime.placement_plan`.
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from storage.handoff import sweep_orphans
-from tasks.memory_check import check_local_placement
-from tasks.placement_plan import (
+from runtime.memory_check import check_local_placement
+from runtime.placement_plan import (
     THREAD_VARIABLES,
     RunConfig,
     local_worker_resources,
@@ -38,6 +37,7 @@ from tasks.placement_plan import (
     rollout_placement,
     trainer_ranks,
 )
+from storage.handoff import sweep_orphans
 
 STOP_TIMEOUT_S = 5.0  # a worker's event loop answers a stop within this, unless the worker hangs
 
@@ -234,8 +234,8 @@ def dask_cluster(cfg: RunConfig, scratch: Path, rollout_workers: int | None = No
     """
     from dask.distributed import Client, Scheduler, SpecCluster
 
-    from tasks.console import library_logs, logs_dir, verbose, worker_log_options
-    from tasks.worker_exit import BoundedExit
+    from runtime.console import library_logs, logs_dir, verbose, worker_log_options
+    from runtime.worker_exit import BoundedExit
 
     n_rollout = rollout_count(cfg, rollout_workers)
     n_trainers = trainer_ranks(cfg)

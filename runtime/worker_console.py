@@ -1,4 +1,4 @@
-"""Dask worker preload of a quiet run (:mod:`tasks.console`): the worker process's stdout and stderr go to the
+"""Dask worker preload of a quiet run (:mod:`runtime.console`): the worker process's stdout and stderr go to the
 file ``LLMRL_WORKER_LOG`` names, from its start, so vLLM's engine log, progress bars and C++ warnings stay off the
 console (file descriptors 1 and 2 are redirected, which catches output of native code too)."""
 
@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from tasks.console import WORKER_LOG
+from runtime.console import WORKER_LOG
 
 
 def redirect_output(path: str) -> None:

@@ -1,5 +1,5 @@
 """The memory plan of a GRPO run's configuration (:mod:`llmrl_core.memory_plan`) on this host's devices, as the
-local cluster will place it (:func:`tasks.placement_plan.gpu_assignment`): ``llmrl plan`` prints it, and the
+local cluster will place it (:func:`runtime.placement_plan.gpu_assignment`): ``llmrl plan`` prints it, and the
 flow refuses a plan that does not fit a GPU before any worker starts (on CPU it warns: the host's memory is
 shared and the operating system may page)."""
 
@@ -12,7 +12,7 @@ from llmrl_core.hardware import choose_dtype
 from llmrl_core.memory_plan import DTYPE_BYTES, GIB, ModelShape, PlanInputs, PlanLine, memory_plan, over_budget
 from llmrl_core.model_store import resolve_model
 from llmrl_core.pipeline.grpo_config import GRPOConfig
-from tasks.placement_plan import (
+from runtime.placement_plan import (
     GpuAssignment,
     RunConfig,
     available_cores,
@@ -88,7 +88,7 @@ def _hands_over_by_cuda_ipc(cfg: GRPOConfig, visible: dict[str, str]) -> bool:
     """Whether the run's weight route will be CUDA IPC (``rollout.weight_sync=cuda_ipc`` where the planned GPUs
     carry it; ``auto`` never picks it yet): the trainer then holds an fp32 copy of the weights while the engines
     load it."""
-    from tasks.weight_sync import local_route
+    from runtime.weight_sync import local_route
 
     engines = [n for n in local_worker_names(cfg) if n.startswith("rollout-")]
     try:
@@ -122,7 +122,7 @@ def check_local_placement(
     the setting where it cannot work: GPUs and threads (:func:`gpu_assignment`), and for a GRPO run the weight
     route and the memory plan. ``llmrl run`` calls it before anything starts (a one-line error); the flow again
     before its workers start. ``warn``: log the memory plan's warnings (the flow does; the CLI's early check not)."""
-    from tasks.weight_sync import check_local_route
+    from runtime.weight_sync import check_local_route
 
     envs, gpus = worker_environments(cfg, visible_gpus(), available_cores(), rollout_count(cfg, rollout_workers))
     if isinstance(cfg, GRPOConfig):  # a weight route or a memory plan that cannot work: refused before any worker

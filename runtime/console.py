@@ -6,7 +6,7 @@ By default (``LLMRL_VERBOSE`` unset; ``llmrl run ... -v`` sets it) a flow run wr
   transformers, httpx, Prefect's task-run lines, Python warnings), which no longer reach the console;
 * ``<run>/logs/<worker>.log``: everything a local Dask worker process prints (vLLM's engine log and progress
   bars, the trainer's step bars, C++ warnings), its stdout and stderr redirected there when it starts
-  (:mod:`tasks.worker_console`, a Dask worker preload).
+  (:mod:`runtime.worker_console`, a Dask worker preload).
 
 The console keeps the flow's own lines (Prefect's flow-run logger: start, placement, dtype, versions, warnings
 that need the user, the result and its paths), warnings and errors of every library, and llmrl's progress bar.
@@ -195,5 +195,5 @@ def worker_log_options(logs: Path, name: str) -> tuple[dict, dict[str, str]]:
 
     configured = dask.config.get("distributed.worker.preload", None) or []  # the user's preloads stay
     configured = [configured] if isinstance(configured, str) else list(configured)
-    options = {"silence_logs": logging.WARNING, "preload": [*configured, "tasks.worker_console"]}
+    options = {"silence_logs": logging.WARNING, "preload": [*configured, "runtime.worker_console"]}
     return options, {WORKER_LOG: str(logs / f"{name}.log"), "VLLM_CONFIGURE_LOGGING": "1"}

@@ -3,7 +3,7 @@ talks to for everything (reference scoring, publishing, the weight route); ranks
 their own that only join the group, restore what rank 0 restores and train beside it.
 
 The ranks form a ``torch.distributed`` group through a TCP rendezvous on rank 0's host (gloo on CPU, NCCL on CUDA:
-:meth:`tasks.trainer_actor.TrainerWorker.join_data_parallel`); every train step is collective, so each call the flow
+:meth:`runtime.trainer_actor.TrainerWorker.join_data_parallel`); every train step is collective, so each call the flow
 makes that changes the weights goes to all ranks at once and waits for all of them.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from tasks.actor_calls import wait_calls
+from runtime.actor_calls import wait_calls
 
 
 @dataclass
@@ -47,6 +47,6 @@ class TrainerRanks:
     def call_all(self, method: str, *args: Any, stage: str, version: int | None = None) -> Any:
         """``method(*args)`` on every rank at once; returns rank 0's result once all of them returned. Ranks 1..
         are waited for first: a rank whose worker died leaves the others blocked in a collective, and waiting on
-        it is what names it (:class:`~tasks.actor_calls.WorkerLost`, so the run restarts from its last version)."""
+        it is what names it (:class:`~runtime.actor_calls.WorkerLost`, so the run restarts from its last version)."""
         calls = [(t, getattr(t, method)(*args)) for t in self.all]
         return wait_calls([*calls[1:], calls[0]], stage, version)[-1]

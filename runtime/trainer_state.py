@@ -1,6 +1,6 @@
 """The optimizer, RNG and LoRA-adapter state the trainer actor saves beside each checkpoint it seals, the pruning of
 the older ones and the resume from a published version (:class:`TrainerStateFiles`, a part of
-:class:`~tasks.trainer_actor.TrainerWorker`)."""
+:class:`~runtime.trainer_actor.TrainerWorker`)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from storage.layout import RunLayout
 
 class TrainerStateFiles:
     """Save, prune and restore the trainer's state files (``trainer-v<version>.pt`` of the run's layout), on the
-    attributes :class:`~tasks.trainer_actor.TrainerWorker` sets: ``layout``, ``trainer``, ``model`` and
+    attributes :class:`~runtime.trainer_actor.TrainerWorker` sets: ``layout``, ``trainer``, ``model`` and
     ``checkpoints``."""
 
     # --- state -----------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 ``RolloutWorker`` holds an engine (vLLM, or Transformers with ``rollout.backend: transformers``) and a tokens-mode
 env; it exchanges only paths, versions and small summaries with the flow: trajectories go through the Parquet
-store, weights arrive as checkpoint files, shared memory or a broadcast. The trainer is :mod:`tasks.trainer_actor`.
+store, weights arrive as checkpoint files, shared memory or a broadcast. The trainer is :mod:`runtime.trainer_actor`.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from llmrl_core.pipeline.components import component_class, policy_base
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.pipeline.task_config import make_task_env
 from llmrl_core.user_code import UserCodeError
+from runtime.records import trajectory_to_record
 from storage.checkpoints import CheckpointStore
 from storage.trajectories import TrajectoryStore
-from tasks.records import trajectory_to_record
 
 
 def sampling_config(cfg: GRPOConfig, batch: int, shard: int) -> SamplingConfig:
@@ -99,7 +99,7 @@ class RolloutWorker(RolloutActor):
         """Take no more work: a rollout in flight finishes the generation it is in but writes no staging shard
         (it raises :class:`RolloutStopped`), and a later one is refused. A coroutine, so Dask runs it on the
         worker's event loop at once rather than after the call in flight (an actor's other methods take turns in
-        one thread): a run that stops calls it before ``close`` (:meth:`tasks.cluster.Placement.close_actors`), so
+        one thread): a run that stops calls it before ``close`` (:meth:`runtime.cluster.Placement.close_actors`), so
         on a joined cluster, whose workers outlive the run, nothing is written after the run has gone."""
         self._stopped = True
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from tasks.actor_calls import wait_calls
+from runtime.actor_calls import wait_calls
 
 
 class BroadcastWeightSync:
@@ -57,7 +57,7 @@ class BroadcastWeightSync:
 
     def open(self) -> BroadcastWeightSync:
         """Form the group (trainer rank 0, then each engine's ranks); returns self. Every wait names a worker that
-        dies or hangs meanwhile (:func:`~tasks.actor_calls.wait_calls`)."""
+        dies or hangs meanwhile (:func:`~runtime.actor_calls.wait_calls`)."""
         stage = "weight group"
         sizes = [int(s) for s in wait_calls([(e, e.weight_group_size()) for e in self.engines], stage)]
         self.world_size = 1 + sum(sizes)
@@ -87,8 +87,8 @@ class BroadcastWeightSync:
 class CudaIpcWeightSync:
     """Engines on the trainer's GPU take each version from the trainer's memory through CUDA IPC handles
     (``rollout.weight_sync=cuda_ipc``): :meth:`push` asks the trainer for handles to a copy of its weights
-    (:meth:`tasks.trainer_actor.TrainerWorker.share_weights_cuda`), every engine opens them on the same GPU and loads
-    them (:meth:`tasks.rollout_actor.RolloutWorker.load_shared_cuda`), then the trainer lets its copy go."""
+    (:meth:`runtime.trainer_actor.TrainerWorker.share_weights_cuda`), every engine opens them on the same GPU and loads
+    them (:meth:`runtime.rollout_actor.RolloutWorker.load_shared_cuda`), then the trainer lets its copy go."""
 
     def __init__(self, trainer: Any, engines: Sequence[Any]) -> None:
         self.trainer = trainer
@@ -239,7 +239,7 @@ def local_route(
     mode: str, visible: dict[str, str], engines: Sequence[str], trainer: str = "trainer", backend: str = "vllm"
 ) -> WeightRoute:
     """The route ``rollout.weight_sync`` = ``mode`` will take on a local cluster whose workers see the GPUs
-    ``visible`` (``CUDA_VISIBLE_DEVICES`` per worker name, as :func:`tasks.placement_plan.gpu_assignment` gives
+    ``visible`` (``CUDA_VISIBLE_DEVICES`` per worker name, as :func:`runtime.placement_plan.gpu_assignment` gives
     them); a ``ValueError`` where the planned GPUs cannot carry it."""
 
     def endpoint(name: str) -> Endpoint:

@@ -1,6 +1,6 @@
 """The local cluster's plan for a run, a pure function of the config and the host: which GPUs and CPU threads each
 worker gets, and the checks that refuse a plan that cannot work before any worker starts (``llmrl run`` and the
-flows call :func:`tasks.memory_check.check_local_placement`; :func:`tasks.cluster.dask_cluster` starts the workers
+flows call :func:`runtime.memory_check.check_local_placement`; :func:`runtime.cluster.dask_cluster` starts the workers
 it plans).
 
 GPUs of the local cluster (:func:`gpu_assignment`, a pure function of the config and the GPUs the flow
@@ -29,7 +29,7 @@ CPU threads: Dask starts every worker with ``OMP_NUM_THREADS=MKL_NUM_THREADS=OPE
 (``distributed.nanny.pre-spawn-environ``), which made the in-process CPU engine run single-threaded (80 instead of
 135 tokens/s on 2 cores). The local workers get their own counts, in the Nanny's ``env`` and in the environment
 they are spawned with (torch sizes its thread pool from it when first imported, which can be before the Nanny's
-``env`` is applied: :func:`tasks.cluster._nanny_class`): a CPU rollout worker gets ``rollout.threads`` (0: the flow
+``env`` is applied: :func:`runtime.cluster._nanny_class`): a CPU rollout worker gets ``rollout.threads`` (0: the flow
 host's available cores / ``rollout.workers``), a CPU trainer ``train.threads`` (0: all available cores; the trainer
 runs between rollouts). Workers on GPUs keep Dask's 1. Threads that fill every core slow down badly when other work
 runs on the same cores (measured: 2 threads on 2 busy cores, 20-70 tokens/s against ~130 with 1): on a shared

@@ -1,10 +1,10 @@
 """A resident trainer that runs epochs over a prepared training set (SFT and offline GRPO), and where it runs.
 
-:class:`EpochTrainerWorker` is a :class:`~tasks.trainer_actor.TrainerWorker` (same checkpoint, optimizer-state and
+:class:`EpochTrainerWorker` is a :class:`~runtime.trainer_actor.TrainerWorker` (same checkpoint, optimizer-state and
 RNG publishing and restoring, so the SFT and offline flows resume exactly as GRPO does) whose objective is
 chosen by a small :class:`TrainerSetup` -- ``SFTLoss`` or ``GRPOLoss`` -- and whose data is a training-set
-file (:mod:`tasks.train_data`) read by path or URI and cached on the worker. :func:`start_trainer` places it on the
-trainer worker of :func:`tasks.cluster.dask_cluster` (a trainer-only cluster, ``rollout_workers=0``).
+file (:mod:`runtime.train_data`) read by path or URI and cached on the worker. :func:`start_trainer` places it on the
+trainer worker of :func:`runtime.cluster.dask_cluster` (a trainer-only cluster, ``rollout_workers=0``).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import torch
 
 from llmrl_core.pipeline.offline_config import OfflineConfig
 from llmrl_core.pipeline.sft_config import SFTConfig
+from runtime.cluster import Placement
+from runtime.train_data import epoch_batches, read_samples, samples_fingerprint
+from runtime.trainer_actor import TrainerWorker
 from storage.layout import RunLayout
-from tasks.cluster import Placement
-from tasks.train_data import epoch_batches, read_samples, samples_fingerprint
-from tasks.trainer_actor import TrainerWorker
 
 
 @dataclass

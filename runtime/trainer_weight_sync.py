@@ -1,7 +1,7 @@
-"""The trainer actor's side of the weight syncs that bypass the checkpoint files (:mod:`tasks.weight_sync` drives
+"""The trainer actor's side of the weight syncs that bypass the checkpoint files (:mod:`runtime.weight_sync` drives
 both sides): the weight group it hosts as rank 0 for a broadcast to the engines (NCCL or gloo), and the CUDA IPC
 handles it shares with engines on its own GPU (:class:`TrainerWeightSync`, a part of
-:class:`~tasks.trainer_actor.TrainerWorker`)."""
+:class:`~runtime.trainer_actor.TrainerWorker`)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import torch
 
 class TrainerWeightSync:
     """Weight group and CUDA IPC calls of the trainer actor, on the attributes
-    :class:`~tasks.trainer_actor.TrainerWorker` sets: ``trainer`` and ``model``."""
+    :class:`~runtime.trainer_actor.TrainerWorker` sets: ``trainer`` and ``model``."""
 
-    # --- weight group (trainer = rank 0; tasks/weight_sync.py drives both sides) ---------------------
+    # --- weight group (trainer = rank 0; runtime/weight_sync.py drives both sides) ---------------------
     def weight_group_port(self) -> int:
         """A TCP port free on this worker's host, for the weight group's rendezvous."""
         from llmrl_core.ports import free_port
@@ -39,7 +39,7 @@ class TrainerWeightSync:
     def share_weights_cuda(self) -> dict[str, tuple[Any, tuple]]:
         """CUDA IPC handles of a copy of the current inference weights (``torch.multiprocessing``'s reduction of each
         tensor: a rebuild function and its arguments, picklable), for engines on this worker's GPU
-        (``rollout.weight_sync=cuda_ipc``, :class:`tasks.weight_sync.CudaIpcWeightSync`). The copy is held until
+        (``rollout.weight_sync=cuda_ipc``, :class:`runtime.weight_sync.CudaIpcWeightSync`). The copy is held until
         :meth:`release_shared_cuda`: the engines read it in place."""
         from torch.multiprocessing.reductions import reduce_tensor
 

@@ -3,7 +3,7 @@
 ``TrainerWorker`` holds the policy model, its optimizer (and a frozen reference model when the KL coefficient is
 above 0) and the run's checkpoint store. It exchanges only paths, versions and small summaries with the flow:
 trajectories come from the Parquet store, weights leave through the checkpoint store (or shared memory, or a
-broadcast to the engines). The rollout engines are :mod:`tasks.rollout_actor`'s.
+broadcast to the engines). The rollout engines are :mod:`runtime.rollout_actor`'s.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ import torch
 
 from llmrl_core.hardware import cuda_peak_gib, mixed_precision_for, where_am_i
 from llmrl_core.pipeline.grpo_config import GRPOConfig
+from runtime.records import read_shards, record_to_sample
+from runtime.trainer_state import TrainerStateFiles
+from runtime.trainer_weight_sync import TrainerWeightSync
 from storage.checkpoints import CheckpointManifest, CheckpointStore, WrittenWeights
 from storage.handoff import SharedWeights
 from storage.layout import RunLayout
 from storage.trajectories import TrajectoryStore
-from tasks.records import read_shards, record_to_sample
-from tasks.trainer_state import TrainerStateFiles
-from tasks.trainer_weight_sync import TrainerWeightSync
 
 AGREEMENT_KEYS = ("sampler_abs_diff_mean", "sampler_abs_diff_max", "kl_to_sampler", "sampler_ess")
 
@@ -72,7 +72,7 @@ class TrainerWorker(TrainerStateFiles, TrainerWeightSync):
 
     def __init__(self, cfg: Any, model: str | None = None, layout: RunLayout | None = None) -> None:
         """``cfg``: the run's config (a :class:`GRPOConfig`; the epoch trainer passes its
-        :class:`~tasks.sft_actor.TrainerSetup`, with the same ``run_id``, ``model``, ``seed``, ``keep_checkpoints``,
+        :class:`~runtime.sft_actor.TrainerSetup`, with the same ``run_id``, ``model``, ``seed``, ``keep_checkpoints``,
         ``keep_every``, ``progress`` and ``train`` section); ``model``: a model reference (default ``cfg.model``),
         resolved on this worker (see :class:`RolloutWorker`); ``layout``: where the run's checkpoints and trainer
         states live (default ``RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir)``, resolved on this worker): local
