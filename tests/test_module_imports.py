@@ -5,6 +5,7 @@ under ``llmrl_core`` imports Prefect or MLflow."""
 from __future__ import annotations
 
 import importlib
+import json
 import pkgutil
 import subprocess
 import sys
@@ -35,15 +36,26 @@ def test_every_module_imports() -> None:
     assert not failed, failed
 
 
-def test_the_library_never_imports_prefect_or_mlflow() -> None:
-    """``import llmrl_core`` and every module under it, in a fresh interpreter: neither Prefect nor MLflow loads."""
-    library = [name for name in _modules() if name.split(".")[0] == "llmrl_core"]
+def _top_packages_loaded_by(package: str, watched: set[str]) -> list[str]:
+    """Import every module of ``package`` in a fresh interpreter; which of the ``watched`` top-level packages loaded."""
+    modules = [name for name in _modules() if name.split(".")[0] == package]
     code = (
-        "import importlib, sys\n"
-        f"for name in {library!r}:\n"
+        "import importlib, json, sys\n"
+        f"for name in {modules!r}:\n"
         "    importlib.import_module(name)\n"
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'prefect', 'mlflow'}))\n"
+        f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({sorted(watched)!r}))))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_library_never_imports_prefect_or_mlflow() -> None:
+    """``import llmrl_core`` and every module under it, in a fresh interpreter: neither Prefect nor MLflow loads."""
+    assert _top_packages_loaded_by("llmrl_core", {"prefect", "mlflow"}) == []
+
+
+def test_the_runtime_never_imports_the_layers_above_it() -> None:
+    """``runtime`` (the Dask actors and their placement) sits below the Prefect tasks and the flows: importing every
+    one of its modules loads neither ``tasks`` nor ``flows`` (nor the command line)."""
+    assert _top_packages_loaded_by("runtime", {"tasks", "flows", "llmrl_cli"}) == []
