@@ -39,37 +39,28 @@ class ComposeSpecHooks:
     """The spec hooks of a chain of transforms (``self.transforms``): each spec goes through every transform's hook,
     in order."""
 
-    def transform_observation_spec(self, observation_spec: Any) -> Any:
+    def _through_chain(self, hook: str, spec: Any) -> Any:
         for transform in self.transforms:
-            observation_spec = transform.transform_observation_spec(observation_spec)
-        return observation_spec
+            spec = getattr(transform, hook)(spec)
+        return spec
+
+    def transform_observation_spec(self, observation_spec: Any) -> Any:
+        return self._through_chain("transform_observation_spec", observation_spec)
 
     def transform_reward_spec(self, reward_spec: Any) -> Any:
-        for transform in self.transforms:
-            reward_spec = transform.transform_reward_spec(reward_spec)
-        return reward_spec
+        return self._through_chain("transform_reward_spec", reward_spec)
 
     def transform_done_spec(self, done_spec: Any) -> Any:
-        for transform in self.transforms:
-            done_spec = transform.transform_done_spec(done_spec)
-        return done_spec
+        return self._through_chain("transform_done_spec", done_spec)
 
     def transform_action_spec(self, action_spec: Any) -> Any:
-        for transform in self.transforms:
-            action_spec = transform.transform_action_spec(action_spec)
-        return action_spec
+        return self._through_chain("transform_action_spec", action_spec)
 
     def transform_state_spec(self, state_spec: Any) -> Any:
-        for transform in self.transforms:
-            state_spec = transform.transform_state_spec(state_spec)
-        return state_spec
+        return self._through_chain("transform_state_spec", state_spec)
 
     def transform_output_spec(self, output_spec: Any) -> Any:
-        for transform in self.transforms:
-            output_spec = transform.transform_output_spec(output_spec)
-        return output_spec
+        return self._through_chain("transform_output_spec", output_spec)
 
     def transform_input_spec(self, input_spec: Any) -> Any:
-        for transform in self.transforms:
-            input_spec = transform.transform_input_spec(input_spec)
-        return input_spec
+        return self._through_chain("transform_input_spec", input_spec)
