@@ -949,3 +949,22 @@ def test_insert_transform_places_a_transform_in_the_chain_as_torchrls():
     assert order == ["first", "a", "b", "c"]
     with pytest.raises(TypeError, match=r"insert_transform expects a Transform"):
         env.insert_transform(0, object())
+
+
+def test_compose_passes_every_spec_through_its_transforms_in_order():
+    """TorchRL's ``Compose``: each ``transform_*_spec`` hook hands the spec to the chained transforms' hooks in order
+    (each appends its name here); a transform that leaves a hook alone returns the spec unchanged."""
+    from llmrl_core.envs.transforms.td_base import Compose
+
+    hooks = ("observation", "reward", "done", "action", "state", "input", "output")
+
+    class Named(TensorDictTransform):
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+            for hook in hooks:
+                setattr(self, f"transform_{hook}_spec", lambda spec, name=name: [*spec, name])
+
+    chain = Compose(Named("a"), TensorDictTransform(), Named("b"))
+    for hook in hooks:
+        assert getattr(chain, f"transform_{hook}_spec")(["start"]) == ["start", "a", "b"], hook
