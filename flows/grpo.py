@@ -54,15 +54,6 @@ from tasks.rollout_ahead import RolloutAhead
 from tasks.run_identity import identify_run
 
 
-class InjectedFailure(RuntimeError):
-    """Raised by ``fail_after_stage`` (fault injection for resume tests)."""
-
-
-def _maybe_fail(cfg: GRPOConfig, stage: str, version: int) -> None:
-    if cfg.fail_after_stage == f"{stage}@{version}":
-        raise InjectedFailure(f"injected failure after stage {stage!r} of version {version}")
-
-
 def iteration_bar(cfg: GRPOConfig, start: int) -> Any:
     """The console's bar (:func:`~runtime.console.progress_bar`) over the run's versions (``None`` when
     ``cfg.progress`` is off)."""
@@ -283,15 +274,12 @@ def _iteration(
         pending.complete()  # also checks the engines that sample them hold the trainer's weights
     arrived = ahead.take(version)
     batch, shards = arrived.batch, arrived.shards
-    _maybe_fail(cfg, "rollout", version)
     sampled = batch.policy_version
     ref_info = stages.score_reference(run.trainer, batch.staging_uri, sampled) if cfg.train.kl_coef > 0 else {}
     written = stages.write_trajectories(cfg, batch.staging_uri, run.store_uri, sampled, batch.shard_prefix)
-    _maybe_fail(cfg, "write_trajectories", version)
     t_train = time.perf_counter()
     train_metrics = stages.train.submit(run.ranks, run.store_uri, batch).result()
     train_s = time.perf_counter() - t_train
-    _maybe_fail(cfg, "train", version)
     if disagree := agreement_off_line(version, train_metrics, cfg):
         if cfg.train.agreement_stop:  # version + 1 is not published: a resume samples version `version` again
             raise stages.AgreementOff(f"{disagree} Stopped (train.agreement_stop); version {version} is kept")
@@ -316,7 +304,6 @@ def _iteration(
     store = TrajectoryStore(run.store_uri)
     pending.data.append(run.lineage.log_trajectory_partition(store, sampled, shard_prefix=batch.shard_prefix))
     ahead.published(version + 1)
-    _maybe_fail(cfg, "publish", version)
     if bar is not None:
         bar.update(1)
         bar.set_postfix(**bar_postfix(metrics))

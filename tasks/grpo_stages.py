@@ -352,12 +352,11 @@ def version_defining(data: dict, keep_where: bool = False) -> dict:
 
 
 def lineage_config(cfg: GRPOConfig, keep_where: bool = False) -> dict:
-    """The settings that define what a version is (run length, fault injection, placement and where the run's
+    """The settings that define what a version is (run length, placement and where the run's
     files go excluded; the config hash and ``RUN/config.json`` are made of these). ``keep_where``: as runs
     recorded them before :data:`WHERE_ONLY` left the hash."""
     data = asdict(cfg)
-    for key in ("iterations", "fail_after_stage"):
-        data.pop(key)
+    data.pop("iterations")
     for section, keys in PLACEMENT_ONLY.items():
         for key in keys:
             data[section].pop(key, None)

@@ -64,43 +64,78 @@ def _start_cli_run(args: list[str], log=None, **env: str):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("dev-shm")  # see tests/conftest.py
-def test_two_iterations_crash_and_resume(tmp_path, default_model_path):
+def test_a_killed_run_resumes_exactly_and_forks(tmp_path, default_model_path):
+    """A real kill (SIGKILL to the flow process and its Dask workers) as soon as version 1 is committed, i.e. beside
+    iteration 1's rollouts (version 2 is far from committed), then a resume: iteration 1 runs once, version 0's
+    partition is untouched, and (N8) the killed-and-resumed run equals the same run uninterrupted, row for row and in
+    its final weights' fingerprint. Then what the resumed run recorded (checkpoints, the engine's log-probs against
+    them, lineage, both UIs, MLflow traces) and a fork of its version 1 (N7)."""
+    import os
+    import signal
+    import time
+
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from flows.grpo import InjectedFailure, grpo
+    from flows.grpo import grpo
     from runtime.records import record_to_sample
     from storage.handoff import sweep_orphans
     from storage.lineage_query import version_lineage
     from storage.trajectories import TrajectoryStore
 
-    # 1) crash after the train stage of iteration 1: version 1 is published, version 2 is not
-    with pytest.raises(InjectedFailure):
-        grpo(overrides=_tiny(tmp_path, "fail_after_stage=train@1"))
+    overrides = _tiny(tmp_path, "progress=false")
     runs = tmp_path / "runs"
     state = runs / "t1" / "state"
+    staged = runs / "t1" / "staging" / "run_id=t1" / "policy_version=1"
+    args = ["--config", "recipes/gsm8k-demo.yaml", *(a for o in overrides for a in ("--set", o))]  # as grpo()
+    proc = _start_cli_run(args)  # its own process group: the kill reaches the Dask workers too
+    try:
+        deadline = time.monotonic() + 900
+        while not (state / "published-v1.json").exists():
+            assert proc.poll() is None, f"the flow exited ({proc.returncode}) before committing version 1"
+            assert time.monotonic() < deadline, "version 1 was never committed"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
     assert sorted(p.name for p in state.glob("published-v*.json")) == ["published-v0.json", "published-v1.json"]
     store = TrajectoryStore(runs / "trajectories")
-    v0_before = {s.name: s for s in store.shards("t1", version=0)}
-    v0_bytes = {name: open(s.path, "rb").read() for name, s in v0_before.items()}
-    from mlflow import MlflowClient
+    # version 1's partition may be in the store already (written after the commit, before the kill lands);
+    # no version trained on it is committed, and the resume replaces it
+    assert store.versions("t1") in ([0], [0, 1])
+    v0_bytes = {s.name: Path(s.path).read_bytes() for s in store.shards("t1", version=0)}
 
-    client = MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
-    (crashed,) = client.search_runs([client.get_experiment_by_name("grpo").experiment_id])
-    assert crashed.info.status == "FAILED"  # a run that fails after it started is marked so in MLflow
-
-    # 2) resume with the same run id: only the unpublished iteration runs again
-    summary = grpo(overrides=_tiny(tmp_path))
+    # resume with the same run id: only the unpublished iteration runs again
+    summary = grpo(overrides=overrides)
     assert summary["published_version"] == 2
-    # the run's trainer handed its weights to the engine through /dev/shm; the flow removed them on its way out
+    # the run's trainer handed its weights to the engine through /dev/shm; the flow removed them on its way out (and
+    # the killed trainer's were swept by the resumed one)
     assert sweep_orphans() == []
     assert store.versions("t1") == [0, 1]
-    assert {name: open(s.path, "rb").read() for name, s in v0_before.items()} == v0_bytes  # nothing repeated
+    assert {s.name: Path(s.path).read_bytes() for s in store.shards("t1", version=0)} == v0_bytes  # nothing repeated
     for version in (0, 1):
         records = store.read_records("t1", version=version)
         assert len(records) == 4  # 2 prompts x 2 samples, not duplicated by the retry
+        assert len({(r.group_id, r.sample_index) for r in records}) == 4
         assert all(r.advantage is not None and r.policy_version == version for r in records)
         assert len({r.group_id for r in records}) == 2
+    assert not any(staged.glob("*.parquet"))  # the staging partition was published and cleared
+
+    # N8, exactly once: the same run uninterrupted gives the same rows, row for row (prompts, tokens, log-probs,
+    # rewards, advantages, versions, the weights that sampled them), and the same final weights (fp32 on CPU)
+    grpo(overrides=_tiny(tmp_path, "progress=false", "run_id=ref"))
+    same = ("prompt_id", "prompt_tokens", "response_tokens", "response_mask", "sampler_logprobs", "reward")
+    same += ("reward_components", "advantage", "finish_reason", "weights_fingerprint", "messages")
+    for version in (0, 1):
+        killed, whole = (
+            {(r.group_id, r.sample_index): r for r in store.read_records(run, version=version)} for run in ("t1", "ref")
+        )
+        assert killed.keys() == whole.keys() and len(killed) == 4
+        for key, row in killed.items():
+            assert {f: getattr(row, f) for f in same} == {f: getattr(whole[key], f) for f in same}, (version, key)
+    final = [version_lineage(run, 2, run_dir=runs / run)["weights_fingerprints"] for run in ("t1", "ref")]
+    assert final[0] == final[1] and final[0]["float32"]
+
     # the two iterations drew different prompts (the data cursor moved on and was restored on resume)
     prompts = [{r.prompt_id for r in store.read_records("t1", version=v)} for v in (0, 1)]
     assert not prompts[0] & prompts[1]
@@ -133,7 +168,6 @@ def test_two_iterations_crash_and_resume(tmp_path, default_model_path):
         assert any(d["policy_version"] == version - 1 for d in info["data"])
         # the lineage names the version's checkpoint file, and that file is the one the manifest hashed
         import hashlib
-        from pathlib import Path
         from urllib.parse import urlparse
 
         path = Path(urlparse(info["checkpoint_uri"]).path)
@@ -156,8 +190,13 @@ def test_two_iterations_crash_and_resume(tmp_path, default_model_path):
     with get_client(sync_client=True) as prefect:
         flow_runs = prefect.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=["run:t1"])))
         links = prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["mlflow-t1"])))
+    print("flow runs tagged run:t1:", sorted((r.name, r.state_name) for r in flow_runs))
     assert sorted(r.name for r in flow_runs) == ["t1 v0-2", "t1 v1-2"] and all("llmrl" in r.tags for r in flow_runs)
-    (run,) = client.search_runs([client.get_experiment_by_name("grpo").experiment_id])
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("grpo").experiment_id
+    (run,) = [r for r in client.search_runs([experiment]) if r.data.tags.get("llmrl_run_id") == "t1"]
     resumed = next(r for r in flow_runs if r.name == "t1 v1-2")
     assert run.data.tags["prefect.flow_run_id"] == str(resumed.id)
     assert run.data.tags["prefect.flow_run_url"].endswith(f"/runs/flow-run/{resumed.id}")
@@ -165,9 +204,10 @@ def test_two_iterations_crash_and_resume(tmp_path, default_model_path):
     assert all(f"/runs/{run.info.run_id})" in a.data for a in links)  # a markdown link: [text](url)
 
     # what the model wrote, in MLflow: each trained-on batch's first group and its best and worst response, as
-    # traces of the run, with the stored reward and advantage as assessments
+    # traces of the run, with the stored reward and advantage as assessments (version 1's: the resumed run published
+    # version 2; version 0's went with the killed process's background reports)
     traces = client.search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id)
-    by_version = {v: [t for t in traces if t.info.tags.get("llmrl.policy_version") == str(v)] for v in (0, 1)}
+    by_version = {v: [t for t in traces if t.info.tags.get("llmrl.policy_version") == str(v)] for v in (1,)}
     for version, found in by_version.items():
         stored = {(r.group_id, r.sample_index): r for r in store.read_records("t1", version=version)}
         assert 2 <= len(found) <= 4 and "group" in {t.info.tags["llmrl.sample"] for t in found}
@@ -223,96 +263,54 @@ def test_an_engine_that_misses_a_version_stops_the_run_before_training_on_its_ro
     assert {r.weights_fingerprint for r in store.read_records("t6", version=0)} == {held_v0}
     assert store.versions("t6") == [0]  # the batch the stale engines were sampling never reached the store
     assert f"engine 0 holds {held_v0} (float32)" in message
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
+    (failed,) = client.search_runs([client.get_experiment_by_name("grpo").experiment_id])
+    assert failed.info.status == "FAILED"  # a run that fails after it started is marked so in MLflow
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("dev-shm")  # see tests/conftest.py
-def test_sigkill_mid_iteration_then_resume_repeats_nothing(tmp_path, default_model_path):
-    """A real kill (SIGKILL to the flow process and its Dask workers) as soon as version 1 is committed, i.e.
-    beside iteration 1's train step (version 2 is far from committed), then a resume: iteration 1 runs once,
-    version 0's partition is untouched; and (N8) the killed-and-resumed run equals the same run uninterrupted,
-    row for row and in its final weights' fingerprint."""
-    import os
+def test_a_killed_rollout_worker_heals_and_a_hung_one_is_named_within_a_minute(tmp_path, default_model_path):
+    """Two faults of the rollout worker in one run, with one restart allowed (``dask.restarts=1``).
+
+    1. It is killed (SIGKILL, as the OOM killer or a lost node would) when first asked for version 1's rollouts. The
+       flow names the lost worker in one line (the libraries' tracebacks stay in the run's log files), starts new
+       workers, resumes from the last committed version and goes on; version 1's rows are written exactly once.
+    2. The new worker's process stops (SIGSTOP, as a frozen node would) when asked for version 2's rollouts. The flow
+       notices its silence within a minute (its actor call alone would wait until Dask's worker TTL, ~8 min) and,
+       its restart spent, ends with one line naming the worker, the stage and the version, exit 1; versions 0-2 stay
+       committed (version 2 was committed while the worker was asked for its rollouts), nothing version 2 sampled is
+       stored, and no process of the run is left behind (the stopped worker included)."""
     import signal
     import time
-    from pathlib import Path
-
-    from flows.grpo import grpo
-    from storage.trajectories import TrajectoryStore
-
-    overrides = _tiny(tmp_path, "progress=false")
-    runs = tmp_path / "runs"
-    staged = runs / "t1" / "staging" / "run_id=t1" / "policy_version=1"
-    committed = runs / "t1" / "state" / "published-v1.json"
-    args = ["--config", "recipes/gsm8k-demo.yaml", *(a for o in overrides for a in ("--set", o))]  # as grpo()
-    proc = _start_cli_run(args)  # its own process group: the kill reaches the Dask workers too
-    try:
-        deadline = time.monotonic() + 900
-        while not committed.exists():
-            assert proc.poll() is None, f"the flow exited ({proc.returncode}) before committing version 1"
-            assert time.monotonic() < deadline, "version 1 was never committed"
-            time.sleep(0.05)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
-    state = runs / "t1" / "state"
-    assert sorted(p.name for p in state.glob("published-v*.json")) == ["published-v0.json", "published-v1.json"]
-    store = TrajectoryStore(runs / "trajectories")
-    # version 1's partition may be in the store already (written after the commit, before the kill lands);
-    # no version trained on it is committed, and the resume replaces it
-    assert store.versions("t1") in ([0], [0, 1])
-    v0 = {s.name: Path(s.path).read_bytes() for s in store.shards("t1", version=0)}
-
-    summary = grpo(overrides=overrides)
-    assert summary["published_version"] == 2
-    assert store.versions("t1") == [0, 1]
-    assert {s.name: Path(s.path).read_bytes() for s in store.shards("t1", version=0)} == v0
-    records = store.read_records("t1", version=1)
-    assert len(records) == 4 and len({(r.group_id, r.sample_index) for r in records}) == 4
-    assert not any(staged.glob("*.parquet"))  # the staging partition was published and cleared
-
-    # N8, exactly once: the same run uninterrupted gives the same rows, row for row (prompts, tokens, log-probs,
-    # rewards, advantages, versions, the weights that sampled them), and the same final weights (fp32 on CPU)
-    from storage.lineage_query import version_lineage
-
-    grpo(overrides=_tiny(tmp_path, "progress=false", "run_id=ref"))
-    same = ("prompt_id", "prompt_tokens", "response_tokens", "response_mask", "sampler_logprobs", "reward")
-    same += ("reward_components", "advantage", "finish_reason", "weights_fingerprint", "messages")
-    for version in (0, 1):
-        killed, whole = (
-            {(r.group_id, r.sample_index): r for r in store.read_records(run, version=version)} for run in ("t1", "ref")
-        )
-        assert killed.keys() == whole.keys() and len(killed) == 4
-        for key, row in killed.items():
-            assert {f: getattr(row, f) for f in same} == {f: getattr(whole[key], f) for f in same}, (version, key)
-    final = [version_lineage(run, 2, run_dir=runs / run)["weights_fingerprints"] for run in ("t1", "ref")]
-    assert final[0] == final[1] and final[0]["float32"]
-
-
-@pytest.mark.slow
-def test_a_hung_rollout_worker_is_named_within_a_minute(tmp_path, default_model_path):
-    """The rollout worker's process stops (SIGSTOP, as a frozen node would) when asked for version 1's rollouts. The
-    flow notices its silence within a minute (its actor call alone would wait until Dask's worker TTL, ~8 min) and
-    ends with one line naming the worker, the stage and the version, exit 1; versions 0 and 1 stay committed (version
-    1 was sealed and committed while the worker was asked for its rollouts), nothing version 1 sampled is stored,
-    and no process of the run is left behind (the stopped worker included)."""
-    import signal
-    import time
-    from pathlib import Path
 
     import psutil
 
     from runtime.actor_calls import SILENT_LIMIT_S
     from storage.trajectories import TrajectoryStore
 
-    preload = str(Path(__file__).parent / "fault_preloads" / "rollout_worker_hangs_at_version_1.py")
-    args = [a for o in _tiny(tmp_path, "progress=false", "run_id=hung", "dask.restarts=0") for a in ("--set", o)]
+    preloads = [
+        str(Path(__file__).parent / "fault_preloads" / name)
+        for name in ("rollout_worker_dies_once.py", "rollout_worker_hangs.py")
+    ]
+    marker = tmp_path / "killed.txt"
+    overrides = _tiny(
+        tmp_path, "progress=false", "run_id=heal", "iterations=3", "final_eval.questions=0", "dask.restarts=1"
+    )
     log = tmp_path / "flow.log"
     start = time.monotonic()
     with log.open("w") as out:
-        proc = _start_cli_run(args, out, DASK_DISTRIBUTED__WORKER__PRELOAD=repr([preload]))
+        proc = _start_cli_run(
+            [a for o in overrides for a in ("--set", o)],
+            out,
+            DASK_DISTRIBUTED__WORKER__PRELOAD=repr(preloads),
+            LLMRL_TEST_FAULT_MARKER=str(marker),
+            LLMRL_TEST_HANG_VERSION="2",
+            LLMRL_VERBOSE="0",  # the console a user sees (the tests' default shows every library's log)
+        )
     try:
-        code = proc.wait(timeout=600)
+        code = proc.wait(timeout=900)
     finally:
         # multiprocessing's resource tracker outlives its clients by the moment it takes to clean up after them (the
         # killed worker's semaphore): what is still there after a few seconds was left behind
@@ -324,90 +322,25 @@ def test_a_hung_rollout_worker_is_named_within_a_minute(tmp_path, default_model_
     took = time.monotonic() - start
     text = log.read_text(errors="replace")
     assert code == 1, text[-3000:]
-    lines = [line for line in text.splitlines() if line.startswith("error: ")]
-    assert len(lines) == 1, text[-3000:]
-    assert "the rollout worker tcp://127.0.0.1:" in lines[0]
-    assert "stopped answering during rollout of version 1: no heartbeat for" in lines[0]
-    silent = float(lines[0].split("no heartbeat for ")[1].split(" s")[0])
-    assert SILENT_LIMIT_S <= silent < SILENT_LIMIT_S + 30, lines[0]
-    print(f"hung worker named after {silent:.0f} s of silence; the whole run took {took:.0f} s")
-    assert not left, f"processes left behind: {[d for _, d in left]}"
-    state = tmp_path / "runs" / "hung" / "state"
-    assert sorted(p.name for p in state.glob("published-v*.json")) == ["published-v0.json", "published-v1.json"]
-    assert TrajectoryStore(tmp_path / "runs" / "trajectories").versions("hung") == [0]
-
-
-@pytest.mark.slow
-def test_agreement_stop_ends_the_run_before_the_version_trained_on_disagreeing_rows(tmp_path, default_model_path):
-    """A bf16 engine samples, the fp32 trainer scores: their log-probs really differ (by ~1e-2 here), over a bound of
-    1e-3. With train.agreement_stop the run ends at version 0's training with one line giving the gap and the bound
-    (exit 1); version 1 (trained on those rows) is not published, version 0 stays committed."""
-    from storage.trajectories import TrajectoryStore
-
-    overrides = _tiny(
-        tmp_path,
-        "progress=false",
-        "run_id=disagree",
-        "rollout.dtype=bfloat16",
-        "train.agreement_warn=0.001",
-        "train.agreement_stop=true",
-        "final_eval.questions=0",
-    )
-    log = tmp_path / "flow.log"
-    with log.open("w") as out:
-        proc = _start_cli_run([a for o in overrides for a in ("--set", o)], out, LLMRL_VERBOSE="0")
-        code = proc.wait(timeout=600)
-    text = log.read_text(errors="replace")
-    assert code == 1, text[-3000:]
-    errors = [line for line in text.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1, text[-3000:]
-    assert "version 0: sampler and trainer disagree before training: mean |delta log-prob| " in errors[0]
-    gap = float(errors[0].split("mean |delta log-prob| ")[1].split(" ")[0])
-    assert gap > 0.001 and "> train.agreement_warn 0.001" in errors[0]
-    assert "Stopped (train.agreement_stop); version 0 is kept" in errors[0]
-    assert "Traceback" not in text, text[-3000:]
-    state = tmp_path / "runs" / "disagree" / "state"
-    assert sorted(p.name for p in state.glob("published-v*.json")) == ["published-v0.json"]
-    assert TrajectoryStore(tmp_path / "runs" / "trajectories").versions("disagree") == [0]
-
-
-@pytest.mark.slow
-def test_a_killed_rollout_worker_heals_and_the_rows_stay_exact(tmp_path, default_model_path):
-    """The rollout worker is killed (SIGKILL) when first asked for version 1's rollouts. The flow names the lost worker
-    in one line (the libraries' tracebacks stay in the run's log files), starts new workers, resumes from the last
-    committed version and finishes: exit 0, every version committed once, each version's rows written exactly once
-    (0 lost, 0 duplicated)."""
-    from pathlib import Path
-
-    from storage.trajectories import TrajectoryStore
-
-    preload = str(Path(__file__).parent / "fault_preloads" / "rollout_worker_dies_once.py")
-    marker = tmp_path / "killed.txt"
-    overrides = _tiny(tmp_path, "progress=false", "run_id=heal", "iterations=3", "final_eval.questions=0")
-    args = [a for o in overrides for a in ("--set", o)]
-    log = tmp_path / "flow.log"
-    with log.open("w") as out:
-        proc = _start_cli_run(
-            args,
-            out,
-            DASK_DISTRIBUTED__WORKER__PRELOAD=repr([preload]),
-            LLMRL_TEST_FAULT_MARKER=str(marker),
-            LLMRL_VERBOSE="0",  # the console a user sees (the tests' default shows every library's log)
-        )
-        code = proc.wait(timeout=900)
-    text = log.read_text(errors="replace")
-    assert code == 0, text[-3000:]
-    assert marker.exists(), "the fault did not happen"
-    restarts = [line for line in text.splitlines() if "Restart 1 of 2 (dask.restarts)" in line]
+    assert marker.exists(), "the kill did not happen"
+    restarts = [line for line in text.splitlines() if "Restart 1 of 1 (dask.restarts)" in line]
     assert len(restarts) == 1 and "rollout worker tcp://127.0.0.1:" in restarts[0], text[-3000:]
     assert "rollout of version 1" in restarts[0], restarts[0]
-    # the libraries' echoes of the lost worker (tracebacks, closed connections) went to the run's log files
+    errors = [line for line in text.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, text[-3000:]
+    assert "the rollout worker tcp://127.0.0.1:" in errors[0]
+    assert "stopped answering during rollout of version 2: no heartbeat for" in errors[0]
+    silent = float(errors[0].split("no heartbeat for ")[1].split(" s")[0])
+    assert SILENT_LIMIT_S <= silent < SILENT_LIMIT_S + 30, errors[0]
+    print(f"hung worker named after {silent:.0f} s of silence; the whole run took {took:.0f} s")
+    # the libraries' echoes of the lost workers (tracebacks, closed connections) went to the run's log files
     assert "Traceback" not in text and "CommClosedError" not in text, text[-3000:]
+    assert not left, f"processes left behind: {[d for _, d in left]}"
     state = tmp_path / "runs" / "heal" / "state"
-    assert sorted(p.name for p in state.glob("published-v*.json")) == [f"published-v{v}.json" for v in range(4)]
+    assert sorted(p.name for p in state.glob("published-v*.json")) == [f"published-v{v}.json" for v in range(3)]
     store = TrajectoryStore(tmp_path / "runs" / "trajectories")
-    assert store.versions("heal") == [0, 1, 2]
-    for version in (0, 1, 2):
+    assert store.versions("heal") == [0, 1]
+    for version in (0, 1):
         records = store.read_records("heal", version=version)
         assert len(records) == 4, (version, len(records))  # 2 prompts x 2 samples, once each
 

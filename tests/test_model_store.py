@@ -9,6 +9,9 @@ import torch
 
 from llmrl_core import model_store
 
+# one pytest-xdist worker runs the module, so the module's conversion (fresh_home, ~20 s) happens once
+pytestmark = pytest.mark.xdist_group("model-store")
+
 
 @pytest.fixture(scope="module")
 def fresh_home(tmp_path_factory):

@@ -123,38 +123,6 @@ def _tiny(tmp_path, *extra):
 
 
 @pytest.mark.slow
-def test_sft_from_gsm8k_lowers_loss_and_records_lineage(tmp_path):
-    from safetensors.torch import load_file
-
-    from flows.sft import sft
-    from llmrl_core.builtin_data import gsm8k_path
-    from storage.lineage_query import version_lineage
-
-    summary = sft(overrides=_tiny(tmp_path, "epochs=1"))
-    assert summary["published_version"] == 1
-    # resume: the same run id with more epochs continues at epoch 1 (version 1 is not retrained)
-    ckpt = tmp_path / "runs" / "sft1" / "checkpoints"
-    v1_bytes = (ckpt / "policy_v000001.safetensors").read_bytes()
-    summary = sft(overrides=_tiny(tmp_path, "epochs=2"))
-    assert summary["published_version"] == 2
-    assert (ckpt / "policy_v000001.safetensors").read_bytes() == v1_bytes
-    loss = summary["data_loss"]
-    assert loss[2] < loss[1] < loss[0], loss  # SFT lowers the loss on its own data, epoch after epoch
-    w0, w2 = load_file(ckpt / "policy_v000000.safetensors"), load_file(ckpt / "policy_v000002.safetensors")
-    assert any(not torch.equal(w0[k], w2[k]) for k in w0)
-    v2_bytes = (ckpt / "policy_v000002.safetensors").read_bytes()
-    assert sft(overrides=_tiny(tmp_path, "epochs=2"))["published_version"] == 2  # a finished run: nothing to do
-    assert (ckpt / "policy_v000002.safetensors").read_bytes() == v2_bytes
-    run_dir = tmp_path / "runs" / "sft1"
-    for version in (1, 2):
-        info = version_lineage("sft1", version, run_dir=run_dir)
-        assert info["pipeline"] == "sft" and info["parent_version"] == version - 1
-        sources = {d["source"] for d in info["data"]}
-        assert str(gsm8k_path("train")) in sources
-        assert any(s.endswith("samples.parquet") for s in sources)
-
-
-@pytest.mark.slow
 def test_sft_from_trajectories_keeps_top_k(tmp_path, hf_model_fp32):
     from chat_trajectories import gsm8k_records
 
@@ -225,18 +193,30 @@ def test_the_epoch_trainer_is_built_as_the_grpo_trainer_is(tmp_path, monkeypatch
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("dev-shm")  # see tests/conftest.py
-def test_a_killed_trainer_worker_heals_and_resumes_from_the_last_epoch(tmp_path, default_model_path):
-    """SFT heals as GRPO does (dask.restarts): the trainer worker is killed (SIGKILL) when first asked for epoch 1;
-    the flow names the lost worker in one line, starts a new one, resumes after the published version 1 (not
-    retrained: its checkpoint is untouched) and finishes with exit 0 and every version committed once."""
+def test_sft_heals_resumes_and_lowers_the_loss_with_its_lineage(tmp_path, default_model_path):
+    """SFT from GSM8K, end to end.
+
+    1. ``llmrl run sft`` with 2 epochs heals as GRPO does (dask.restarts): the trainer worker is killed (SIGKILL) when
+       first asked for epoch 1; the flow names the lost worker in one line, starts a new one, resumes after the
+       published version 1 (not retrained: its checkpoint is untouched) and finishes with exit 0 and every version
+       committed once.
+    2. The same run id with a third epoch continues at epoch 2 (versions 1 and 2 are not retrained); once finished,
+       running it again has nothing to do.
+    3. SFT lowers the loss on its own data epoch after epoch, and each version's lineage names its data and parent."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
+    from safetensors.torch import load_file
+
+    from flows.sft import sft
+    from llmrl_core.builtin_data import gsm8k_path
+    from storage.lineage_query import version_lineage
+
     preload = str(Path(__file__).parent / "fault_preloads" / "trainer_worker_dies_once_at_epoch_1.py")
     marker = tmp_path / "killed.txt"
-    args = [a for o in _tiny(tmp_path, "epochs=3") for a in ("--set", o)]
+    args = [a for o in _tiny(tmp_path, "epochs=2") for a in ("--set", o)]
     env = {
         **os.environ,
         "DASK_DISTRIBUTED__WORKER__PRELOAD": repr([preload]),
@@ -258,9 +238,29 @@ def test_a_killed_trainer_worker_heals_and_resumes_from_the_last_epoch(tmp_path,
     assert len(restarts) == 1 and "trainer worker" in restarts[0], text[-3000:]
     assert "Traceback" not in text, text[-3000:]
     state = tmp_path / "runs" / "sft1" / "state"
-    assert sorted(p.name for p in state.glob("published-v*.json")) == [f"published-v{v}.json" for v in range(4)]
+    assert sorted(p.name for p in state.glob("published-v*.json")) == [f"published-v{v}.json" for v in range(3)]
     ckpt = tmp_path / "runs" / "sft1" / "checkpoints"
-    assert all((ckpt / f"policy_v{v:06d}.safetensors").is_file() for v in (1, 2, 3))
+    assert all((ckpt / f"policy_v{v:06d}.safetensors").is_file() for v in (1, 2))
     killed_at = marker.stat().st_mtime  # version 1 was committed before the kill and not written again after it
     assert (ckpt / "policy_v000001.manifest.json").stat().st_mtime < killed_at
     assert (ckpt / "policy_v000002.manifest.json").stat().st_mtime > killed_at
+
+    # a third epoch on the same run id continues at epoch 2: versions 1 and 2 are not retrained
+    v12_bytes = [(ckpt / f"policy_v{v:06d}.safetensors").read_bytes() for v in (1, 2)]
+    summary = sft(overrides=_tiny(tmp_path, "epochs=3"))
+    assert summary["published_version"] == 3
+    assert [(ckpt / f"policy_v{v:06d}.safetensors").read_bytes() for v in (1, 2)] == v12_bytes
+    v3_bytes = (ckpt / "policy_v000003.safetensors").read_bytes()
+    again = sft(overrides=_tiny(tmp_path, "epochs=3"))  # a finished run: nothing to do
+    assert again["published_version"] == 3 and (ckpt / "policy_v000003.safetensors").read_bytes() == v3_bytes
+    loss = summary["data_loss"]
+    assert loss[3] < loss[2] < loss[1] < loss[0], loss  # SFT lowers the loss on its own data, epoch after epoch
+    w0, w3 = load_file(ckpt / "policy_v000000.safetensors"), load_file(ckpt / "policy_v000003.safetensors")
+    assert any(not torch.equal(w0[k], w3[k]) for k in w0)
+    run_dir = tmp_path / "runs" / "sft1"
+    for version in (1, 2, 3):
+        info = version_lineage("sft1", version, run_dir=run_dir)
+        assert info["pipeline"] == "sft" and info["parent_version"] == version - 1
+        sources = {d["source"] for d in info["data"]}
+        assert str(gsm8k_path("train")) in sources
+        assert any(s.endswith("samples.parquet") for s in sources)

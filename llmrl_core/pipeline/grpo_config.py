@@ -382,7 +382,6 @@ class GRPOConfig:
     dask: DaskConfig = field(default_factory=DaskConfig)
     final_eval: FinalEvalConfig = field(default_factory=FinalEvalConfig)
     progress: bool = True  # progress bars: iterations (flow), rollout prompts (vLLM), train micro-batches
-    fail_after_stage: str | None = None  # fault injection for tests: "<stage>@<version>" raises after that stage
 
     def __post_init__(self) -> None:
         if self.iterations < 0:
