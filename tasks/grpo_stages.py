@@ -18,7 +18,8 @@ from prefect.cache_policies import NO_CACHE
 from llmrl_core.builtin_data.sources import resolve_source
 from llmrl_core.collectors.dask_collector import shard_by_group
 from llmrl_core.envs.primer import DataLoadingPrimer
-from llmrl_core.envs.transforms.kl import kl_reward_penalty
+from llmrl_core.envs.transforms import KLComputation
+from llmrl_core.envs.transforms.kl_computation import kl_penalties
 from llmrl_core.envs.types import PromptRow
 from llmrl_core.objectives import MCAdvantage
 from llmrl_core.pipeline.components import component_class
@@ -149,21 +150,40 @@ def score_reference(trainer: Any, staging_uri: str, version: int) -> dict:
 def assign_advantages(cfg: GRPOConfig, records: list[Any]) -> dict[str, int]:
     """Set each record's group advantage (``train.advantage``: grpo | dr_grpo | rloo over its GRPO group); returns
     the counts (groups, zero-signal and dropped groups). With ``train.kl_in=reward`` the return of a row is its task
-    reward minus ``kl_coef`` times its summed per-token KL to the reference (stored as
-    ``reward_components["kl_penalty"]``; ``reward`` stays the task's reward)."""
+    reward less its KL to the reference, as TorchRL's ``KLComputation`` takes it out of the per-token rewards
+    (:func:`~llmrl_core.envs.transforms.kl_computation.kl_penalties`; stored as ``reward_components["kl_penalty"]``,
+    ``reward`` stays the task's)."""
     t = cfg.train
     if t.kl_coef > 0 and t.kl_in == "reward":
         for record in records:
             if record.ref_logprobs is None:
                 where = f"{record.group_id}#{record.sample_index}"
                 raise RuntimeError(f"train.kl_in=reward: row {where} has no ref_logprobs")
-            penalty = kl_reward_penalty(record.sampler_logprobs, record.ref_logprobs, record.response_mask, t.kl_coef)
+        penalties = kl_penalties(
+            kl_reward_transform(cfg),
+            [r.sampler_logprobs for r in records],
+            [r.ref_logprobs for r in records],
+            [r.response_mask for r in records],
+        )
+        for record, penalty in zip(records, penalties, strict=True):
             record.reward_components = {**record.reward_components, "kl_penalty": -penalty}
     returns = [r.reward + r.reward_components.get("kl_penalty", 0.0) for r in records]
     result = advantage_estimator(cfg)(returns, [r.group_id for r in records])
     for record, advantage in zip(records, result.advantages.tolist(), strict=True):
         record.advantage = float(advantage)
     return {k: int(v) for k, v in result.stats.items()}
+
+
+def kl_reward_transform(cfg: GRPOConfig) -> KLComputation:
+    """TorchRL's ``KLComputation`` with ``coeff=train.kl_coef`` (``train.kl_reward_class``: a subclass, built the
+    same way plus ``train.kl_reward_kwargs``): what takes the KL out of the rewards with ``train.kl_in=reward``."""
+    t = cfg.train
+    cls = (
+        component_class(t.kl_reward_class, KLComputation, "train.kl_reward_class")
+        if t.kl_reward_class
+        else KLComputation
+    )
+    return cls(coeff=t.kl_coef, **t.kl_reward_kwargs)
 
 
 def advantage_estimator(cfg: GRPOConfig) -> MCAdvantage:
@@ -312,6 +332,8 @@ ADDED_LATER = {
         "advantage_kwargs": {},
         "kl_transform_class": None,
         "kl_transform_kwargs": {},
+        "kl_reward_class": None,
+        "kl_reward_kwargs": {},
     },
     "init": {"from_": None, "data_cursor": False},  # a section left out whole while at its defaults
 }

@@ -91,6 +91,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 ISOLATED = "LLMRL_TEST_ISOLATED"  # set in the child process of an ``isolated`` test
 
 
+def _running_prefect_api() -> str | None:
+    """The address of the temporary Prefect API that a flow run in this process started, if one is up."""
+    import sys
+
+    server_module = sys.modules.get("prefect.server.api.server")
+    if server_module is None:
+        return None
+    running = [server for server in server_module.SubprocessASGIServer._instances.values() if server.running]
+    return running[0].api_url if running else None
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     """Run a test marked ``isolated`` in a fresh pytest process and report its outcome here.
@@ -104,6 +115,9 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     import sys
 
     root = str(pyfuncitem.config.rootpath)
+    env = {**os.environ, ISOLATED: "1"}
+    if api_url := _running_prefect_api():  # the child records into it instead of starting its own (~8 s)
+        env.setdefault("PREFECT_API_URL", api_url)
     nodeid = pyfuncitem.nodeid
     if nodeid.rfind("@") > nodeid.rfind("]"):  # pytest-xdist's --dist loadgroup appends "@<xdist_group>"
         nodeid = nodeid.rsplit("@", 1)[0]
@@ -111,7 +125,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         # -m "": the test was selected here; the child must not deselect it again (addopts leave "extended" out)
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "-m", "", nodeid],
         cwd=root,
-        env={**os.environ, ISOLATED: "1"},
+        env=env,
         capture_output=True,
         text=True,
         timeout=1800,

@@ -20,7 +20,7 @@ from llmrl_core.envs.transforms.kl import (
     KLRewardTransform,
     RetrieveKL,
     RetrieveLogProb,
-    kl_reward_penalty,
+    kl_penalties,
     token_kl,
 )
 from llmrl_core.modules.policies.common import ChatHistory
@@ -114,15 +114,19 @@ def test_token_kl_and_penalty_arithmetic():
     assert token_kl(lp, ref).tolist() == pytest.approx([0.5, 0.0, -1.5, 2.9])
     mask = [True, True, True, False]
     assert token_kl(lp, ref, mask).tolist() == pytest.approx([0.5, 0.0, -1.5, 0.0])
-    assert kl_reward_penalty(lp, ref, mask, coeff=0.1) == pytest.approx(0.1 * (0.5 + 0.0 - 1.5))
-    assert kl_reward_penalty(lp, ref) == pytest.approx(0.5 - 1.5 + 2.9)
+    # the KL a stored row's return loses (train.kl_in=reward): a KLComputation run on its tokens
+    assert kl_penalties(KLComputation(coeff=0.1), [lp], [ref], [mask]) == pytest.approx([0.1 * (0.5 + 0.0 - 1.5)])
+    assert kl_penalties(KLComputation(), [lp, lp[:2]], [ref, ref[:2]]) == pytest.approx([0.5 - 1.5 + 2.9, 0.5])
     # non-finite tokens (a sampler's -inf, unknown NaN) are left out of the penalty
     lp_bad = [-0.5, float("-inf"), float("nan"), -0.1]
-    assert kl_reward_penalty(lp_bad, ref) == pytest.approx(0.5 + 2.9)
+    assert kl_penalties(KLComputation(), [lp_bad], [ref]) == pytest.approx([0.5 + 2.9])
     assert torch.isnan(token_kl(lp_bad, ref)[2])
-    assert kl_reward_penalty(torch.tensor(lp), torch.tensor(ref), torch.tensor(mask), coeff=2.0) == pytest.approx(-2.0)
-    assert kl_reward_penalty([], []) == 0.0
-    assert kl_reward_penalty([-0.5, None], [-1.0, -1.0]) == pytest.approx(0.5)  # unknown (None) is left out
+    tensors = [torch.tensor(lp)], [torch.tensor(ref)], [torch.tensor(mask)]
+    assert kl_penalties(KLComputation(coeff=2.0), *tensors) == pytest.approx([-2.0])
+    assert kl_penalties(KLComputation(), [[]], [[]]) == [0.0] and kl_penalties(KLComputation(), [], []) == []
+    assert kl_penalties(KLComputation(), [[-0.5, None]], [[-1.0, -1.0]]) == pytest.approx([0.5])  # None: left out
+    with pytest.raises(ValueError, match="row 0"):
+        kl_penalties(KLComputation(), [[0.0]], [[0.0, 1.0]])
     with pytest.raises(ValueError, match="same shape"):
         token_kl([0.0], [0.0, 1.0])
     with pytest.raises(ValueError, match="mask"):

@@ -1,6 +1,7 @@
 """User components by config (``module:Class`` settings): a subclass of TorchRL's ``vLLMWrapper``
 (``rollout.policy_class``), of ``GRPOLoss`` (``train.loss_class``), of ``MCAdvantage`` (``train.advantage_class``), of
-``RetrieveLogProb`` (``train.kl_transform_class``, the reference stage) and of the env ``Transform``
+``RetrieveLogProb`` (``train.kl_transform_class``, the reference stage), of ``KLComputation``
+(``train.kl_reward_class``, the KL taken out of the rewards) and of the env ``Transform``
 (``env.transforms``) runs inside the GRPO flow, each effect visible in the stored rows or the
 logged metrics; a wrong base or a typo is refused before anything starts, naming the setting."""
 
@@ -17,7 +18,7 @@ USER_MODULE = textwrap.dedent(
 
     import torch
 
-    from llmrl_core.envs.transforms import RetrieveLogProb
+    from llmrl_core.envs.transforms import KLComputation, RetrieveLogProb
     from llmrl_core.envs.transforms.td_base import Transform
     from llmrl_core.modules import vLLMWrapper
     from llmrl_core.objectives import GRPOLoss, MCAdvantage
@@ -77,6 +78,13 @@ USER_MODULE = textwrap.dedent(
             return out
 
 
+    class ScaledKL(KLComputation):
+        '''TorchRL's KL reward term with its coefficient times ``scale``.'''
+
+        def __init__(self, *args, coeff=1.0, scale=1.0, **kwargs):
+            super().__init__(*args, coeff=coeff * scale, **kwargs)
+
+
     class UserBonus(Transform):
         '''A TorchRL reward transform: ``bonus`` on every answer.'''
 
@@ -116,6 +124,7 @@ def user_module(tmp_path, monkeypatch):
             "train.kl_transform_class=my_components:UserBonus",
             "train.kl_transform_class: .* subclass of .*RetrieveLogProb",
         ),
+        ("train.kl_reward_class=my_components:UserBonus", "train.kl_reward_class: .* subclass of .*KLComputation"),
     ],
 )
 def test_a_wrong_component_is_refused_naming_its_setting(user_module, override, message):
@@ -157,6 +166,58 @@ def test_the_advantage_stage_is_mcadvantage_or_the_configured_subclass(user_modu
     assert [r.advantage for r in rows] == pytest.approx([3.0 * a for a in expected])
 
 
+def test_the_kl_reward_stage_is_klcomputation_or_the_configured_subclass(user_module):
+    """With ``train.kl_in=reward``, ``assign_advantages`` takes the KL out of each row's return through TorchRL's
+    ``KLComputation`` (a patched class sees the call; the penalty is ``kl_coef`` x the summed KL of the response
+    tokens, by hand), or through the configured subclass with its kwargs."""
+    from types import SimpleNamespace
+    from unittest import mock
+
+    from llmrl_core.envs.transforms import KLComputation
+    from llmrl_core.objectives import mc_advantage
+    from llmrl_core.pipeline.config_io import load_config
+    from llmrl_core.pipeline.grpo_config import GRPOConfig
+    from tasks import grpo_stages
+
+    def records():
+        rows = (  # reward, group, sampler log-probs, reference log-probs, response mask
+            (1.0, "a", [-0.5, -1.0, -2.0], [-1.0, -1.0, -0.5], [True, True, False]),
+            (0.0, "a", [-0.2, -0.3], [-0.1, -0.9], [True, True]),
+            (0.5, "b", [-1.0], [-3.0], [True]),
+            (0.0, "b", [-0.4, -0.4], [-0.4, None], [True, True]),  # an unknown reference log-prob: left out
+        )
+        return [
+            SimpleNamespace(
+                reward=r,
+                reward_components={},
+                group_id=g,
+                sample_index=i,
+                sampler_logprobs=lp,
+                ref_logprobs=ref,
+                response_mask=m,
+            )
+            for i, (r, g, lp, ref, m) in enumerate(rows)
+        ]
+
+    kl = [0.5 + 0.0, -0.1 + 0.6, 2.0, 0.0]  # per row: the summed KL of its masked, finite tokens
+    settings = ["train.kl_coef=0.1", "train.kl_in=reward"]
+    with mock.patch.object(KLComputation, "_step", autospec=True, side_effect=KLComputation._step) as called:
+        rows = records()
+        grpo_stages.assign_advantages(load_config(GRPOConfig, None, settings), rows)
+    assert called.call_count == 1
+    assert [r.reward_components["kl_penalty"] for r in rows] == pytest.approx([-0.1 * k for k in kl])
+    returns = [r.reward - 0.1 * k for r, k in zip(rows, kl, strict=True)]
+    assert [r.advantage for r in rows] == pytest.approx(mc_advantage(returns, ["a", "a", "b", "b"]).advantages.tolist())
+    cfg = load_config(
+        GRPOConfig,
+        None,
+        [*settings, "train.kl_reward_class=my_components:ScaledKL", "train.kl_reward_kwargs={scale: 3}"],
+    )
+    rows = records()
+    grpo_stages.assign_advantages(cfg, rows)
+    assert [r.reward_components["kl_penalty"] for r in rows] == pytest.approx([-0.3 * k for k in kl])
+
+
 def test_a_user_env_transform_is_built_from_its_module_and_class(user_module, default_model_path):
     from transformers import AutoTokenizer
 
@@ -172,11 +233,11 @@ def test_a_user_env_transform_is_built_from_its_module_and_class(user_module, de
 
 @pytest.mark.slow
 def test_user_components_run_inside_the_grpo_flow(tmp_path, user_module):
-    """One GRPO run (two versions) with all five user components: the wrapper subclass sampled every rollout (its
+    """One GRPO run (two versions) with all six user components: the wrapper subclass sampled every rollout (its
     log: one call per rollout of 4 rows, at the engine's version), every stored row carries the transform's bonus, the
-    stored advantages are the subclass's (3x the group-relative ones), and the logged loss_objective carries the
-    loss subclass's shift; the reference stage's transform subclass moved the stored reference log-probs by its
-    shift."""
+    stored advantages are the subclass's (3x the group-relative ones of the returns), and the logged loss_objective
+    carries the loss subclass's shift; the reference stage's transform subclass moved the stored reference log-probs
+    by its shift, and the KL reward subclass took that KL out of the returns at twice ``kl_coef``."""
     from flows.grpo import grpo
     from llmrl_core.objectives import mc_advantage
     from storage.trajectories import TrajectoryStore
@@ -204,6 +265,9 @@ def test_user_components_run_inside_the_grpo_flow(tmp_path, user_module):
             "train.kl_coef=0.01",
             "train.kl_transform_class=my_components:ShiftedReference",
             "train.kl_transform_kwargs={shift: 1.0}",
+            "train.kl_in=reward",
+            "train.kl_reward_class=my_components:ScaledKL",
+            "train.kl_reward_kwargs={scale: 2.0}",
         ]
     )
     calls = [json.loads(line) for line in log.read_text().splitlines()]
@@ -217,7 +281,11 @@ def test_user_components_run_inside_the_grpo_flow(tmp_path, user_module):
             for r in records:
                 gap = [ref - s for ref, s in zip(r.ref_logprobs, r.sampler_logprobs, strict=True)]
                 assert gap == pytest.approx([-1.0] * len(gap), abs=2e-3), gap
-        expected = mc_advantage([r.reward for r in records], [r.group_id for r in records]).advantages.tolist()
+                # so the KL is 1 per response token, taken out of the return at the subclass's 2 x kl_coef
+                tokens = sum(r.response_mask)
+                assert r.reward_components["kl_penalty"] == pytest.approx(-0.02 * tokens, rel=2e-3)
+        returns = [r.reward + r.reward_components["kl_penalty"] for r in records]
+        expected = mc_advantage(returns, [r.group_id for r in records]).advantages.tolist()
         assert [r.advantage for r in records] == pytest.approx([3.0 * a for a in expected], abs=1e-5)
         published = json.loads((tmp_path / "runs" / "uc" / "state" / f"published-v{version + 1}.json").read_text())
         metrics = published.get("metrics", published)

@@ -27,8 +27,9 @@ def policy_base(backend: str) -> type:
 
 def check_components(cfg: Any) -> None:
     """Import and check each ``module:Class`` a GRPO config names (``rollout.policy_class``, ``train.loss_class``,
-    ``train.advantage_class``, ``train.kl_transform_class``), raising ValueError naming the setting."""
-    from llmrl_core.envs.transforms import RetrieveLogProb
+    ``train.advantage_class``, ``train.kl_transform_class``, ``train.kl_reward_class``), raising ValueError naming the
+    setting."""
+    from llmrl_core.envs.transforms import KLComputation, RetrieveLogProb
     from llmrl_core.objectives import GRPOLoss, MCAdvantage
 
     if cfg.rollout.policy_class:
@@ -39,3 +40,5 @@ def check_components(cfg: Any) -> None:
         component_class(cfg.train.advantage_class, MCAdvantage, "train.advantage_class")
     if cfg.train.kl_transform_class:
         component_class(cfg.train.kl_transform_class, RetrieveLogProb, "train.kl_transform_class")
+    if cfg.train.kl_reward_class:
+        component_class(cfg.train.kl_reward_class, KLComputation, "train.kl_reward_class")

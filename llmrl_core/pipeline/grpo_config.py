@@ -280,6 +280,10 @@ class TrainConfig:
     # null: RetrieveLogProb
     kl_transform_class: str | None = None
     kl_transform_kwargs: dict[str, Any] = field(default_factory=dict)
+    # "module:Class": a KLComputation subclass that takes the KL out of the rewards (kl_in: reward; built with
+    # coeff=kl_coef plus kl_reward_kwargs, run on each batch's response tokens); null: KLComputation
+    kl_reward_class: str | None = None
+    kl_reward_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check(math.isfinite(self.lr) and self.lr > 0, "train.lr", "must be > 0", self.lr)

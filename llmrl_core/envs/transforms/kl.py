@@ -42,8 +42,8 @@ from tensordict.utils import NestedKey
 from torch.nn.utils.rnn import pad_sequence
 
 import llmrl_core.envs.transforms.kl_rows as kl_rows
-from llmrl_core.envs.transforms.kl_computation import KLComputation
-from llmrl_core.envs.transforms.kl_math import kl_reward_penalty, token_kl
+from llmrl_core.envs.transforms.kl_computation import KLComputation, kl_penalties
+from llmrl_core.envs.transforms.kl_math import token_kl
 from llmrl_core.envs.transforms.kl_models import check_kl_models, gen_model_from_collector
 from llmrl_core.envs.transforms.log_prob import RetrieveLogProb
 from llmrl_core.envs.transforms.td_base import Compose, Transform, in_chat_env, set_missing_tolerance
@@ -55,7 +55,7 @@ __all__ = [
     "RayRetrieveKL",
     "RetrieveKL",
     "RetrieveLogProb",
-    "kl_reward_penalty",
+    "kl_penalties",
     "token_kl",
 ]
 

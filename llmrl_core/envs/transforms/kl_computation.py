@@ -3,11 +3,14 @@ reward (part of :mod:`llmrl_core.envs.transforms.kl`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from tensordict import TensorDictBase
+import torch
+from tensordict import TensorDict, TensorDictBase, lazy_stack
 from tensordict.utils import NestedKey
 
+from llmrl_core.envs.transforms.kl_math import as_float_tensor
 from llmrl_core.envs.transforms.kl_rows import (
     is_dense,
     lazy_rows,
@@ -168,3 +171,30 @@ class KLComputation(Transform):
             f"ref_log_probs_full_key={self.ref_log_probs_full_key}, kl_key={self.kl_key!r}, "
             f"add_to_reward={self.add_to_reward}, coeff={self.coeff})"
         )
+
+
+def kl_penalties(
+    transform: KLComputation,
+    log_probs: Sequence[Sequence[float] | torch.Tensor],
+    ref_log_probs: Sequence[Sequence[float] | torch.Tensor],
+    masks: Sequence[Sequence[bool] | torch.Tensor | None] | None = None,
+) -> list[float]:
+    """What each stored row's return loses to its KL with ``train.kl_in=reward``: ``transform`` (a ``KLComputation``)
+    runs on the rows' tokens (``masks``: the response tokens; ``None`` entries read as NaN) with a reward of 0 per
+    token, and the penalty is minus the sum of the rewards it leaves (``coeff * sum(log_probs - ref_log_probs)`` for
+    TorchRL's). Tokens whose KL is not finite (an unknown or ``-inf`` log-prob) are left out."""
+    rows = []
+    for i, (lp_values, ref_values) in enumerate(zip(log_probs, ref_log_probs, strict=True)):
+        lp, ref = as_float_tensor(lp_values, "log_probs"), as_float_tensor(ref_values, "ref_log_probs")
+        if lp.shape != ref.shape:
+            raise ValueError(f"row {i}: log_probs {tuple(lp.shape)} and ref_log_probs {tuple(ref.shape)} differ")
+        keep = torch.isfinite(lp - ref)
+        mask = masks[i] if masks is not None else None
+        if mask is not None:
+            keep &= torch.as_tensor(list(mask) if not isinstance(mask, torch.Tensor) else mask, dtype=torch.bool)
+        data = {("log_probs", "full"): lp[keep], ("ref_log_probs", "full"): ref[keep]}
+        rows.append(TensorDict({**data, "reward": torch.zeros(int(keep.sum()), 1)}))
+    if not rows:
+        return []
+    out = transform(lazy_stack(rows))
+    return [-float(reward.double().sum()) for reward in out.get("reward", as_list=True)]

@@ -1,5 +1,5 @@
-"""The per-token KL estimate and the KL reward penalty as pure functions (no TensorDict): what the flows use
-without an env, and what the KL transforms (:mod:`llmrl_core.envs.transforms.kl`) compute."""
+"""The per-token KL estimate as pure functions (no TensorDict), as the KL transforms
+(:mod:`llmrl_core.envs.transforms.kl`) compute it."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def token_kl(
 
     Inputs have one entry per token (any matching shape; ``None`` entries read as NaN); ``mask`` None counts every
     token. Non-finite entries inside the mask are returned as they are (NaN / inf) so callers can see them;
-    :func:`kl_reward_penalty` leaves them out.
+    :func:`~llmrl_core.envs.transforms.kl_computation.kl_penalties` leaves them out.
     """
     lp = as_float_tensor(log_probs, "log_probs")
     ref = as_float_tensor(ref_log_probs, "ref_log_probs").to(lp.device)
@@ -50,18 +50,3 @@ def token_kl(
 def finite_sum(kl: torch.Tensor) -> tuple[float, int]:
     finite = torch.isfinite(kl)
     return float(kl.detach().double()[finite].sum()), int(finite.sum())
-
-
-def kl_reward_penalty(
-    log_probs: Sequence[float] | torch.Tensor,
-    ref_log_probs: Sequence[float] | torch.Tensor,
-    mask: Sequence[bool] | torch.Tensor | None = None,
-    coeff: float = 1.0,
-) -> float:
-    """``coeff * sum(log_probs - ref_log_probs)`` over the masked tokens whose KL is finite.
-
-    The amount a KL-penalised reward loses (subtract it); the sum over a response of TorchRL's per-token
-    ``coeff * kl`` reward term.
-    """
-    total, _ = finite_sum(token_kl(log_probs, ref_log_probs, mask))
-    return float(coeff) * total
