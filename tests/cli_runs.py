@@ -17,3 +17,23 @@ def run_llmrl(
     command = [sys.executable, "-c", "from llmrl_cli.main import app; app()", *args]
     command += [a for s in settings for a in ("--set", s)]
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def kill_when_committed(proc: subprocess.Popen, state: Path, version: int, timeout: float = 900) -> None:
+    """SIGKILL the process group of ``proc`` (a flow started in a session of its own: the kill reaches its Dask workers
+    too) as soon as the run's ``state`` folder holds version ``version``'s commit marker; a test failure if the flow
+    ends first or never gets there."""
+    import os
+    import signal
+    import time
+
+    marker = state / f"published-v{version}.json"
+    try:
+        deadline = time.monotonic() + timeout
+        while not marker.exists():
+            assert proc.poll() is None, f"the flow exited ({proc.returncode}) before committing version {version}"
+            assert time.monotonic() < deadline, f"version {version} was never committed"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)

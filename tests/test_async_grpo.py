@@ -8,6 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from cli_runs import kill_when_committed
 from storage_records import make_records
 
 from llmrl_cli.run import MAIN_JOB
@@ -206,11 +207,8 @@ def test_async_run_killed_mid_pipeline_resumes_exactly(tmp_path, default_model_p
     0) is staged or in flight and batch 2 may be being sampled — then a resume. Every batch is stored once, by
     the version that sampled it, each row's log-probs are those of that version's checkpoint (so the resume
     re-sampled with the right weights), and no version is trained twice."""
-    import os
-    import signal
     import subprocess
     import sys
-    import time
 
     import torch
     from safetensors.torch import load_file
@@ -231,15 +229,7 @@ def test_async_run_killed_mid_pipeline_resumes_exactly(tmp_path, default_model_p
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    try:
-        deadline = time.monotonic() + 900
-        while not (state / "published-v1.json").exists():
-            assert proc.poll() is None, f"the flow exited ({proc.returncode}) before committing version 1"
-            assert time.monotonic() < deadline, "version 1 was never committed"
-            time.sleep(0.05)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
+    kill_when_committed(proc, state, 1)
     assert sorted(p.name for p in state.glob("published-v*.json")) == ["published-v0.json", "published-v1.json"]
     store = TrajectoryStore(runs / "trajectories")
     batch0 = {s.name: Path(s.path).read_bytes() for s in store.shards("a1", version=0, shard_prefix="b000000-")}

@@ -1,4 +1,5 @@
-"""The GRPO flow end to end on the packaged model: 2 iterations, a crash after a stage, and a resume."""
+"""The GRPO flow end to end on the packaged model: a killed run resumes exactly and forks; worker faults heal or
+are named; stops and refusals."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_runs import kill_when_committed
 
 from llmrl_core.pipeline.config_io import ConfigError, load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
@@ -70,9 +72,6 @@ def test_a_killed_run_resumes_exactly_and_forks(tmp_path, default_model_path):
     partition is untouched, and (N8) the killed-and-resumed run equals the same run uninterrupted, row for row and in
     its final weights' fingerprint. Then what the resumed run recorded (checkpoints, the engine's log-probs against
     them, lineage, both UIs, MLflow traces) and a fork of its version 1 (N7)."""
-    import os
-    import signal
-    import time
 
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
@@ -89,15 +88,7 @@ def test_a_killed_run_resumes_exactly_and_forks(tmp_path, default_model_path):
     staged = runs / "t1" / "staging" / "run_id=t1" / "policy_version=1"
     args = ["--config", "recipes/gsm8k-demo.yaml", *(a for o in overrides for a in ("--set", o))]  # as grpo()
     proc = _start_cli_run(args)  # its own process group: the kill reaches the Dask workers too
-    try:
-        deadline = time.monotonic() + 900
-        while not (state / "published-v1.json").exists():
-            assert proc.poll() is None, f"the flow exited ({proc.returncode}) before committing version 1"
-            assert time.monotonic() < deadline, "version 1 was never committed"
-            time.sleep(0.05)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
+    kill_when_committed(proc, state, 1)
     assert sorted(p.name for p in state.glob("published-v*.json")) == ["published-v0.json", "published-v1.json"]
     store = TrajectoryStore(runs / "trajectories")
     # version 1's partition may be in the store already (written after the commit, before the kill lands);
