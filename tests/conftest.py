@@ -91,14 +91,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 ISOLATED = "LLMRL_TEST_ISOLATED"  # set in the child process of an ``isolated`` test
 
 
-def _running_prefect_api() -> str | None:
-    """The address of the temporary Prefect API that a flow run in this process started, if one is up."""
+def _temporary_prefect_apis() -> list:
+    """The temporary Prefect API servers that flow runs in this process started (none before Prefect is imported)."""
     import sys
 
     server_module = sys.modules.get("prefect.server.api.server")
-    if server_module is None:
-        return None
-    running = [server for server in server_module.SubprocessASGIServer._instances.values() if server.running]
+    return [] if server_module is None else list(server_module.SubprocessASGIServer._instances.values())
+
+
+def _running_prefect_api() -> str | None:
+    """The address of the temporary Prefect API that a flow run in this process started, if one is up."""
+    running = [server for server in _temporary_prefect_apis() if server.running]
     return running[0].api_url if running else None
 
 
@@ -146,13 +149,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     "--- Logging error ---" traceback ended the run)."""
     import sys
 
-    server_module = sys.modules.get("prefect.server.api.server")
     handlers = sys.modules.get("prefect.logging.handlers")
     if handlers is not None:  # the runs' last log lines go to the API first ("Error logging to API" after it stopped)
         handlers.APILogWorker.drain_all(timeout=10)
-    if server_module is not None:
-        for server in list(server_module.SubprocessASGIServer._instances.values()):
-            server.stop()
+    for server in _temporary_prefect_apis():
+        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -25,11 +25,11 @@ CALC = {"command": sys.executable, "args": ["-m", "llmrl_core.tools.servers.calc
 def test_parse_xml_forms():
     text = 'x <tool>calc.add\n{"a": 2, "b": 3}</tool> y <tool name="calc.divide" tag="t1">{"a": 1, "b": 4}</tool>'
     calls = parse_tool_calls(text, "xml")
-    assert [(c.name, c.arguments, c.tag, c.form) for c in calls] == [
+    assert [(c.tool, c.args, c.tag, c.form) for c in calls] == [
         ("calc.add", {"a": 2, "b": 3}, None, "xml"),
         ("calc.divide", {"a": 1, "b": 4}, "t1", "xml"),
     ]
-    assert parse_tool_calls("<tool>calc.list</tool>")[0].arguments == {}
+    assert parse_tool_calls("<tool>calc.list</tool>")[0].args == {}
     assert parse_tool_calls(text, "json") == []
 
 
@@ -38,13 +38,13 @@ def test_parse_json_forms():
     fenced = '```json\n[{"tool": "sub", "args": {"a": 5, "b": 1}}, {"name": "mul", "arguments": "{\\"a\\": 2}"}]\n```'
     whole = '{"message": "adding", "tools": [{"tool": "add", "args": {"a": 9, "b": 1}}]}'
     openai = '<tool_call>{"type": "function", "function": {"name": "neg", "arguments": {"x": 1}}}</tool_call>'
-    assert [(c.name, c.arguments) for c in parse_tool_calls(tagged + "\n" + fenced, "json")] == [
+    assert [(c.tool, c.args) for c in parse_tool_calls(tagged + "\n" + fenced, "json")] == [
         ("add", {"a": 1, "b": 2}),
         ("sub", {"a": 5, "b": 1}),
         ("mul", {"a": 2}),
     ]
-    assert [(c.name, c.arguments) for c in parse_tool_calls(whole)] == [("add", {"a": 9, "b": 1})]
-    assert [(c.name, c.arguments) for c in parse_tool_calls(openai)] == [("neg", {"x": 1})]
+    assert [(c.tool, c.args) for c in parse_tool_calls(whole)] == [("add", {"a": 9, "b": 1})]
+    assert [(c.tool, c.args) for c in parse_tool_calls(openai)] == [("neg", {"x": 1})]
     assert parse_tool_calls('```json\n{"just": "data"}\n```') == []
     assert parse_tool_calls(tagged, "xml") == []
 
@@ -52,7 +52,7 @@ def test_parse_json_forms():
 def test_parse_keeps_order_and_reports_bad_arguments():
     text = '<tool_call>{"name": "b", "arguments": {}}</tool_call> then <tool>a\n{not json}</tool>'
     calls = parse_tool_calls(text)
-    assert [c.name for c in calls] == ["b", "a"]
+    assert [c.tool for c in calls] == ["b", "a"]
     assert calls[1].error and "not valid JSON" in calls[1].error
     broken = parse_tool_calls("<tool_call>{oops</tool_call>")
     assert len(broken) == 1 and broken[0].error
@@ -200,7 +200,7 @@ def test_tool_call_pattern_parsing_and_errors():
     calls = parse_pattern_calls(
         'a <call:calc.add>{"a": 2, "b": 3}</call> <call:calc.list></call> <call:x>[1]</call>', pattern
     )
-    assert [(c.name, c.arguments, c.error) for c in calls] == [
+    assert [(c.tool, c.args, c.error) for c in calls] == [
         ("calc.add", {"a": 2, "b": 3}, None),
         ("calc.list", {}, None),
         ("x", {}, "arguments must be a JSON object, got list"),

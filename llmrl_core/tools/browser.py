@@ -245,10 +245,10 @@ class BrowserTransform(ToolTransformBase):
     def _browser_calls(self, text: str) -> list[ToolCall]:
         calls = []
         for call in parse_tool_calls(text, self.tool_call_format):
-            if call.name == self.browser_tool_name:
+            if call.tool == self.browser_tool_name:
                 calls.append(call)
-            elif call.name.startswith(self.browser_tool_name + "."):  # browser.navigate {"url": ...}
-                call.arguments = {"action": call.name.split(".", 1)[1], **call.arguments}
+            elif call.tool.startswith(self.browser_tool_name + "."):  # browser.navigate {"url": ...}
+                call.args = {"action": call.tool.split(".", 1)[1], **call.args}
                 calls.append(call)
         return calls
 
@@ -256,11 +256,11 @@ class BrowserTransform(ToolTransformBase):
         """Run the browser calls of one row's answer, in order, in its slot's tab: one message per call."""
         messages = []
         for call in self._browser_calls(content):
-            ok, text = (False, call.error) if call.error else self.run_action(self._slot_of(index), call.arguments)
+            ok, text = (False, call.error) if call.error else self.run_action(self._slot_of(index), call.args)
             verdict = "executed successfully" if ok else "failed"
             message = f"Tool {self.browser_tool_name} {verdict}:\n{text}"
             messages.append(message)
-            self._record_call(index, self.browser_tool_name, call.arguments, message, not ok)
+            self._record_call(index, self.browser_tool_name, call.args, message, not ok)
         return messages or None
 
     def __repr__(self) -> str:

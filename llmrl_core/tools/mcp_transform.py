@@ -156,10 +156,10 @@ class MCPToolTransform(ToolTransformBase):
         left out here; the env reports them as failed calls)."""
         triples = []
         for call in self.parse_calls(text):
-            if call.error or not call.name:
+            if call.error or not call.tool:
                 continue
-            server, _, tool = call.name.rpartition(".")
-            triples.append((server or next(iter(self.pool.specs), ""), tool, json.dumps(call.arguments)))
+            server, _, tool = call.tool.rpartition(".")
+            triples.append((server or next(iter(self.pool.specs), ""), tool, json.dumps(call.args)))
         return triples
 
     def _execute_tool_sync(self, server_name: str, tool_name: str, args_json: str) -> dict[str, Any]:
@@ -208,10 +208,10 @@ class MCPToolTransform(ToolTransformBase):
     def _run_rows(self, contents: list[str], rows: list[int]) -> list[list[str] | None]:
         per_row = [self.parse_calls(text) for text in contents]
         requests = [
-            (call.name, call.arguments)
+            (call.tool, call.args)
             for calls in per_row
             for call in calls[: self.max_calls]
-            if not call.error and call.name
+            if not call.error and call.tool
         ]
         results = iter(self.pool.call_many(requests, self.timeout)) if requests else iter(())
         out: list[list[str] | None] = []
@@ -219,14 +219,14 @@ class MCPToolTransform(ToolTransformBase):
             messages = []
             for k, call in enumerate(calls):
                 if k >= self.max_calls:
-                    result = MCPCallResult(call.name, False, error=f"skipped: at most {self.max_calls} calls per turn")
-                elif call.error or not call.name:
-                    result = MCPCallResult(call.name or "<unnamed>", False, error=call.error or "no tool name")
+                    result = MCPCallResult(call.tool, False, error=f"skipped: at most {self.max_calls} calls per turn")
+                elif call.error or not call.tool:
+                    result = MCPCallResult(call.tool or "<unnamed>", False, error=call.error or "no tool name")
                 else:
                     result = next(results)
                 text = format_tool_result(result, self.max_result_chars)
                 messages.append(text)
-                self._record_call(index, result.tool, call.arguments, text, not result.ok)
+                self._record_call(index, result.tool, call.args, text, not result.ok)
             out.append(messages or None)
         return out
 

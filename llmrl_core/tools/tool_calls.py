@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from llmrl_core.envs.transforms.tool_calls import ToolCall
 
 ToolCallFormat = Literal["auto", "json", "xml"]
 
@@ -46,25 +47,6 @@ _XML_NAMED = re.compile(
 _XML_PLAIN = re.compile(r"<tool>\s*(?P<name>[^\s<]+)[ \t]*(?:\n(?P<body>.*?))?</tool>", re.DOTALL)
 _JSON_TAG = re.compile(r"<tool_call>(?P<body>.*?)</tool_call>", re.DOTALL)
 _JSON_FENCE = re.compile(r"```json[ \t]*\n(?P<body>.*?)\n?```", re.DOTALL)
-
-
-@dataclass
-class ToolCall:
-    """One parsed call: the tool's name, its arguments, an optional tag, where it came from, any error."""
-
-    name: str
-    arguments: dict[str, Any] = field(default_factory=dict)
-    tag: str | None = None
-    form: str = ""
-    error: str | None = None
-    start: int = 0
-
-    def to_message_dict(self, call_id: str | None = None) -> dict[str, Any]:
-        """The call in the OpenAI/HF chat shape (``{"type": "function", "function": {...}}``)."""
-        out: dict[str, Any] = {"type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-        if call_id is not None:
-            out["id"] = call_id
-        return out
 
 
 def _parse_args(body: str | None, where: str) -> tuple[dict[str, Any], str | None]:
@@ -129,7 +111,7 @@ def _json_calls(text: str) -> list[ToolCall]:
         calls.extend(_calls_from_json_text(m.group("body"), "tool_call", m.start()))
     for m in _JSON_FENCE.finditer(text):
         found = _calls_from_json_text(m.group("body"), "json", m.start())
-        calls.extend(c for c in found if c.name)  # a JSON block that is not a call is just JSON
+        calls.extend(c for c in found if c.tool)  # a JSON block that is not a call is just JSON
     stripped = text.strip()
     if not calls and stripped.startswith("{") and stripped.endswith("}"):
         try:

@@ -45,8 +45,3 @@ def token_kl(
             raise ValueError(f"mask {tuple(m.shape)} must have the shape of the log-probs {tuple(kl.shape)}")
         kl = torch.where(m, kl, torch.zeros_like(kl))
     return kl
-
-
-def finite_sum(kl: torch.Tensor) -> tuple[float, int]:
-    finite = torch.isfinite(kl)
-    return float(kl.detach().double()[finite].sum()), int(finite.sum())

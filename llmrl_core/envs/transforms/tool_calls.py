@@ -26,7 +26,7 @@ import json
 import re
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypedDict
 
 from tensordict import TensorDictBase, lazy_stack
@@ -70,11 +70,18 @@ class ToolRegistry:
 
 @dataclass
 class ToolCall:
-    """One tool call found in an answer: the tool's name, its arguments and an optional tag (a caller's label)."""
+    """One tool call found in an answer: the tool's name, its arguments and an optional tag (a caller's label).
+
+    TorchRL's three fields, then what llmrl's own parser (:func:`llmrl_core.tools.tool_calls.parse_tool_calls`)
+    adds: the ``form`` it was written in, the ``error`` when its arguments do not parse, and its ``start`` offset.
+    """
 
     tool: str
-    args: dict[str, Any]
+    args: dict[str, Any] = field(default_factory=dict)
     tag: str | None = None
+    form: str = ""
+    error: str | None = None
+    start: int = 0
 
 
 class ParseResult(TypedDict):
