@@ -87,7 +87,7 @@ def test_a_crashing_and_a_hung_agent_fail_only_their_episode(agents_on_path, vll
 
     calculator_agent._STARTED[0] = 0
     # the hung episode sleeps 60 s; the others take seconds (more on a loaded machine)
-    result = _agent_rollout(vllm_engine_fp32, f"calculator_agent:{agent}", 3, 24, seed=11, timeout_s=40.0)
+    result = _agent_rollout(vllm_engine_fp32, f"calculator_agent:{agent}", 3, 24, seed=11, timeout_s=20.0)
     errors = sorted(o.error for o in result.failures)
     assert errors == ["crash", "timeout"], [(o.error, o.detail) for o in result.outcomes]
     crash = next(o for o in result.failures if o.error == "crash")

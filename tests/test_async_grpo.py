@@ -8,7 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from cli_runs import kill_when_committed
+from cli_runs import cli_env, kill_when_committed
 from storage_records import make_records
 
 from llmrl_cli.run import MAIN_JOB
@@ -225,6 +225,7 @@ def test_async_run_killed_mid_pipeline_resumes_exactly(tmp_path, default_model_p
     proc = subprocess.Popen(
         [sys.executable, "-c", "from llmrl_cli.main import app; app()", "run", "grpo", *args],
         cwd=Path(__file__).resolve().parents[1],
+        env=cli_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

@@ -18,7 +18,7 @@ import os
 
 import pytest
 import torch
-from cli_runs import run_llmrl
+from cli_runs import cli_env, run_llmrl
 
 SETTINGS = [
     "run_id=dp2",
@@ -52,7 +52,7 @@ def test_two_trainer_ranks_publish_the_weights_of_one_trainer(tmp_path):
     from storage.trajectories import TrajectoryStore
 
     runs = tmp_path / "runs"
-    env = {k: v for k, v in os.environ.items() if k != "LLMRL_VERBOSE"}
+    env = cli_env({k: v for k, v in os.environ.items() if k != "LLMRL_VERBOSE"})
     for iterations in (1, 2):  # version 1, then a resume to version 2: every rank restores version 1
         settings = [*SETTINGS, f"runs_dir={runs}", "train.data_parallel=2", f"iterations={iterations}"]
         proc = run_llmrl("run", "grpo", settings=settings, env=env)

@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import pytest
+from cli_runs import cli_env
 
 from llmrl_core.pipeline.config_io import ConfigError, load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
@@ -176,7 +177,6 @@ def test_grpo_on_ifeval(tmp_path):
         assert {"prompt_level_strict_acc", "inst_level_loose_acc"} <= set(r.reward_components)
 
     # the evaluate flow reads the run's env and reports IFEval's four metrics per version
-    import os
     import subprocess
     from pathlib import Path
 
@@ -198,11 +198,7 @@ def test_grpo_on_ifeval(tmp_path):
         text=True,
         timeout=900,
         cwd=Path(__file__).resolve().parents[1],
-        env={
-            **os.environ,
-            "PREFECT_HOME": str(tmp_path / "prefect"),
-            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
-        },
+        env=cli_env(),  # records into this process's Prefect API instead of starting one of its own
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     out = json.loads([x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1].removeprefix("RESULT "))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_runs import kill_when_committed
+from cli_runs import cli_env, kill_when_committed
 
 from llmrl_core.pipeline.config_io import ConfigError, load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
@@ -46,9 +46,10 @@ def _tiny(tmp_path, *extra):
     ]
 
 
-def _start_cli_run(args: list[str], log=None, **env: str):
+def _start_cli_run(args: list[str], log=None, own_prefect_api: bool = False, **env: str):
     """``llmrl run grpo ARGS`` in a process group of its own (as a terminal's foreground job; a signal to the group
-    reaches its Dask workers too), output to ``log`` (an open file) or discarded."""
+    reaches its Dask workers too), output to ``log`` (an open file) or discarded; recording into this process's
+    Prefect API unless ``own_prefect_api`` (then it starts its own, as ``llmrl run`` alone does)."""
     import os
     import subprocess
     import sys
@@ -57,7 +58,7 @@ def _start_cli_run(args: list[str], log=None, **env: str):
     return subprocess.Popen(
         [sys.executable, "-c", "from llmrl_cli.main import app; app()", "run", "grpo", *args],
         cwd=Path(__file__).resolve().parents[1],
-        env={**os.environ, **env},
+        env={**os.environ, **env} if own_prefect_api else cli_env(**env),
         stdout=log if log is not None else subprocess.DEVNULL,
         stderr=subprocess.STDOUT if log is not None else subprocess.DEVNULL,
         start_new_session=True,
@@ -596,7 +597,7 @@ def test_a_killed_run_leaves_no_prefect_api_behind(tmp_path):
     import psutil
 
     args = ["--set", f"runs_dir={tmp_path / 'runs'}", "--set", "run_id=t-kill9", "--set", "progress=false"]
-    proc = _start_cli_run(args)
+    proc = _start_cli_run(args, own_prefect_api=True)
     try:
         deadline = time.monotonic() + 120
         while not (api := [c for c in psutil.Process(proc.pid).children() if "llmrl_cli.api_child" in c.cmdline()]):

@@ -7,6 +7,7 @@ import hashlib
 
 import pytest
 import torch
+from cli_runs import cli_env
 
 from llmrl_core.pipeline.config_io import ConfigError, load_config
 from llmrl_core.pipeline.sft_config import SFTConfig
@@ -203,7 +204,6 @@ def test_sft_heals_resumes_and_lowers_the_loss_with_its_lineage(tmp_path, defaul
     2. The same run id with a third epoch continues at epoch 2 (versions 1 and 2 are not retrained); once finished,
        running it again has nothing to do.
     3. SFT lowers the loss on its own data epoch after epoch, and each version's lineage names its data and parent."""
-    import os
     import subprocess
     import sys
     from pathlib import Path
@@ -217,12 +217,9 @@ def test_sft_heals_resumes_and_lowers_the_loss_with_its_lineage(tmp_path, defaul
     preload = str(Path(__file__).parent / "fault_preloads" / "trainer_worker_dies_once_at_epoch_1.py")
     marker = tmp_path / "killed.txt"
     args = [a for o in _tiny(tmp_path, "epochs=2") for a in ("--set", o)]
-    env = {
-        **os.environ,
-        "DASK_DISTRIBUTED__WORKER__PRELOAD": repr([preload]),
-        "LLMRL_TEST_FAULT_MARKER": str(marker),
-        "LLMRL_VERBOSE": "0",
-    }
+    env = cli_env(
+        DASK_DISTRIBUTED__WORKER__PRELOAD=repr([preload]), LLMRL_TEST_FAULT_MARKER=str(marker), LLMRL_VERBOSE="0"
+    )
     done = subprocess.run(
         [sys.executable, "-c", "from llmrl_cli.main import app; app()", "run", "sft", *args],
         cwd=Path(__file__).resolve().parents[1],

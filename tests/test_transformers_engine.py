@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_runs import run_llmrl
+from cli_runs import cli_env, run_llmrl
 
 from llmrl_core.modules.backends.types import EngineConfig, SamplingConfig
 from llmrl_core.pipeline.config_io import load_config
@@ -197,7 +197,7 @@ def test_a_grpo_run_on_the_transformers_engine_needs_no_vllm(tmp_path, default_m
         "final_eval.samples=1",
         "progress=false",
     ]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocker.parent), str(ROOT)])}
+    env = cli_env(PYTHONPATH=os.pathsep.join([str(blocker.parent), str(ROOT)]))
     done = run_llmrl("run", "grpo", "--config", "recipes/gsm8k-demo.yaml", settings=overrides, env=env)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
