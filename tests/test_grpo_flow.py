@@ -543,7 +543,7 @@ def test_a_stop_signal_ends_the_run_cleanly(tmp_path, how):
     runs = tmp_path / "runs"
     published = runs / run_id / "state" / "published-v0.json"
     args = ["--config", "recipes/gsm8k-demo.yaml", *(a for o in overrides for a in ("--set", o))]
-    proc = _start_cli_run(args, (tmp_path / "flow.log").open("w"))
+    proc = _start_cli_run(args, (tmp_path / "flow.log").open("w"), own_prefect_api=True)  # its API ends with it
     try:
         deadline = time.monotonic() + 600
         while not published.exists():  # engines and trainer are resident once version 0 is published
