@@ -192,9 +192,10 @@ def _nanny_class() -> type:
             def __init__(self, *args: Any, env: dict[str, str] | None = None, **kwargs: Any) -> None:
                 # the whole environment of this process now, as a spawned worker would inherit it: a worker forked
                 # from the fork server (:func:`_fork_from_a_warm_server`) starts from that server's older one
-                env = {**os.environ, **(env or {})}
-                super().__init__(*args, env=env, **kwargs)
-                self.pre_spawn_env.update({k: v for k, v in (env or {}).items() if k in THREAD_VARIABLES})
+                asked = env or {}
+                super().__init__(*args, env={**os.environ, **asked}, **kwargs)
+                # only the thread counts asked for this worker override Dask's pre-spawn defaults (one thread each)
+                self.pre_spawn_env.update({k: v for k, v in asked.items() if k in THREAD_VARIABLES})
 
         _NANNY = ThreadsNanny
     return _NANNY
@@ -208,8 +209,9 @@ def _fork_from_a_warm_server(cfg: RunConfig, n_rollout: int) -> AbstractContextM
     the first flow run of this process and kept for its life, so later runs in the same process (a Python session,
     the test suite) start their workers in under a second; the first run imports once instead of once per worker.
     Only on a host without CUDA GPUs: CUDA must not be touched before a fork, and vLLM picks its platform at import
-    (a server that imported it for a GPU host would hand a CPU-only worker the wrong one). Elsewhere, and where
-    Python has no fork server, workers are spawned as before (Dask's default).
+    (a server that imported it for a GPU host would hand a CPU-only worker the wrong one). Elsewhere, where Python
+    has no fork server, and where the user chose Dask's ``distributed.worker.multiprocessing-method`` themselves
+    (anything but its default ``spawn``), workers start as Dask would start them.
     """
     import multiprocessing
 
@@ -217,12 +219,16 @@ def _fork_from_a_warm_server(cfg: RunConfig, n_rollout: int) -> AbstractContextM
 
     if "forkserver" not in multiprocessing.get_all_start_methods() or visible_gpus():
         return nullcontext()
+    if dask.config.get("distributed.worker.multiprocessing-method", "spawn") != "spawn":
+        return nullcontext()  # the user's own choice
     from distributed.utils import get_mp_context
 
     modules = ["distributed", "torch", "transformers", "runtime.trainer_actor"]
     if n_rollout:
         vllm_engine = isinstance(cfg, GRPOConfig) and cfg.rollout.backend == "vllm"
         modules += ["vllm.entrypoints.llm", "runtime.rollout_actor"] if vllm_engine else ["runtime.rollout_actor"]
+    # read by each Nanny when it is constructed, so the setting must be in force while the cluster starts its workers
+    # (and when a worker is restarted): the caller holds it for the cluster's life
     setting = dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
     # Dask's first call sets its own preload list (its optional packages); this one replaces it. Either only counts
     # until the server has started: a later run in this process forks from the server as the first run left it.

@@ -99,12 +99,6 @@ def _temporary_prefect_apis() -> list:
     return [] if server_module is None else list(server_module.SubprocessASGIServer._instances.values())
 
 
-def _running_prefect_api() -> str | None:
-    """The address of the temporary Prefect API that a flow run in this process started, if one is up."""
-    running = [server for server in _temporary_prefect_apis() if server.running]
-    return running[0].api_url if running else None
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     """Run a test marked ``isolated`` in a fresh pytest process and report its outcome here.
@@ -118,9 +112,9 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     import sys
 
     root = str(pyfuncitem.config.rootpath)
-    env = {**os.environ, ISOLATED: "1"}
-    if api_url := _running_prefect_api():  # the child records into it instead of starting its own (~8 s)
-        env.setdefault("PREFECT_API_URL", api_url)
+    from cli_runs import cli_env
+
+    env = cli_env(**{ISOLATED: "1"})  # the child records into this process's Prefect API instead of starting its own
     nodeid = pyfuncitem.nodeid
     if nodeid.rfind("@") > nodeid.rfind("]"):  # pytest-xdist's --dist loadgroup appends "@<xdist_group>"
         nodeid = nodeid.rsplit("@", 1)[0]

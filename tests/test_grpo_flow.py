@@ -58,7 +58,9 @@ def _start_cli_run(args: list[str], log=None, own_prefect_api: bool = False, **e
     return subprocess.Popen(
         [sys.executable, "-c", "from llmrl_cli.main import app; app()", "run", "grpo", *args],
         cwd=Path(__file__).resolve().parents[1],
-        env={**os.environ, **env} if own_prefect_api else cli_env(**env),
+        env={**{k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}, **env}
+        if own_prefect_api
+        else cli_env(**env),
         stdout=log if log is not None else subprocess.DEVNULL,
         stderr=subprocess.STDOUT if log is not None else subprocess.DEVNULL,
         start_new_session=True,
