@@ -51,7 +51,7 @@ from tasks.iteration_log import (
 from tasks.publishing import PendingPublish, publish_version, start_publish
 from tasks.reporting import BackgroundReports
 from tasks.rollout_ahead import RolloutAhead
-from tasks.run_identity import identify_run
+from tasks.run_identity import identify_run, stops_cancel_the_flow_run
 
 
 def iteration_bar(cfg: GRPOConfig, start: int) -> Any:
@@ -78,7 +78,8 @@ def grpo(
     log = get_run_logger()
     cfg = load_config(GRPOConfig, config, overrides or [], settings=settings)
     preflight(cfg)  # before any task, cluster, engine or write
-    return with_restarts(lambda: run_grpo(cfg, log), cfg.dask.restarts, log)
+    with stops_cancel_the_flow_run():  # Ctrl-C / SIGTERM: Cancelled, not Crashed
+        return with_restarts(lambda: run_grpo(cfg, log), cfg.dask.restarts, log)
 
 
 def run_grpo(cfg: GRPOConfig, log: Any) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from runtime.actor_calls import with_restarts
 from storage.lineage import DataRef, LineageRecorder
 from storage.trajectories import TrajectoryStore
 from tasks import offline_stages as stages
+from tasks.run_identity import stops_cancel_the_flow_run
 
 
 def log_data(cfg: OfflineConfig, data: dict[str, Any], lineage: LineageRecorder, store_uri: str) -> list[DataRef]:
@@ -58,7 +59,8 @@ def offline(
     log = get_run_logger()
     cfg = load_config(OfflineConfig, config, overrides or [], settings=settings)
     preflight(cfg)  # before any task, cluster, engine or write
-    return with_restarts(lambda: run_offline(cfg, log), cfg.dask.restarts, log)
+    with stops_cancel_the_flow_run():  # Ctrl-C / SIGTERM: Cancelled, not Crashed
+        return with_restarts(lambda: run_offline(cfg, log), cfg.dask.restarts, log)
 
 
 def run_offline(cfg: OfflineConfig, log: Any) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from storage.trajectories import TrajectoryStore
 from tasks import sft_stages as stages
 from tasks.epoch_stages import evaluate_loss
 from tasks.publishing import version_history
+from tasks.run_identity import stops_cancel_the_flow_run
 
 
 def log_data(cfg: SFTConfig, data: dict[str, Any], lineage: LineageRecorder, store_uri: str) -> list[DataRef]:
@@ -68,7 +69,8 @@ def sft(
     log = get_run_logger()
     cfg = load_config(SFTConfig, config, overrides or [], settings=settings)
     preflight(cfg)  # before any task, cluster, engine or write
-    return with_restarts(lambda: run_sft(cfg, log), cfg.dask.restarts, log)
+    with stops_cancel_the_flow_run():  # Ctrl-C / SIGTERM: Cancelled, not Crashed
+        return with_restarts(lambda: run_sft(cfg, log), cfg.dask.restarts, log)
 
 
 def run_sft(cfg: SFTConfig, log: Any) -> dict[str, Any]:

@@ -50,8 +50,9 @@ def _cpu_summary() -> str:
 
 def doctor(
     skip_engine: bool = typer.Option(False, "--skip-engine", help="Do not try to start a vLLM engine."),
+    clean: bool = typer.Option(False, "--clean", help="Remove the leftovers of killed runs that it lists."),
 ) -> None:
-    """Report package versions, CPU/GPU, the default model and whether vLLM starts on it."""
+    """Report package versions, CPU/GPU, the default model, leftovers of killed runs and whether vLLM starts."""
     ok = True
     typer.echo(f"python        {platform.python_version()} ({platform.system()} {platform.machine()})")
     for label, dists in _PACKAGES.items():
@@ -76,10 +77,41 @@ def doctor(
     target = model_store.default_model_dir()
     state = "prepared" if target.is_dir() and not model_store.verify_model_dir(target, full=False) else "not prepared"
     typer.echo(f"model         {model_store.DEFAULT_MODEL_NAME}: {state} ({target})")
+    _leftovers(clean)
     if not skip_engine:
         ok &= _check_engine()
     if not ok:
         raise typer.Exit(1)
+
+
+def _leftovers(clean: bool) -> None:
+    """What killed runs left on this host: trainers' shared-memory weight files (``/dev/shm``) and run locks that
+    name a holder nobody holds; removed with ``clean``. A killed run's Prefect flow run is marked Crashed by the
+    next run's start (``tasks.run_identity.crash_orphaned_flow_runs``)."""
+    import shutil
+
+    from storage.handoff import orphaned_folders
+    from storage.layout import default_runs_root
+    from storage.run_lock import stale_locks
+
+    folders = orphaned_folders()
+    locks = stale_locks(default_runs_root())
+    if not folders and not locks:
+        typer.echo("leftovers     none (no shared-memory weights of dead trainers, no stale run locks)")
+        return
+    mib = sum(f.stat().st_size for folder in folders for f in folder.rglob("*") if f.is_file()) / 2**20
+    typer.echo(
+        f"leftovers     {len(folders)} shared-memory weight folder(s) of dead trainers ({mib:.0f} MiB), "
+        f"{len(locks)} stale run lock(s)" + ("" if clean else "; `llmrl doctor --clean` removes them")
+    )
+    for path in [*folders, *locks]:
+        typer.echo(f"              {path}")
+        if clean and path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        elif clean:
+            path.unlink(missing_ok=True)
+    if clean:
+        typer.echo("              removed")
 
 
 def _check_engine() -> bool:

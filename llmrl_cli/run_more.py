@@ -77,6 +77,8 @@ def load_checked(
     cluster the run would start (:func:`check_placement`)."""
     from llmrl_core.pipeline.config_io import ConfigError, load_config, to_dict
     from llmrl_core.pipeline.preflight import PreflightError, preflight
+    from storage.layout import RunLayout
+    from storage.run_lock import RunBusyError, check_not_busy
 
     try:
         cfg = load_config(config_cls, config, overrides or [])
@@ -86,11 +88,12 @@ def load_checked(
                 from tasks.fork import check_fork
 
                 check_fork(cfg)  # init.from: the source run, version and checkpoint exist
+                check_not_busy(RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir).run_dir, cfg.run_id)
                 check_resume_config(cfg)
             if placement:
                 check_placement(cfg)
             check_trajectory_source(cfg)
-    except (ConfigError, PreflightError, ValueError) as err:
+    except (ConfigError, PreflightError, ValueError, RunBusyError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from err
     if show_config:
@@ -135,14 +138,22 @@ def check_resume_config(cfg: Any) -> None:
     """A resume that would change a setting the run's versions were made with is refused here, naming the
     settings (the flow itself would refuse it at its lineage check, after its Prefect API started)."""
     from llmrl_core.pipeline.grpo_config import GRPOConfig
+    from storage.checkpoints import CheckpointError, CheckpointStore
     from storage.layout import RunLayout
-    from tasks.commits import check_unchanged_config
+    from tasks.commits import check_unchanged_config, latest_published
 
     if isinstance(cfg, GRPOConfig):
         from tasks.grpo_stages import lineage_config
     else:
         from tasks.epoch_stages import lineage_config
-    check_unchanged_config(cfg.run_id, RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir).run_dir, lineage_config(cfg))
+    layout = RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir)
+    check_unchanged_config(cfg.run_id, layout.run_dir, lineage_config(cfg))
+    published = latest_published(layout.run_dir)
+    if published is not None:  # the checkpoint the resume loads, whole (else found after the workers loaded)
+        try:
+            CheckpointStore(layout.checkpoints_uri).verify(published[0])
+        except CheckpointError as err:
+            raise ValueError(f"resuming run {cfg.run_id!r} at version {published[0]}: {err}") from err
 
 
 def _print_summary(summary: dict[str, Any]) -> None:

@@ -217,6 +217,24 @@ class CheckpointStore:
             state[alias] = state[target]
         return LoadedCheckpoint(state_dict=state, manifest=manifest, path=ref)
 
+    def verify(self, version: int) -> CheckpointManifest:
+        """Check a version's checkpoint without loading it (a resume, before any worker starts): the manifest
+        reads, the weights file is there at the manifest's size and, on a local store, its sha256 matches; else a
+        :class:`CheckpointError` naming the file."""
+        manifest = self.manifest(version)
+        info = self.fs.get_file_info(self._file(manifest.weights_file))
+        ref = self._ref(manifest.weights_file)
+        if info.type != pafs.FileType.File:
+            raise CheckpointError(f"{ref}: weights file of policy version {version} is missing")
+        if info.size != manifest.size_bytes:
+            raise CheckpointError(
+                f"{ref}: {info.size} bytes, but its manifest says {manifest.size_bytes} (truncated or damaged "
+                "checkpoint)"
+            )
+        if self.local:
+            self._check_sha(file_sha256(self._file(manifest.weights_file)), manifest)
+        return manifest
+
     def _read_weights_file(self, manifest: CheckpointManifest) -> bytes:
         path = self._file(manifest.weights_file)
         if not self._exists(path):

@@ -51,16 +51,22 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def orphaned_folders(root: Path | None = None) -> list[Path]:
+    """The handoff folders under ``root`` (default ``/dev/shm``) whose trainer process no longer exists."""
+    root = SHARED_MEMORY if root is None else root
+    return sorted(
+        folder
+        for folder in root.glob(f"{PREFIX}*")
+        if (pid := folder.name.removeprefix(PREFIX)).isdigit() and not _alive(int(pid))
+    )
+
+
 def sweep_orphans(root: Path | None = None) -> list[Path]:
     """Remove the handoff folders under ``root`` (default ``/dev/shm``) whose trainer process no longer exists;
     returns them."""
-    root = SHARED_MEMORY if root is None else root
-    removed = []
-    for folder in root.glob(f"{PREFIX}*"):
-        pid = folder.name.removeprefix(PREFIX)
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder)
+    removed = orphaned_folders(root)
+    for folder in removed:
+        shutil.rmtree(folder, ignore_errors=True)
     return removed
 
 

@@ -37,12 +37,9 @@ class RunLock:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
-            holder = _holder(handle.read())
+            holder = handle.read()
             handle.close()
-            raise RunBusyError(
-                f"run {self.run_id!r} is already running ({holder}); wait for it to finish, stop it, or give another "
-                "run_id"
-            ) from None
+            raise _busy(self.run_id, holder) from None
         handle.seek(0)
         handle.truncate()
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
@@ -53,9 +50,53 @@ class RunLock:
 
     def __exit__(self, *exc: object) -> None:
         if self._file is not None:
+            self._file.truncate(0)  # no holder: a file that still names one was left by a killed flow
+            self._file.flush()
             fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
             self._file.close()
             self._file = None
+
+
+def check_not_busy(run_dir: str | os.PathLike[str], run_id: str) -> None:
+    """Raise :class:`RunBusyError` when a flow holds run ``run_id``'s lock now (a check before anything starts; it
+    creates nothing: a run without a lock file is free)."""
+    try:
+        handle = open(Path(run_dir) / "state" / "run.lock", encoding="utf-8")  # noqa: SIM115 - closed below
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    with handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _busy(run_id, handle.read()) from None
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def stale_locks(runs_root: str | os.PathLike[str]) -> list[Path]:
+    """The run locks under ``runs_root`` that name a holder but are not held: left by a flow that was killed
+    (SIGKILL ends the lock, not the file). They stop nothing; ``llmrl doctor --clean`` removes them."""
+    stale = []
+    for path in sorted(Path(runs_root).glob("*/state/run.lock")):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                if not handle.read().strip():
+                    continue
+                try:
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # held: a running flow
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        except OSError:
+            continue
+        stale.append(path)
+    return stale
+
+
+def _busy(run_id: str, lock_text: str) -> RunBusyError:
+    return RunBusyError(
+        f"run {run_id!r} is already running ({_holder(lock_text)}); wait for it to finish, stop it, or give another "
+        "run_id"
+    )
 
 
 def _holder(text: str) -> str:

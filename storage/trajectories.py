@@ -241,11 +241,18 @@ class TrajectoryStore:
         stored = self.versions(run_id)
         if not stored:
             raise ValueError(f"run {run_id!r} has no stored trajectories in {self.root}")
+        has = f"{stored[0]}..{stored[-1]}" if stored[-1] - stored[0] + 1 == len(stored) else str(stored)
         missing = sorted(set(versions) - set(stored))
         if missing:
             raise ValueError(
-                f"run {run_id!r} has no stored trajectories of version(s) {missing} in {self.root} (it has "
-                f"{stored[0]}..{stored[-1]})"
+                f"run {run_id!r} has no stored trajectories of version(s) {missing} in {self.root} (it has {has})"
+            )
+        gaps = sorted(set(range(stored[0], stored[-1] + 1)) - set(stored))
+        if not versions and gaps:  # a partition lost (deleted, or a copy that missed it): not trained on in silence
+            raise ValueError(
+                f"run {run_id!r} has no stored trajectories of version(s) {gaps} in {self.root} (it has {has}): a "
+                "version's partition is missing; restore it, or name the versions to use (e.g. versions="
+                f"{[v for v in stored][:4]})"
             )
         return list(versions) or stored
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from prefect.artifacts import create_link_artifact
@@ -51,7 +53,8 @@ def identify_run(run_id: str, first: int, last: int, lineage: Any) -> dict[str, 
     }
     try:
         with get_client(sync_client=True) as client:
-            tags = set(client.read_flow_run(flow_run_id).tags) | {"llmrl", f"run:{run_id}"}
+            crash_orphaned_flow_runs(client)
+            tags = set(client.read_flow_run(flow_run_id).tags) | {"llmrl", f"run:{run_id}", *_process_tags()}
             client.update_flow_run(flow_run_id, name=name, tags=sorted(tags))
         lineage.set_tags(
             {
@@ -74,20 +77,97 @@ def identify_run(run_id: str, first: int, last: int, lineage: Any) -> dict[str, 
 _CURRENT: dict[str, Any] = {}  # the flow run identify_run named last in this process
 
 
+def _process_tags() -> list[str]:
+    """The tags that say which process runs a flow run (``host:<name>``, ``pid:<pid>``), so a later start can tell
+    a flow run whose process was killed (SIGKILL reports nothing) from one still running."""
+    import os
+    import socket
+
+    return [f"host:{socket.gethostname()}", f"pid:{os.getpid()}"]
+
+
+def crash_orphaned_flow_runs(client: Any) -> list[str]:
+    """Mark Crashed each llmrl flow run that Prefect shows Running but whose process on this host is gone (killed
+    by SIGKILL or the OOM killer, it could not report its end); returns their names. Run at every flow's start, so
+    the UI's Running runs are true after the next run on the host."""
+    import datetime as dt
+    import socket
+
+    import psutil
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        FlowRunFilterTags,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Crashed
+
+    running = client.read_flow_runs(
+        flow_run_filter=FlowRunFilter(
+            tags=FlowRunFilterTags(all_=["llmrl", f"host:{socket.gethostname()}"]),
+            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING])),
+        )
+    )
+    crashed = []
+    for run in running:
+        pid = next((int(t[4:]) for t in run.tags if t.startswith("pid:") and t[4:].isdigit()), None)
+        if pid is None or _alive_since(psutil, pid, run.start_time or dt.datetime.now(dt.UTC)):
+            continue
+        message = f"its flow process (pid {pid}) ended without reporting (killed); found by the next run's start"
+        client.set_flow_run_state(run.id, Crashed(message=message), force=True)
+        crashed.append(run.name)
+    if crashed:
+        logging.getLogger(__name__).warning("flow runs whose process was killed, now marked Crashed: %s", crashed)
+    return crashed
+
+
+def _alive_since(psutil: Any, pid: int, started: Any) -> bool:
+    """Whether process ``pid`` exists and is older than ``started`` (a newer one reuses a dead run's pid)."""
+    try:
+        created = psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:  # a zombie too: it has ended
+        return False
+    except psutil.AccessDenied:  # another user's process: it exists
+        return True
+    return created <= started.timestamp() + 1
+
+
 def mark_stopped(reason: str) -> bool:
-    """Mark the flow run :func:`identify_run` named last as Cancelled (a run stopped by Ctrl-C or SIGTERM, which
-    Prefect would otherwise show as Crashed); returns whether it was marked. Its MLflow run is marked KILLED by
-    the lineage recorder itself."""
+    """Mark this process's current flow run (else the one :func:`identify_run` named last) Cancelled: a run stopped
+    by Ctrl-C or SIGTERM, which Prefect would otherwise show as Crashed; returns whether it was marked. Inside the
+    flow, Prefect's engine also learns the state, so it logs "Finished in state Cancelled" instead of "Crash
+    detected!". Its MLflow run is marked KILLED by the lineage recorder itself."""
     from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext
     from prefect.states import Cancelled
 
-    flow_run_id = _CURRENT.pop("flow_run_id", None)
+    context = FlowRunContext.get()
+    current = context.flow_run if context is not None else None
+    flow_run_id = _CURRENT.pop("flow_run_id", None) if current is None else current.id
     if flow_run_id is None:
         return False
     try:
         with get_client(sync_client=True) as client:
-            client.set_flow_run_state(flow_run_id, Cancelled(message=reason), force=True)
+            result = client.set_flow_run_state(flow_run_id, Cancelled(message=reason), force=True)
+        if current is not None and result.state is not None:
+            current.state = result.state  # the engine then sees a final state and reports no crash
+        _CURRENT.pop("flow_run_id", None)
         return True
     except Exception as err:  # the API may already be gone; the run's data are unaffected
         logging.getLogger(__name__).warning("could not mark flow run %s cancelled: %s", flow_run_id, err)
         return False
+
+
+@contextmanager
+def stops_cancel_the_flow_run() -> Iterator[None]:
+    """Around a flow's body: Ctrl-C (``KeyboardInterrupt``) or SIGTERM (Prefect's ``TerminationSignal``, or the
+    CLI's ``SystemExit``) marks the flow run Cancelled with what stopped it before the stop leaves the flow, so
+    the state history goes Running -> Cancelled with no Crashed between."""
+    from prefect.exceptions import TerminationSignal
+
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit, TerminationSignal) as stop:
+        mark_stopped("stopped by Ctrl-C" if isinstance(stop, KeyboardInterrupt) else "stopped by SIGTERM")
+        raise

@@ -69,6 +69,20 @@ def _start_cli_run(args: list[str], log=None, own_prefect_api: bool = False, **e
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("dev-shm")  # see tests/conftest.py
+def _flow_run_states(run_id: str) -> list:
+    """The states of run ``run_id``'s Prefect flow runs, oldest first."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[f"run:{run_id}"])),
+            sort=FlowRunSort.START_TIME_ASC,
+        )
+    return [run.state for run in runs]
+
+
 def test_a_killed_run_resumes_exactly_and_forks(tmp_path, default_model_path):
     """A real kill (SIGKILL to the flow process and its Dask workers) as soon as version 1 is committed, i.e. beside
     iteration 1's rollouts (version 2 is far from committed), then a resume: iteration 1 runs once, version 0's
@@ -102,6 +116,11 @@ def test_a_killed_run_resumes_exactly_and_forks(tmp_path, default_model_path):
     # resume with the same run id: only the unpublished iteration runs again
     summary = grpo(overrides=overrides)
     assert summary["published_version"] == 2
+    # the killed flow run could not report its end: the resumed run's start found its process gone and marked it
+    # Crashed, naming the pid (issue 71: it stayed Running for good)
+    states = _flow_run_states("t1")
+    assert [s.type.value for s in states] == ["CRASHED", "COMPLETED"], states
+    assert "ended without reporting (killed)" in states[0].message and f"pid {proc.pid}" in states[0].message
     # the run's trainer handed its weights to the engine through /dev/shm; the flow removed them on its way out (and
     # the killed trainer's were swept by the resumed one)
     assert sweep_orphans() == []
@@ -583,8 +602,13 @@ def test_a_stop_signal_ends_the_run_cleanly(tmp_path, how):
         (flow_run,) = prefect.read_flow_runs(
             flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[f"run:{run_id}"]))
         )
+        history = [state.type.value for state in prefect.read_flow_run_states(flow_run.id)]
     says = "stopped by SIGTERM" if how == "SIGTERM" else "stopped by Ctrl-C"
     assert flow_run.state.type.value == "CANCELLED" and flow_run.state.message == says
+    # straight from Running to Cancelled, and the console says no crash (issue 71: "Crash detected!" ERROR lines)
+    assert "CRASHED" not in history and history[-2:] == ["RUNNING", "CANCELLED"], history
+    console = (tmp_path / "flow.log").read_text()
+    assert "Crash detected" not in console and "Finished in state Cancelled" in console, console[-3000:]
 
 
 @pytest.mark.engine

@@ -62,6 +62,21 @@ def _data(tmp_path, name: str, text: str) -> str:
         # the main job's final evaluation reads task.eval_source after 10 minutes of training: checked up front
         (lambda d: ["task.eval_source=nope:test"], "task.eval_source: source 'nope:test'"),
         (lambda d: ["task.eval_source=" + _data(d, "noanswer.jsonl", '{"question": "1+1"}\n')], "no field 'answer'"),
+        # issue 71: each of these started the workers (or Prefect) before it failed
+        (lambda d: ["model=" + _model_folder(d, tokenizer=False)], "has no tokenizer (none of tokenizer.json"),
+        (lambda d: ["model=" + _model_folder(d, truncate=True)], "the file is truncated or damaged"),
+        (lambda d: ["runs_dir=/proc/llmrl-nope"], "runs_dir='/proc/llmrl-nope': its parent /proc cannot hold a new"),
+        (lambda d: ["data.source=" + str(d)], "is a folder; give one .jsonl or .parquet file in it"),
+        (
+            lambda d: ["data.source=" + _data(d, "two.jsonl", '{"question": "q", "answer": "1"}\n' * 2)],
+            "data.prompts_per_iteration=8 is more than data.source",
+        ),
+        (lambda d: ["iterations=0"], "iterations=0: must be >= 1"),
+        (
+            lambda d: ["env.transforms=[{python_interpreter: {timeout: abc}}]"],
+            "env.transforms.python_interpreter.timeout='abc': Input should be a valid number",
+        ),
+        (lambda d: ["dask.address=tcp://127.0.0.1:1"], "dask.address='tcp://127.0.0.1:1': no Dask scheduler answers"),
     ],
 )
 def test_grpo_bad_input_fails_before_anything_starts(cli, tmp_path, make_overrides, message, default_model_path):
@@ -72,7 +87,26 @@ def test_grpo_bad_input_fails_before_anything_starts(cli, tmp_path, make_overrid
     code, output = cli(*args)
     assert code == 2, output
     assert message in output
+    assert "Traceback" not in output and "temporary server" not in output
     assert _nothing_written(cli.runs)
+
+
+def _model_folder(where: Path, tokenizer: bool = True, truncate: bool = False) -> str:
+    """A model folder with a config, a safetensors file and (``tokenizer``) a tokenizer file; ``truncate``: the
+    weights file cut short, as an interrupted copy leaves it."""
+    import torch
+    from safetensors.torch import save_file
+
+    folder = where / f"model-{tokenizer}-{truncate}"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    if tokenizer:
+        (folder / "tokenizer.json").write_text("{}")
+    save_file({"w": torch.zeros(1024)}, str(folder / "model.safetensors"))
+    if truncate:
+        data = (folder / "model.safetensors").read_bytes()
+        (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+    return str(folder)
 
 
 def test_the_eval_source_is_read_only_when_a_final_evaluation_will_read_it(monkeypatch):
@@ -216,6 +250,7 @@ def test_a_resume_with_other_settings_is_refused_naming_them_before_anything_sta
     save_run_config(run_dir, recorded)
     marker_path(run_dir, 3).parent.mkdir()
     marker_path(run_dir, 3).write_text(json.dumps({"version": 3, "primer_state": None, "metrics": {}}))
+    _checkpoint(run_dir, 3)
     before = sorted(cli.runs.rglob("*"))
     code, output = cli("run", flow, "--set", "run_id=r1", "--set", "train.lr=0.5")
     assert code == 2, output
@@ -234,6 +269,82 @@ def test_a_resume_with_other_settings_is_refused_naming_them_before_anything_sta
     assert "runs_dir" in old_style
     save_run_config(run_dir, old_style)
     check_resume_config(load_config(config_cls, path, same))
+
+
+def _checkpoint(run_dir: Path, version: int) -> Path:
+    """A small checkpoint of ``version`` in the run's checkpoint store; the weights file's path."""
+    import torch
+
+    from storage.checkpoints import CheckpointStore
+
+    store = CheckpointStore(run_dir / "checkpoints")
+    store.save({"w": torch.arange(4096, dtype=torch.float32)}, version)
+    return Path(store.weights_path(version))
+
+
+def test_a_resume_whose_checkpoint_is_damaged_is_refused_before_anything_starts(cli):
+    """The checkpoint a resume loads is checked (manifest, size, sha256) by the CLI: a truncated or altered file is
+    one line naming it, exit 2, before the Prefect API or any worker starts (it was found after ~60 s of loading)."""
+    from llmrl_cli.run import MAIN_JOB
+    from llmrl_core.pipeline.config_io import load_config
+    from llmrl_core.pipeline.grpo_config import GRPOConfig
+    from tasks.commits import marker_path, save_run_config
+    from tasks.grpo_stages import lineage_config
+
+    run_dir = cli.runs / "r1"
+    save_run_config(run_dir, lineage_config(load_config(GRPOConfig, MAIN_JOB, ["run_id=r1"])))
+    marker_path(run_dir, 1).parent.mkdir()
+    marker_path(run_dir, 1).write_text(json.dumps({"version": 1, "primer_state": None, "metrics": {}}))
+    weights = _checkpoint(run_dir, 1)
+    data = weights.read_bytes()
+    weights.write_bytes(data[:-100])
+    code, output = cli("run", "grpo", "--set", "run_id=r1")
+    assert code == 2 and "Traceback" not in output, output
+    assert f"error: resuming run 'r1' at version 1: {weights}: " in output and "(truncated or damaged" in output
+    assert "temporary server" not in output
+    weights.write_bytes(data[:-4] + b"\x00\x00\x80\x7f")  # same size, one value changed
+    code, output = cli("run", "grpo", "--set", "run_id=r1")
+    assert code == 2 and "does not match the manifest's" in output and "(corrupt checkpoint)" in output, output
+    (run_dir / "checkpoints" / "policy_v000001.manifest.json").unlink()
+    code, output = cli("run", "grpo", "--set", "run_id=r1")
+    assert code == 2 and "no checkpoint for policy version 1" in output, output
+
+
+def test_a_busy_run_id_is_refused_before_prefect_starts(cli):
+    """A second flow on a run whose lock another process holds: one line naming the holder, exit 2, before the
+    Prefect API starts (no FAILED flow run left behind); the lock file is not created by the check."""
+    import subprocess
+    import sys
+
+    from storage.run_lock import check_not_busy
+
+    run_dir = cli.runs / "busy"
+    check_not_busy(run_dir, "busy")  # no lock file: free, and nothing created
+    assert not run_dir.exists()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from storage.run_lock import RunLock\n"
+         f"with RunLock({str(run_dir)!r}, 'busy'):\n    print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        code, output = cli("run", "grpo", "--set", "run_id=busy")
+        assert code == 2 and "Traceback" not in output, output
+        assert f"error: run 'busy' is already running (pid {holder.pid} on " in output
+        assert "temporary server" not in output and "Flow run" not in output
+    finally:
+        holder.kill()
+        holder.wait()
+    check_not_busy(run_dir, "busy")  # the holder gone: free again
+
+
+def test_a_config_section_written_as_a_list_is_named_with_its_file(cli, tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("data:\n  - source: gsm8k:train\n")
+    for extra in ([], ["--set", "data.source=gsm8k:train"]):
+        code, output = cli("run", "grpo", "--config", str(config), *extra)
+        assert code == 2 and "Traceback" not in output, output
+        assert f"error: {config}: data: expected a mapping of settings, got [{{'source': 'gsm8k:train'}}]" in output
 
 
 def test_a_run_that_trained_nothing_yet_says_how_to_start_it_over(tmp_path):

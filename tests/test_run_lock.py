@@ -37,6 +37,49 @@ def test_a_second_holder_is_refused_with_the_first_ones_pid(tmp_path):
         pass
 
 
+def test_a_killed_holders_lock_is_listed_and_cleaned_by_doctor(tmp_path, monkeypatch):
+    """A lock left by a killed flow names a holder nobody holds: `llmrl doctor` lists it (with the shared-memory
+    weights of a dead trainer) and `--clean` removes both; a lock left by a clean exit, or held, is not listed."""
+    from typer.testing import CliRunner
+
+    import storage.handoff
+    from llmrl_cli.main import app
+    from storage.run_lock import stale_locks
+
+    runs = tmp_path / "runs"
+    with RunLock(runs / "done", "done"):
+        pass
+    assert (runs / "done" / "state" / "run.lock").read_text() == ""  # a clean exit leaves no holder named
+    killed = subprocess.Popen([sys.executable, "-c", HOLD, str(runs / "killed")], stdout=subprocess.PIPE, text=True)
+    held = subprocess.Popen([sys.executable, "-c", HOLD, str(runs / "held")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert killed.stdout.readline().strip() == "held" and held.stdout.readline().strip() == "held"
+        killed.kill()
+        killed.wait()
+        stale = runs / "killed" / "state" / "run.lock"
+        assert stale_locks(runs) == [stale]
+        shm = tmp_path / "shm"
+        orphan = shm / f"llmrl-handoff-{killed.pid}"  # the dead process's pid: a trainer that is gone
+        orphan.mkdir(parents=True)
+        (orphan / "weights.bin").write_bytes(b"x" * 2**20)
+        (shm / f"llmrl-handoff-{os.getpid()}").mkdir()  # a live trainer's: kept
+        monkeypatch.setattr(storage.handoff, "SHARED_MEMORY", shm)
+        monkeypatch.setenv("LLMRL_RUNS_DIR", str(runs))
+        listed = CliRunner().invoke(app, ["doctor", "--skip-engine"])
+        assert "leftovers     1 shared-memory weight folder(s) of dead trainers (1 MiB), 1 stale run lock(s)" in (
+            listed.output
+        ), listed.output
+        assert str(orphan) in listed.output and str(stale) in listed.output and orphan.exists() and stale.exists()
+        cleaned = CliRunner().invoke(app, ["doctor", "--skip-engine", "--clean"])
+        assert "removed" in cleaned.output and not orphan.exists() and not stale.exists()
+        assert (shm / f"llmrl-handoff-{os.getpid()}").exists() and (runs / "held" / "state" / "run.lock").exists()
+        again = CliRunner().invoke(app, ["doctor", "--skip-engine"])
+        assert "leftovers     none" in again.output, again.output
+    finally:
+        held.kill()
+        held.wait()
+
+
 def test_the_grpo_flow_refuses_a_run_that_is_running(tmp_path):
     from flows.grpo import grpo
 

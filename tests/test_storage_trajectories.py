@@ -359,9 +359,16 @@ def test_chosen_versions_are_checked_against_the_store(tmp_path):
     store = TrajectoryStore(str(tmp_path / "store"))
     for version in (1, 3):
         store.write_shard("run-a", version, 0, make_records("run-a", version, n_prompts=1, group_size=2))
-    assert store.chosen_versions("run-a") == [1, 3] and store.chosen_versions("run-a", [3]) == [3]
-    with pytest.raises(ValueError, match=r"run 'run-a' has no stored trajectories of version\(s\) \[2\] .* 1\.\.3"):
+    assert store.chosen_versions("run-a", [1, 3]) == [1, 3] and store.chosen_versions("run-a", [3]) == [3]
+    with pytest.raises(ValueError, match=r"has no stored trajectories of version\(s\) \[2\] .*\(it has \[1, 3\]\)$"):
         store.chosen_versions("run-a", [2, 3])
+    # every version (the default) of a run with a partition missing between its first and last: refused, naming it
+    with pytest.raises(ValueError, match=r"version\(s\) \[2\] .*\(it has \[1, 3\]\): a version's partition is missing"):
+        store.chosen_versions("run-a")
+    store.write_shard("run-a", 2, 0, make_records("run-a", 2, n_prompts=1, group_size=2))
+    assert store.chosen_versions("run-a") == [1, 2, 3]
+    with pytest.raises(ValueError, match=r"version\(s\) \[4\] .*\(it has 1\.\.3\)$"):
+        store.chosen_versions("run-a", [4])
     with pytest.raises(ValueError, match=r"run 'run-b' has no stored trajectories in .*store"):
         store.chosen_versions("run-b")
 

@@ -105,6 +105,8 @@ def open_source(source: Any) -> RowSource:
         return source
     if isinstance(source, str | Path):
         path = Path(source)
+        if path.is_dir():
+            raise IsADirectoryError(f"prompt source {path} is a folder; give one .jsonl or .parquet file in it")
         if not path.is_file():
             raise FileNotFoundError(f"prompt source {path} does not exist (expected a .jsonl or .parquet file)")
         suffix = path.suffix.lower()

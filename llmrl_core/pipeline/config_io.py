@@ -254,7 +254,8 @@ def _override_value(raw: str, override: str) -> Any:
         raise ConfigError(f"override {override!r}: the value is not valid YAML ({problem}); quote it") from err
 
 
-def _apply_override(data: dict[str, Any], cls: type, override: str) -> None:
+def _apply_override(data: dict[str, Any], cls: type, override: str, source: Any = None) -> None:
+    """Put one ``section.key=value`` override into ``data`` (the settings read from ``source``, a config file)."""
     if "=" not in override:
         raise ConfigError(f"override {override!r} must look like section.key=value")
     dotted, raw = override.split("=", 1)
@@ -286,6 +287,11 @@ def _apply_override(data: dict[str, Any], cls: type, override: str) -> None:
             if not _is_dataclass_type(field_type):
                 raise ConfigError(f"{'.'.join(keys[: i + 1])} is not a section in override {override!r}")
             node = node.setdefault(key, {})
+            if not isinstance(node, dict):  # e.g. a config file's `data:` written as a list
+                raise ConfigError(
+                    f"{source or 'config'}: {'.'.join(keys[: i + 1])}: expected a mapping of settings, got "
+                    f"{node!r:.80}; cannot apply --set {override}"
+                )
             node_cls = field_type
 
 
@@ -337,7 +343,7 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Iterabl
     data = _merged(data, settings_mapping(settings))
     overrides = list(overrides)
     for override in overrides:
-        _apply_override(data, cls, override)
+        _apply_override(data, cls, override, path)
     try:
         return build(cls, data)
     except ConfigError as err:

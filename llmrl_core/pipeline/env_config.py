@@ -204,6 +204,33 @@ def _check_options(target: Any, options: Mapping[str, Any], where: str) -> None:
     unknown = sorted(set(options) - set(signature.parameters))
     if unknown:
         raise ValueError(f"{where}: unknown option(s) {unknown}; valid: {sorted(signature.parameters)}")
+    _check_option_types(target, options, where)
+
+
+def _check_option_types(target: Any, options: Mapping[str, Any], where: str) -> None:
+    """Each option's value fits its parameter's annotation (pydantic's lax validation: ``5`` for a float passes,
+    ``"abc"`` does not), so a wrong type is named here rather than as a TypeError on a worker; parameters whose
+    annotations cannot be resolved or checked are left to the class."""
+    import typing
+
+    from pydantic import ConfigDict, TypeAdapter, ValidationError
+
+    try:
+        hints = typing.get_type_hints(target.__init__ if isinstance(target, type) else target)
+    except Exception:  # an annotation that names what this process cannot import
+        return
+    for name, value in options.items():
+        if name not in hints:
+            continue
+        try:
+            adapter = TypeAdapter(hints[name], config=ConfigDict(arbitrary_types_allowed=True))
+        except Exception:  # a type pydantic has no schema for
+            continue
+        try:
+            adapter.validate_python(value)
+        except ValidationError as err:
+            reason = err.errors()[0]["msg"] if err.errors() else str(err)
+            raise ValueError(f"{where}.{name}={value!r}: {reason}") from None
 
 
 def validate_env_config(cfg: EnvConfig) -> None:

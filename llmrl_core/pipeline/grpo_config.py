@@ -388,8 +388,11 @@ class GRPOConfig:
     progress: bool = True  # progress bars: iterations (flow), rollout prompts (vLLM), train micro-batches
 
     def __post_init__(self) -> None:
-        if self.iterations < 0:
-            raise ValueError("iterations must be >= 0")
+        if self.iterations < 1:
+            raise ValueError(
+                f"iterations={self.iterations}: must be >= 1 (the run's last version; version 0 is the base model, "
+                "which trains nothing): to sample or score the base model, use `llmrl run collect`"
+            )
         from llmrl_core.objectives import GRPOLoss
         from llmrl_core.pipeline.components import check_components
 

@@ -96,6 +96,7 @@ def check_model(model: Any, setting: str = "model") -> None:
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise PreflightError(f"{setting}: {path} is a folder but has no config.json (not a Hugging Face model)")
+        check_model_files(path, setting)
         return
     if path.exists():
         raise PreflightError(f"{setting}: {path} is a file; give the model's folder (the one with config.json)")
@@ -116,11 +117,66 @@ def check_model(model: Any, setting: str = "model") -> None:
         )
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model", "vocab.txt")
+
+
+def check_model_files(path: Path, setting: str = "model") -> None:
+    """A local model folder is complete: a tokenizer, weights, and every safetensors file whole (its header reads
+    and its size is the header's length plus the tensors' bytes), so a folder copied in part is refused here, not
+    after the workers started loading it."""
+    import json
+    import struct
+
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise PreflightError(
+            f"{setting}: {path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); copy the model's tokenizer "
+            "files into the folder (`tokenizer.save_pretrained(folder)`)"
+        )
+    shards = sorted(path.glob("*.safetensors"))
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            wanted = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise PreflightError(f"{setting}: {index} is not a readable safetensors index ({err})") from err
+        missing = [name for name in wanted if not (path / name).is_file()]
+        if missing:
+            raise PreflightError(f"{setting}: {path} lacks {missing[:3]} (listed in {index.name})")
+    if not shards and not any(path.glob("pytorch_model*.bin")) and not any(path.glob("*.pt")):
+        raise PreflightError(f"{setting}: {path} has no weights (no *.safetensors or pytorch_model*.bin)")
+    for shard in shards:
+        size = shard.stat().st_size
+        try:
+            with shard.open("rb") as handle:
+                (length,) = struct.unpack("<Q", handle.read(8))
+                header = json.loads(handle.read(length)) if 0 < length <= min(size - 8, 100_000_000) else None
+        except (OSError, ValueError, struct.error):
+            header = None
+        if not isinstance(header, dict):
+            raise PreflightError(f"{setting}: {shard} is not a readable safetensors file (its header does not read)")
+        try:
+            end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
+        except (KeyError, IndexError, TypeError) as err:
+            raise PreflightError(f"{setting}: {shard}: a tensor entry of its header is malformed ({err!r})") from err
+        if size != 8 + length + end:
+            raise PreflightError(
+                f"{setting}: {shard} is {size} bytes, but its header says {8 + length + end}: the file is truncated "
+                "or damaged; copy it again"
+            )
+
+
 def source_rows(
     source: str, setting: str, limit: int = FIRST_ROWS, env_options: Mapping[str, Any] | None = None
 ) -> list[dict[str, Any]]:
     """The first ``limit`` rows of a data source string (clear errors for unknown schemes, bad files, no rows);
     ``env_options``: the run's ``env.args`` (behind ``reasoning_gym:`` sources)."""
+    return _opened(source, setting, limit, env_options)[0]
+
+
+def _opened(
+    source: str, setting: str, limit: int = FIRST_ROWS, env_options: Mapping[str, Any] | None = None
+) -> tuple[list[dict[str, Any]], int]:
+    """:func:`source_rows`, and how many rows the source has."""
     from llmrl_core.builtin_data.sources import resolve_source
     from llmrl_core.envs.data_sources import open_source
 
@@ -140,7 +196,7 @@ def source_rows(
         raise PreflightError(f"{setting}: {err}") from err
     if count == 0:
         raise PreflightError(f"{setting}: {source!r} has no rows")
-    return first
+    return first, count
 
 
 def check_rows(rows: Iterable[dict[str, Any]], fields: Iterable[str], where: str) -> None:
@@ -186,11 +242,11 @@ def final_eval_source(cfg: Any) -> str:
     return held_out_source(cfg.env.name, cfg.task.eval_source)
 
 
-def check_source(
-    source: str, fields: Iterable[str], setting: str, env_options: Mapping[str, Any] | None = None
-) -> None:
-    """The source opens, has rows, and its first rows carry ``fields`` as non-empty strings."""
-    check_rows(source_rows(source, setting, env_options=env_options), tuple(fields), f"{setting} {source!r}")
+def check_source(source: str, fields: Iterable[str], setting: str, env_options: Mapping[str, Any] | None = None) -> int:
+    """The source opens, has rows, and its first rows carry ``fields`` as non-empty strings; its number of rows."""
+    rows, count = _opened(source, setting, env_options=env_options)
+    check_rows(rows, tuple(fields), f"{setting} {source!r}")
+    return count
 
 
 TRACKING_SCHEMES = ("sqlite", "file", "http", "https", "databricks", "databricks-uc", "uc", "postgresql", "mysql",
@@ -217,9 +273,18 @@ def _writable_folder(path: Path, setting: str) -> None:
         existing = existing.parent
     if existing.exists() and not existing.is_dir():
         raise PreflightError(f"{setting}={str(path)!r}: {existing} is a file, not a folder")
+    where = "it" if existing == path else f"its parent {existing}"
     if not os.access(existing, os.W_OK | os.X_OK):
-        where = "it" if existing == path else f"its parent {existing}"
         raise PreflightError(f"{setting}={str(path)!r}: {where} is not writable by this user; choose another folder")
+    import tempfile
+
+    try:  # a file made and removed at once: root passes os.access even where nothing can be written (/proc, ro mounts)
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".llmrl-write-probe-"):
+            pass
+    except OSError as err:
+        raise PreflightError(
+            f"{setting}={str(path)!r}: {where} cannot hold a new file ({err.strerror or err}); choose another folder"
+        ) from err
 
 
 def check_runs_dir(runs_dir: Any, setting: str = "runs_dir") -> None:
@@ -250,6 +315,34 @@ def check_runs_dir(runs_dir: Any, setting: str = "runs_dir") -> None:
             ) from err
 
 
+def check_dask_address(address: Any, setting: str = "dask.address", timeout: float = 3.0) -> None:
+    """A scheduler answers at ``address`` (a TCP connection within ``timeout`` seconds): an address with nothing
+    behind it is said in one line before the run writes or starts anything (Dask itself retries for its connect
+    timeout, then fails inside the flow)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    if not address:
+        return
+    text = str(address)
+    parts = urlsplit(text if "://" in text else f"tcp://{text}")
+    if parts.scheme not in ("tcp", "tls"):
+        return  # inproc://, ucx://: nothing to probe from here
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError as err:
+        raise PreflightError(f"{setting}={text!r}: not a host:port address ({err})") from err
+    if not host or port is None:
+        raise PreflightError(f"{setting}={text!r}: give the scheduler's host and port, e.g. tcp://10.0.0.5:8786")
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as err:
+        raise PreflightError(
+            f"{setting}={text!r}: no Dask scheduler answers there ({err.strerror or err}); start one (`dask "
+            "scheduler`) and its workers, or leave dask.address unset for a local cluster"
+        ) from err
+
+
 def check_grpo_training(cfg: Any) -> None:
     """Settings under which GRPO would run and learn nothing: one sample per group (every advantage is 0), a
     micro-batch budget smaller than one answer."""
@@ -278,11 +371,18 @@ def preflight(cfg: Any, *, training: bool = True) -> None:
     check_model(cfg.model)
     check_runs_dir(cfg.runs_dir)
     check_tracking_uri(getattr(cfg, "tracking_uri", None))
+    check_dask_address(getattr(getattr(cfg, "dask", None), "address", None))
     if isinstance(cfg, GRPOConfig):
         check_context_length(cfg.model, cfg.rollout.max_model_len)
         if training:
             check_grpo_training(cfg)
-        check_source(cfg.data.source, env_fields(cfg.env), "data.source", cfg.env.options)
+        rows = check_source(cfg.data.source, env_fields(cfg.env), "data.source", cfg.env.options)
+        if rows < cfg.data.prompts_per_iteration:
+            raise PreflightError(
+                f"data.prompts_per_iteration={cfg.data.prompts_per_iteration} is more than data.source "
+                f"{cfg.data.source!r} has ({rows} rows): a batch would hold the same prompt twice; set "
+                f"data.prompts_per_iteration <= {rows} (data.group_size sets how often each prompt is sampled)"
+            )
         if training and cfg.final_eval.questions > 0:  # read after training: a bad one would cost the whole run
             check_source(final_eval_source(cfg), env_fields(cfg.env), "task.eval_source", cfg.env.options)
     elif isinstance(cfg, SFTConfig):
