@@ -50,7 +50,13 @@ def run_flow(flow: Any, **parameters: Any) -> Any:
         except (KeyboardInterrupt, SystemExit) as stop:
             from tasks.run_identity import mark_stopped
 
-            mark_stopped("stopped by SIGTERM" if isinstance(stop, SystemExit) else "stopped by Ctrl-C")
+            how = "SIGTERM" if isinstance(stop, SystemExit) else "Ctrl-C"
+            mark_stopped(f"stopped by {how}")  # a stop before the flow marked it itself
+            typer.echo(
+                f"stopped by {how}: published versions are kept (Prefect: Cancelled, MLflow: KILLED); the same "
+                "command resumes after the last one",
+                err=True,
+            )
             raise
 
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 import re
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from prefect.artifacts import create_link_artifact
+from prefect.exceptions import Pause
 
 from tasks.ui_state import running_ui
 
@@ -134,19 +136,21 @@ def _alive_since(psutil: Any, pid: int, started: Any) -> bool:
 
 
 def mark_stopped(reason: str) -> bool:
-    """Mark this process's current flow run (else the one :func:`identify_run` named last) Cancelled: a run stopped
-    by Ctrl-C or SIGTERM, which Prefect would otherwise show as Crashed; returns whether it was marked. Inside the
-    flow, Prefect's engine also learns the state, so it logs "Finished in state Cancelled" instead of "Crash
-    detected!". Its MLflow run is marked KILLED by the lineage recorder itself."""
+    """Mark this process's current flow run (else the one :func:`identify_run` named last) Cancelled, and its task
+    run in progress: a run stopped by Ctrl-C or SIGTERM, which Prefect would otherwise show as Crashed; returns
+    whether it was marked. Inside the flow, Prefect's engines also learn the states, so they report no crash. Its
+    MLflow run is marked KILLED by the lineage recorder itself."""
     from prefect.client.orchestration import get_client
-    from prefect.context import FlowRunContext
+    from prefect.context import FlowRunContext, TaskRunContext
     from prefect.states import Cancelled
 
-    context = FlowRunContext.get()
-    current = context.flow_run if context is not None else None
+    flow_context, task_context = FlowRunContext.get(), TaskRunContext.get()
+    current = flow_context.flow_run if flow_context is not None else None
     flow_run_id = _CURRENT.pop("flow_run_id", None) if current is None else current.id
     if flow_run_id is None:
         return False
+    if task_context is not None and task_context.task_run is not None:
+        _cancel_task_run(task_context.task_run, reason)
     try:
         with get_client(sync_client=True) as client:
             result = client.set_flow_run_state(flow_run_id, Cancelled(message=reason), force=True)
@@ -159,15 +163,67 @@ def mark_stopped(reason: str) -> bool:
         return False
 
 
+def _cancel_task_run(task_run: Any, reason: str) -> None:
+    """Mark the task run in progress Cancelled as Prefect's task engine marks its states: in the run object it
+    holds, and by the state-change event the API records task states from (task runs are not set through the API)."""
+    from prefect.states import Cancelled
+    from prefect.utilities.engine import emit_task_run_state_change_event
+
+    last = task_run.state
+    task_run.state = new = Cancelled(message=reason)
+    new.state_details.task_run_id = task_run.id
+    new.state_details.flow_run_id = task_run.flow_run_id
+    task_run.state_id, task_run.state_type, task_run.state_name = new.id, new.type, new.name
+    try:
+        emit_task_run_state_change_event(task_run=task_run, initial_state=last, validated_state=new)
+    except Exception as err:  # the events client may be gone; the run's data are unaffected
+        logging.getLogger(__name__).warning("could not mark task run %s cancelled: %s", task_run.name, err)
+
+
+class StoppedByCtrlC(Pause, KeyboardInterrupt):
+    """Ctrl-C inside a flow: a ``KeyboardInterrupt`` that Prefect's task engine passes on without calling it a
+    crash (it is also a Prefect control signal), raised once the run is marked Cancelled."""
+
+
+class StoppedBySigterm(Pause, SystemExit):
+    """SIGTERM inside a flow: ``SystemExit(143)``, passed on by Prefect's task engine as :class:`StoppedByCtrlC`."""
+
+
+def _stop(signum: int, _frame: object) -> None:
+    ctrl_c = signum == signal.SIGINT
+    mark_stopped("stopped by Ctrl-C" if ctrl_c else "stopped by SIGTERM")
+    raise StoppedByCtrlC() if ctrl_c else StoppedBySigterm(128 + signum)
+
+
 @contextmanager
 def stops_cancel_the_flow_run() -> Iterator[None]:
-    """Around a flow's body: Ctrl-C (``KeyboardInterrupt``) or SIGTERM (Prefect's ``TerminationSignal``, or the
-    CLI's ``SystemExit``) marks the flow run Cancelled with what stopped it before the stop leaves the flow, so
-    the state history goes Running -> Cancelled with no Crashed between."""
+    """Around a flow's body: Ctrl-C or SIGTERM marks the flow run and its task run in progress Cancelled, with what
+    stopped them, before the stop is raised (as :class:`StoppedByCtrlC` / :class:`StoppedBySigterm`), so each
+    state history goes Running -> Cancelled with no Crashed and the console shows no "Crash detected!". Outside the
+    main thread (no signal handlers there), a stop that arrives as an exception is marked on its way out."""
     from prefect.exceptions import TerminationSignal
 
     try:
+        previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread
+        previous = {}
+    task_lines = logging.getLogger("prefect.task_runs")
+    task_lines.addFilter(_cancelled_is_not_an_error)
+    try:
         yield
+    except (StoppedByCtrlC, StoppedBySigterm):
+        raise
     except (KeyboardInterrupt, SystemExit, TerminationSignal) as stop:
         mark_stopped("stopped by Ctrl-C" if isinstance(stop, KeyboardInterrupt) else "stopped by SIGTERM")
         raise
+    finally:
+        task_lines.removeFilter(_cancelled_is_not_an_error)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _cancelled_is_not_an_error(record: logging.LogRecord) -> bool:
+    """Prefect logs every task run that did not complete at ERROR; one the user stopped is logged at INFO."""
+    if record.levelno == logging.ERROR and str(record.msg).startswith("Finished in state Cancelled("):
+        record.levelno, record.levelname = logging.INFO, "INFO"
+    return True
