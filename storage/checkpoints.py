@@ -297,7 +297,7 @@ class CheckpointStore:
         self.fs.create_dir(self._dir, recursive=True)
         name = self._weights_name(policy_version)
         _remove_quietly(self.fs, self._file(self._manifest_name(policy_version)))
-        header = {"policy_version": str(policy_version), "format": "llmrl"}
+        header = {"format": "llmrl"}  # the version is the manifest's: the same weights give the same file and sha256
         sha: str | None = None
         size: int | None = None
         if self.local:

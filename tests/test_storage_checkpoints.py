@@ -341,3 +341,21 @@ def test_the_rollout_actor_loads_a_remote_checkpoint_through_the_store(remote_ro
     from safetensors.torch import load
 
     assert torch.equal(load(received[0])["embed"], _tied(3)["embed"])
+
+
+def test_bit_identical_weights_give_the_same_file_and_sha256(tmp_path):
+    """The weights file holds the tensors and nothing about when or as which version they were saved (issue 71:
+    bit-identical weights, e.g. a version trained on no signal, gave a new sha256), so equal weights hash equally
+    across versions, stores and tensor order; a changed value changes it."""
+    import torch
+
+    weights = {"b": torch.ones(3), "a": torch.arange(4.0), "tied": None}
+    weights["tied"] = weights["b"]
+    first = CheckpointStore(tmp_path / "one").save(weights, 1)
+    reordered = {"a": torch.arange(4.0), "b": torch.ones(3)}
+    reordered["tied"] = reordered["b"]
+    later = CheckpointStore(tmp_path / "two").save(reordered, 7, parent_version=6)
+    assert first.sha256 == later.sha256 and first.size_bytes == later.size_bytes
+    changed = {**reordered, "a": torch.arange(4.0) + 1e-6}
+    assert CheckpointStore(tmp_path / "three").save(changed, 1).sha256 != first.sha256
+
