@@ -44,6 +44,7 @@ from tasks.fork import resolve_fork, start_from_fork
 from tasks.iteration_log import (
     agreement_off_line,
     bar_postfix,
+    failed_agent_episodes,
     failed_episodes_line,
     iteration_lines,
     iteration_metrics,
@@ -276,6 +277,14 @@ def _iteration(
     arrived = ahead.take(version)
     batch, shards = arrived.batch, arrived.shards
     sampled = batch.policy_version
+    failed_line, failed_share = failed_agent_episodes(sampled, shards)
+    if failed_line and failed_share > cfg.rollout.max_failed_fraction:  # before it trains: a resume samples again
+        raise stages.EpisodesFailed(
+            f"{failed_line}: more than rollout.max_failed_fraction={cfg.rollout.max_failed_fraction} of the batch "
+            f"failed, so the run stopped at version {version}"
+        )
+    if failed_line:
+        log.warning(failed_line)
     ref_info = stages.score_reference(run.trainer, batch.staging_uri, sampled) if cfg.train.kl_coef > 0 else {}
     written = stages.write_trajectories(cfg, batch.staging_uri, run.store_uri, sampled, batch.shard_prefix)
     t_train = time.perf_counter()

@@ -86,6 +86,11 @@ def load_prompts(cfg: GRPOConfig, primer_state: dict | None) -> tuple[list[Promp
     return rows, primer.state_dict()
 
 
+class EpisodesFailed(UserCodeError):
+    """More of a batch's agent episodes failed than ``rollout.max_failed_fraction`` allows: the message gives the
+    counts by kind and an example."""
+
+
 class AgreementOff(RuntimeError):
     """``train.agreement_stop``: the sampler's and the trainer's log-probs of a batch differ by more than
     ``train.agreement_warn``; the run stops before the version trained on it is published."""

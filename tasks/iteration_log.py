@@ -142,6 +142,27 @@ def agreement_off_line(version: int, metrics: dict[str, Any], cfg: GRPOConfig) -
     )
 
 
+def failed_agent_episodes(version: int, shards: list[dict]) -> tuple[str | None, float]:
+    """The line for a batch in which agent episodes failed ("version 3: 16 episodes: 4 trained, 12 failed
+    (4 bad_result, 4 crash, 4 timeout), e.g. ..."), and the failed share; (None, 0.0) when none failed."""
+    episodes = sum(s.get("agent_episodes", 0.0) for s in shards)
+    failed = sum(s.get("agent_failures", 0.0) for s in shards)
+    if not failed:
+        return None, 0.0
+    kinds: dict[str, float] = {}
+    for shard in shards:
+        for key, count in shard.items():
+            if key.startswith("agent_failures_"):
+                kinds[key.removeprefix("agent_failures_")] = kinds.get(key.removeprefix("agent_failures_"), 0) + count
+    how = ", ".join(f"{count:.0f} {kind}" for kind, count in sorted(kinds.items()))
+    example = next((e for s in shards for e in s.get("agent_failure_examples", [])), None)
+    line = (
+        f"version {version}: {episodes:.0f} episodes: {episodes - failed:.0f} trained, {failed:.0f} failed ({how})"
+        + (f", e.g. {example[:300]}" if example else "")
+    )
+    return line, failed / episodes if episodes else 1.0
+
+
 def failed_episodes_line(version: int, shards: list[dict]) -> str | None:
     """The warning for a batch in which some episodes' reward functions failed (skipped), with an example."""
     failed = sum(s.get("reward_errors", 0.0) for s in shards)

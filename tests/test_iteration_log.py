@@ -73,6 +73,25 @@ def test_the_warnings_say_what_is_off():
     )
 
 
+def test_failed_agent_episodes_are_counted_by_kind_with_an_example():
+    """Issue 71: a batch whose agent episodes failed said "4 rollouts" and nothing else; the line counts every
+    episode, trained and failed by kind, and gives the failed share the run's limit is checked against."""
+    from tasks.iteration_log import failed_agent_episodes
+
+    assert failed_agent_episodes(3, SHARDS) == (None, 0.0)
+    shards = [
+        {"agent_episodes": 8.0, "agent_failures": 6.0, "agent_failures_crash": 4.0, "agent_failures_timeout": 2.0,
+         "agent_failure_examples": ["p3-1: crash: ValueError: boom"]},
+        {"agent_episodes": 8.0, "agent_failures": 6.0, "agent_failures_bad_result": 4.0, "agent_failures_crash": 2.0},
+    ]  # fmt: skip
+    line, share = failed_agent_episodes(3, shards)
+    assert line == (
+        "version 3: 16 episodes: 4 trained, 12 failed (4 bad_result, 6 crash, 2 timeout), e.g. p3-1: crash: "
+        "ValueError: boom"
+    )
+    assert share == 0.75 and share > GRPOConfig().rollout.max_failed_fraction  # the default stops such a batch
+
+
 def test_the_cuda_memory_line_shows_the_largest_engine_and_the_trainer():
     """On a GPU each shard reports its engine's peak CUDA memory and the train step the trainer's: the row keeps
     the largest engine's, and a line sets both beside each other (none on CPU)."""

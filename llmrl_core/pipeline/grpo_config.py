@@ -76,6 +76,10 @@ class RolloutConfig:
     # fails (its own episode only)
     agent_concurrency: int = 8
     agent_timeout_s: float = 120.0
+    # the share of a batch's agent episodes that may fail (crash, timeout, bad result) before the run stops with the
+    # counts and an example; up to it, the failures are named in a warning and the rest trains (1: stop only when
+    # every episode failed)
+    max_failed_fraction: float = 0.5
     # The engine: "vllm" (the default and the fast path) or "transformers" (model.generate behind the same actor
     # interface, for machines where vLLM is not installed; weights reach it by checkpoint or CUDA IPC, no tensor
     # parallelism)
@@ -125,6 +129,12 @@ class RolloutConfig:
             "rollout.agent_timeout_s",
             "must be > 0 (seconds one agent episode may take)",
             self.agent_timeout_s,
+        )
+        _check(
+            isinstance(self.max_failed_fraction, int | float) and 0 <= self.max_failed_fraction <= 1,
+            "rollout.max_failed_fraction",
+            "must be in [0, 1] (the share of a batch's agent episodes that may fail)",
+            self.max_failed_fraction,
         )
         _check(
             self.tensor_parallel_size >= 1,
