@@ -48,9 +48,10 @@ from tasks.evaluate import (
     run_task,
     write_report,
 )
+from tasks.run_identity import tag_flow_run
 
 
-@flow(name="evaluate")
+@flow(name="evaluate", flow_run_name="{run_id} evaluate")  # named like the run it evaluates (not at random)
 def evaluate(
     run_id: str,
     versions: list[int] | str = "all",
@@ -91,6 +92,7 @@ def evaluate(
             f"backend: run {run_id!r} trained the {what}, which talks to an OpenAI-compatible endpoint that only a "
             "vLLM engine serves; evaluate it with backend=vllm"
         )
+    tag_flow_run("llmrl", f"run:{run_id}", "evaluation")  # found with the run's own flow runs in the UI
     logger = get_run_logger()
     if k_values is None:
         k_values = [1, n_samples] if n_samples > 1 else [1]

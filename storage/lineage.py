@@ -62,7 +62,6 @@ RUN_TAG = "llmrl_run_id"
 PIPELINE_TAG = "llmrl_pipeline"
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 CONFIG_HASH_TAG = "llmrl_config_hash"
-MODEL_NAME = "policy"
 MAX_PARAM_LEN = 6000
 
 
@@ -409,7 +408,7 @@ class LineageRecorder:
         }
         model = self.client.create_logged_model(
             self.experiment_id,
-            name=MODEL_NAME,
+            name=f"{self.run_id}-v{policy_version}",  # the MLflow UI lists models by name: say which version
             source_run_id=self.mlflow_run_id,
             tags=tags,
             params={k[:250]: v[:MAX_PARAM_LEN] for k, v in record["params"].items()},

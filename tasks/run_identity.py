@@ -79,6 +79,22 @@ def identify_run(run_id: str, first: int, last: int, lineage: Any) -> dict[str, 
 _CURRENT: dict[str, Any] = {}  # the flow run identify_run named last in this process
 
 
+def tag_flow_run(*tags: str) -> None:
+    """Add ``tags`` to the current Prefect flow run (nothing outside a flow run; a failure is logged, not raised)."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    flow_run_id = flow_run.get_id()
+    if flow_run_id is None:
+        return
+    try:
+        with get_client(sync_client=True) as client:
+            current = set(client.read_flow_run(flow_run_id).tags)
+            client.update_flow_run(flow_run_id, tags=sorted(current | set(tags)))
+    except Exception as err:  # a tag must never fail a run
+        logging.getLogger(__name__).warning("could not tag flow run %s: %s", flow_run_id, err)
+
+
 def _process_tags() -> list[str]:
     """The tags that say which process runs a flow run (``host:<name>``, ``pid:<pid>``), so a later start can tell
     a flow run whose process was killed (SIGKILL reports nothing) from one still running."""

@@ -36,7 +36,12 @@ async def artifact_keys():
     async with get_client() as client:
         return sorted({a.key for a in await client.read_artifacts() if a.key})
 
-print("RESULT " + json.dumps({"first": first, "second": second, "artifacts": asyncio.run(artifact_keys())}))
+async def flow_runs():
+    async with get_client() as client:
+        return [{"name": r.name, "tags": sorted(r.tags)} for r in await client.read_flow_runs()]
+
+print("RESULT " + json.dumps({"first": first, "second": second, "artifacts": asyncio.run(artifact_keys()),
+                             "flow_runs": asyncio.run(flow_runs())}))
 """
 
 
@@ -157,6 +162,8 @@ def test_report_mlflow_and_prefect_artifacts(flow_run):
     assert len(client.list_artifacts(run_id, "results")) == 2
     key = f"evaluate-{RUN_ID}"
     assert {f"{key}-table", f"{key}-curves", f"{key}-report"} <= set(out["artifacts"])
+    # the evaluation's flow runs are named and tagged like the run they evaluate, not at random (issue 71)
+    assert out["flow_runs"] == [{"name": f"{RUN_ID} evaluate", "tags": ["evaluation", "llmrl", f"run:{RUN_ID}"]}] * 2
 
 
 def test_version_selection_and_base_weights(tmp_path, default_model_path):

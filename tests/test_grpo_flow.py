@@ -70,7 +70,7 @@ def _start_cli_run(args: list[str], log=None, own_prefect_api: bool = False, **e
 @pytest.mark.slow
 @pytest.mark.xdist_group("dev-shm")  # see tests/conftest.py
 def _flow_run_states(run_id: str) -> list:
-    """The states of run ``run_id``'s Prefect flow runs, oldest first."""
+    """The states of run ``run_id``'s Prefect training flow runs (not its evaluations), oldest first."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
     from prefect.client.schemas.sorting import FlowRunSort
@@ -80,7 +80,7 @@ def _flow_run_states(run_id: str) -> list:
             flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[f"run:{run_id}"])),
             sort=FlowRunSort.START_TIME_ASC,
         )
-    return [run.state for run in runs]
+    return [run.state for run in runs if "evaluation" not in run.tags]
 
 
 def test_a_killed_run_resumes_exactly_and_forks(tmp_path, default_model_path):

@@ -358,4 +358,3 @@ def test_bit_identical_weights_give_the_same_file_and_sha256(tmp_path):
     assert first.sha256 == later.sha256 and first.size_bytes == later.size_bytes
     changed = {**reordered, "a": torch.arange(4.0) + 1e-6}
     assert CheckpointStore(tmp_path / "three").save(changed, 1).sha256 != first.sha256
-

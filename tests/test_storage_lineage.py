@@ -95,6 +95,7 @@ def test_metrics_params_and_models_are_found_by_policy_version(recorded):
         [recorder.experiment_id], filter_string="tags.llmrl_run_id = 'run-a' AND tags.policy_version = '2'"
     )
     assert model.tags["parent_version"] == "1" and model.params["iteration"] == "1"
+    assert model.name == "run-a-v2"  # named by run and version, not all "policy" (issue 71)
     manifest = CheckpointStore(Path(recorder.run_dir) / "checkpoints").manifest(2)
     assert model.tags["checkpoint_sha256"] == manifest.sha256
     assert model.tags["parent_model_id"] == recorder.find_model_id(1)
