@@ -113,6 +113,8 @@ def ui(
         "PREFECT_HOME": os.environ.get("PREFECT_HOME", str(prefect_home())),
         "PREFECT_API_URL": api_url,
         "LLMRL_RUNS_DIR": str(runs_root),
+        # MLflow's job runner (GenAI judges and scorers; 7 processes, ~1 GB) only when asked for: llmrl uses none
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": os.environ.get("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false"),
     }
     Path(env["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
     bin_dir = Path(sys.executable).parent

@@ -345,7 +345,11 @@ ADDED_LATER = {
 
 
 # Settings that only say how a flow run resumes, heals or stops: never part of what a version is.
-BEHAVIOUR_ONLY = {"train": ("resume_without_state", "agreement_stop"), "dask": ("restarts", "join_wait_s")}
+BEHAVIOUR_ONLY = {
+    "train": ("resume_without_state", "agreement_stop"),
+    "dask": ("restarts", "join_wait_s"),
+    "rollout": ("max_failed_fraction",),
+}
 # Settings that only say where a run's files, records and console output go ("": the top level): a run moved to
 # another folder or store, joined to another cluster or resumed without progress bars is the same run. Runs
 # recorded before these left the hash still resume: the flows accept the hash of

@@ -25,48 +25,29 @@ def test_a_crashing_and_a_hung_episode_fail_alone_in_the_flow(tmp_path, monkeypa
     from storage.trajectories import TrajectoryStore
 
     monkeypatch.syspath_prepend(str(AGENTS))
-    runs = tmp_path / "runs"
     from tasks.grpo_stages import EpisodesFailed
 
+    runs = tmp_path / "runs"
+    settings = [
+        f"runs_dir={runs}",
+        "progress=false",
+        "iterations=1",
+        "data.source=arithmetic:train",
+        "data.prompts_per_iteration=2",
+        "data.group_size=3",
+        "env.agent=calculator_agent:flaky",
+        "rollout.agent_concurrency=6",
+        "rollout.agent_timeout_s=25",
+        "rollout.max_new_tokens=16",
+        "rollout.dtype=float32",
+        "train.mixed_precision=no",
+    ]
     try:
         # more failed than rollout.max_failed_fraction allows: the run stops before training, naming the counts
         with pytest.raises(EpisodesFailed, match=r"6 episodes: 4 trained, 2 failed \(1 crash, 1 timeout\), e\.g\. "):
-            grpo(
-                overrides=[
-                    "run_id=flaky-stop",
-                    f"runs_dir={runs}",
-                    "progress=false",
-                    "iterations=1",
-                    "data.source=arithmetic:train",
-                    "data.prompts_per_iteration=2",
-                    "data.group_size=3",
-                    "env.agent=calculator_agent:flaky",
-                    "rollout.agent_concurrency=6",
-                    "rollout.agent_timeout_s=25",
-                    "rollout.max_new_tokens=16",
-                    "rollout.dtype=float32",
-                    "train.mixed_precision=no",
-                    "rollout.max_failed_fraction=0.2",
-                ]
-            )
+            grpo(overrides=[*settings, "run_id=flaky-stop", "rollout.max_failed_fraction=0.2"])
         assert not (runs / "flaky-stop" / "state" / "published-v1.json").exists()
-        grpo(
-            overrides=[
-                "run_id=flaky",
-                f"runs_dir={runs}",
-                "progress=false",
-                "iterations=1",
-                "data.source=arithmetic:train",
-                "data.prompts_per_iteration=2",
-                "data.group_size=3",
-                "env.agent=calculator_agent:flaky",
-                "rollout.agent_concurrency=6",
-                "rollout.agent_timeout_s=25",
-                "rollout.max_new_tokens=16",
-                "rollout.dtype=float32",
-                "train.mixed_precision=no",
-            ]
-        )
+        grpo(overrides=[*settings, "run_id=flaky"])  # within the default limit (2 of 6): it trains on the rest
     finally:
         sys.modules.pop("calculator_agent", None)
     records = TrajectoryStore(runs / "trajectories").read_records("flaky", version=0)
