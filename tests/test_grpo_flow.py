@@ -67,8 +67,6 @@ def _start_cli_run(args: list[str], log=None, own_prefect_api: bool = False, **e
     )
 
 
-@pytest.mark.slow
-@pytest.mark.xdist_group("dev-shm")  # see tests/conftest.py
 def _flow_run_states(run_id: str) -> list:
     """The states of run ``run_id``'s Prefect training flow runs (not its evaluations), oldest first."""
     from prefect.client.orchestration import get_client
@@ -83,6 +81,8 @@ def _flow_run_states(run_id: str) -> list:
     return [run.state for run in runs if "evaluation" not in run.tags]
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("dev-shm")  # see tests/conftest.py
 def test_a_killed_run_resumes_exactly_and_forks(tmp_path, default_model_path):
     """A real kill (SIGKILL to the flow process and its Dask workers) as soon as version 1 is committed, i.e. beside
     iteration 1's rollouts (version 2 is far from committed), then a resume: iteration 1 runs once, version 0's
