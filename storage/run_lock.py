@@ -65,11 +65,8 @@ def check_not_busy(run_dir: str | os.PathLike[str], run_id: str) -> None:
     except (FileNotFoundError, NotADirectoryError):
         return
     with handle:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise _busy(run_id, handle.read()) from None
-        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        if _held(handle):
+            raise _busy(run_id, handle.read())
 
 
 def stale_locks(runs_root: str | os.PathLike[str]) -> list[Path]:
@@ -79,17 +76,21 @@ def stale_locks(runs_root: str | os.PathLike[str]) -> list[Path]:
     for path in sorted(Path(runs_root).glob("*/state/run.lock")):
         try:
             with open(path, encoding="utf-8") as handle:
-                if not handle.read().strip():
-                    continue
-                try:
-                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue  # held: a running flow
-                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+                if handle.read().strip() and not _held(handle):  # a holder named, none holding it
+                    stale.append(path)
         except OSError:
             continue
-        stale.append(path)
     return stale
+
+
+def _held(handle: Any) -> bool:
+    """Whether another process holds the lock of the open lock file ``handle`` (tested without taking it)."""
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    return False
 
 
 def _busy(run_id: str, lock_text: str) -> RunBusyError:
