@@ -18,10 +18,11 @@ from prefect import flow, get_run_logger
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.pipeline.preflight import check_run_id, preflight
-from runtime.actor_calls import wait_calls, with_restarts
+from runtime.actor_calls import with_restarts
 from runtime.cluster import dask_cluster
 from runtime.console import progress_bar
 from runtime.rollout_actor import RolloutWorker
+from runtime.weight_sync import EngineActorsUpdater
 from storage.checkpoints import CheckpointStore
 from storage.layout import RunLayout
 from storage.trajectories import TrajectoryStore
@@ -108,7 +109,7 @@ def collect_once(
         ]
         engines = [e.result() for e in engines]
         if checkpoint is not None:
-            wait_calls([(e, e.load(checkpoint, policy_version)) for e in engines], "weight load", policy_version)
+            EngineActorsUpdater(engines, stage="weight load").push_version(policy_version, checkpoint)
         TrajectoryStore(staging_uri).delete_partition(cfg.run_id, policy_version)
         primer_state = None
         rows_total = 0

@@ -31,7 +31,7 @@ from runtime.console import library_logs, progress_bar
 from runtime.rollout_actor import RolloutWorker
 from runtime.trainer_actor import TrainerWorker
 from runtime.trainer_ranks import TrainerRanks
-from runtime.weight_sync import choose_weight_route, endpoint_of, weight_sync_for
+from runtime.weight_sync import choose_weight_route, endpoint_of, updater_for
 from storage.checkpoints import CheckpointStore
 from storage.hashing import config_hash
 from storage.layout import RunLayout
@@ -240,23 +240,21 @@ def _start_actors(
     )
     hardware["weight_route"] = f"{route.name} ({route.reason})"
     lineage.set_tags({f"llmrl.{k}": v for k, v in hardware.items() if k not in ("host", "gpus")})
-    weight_sync = weight_sync_for(route, trainer, engines, place.trainer)
+    updater = updater_for(route, trainer, engines, place.trainer)
     shared = (
-        weight_sync is None
+        updater.mode == "checkpoint"
         and place.engines_beside_trainer
         and len({d["rollout_dtype"] for d in described}) == 1
         and wait_calls([(trainer, trainer.share_weights(hardware["rollout_dtype"]))], "start-up")[0]
     )
-    how = "shared memory (a file in /dev/shm, rewritten in place)" if shared else "checkpoint load"
-    log.info(
-        "new versions reach the engines by %s; why: %s", weight_sync.description if weight_sync else how, route.reason
-    )
+    how = "shared memory (a file in /dev/shm, rewritten in place)" if shared else updater.description
+    log.info("new versions reach the engines by %s; why: %s", how, route.reason)
     published_to = dict(
         run_id=cfg.run_id,
         run_dir=point.run_dir,
         checkpoints=checkpoints,
         lineage=lineage,
-        weight_sync=weight_sync,
+        updater=updater,
         reports=reports,
         markers_uri=point.layout.markers_uri,
     )

@@ -1,5 +1,8 @@
 """How a published version reaches the rollout engines of a GRPO run (``rollout.weight_sync``).
 
+Every version goes through one sender, TorchRL's ``vLLMUpdater`` (:class:`EngineActorsUpdater`, its subclass for
+engines that are Dask actors), by one of these schemes:
+
 * ``checkpoint``: every engine loads the version's checkpoint (a local file, or an object through the checkpoint
   store on a remote ``runs_dir``). Works everywhere; costs a write and a read of the weights per version.
 * ``nccl``: one CUDA broadcast from the trainer (rank 0) to every engine worker, over a stateless NCCL group that
@@ -36,7 +39,36 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from llmrl_core.weight_sync.updater import vLLMUpdater
 from runtime.actor_calls import wait_calls
+
+
+def _all_at(loaded: Sequence[Any], version: int, how: str) -> list[int]:
+    """The engines' reported versions, checked: all ``version`` (else a ``RuntimeError`` naming ``how``)."""
+    versions = [int(v) for v in loaded]
+    if any(v != version for v in versions):
+        raise RuntimeError(f"engines report versions {versions} after {how} of version {version}")
+    return versions
+
+
+class CheckpointLoads:
+    """The checkpoint scheme: every engine reads the version's weights file that the trainer staged (its checkpoint,
+    the shared-memory file beside the trainer, or an object of a remote ``runs_dir`` read through the checkpoint
+    store on the engine's worker: :meth:`runtime.rollout_actor.RolloutWorker.load`)."""
+
+    name = "checkpoint"
+    description = "checkpoint load"
+
+    def __init__(self, engines: Sequence[Any], stage: str = "weight publishing") -> None:
+        self.engines = list(engines)
+        self.stage = stage
+
+    def push(self, version: int, checkpoint: str | None = None) -> list[int]:
+        """Have every engine load ``checkpoint`` as ``version``; returns their versions."""
+        if checkpoint is None:
+            raise ValueError(f"version {version}: the checkpoint scheme needs the staged weights file")
+        loaded = wait_calls([(e, e.load(str(checkpoint), version)) for e in self.engines], self.stage, version)
+        return _all_at(loaded, version, "loading the checkpoint")
 
 
 class BroadcastWeightSync:
@@ -48,6 +80,7 @@ class BroadcastWeightSync:
         self.engines = list(engines)
         self.host = urlsplit(trainer_address).hostname or trainer_address
         self.kind = kind
+        self.name = kind
         self.world_size = 0
 
     @property
@@ -71,17 +104,15 @@ class BroadcastWeightSync:
         wait_calls([hosting, *joining], stage)
         return self
 
-    def push(self, version: int) -> list[int]:
-        """Broadcast the trainer's current weights into every engine as ``version``; returns the engines'
-        versions (all ``version``, else a ``RuntimeError``)."""
+    def push(self, version: int, checkpoint: str | None = None) -> list[int]:
+        """Broadcast the trainer's current weights into every engine as ``version`` (``checkpoint``, the staged file,
+        is not read); returns the engines' versions (all ``version``, else a ``RuntimeError``)."""
         stage = "weight publishing"
         (metadata,) = wait_calls([(self.trainer, self.trainer.weights_metadata())], stage, version)
         receiving = [(e, e.receive_weights(metadata, version)) for e in self.engines]
         sending = (self.trainer, self.trainer.broadcast_weights(metadata))
-        loaded = [int(v) for v in wait_calls([sending, *receiving], stage, version)[1:]]
-        if any(v != version for v in loaded):
-            raise RuntimeError(f"engines report versions {loaded} after the NCCL broadcast of version {version}")
-        return loaded
+        how = f"the {'NCCL' if self.kind == 'nccl' else 'gloo'} broadcast"
+        return _all_at(wait_calls([sending, *receiving], stage, version)[1:], version, how)
 
 
 class CudaIpcWeightSync:
@@ -89,6 +120,8 @@ class CudaIpcWeightSync:
     (``rollout.weight_sync=cuda_ipc``): :meth:`push` asks the trainer for handles to a copy of its weights
     (:meth:`runtime.trainer_actor.TrainerWorker.share_weights_cuda`), every engine opens them on the same GPU and loads
     them (:meth:`runtime.rollout_actor.RolloutWorker.load_shared_cuda`), then the trainer lets its copy go."""
+
+    name = "cuda_ipc"
 
     def __init__(self, trainer: Any, engines: Sequence[Any]) -> None:
         self.trainer = trainer
@@ -99,19 +132,47 @@ class CudaIpcWeightSync:
         """How the weights travel, for the run's log."""
         return f"CUDA IPC ({len(self.engines)} engine(s) on the trainer's GPU)"
 
-    def push(self, version: int) -> list[int]:
-        """Hand the trainer's current weights to every engine as ``version``; returns the engines' versions (all
-        ``version``, else a ``RuntimeError``)."""
+    def push(self, version: int, checkpoint: str | None = None) -> list[int]:
+        """Hand the trainer's current weights to every engine as ``version`` (``checkpoint`` is not read); returns
+        the engines' versions (all ``version``, else a ``RuntimeError``)."""
         stage = "weight publishing"
         (handles,) = wait_calls([(self.trainer, self.trainer.share_weights_cuda())], stage, version)
         try:
             loads = [(engine, engine.load_shared_cuda(handles, version)) for engine in self.engines]
-            loaded = [int(v) for v in wait_calls(loads, stage, version)]
+            loaded = wait_calls(loads, stage, version)
         finally:
             wait_calls([(self.trainer, self.trainer.release_shared_cuda())], stage, version)
-        if any(v != version for v in loaded):
-            raise RuntimeError(f"engines report versions {loaded} after the CUDA IPC hand-over of version {version}")
-        return loaded
+        return _all_at(loaded, version, "the CUDA IPC hand-over")
+
+
+class EngineActorsUpdater(vLLMUpdater):
+    """TorchRL's :class:`~llmrl_core.weight_sync.updater.vLLMUpdater` for engines that are Dask actors (the flows'
+    rollout workers): the one sender of every version the flows publish or load. :meth:`push_version` sets the
+    version and calls ``push_weights``; the weights travel by the route's scheme (:class:`CheckpointLoads`,
+    :class:`BroadcastWeightSync` for NCCL and gloo, :class:`CudaIpcWeightSync`), and each engine resets its own
+    prefix cache when it loads (its in-process updater does)."""
+
+    def __init__(self, engines: Sequence[Any], scheme: Any = None, stage: str = "weight publishing") -> None:
+        super().__init__()
+        self.engines = list(engines)
+        self.scheme = scheme if scheme is not None else CheckpointLoads(engines, stage)
+        self.mode = self.scheme.name
+        self.loaded: list[int] = []
+
+    @property
+    def description(self) -> str:
+        """How the weights travel, for the run's log."""
+        return str(self.scheme.description)
+
+    def push_version(self, version: int, checkpoint: str) -> list[int]:
+        """Carry ``version`` into every engine (``checkpoint``: the weights file the trainer staged for it, which the
+        checkpoint scheme loads); returns the engines' versions."""
+        self.version = version - 1
+        self.push_weights(checkpoint)
+        return self.loaded
+
+    def _send(self, weights: Any) -> None:
+        self.loaded = self.scheme.push(self.version + 1, weights)
 
 
 @dataclass(frozen=True)
@@ -221,18 +282,14 @@ def endpoint_of(described: dict[str, Any], prefix: str) -> Endpoint:
     return Endpoint(str(described.get("host", "")), "cuda" if device.startswith("cuda") else "cpu", gpus, backend)
 
 
-def weight_sync_for(
-    route: WeightRoute,
-    trainer: Any,
-    engines: Sequence[Any],
-    trainer_address: str,
-) -> BroadcastWeightSync | None:
-    """The NCCL or gloo group of ``route`` (opened), the CUDA IPC hand-over, or None for checkpoint loads."""
+def updater_for(route: WeightRoute, trainer: Any, engines: Sequence[Any], trainer_address: str) -> EngineActorsUpdater:
+    """The run's updater on ``route``'s scheme: checkpoint loads, the NCCL or gloo group (opened now), or the CUDA IPC
+    hand-over."""
     if not engines or route.name == "checkpoint":
-        return None
+        return EngineActorsUpdater(engines)
     if route.name == "cuda_ipc":
-        return CudaIpcWeightSync(trainer, engines)
-    return BroadcastWeightSync(trainer, engines, trainer_address, route.name).open()
+        return EngineActorsUpdater(engines, CudaIpcWeightSync(trainer, engines))
+    return EngineActorsUpdater(engines, BroadcastWeightSync(trainer, engines, trainer_address, route.name).open())
 
 
 def local_route(

@@ -29,6 +29,7 @@ from llmrl_core.weight_sync.fingerprint import check_engines_hold
 from runtime.actor_calls import WorkerLost, wait_calls
 from runtime.records import read_shards
 from runtime.trainer_ranks import TrainerRanks
+from runtime.weight_sync import EngineActorsUpdater
 from storage.filesystems import join_uri
 from storage.trajectories import TrajectoryStore
 from tasks.rollout_traces import trace_sample
@@ -271,30 +272,26 @@ class StagedVersion:
 
 @task(name="publish-weights", retries=1, retry_condition_fn=retry_unless_user_error, **STAGE)
 def publish_weights(
-    trainer: Any, rollout_actors: list[Any], version: int, config: dict, weight_sync: Any = None
+    trainer: Any, rollout_actors: list[Any], version: int, config: dict, updater: EngineActorsUpdater | None = None
 ) -> StagedVersion:
     """Get ``version`` into every rollout engine; returns once they all hold it, with the checkpoint's seal under
     way on the trainer (wait for it with :func:`seal_checkpoint` before the version counts).
 
     The trainer writes the weights file first (:meth:`TrainerWorker.stage`: into shared memory when the engines
-    share its host); each engine loads it, or, with an open NCCL group (``weight_sync``, runtime/weight_sync.py),
-    the trainer broadcasts instead. The seal (hash, manifest, optimizer state: :meth:`TrainerWorker.seal`) is
-    asked for once the engines hold the version, so it runs beside their next rollout and not beside the loads
-    (on shared cores it would slow the loads down: 0.6-0.75 s per reload instead of ~0.3 s on 2 cores). Each
+    share its host); then ``updater`` (TorchRL's ``vLLMUpdater`` for Dask-actor engines, runtime/weight_sync.py;
+    default: checkpoint loads) carries the version: each engine loads the file, or the trainer broadcasts (NCCL,
+    gloo) or hands over CUDA IPC handles instead. The seal (hash, manifest, optimizer state:
+    :meth:`TrainerWorker.seal`) is asked for once the engines hold the version, so it runs beside their next rollout
+    and not beside the loads (on shared cores it would slow the loads down: 0.6-0.75 s per reload instead of ~0.3 s
+    on 2 cores). Each
     engine's fingerprint of what it loaded is kept; the seal computes the trainer's in the engines' dtypes
     (:func:`verify_engines_hold` compares them)."""
     staged = wait_calls([(trainer, trainer.stage(version, config))], "weight publishing", version)[0]
     if "note" in staged:  # the shared-memory handoff stopped or started again
         logging.getLogger("llmrl.publish").warning("version %d: %s", version, staged["note"])
     start = time.perf_counter()
-    if weight_sync is not None and rollout_actors:
-        weight_sync.push(version)
-    else:
-        loaded = wait_calls(
-            [(a, a.load(staged["checkpoint"], version)) for a in rollout_actors], "weight publishing", version
-        )
-        if any(v != version for v in loaded):
-            raise RuntimeError(f"engines report versions {loaded} after publishing {version}")
+    if rollout_actors:
+        (updater or EngineActorsUpdater(rollout_actors)).push_version(version, staged["checkpoint"])
     seconds = {"publish_write_s": staged["seconds"], "publish_load_s": time.perf_counter() - start}
     held = wait_calls([(a, a.weights_fingerprint()) for a in rollout_actors], "weight publishing", version)
     sealing = (trainer, trainer.seal(version, config, sorted({h["dtype"] for h in held})))

@@ -93,18 +93,19 @@ def start_publish(
     data: Sequence[DataRef] = (),
     metrics: dict[str, float] | None = None,
     primer_state: dict | None = None,
-    weight_sync: Any = None,
+    updater: Any = None,
     reports: BackgroundReports | None = None,
     markers_uri: str | None = None,
     traces: list[dict[str, Any]] | None = None,
 ) -> PendingPublish:
     """Load ``version`` into the engines (the trainer seals its checkpoint meanwhile) and return what is left to
-    do to publish it. ``weight_sync``: an open NCCL weight group (runtime/weight_sync.py) that carries the weights to
-    the engines instead of a checkpoint load. ``reports``: the version's report is written in the background
+    do to publish it. ``updater``: the run's :class:`~runtime.weight_sync.EngineActorsUpdater` (an NCCL, gloo or CUDA
+    IPC scheme instead of checkpoint loads; default: checkpoint loads). ``reports``: the version's report is written
+    in the background
     (beside the next iteration) instead of before :meth:`PendingPublish.complete` returns. ``markers_uri``: where
     the commit marker is copied for other flow hosts (:func:`tasks.commits.commit_version`). ``traces``: a
     sample of the rollouts the version was trained on, logged as MLflow traces with its report."""
-    staged = publish_weights(trainer, list(engines), version, config, weight_sync)
+    staged = publish_weights(trainer, list(engines), version, config, updater)
     return PendingPublish(
         staged,
         run_id,

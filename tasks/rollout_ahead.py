@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmrl_core.pipeline.grpo_config import GRPOConfig
-from runtime.actor_calls import wait_calls
+from runtime.weight_sync import EngineActorsUpdater
 from storage.checkpoints import CheckpointStore
 from storage.trajectories import TrajectoryStore
 from tasks import grpo_stages as stages
@@ -84,10 +84,7 @@ class RolloutAhead:
         batch = stages.batch_of(self.cfg, self.staging_uri, index)
         if self.engine_version != batch.policy_version:
             path = str(self.checkpoints.weights_path(batch.policy_version))
-            calls = [(e, e.load(path, batch.policy_version)) for e in self.engines]
-            loaded = wait_calls(calls, "weight loading", batch.policy_version)
-            if any(v != batch.policy_version for v in loaded):
-                raise RuntimeError(f"engines report versions {loaded} after loading {batch.policy_version}")
+            EngineActorsUpdater(self.engines, stage="weight loading").push_version(batch.policy_version, path)
             self.engine_version = batch.policy_version
         TrajectoryStore(batch.staging_uri).delete_partition(self.cfg.run_id, batch.policy_version)
         rows, cursor = stages.load_prompts(self.cfg, self.cursor)

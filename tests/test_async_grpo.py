@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 from cli_runs import cli_env, kill_when_committed
@@ -14,6 +15,7 @@ from storage_records import make_records
 from llmrl_cli.run import MAIN_JOB
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
+from llmrl_core.weight_sync import vLLMUpdater
 from storage.lineage import LineageRecorder
 from storage.trajectories import TrajectoryStore
 from tasks import grpo_stages as stages
@@ -114,9 +116,15 @@ def test_resume_resends_the_unpublished_batches_with_their_own_checkpoints(tmp_p
     log: list = []
     cfg = _cfg("rollout.max_staleness=2", "iterations=6")
     ahead = _queue(tmp_path, monkeypatch, cfg, 0, {"next": 3}, log)
-    ahead.fill(3)
-    ahead.send(5)
+    original = vLLMUpdater.push_weights
+    with mock.patch.object(vLLMUpdater, "push_weights", autospec=True, side_effect=original) as pushed:
+        ahead.fill(3)
+        ahead.send(5)
     assert ahead.take(3).batch.policy_version == 1
+    # each load goes through TorchRL's vLLMUpdater (the one sender), with its version's checkpoint
+    assert [(c.args[0].version, Path(c.args[1]).name) for c in pushed.call_args_list] == [
+        (v, f"policy_v{v}.safetensors") for v in (1, 2, 3)
+    ]
     assert log == [
         ("load", 1),
         ("rollout", 1, 3, ["p3"]),

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import json
 import textwrap
+from typing import Any
+from unittest import mock
 
 import pytest
+
+from llmrl_core.weight_sync import vLLMUpdater
 
 USER_MODULE = textwrap.dedent(
     """
@@ -139,7 +143,6 @@ def test_the_advantage_stage_is_mcadvantage_or_the_configured_subclass(user_modu
     """``assign_advantages`` calls TorchRL's ``MCAdvantage`` (a patched class sees the call), or the configured
     subclass with its kwargs."""
     from types import SimpleNamespace
-    from unittest import mock
 
     from llmrl_core.objectives import MCAdvantage, mc_advantage
     from llmrl_core.pipeline.config_io import load_config
@@ -171,7 +174,6 @@ def test_the_kl_reward_stage_is_klcomputation_or_the_configured_subclass(user_mo
     ``KLComputation`` (a patched class sees the call; the penalty is ``kl_coef`` x the summed KL of the response
     tokens, by hand), or through the configured subclass with its kwargs."""
     from types import SimpleNamespace
-    from unittest import mock
 
     from llmrl_core.envs.transforms import KLComputation
     from llmrl_core.objectives import mc_advantage
@@ -243,33 +245,42 @@ def test_user_components_run_inside_the_grpo_flow(tmp_path, user_module):
     from storage.trajectories import TrajectoryStore
 
     log = tmp_path / "policy-calls.jsonl"
-    grpo(
-        overrides=[
-            "run_id=uc",
-            f"runs_dir={tmp_path / 'runs'}",
-            "progress=false",
-            "iterations=2",
-            "data.prompts_per_iteration=2",
-            "data.group_size=2",
-            "rollout.max_new_tokens=24",
-            "rollout.dtype=float32",
-            "train.mixed_precision=no",
-            "train.lr=1e-5",
-            "rollout.policy_class=my_components:RecordingWrapper",
-            f"rollout.policy_kwargs={{log_path: '{log}'}}",
-            "train.loss_class=my_components:ShiftedLoss",
-            "train.loss_kwargs={shift: 100.0}",
-            "train.advantage_class=my_components:ScaledAdvantage",
-            "train.advantage_kwargs={scale: 3.0}",
-            "env.transforms=[{'my_components:UserBonus': {bonus: 0.5}}]",
-            "train.kl_coef=0.01",
-            "train.kl_transform_class=my_components:ShiftedReference",
-            "train.kl_transform_kwargs={shift: 1.0}",
-            "train.kl_in=reward",
-            "train.kl_reward_class=my_components:ScaledKL",
-            "train.kl_reward_kwargs={scale: 2.0}",
-        ]
-    )
+    pushed: list[tuple[str, int]] = []  # the publish is TorchRL's vLLMUpdater (a patched class sees each version)
+    original_push = vLLMUpdater.push_weights
+
+    def push_weights(updater: vLLMUpdater, weights: Any) -> int:
+        pushed.append((updater.mode, updater.version + 1))
+        return original_push(updater, weights)
+
+    with mock.patch.object(vLLMUpdater, "push_weights", autospec=True, side_effect=push_weights):
+        grpo(
+            overrides=[
+                "run_id=uc",
+                f"runs_dir={tmp_path / 'runs'}",
+                "progress=false",
+                "iterations=2",
+                "data.prompts_per_iteration=2",
+                "data.group_size=2",
+                "rollout.max_new_tokens=24",
+                "rollout.dtype=float32",
+                "train.mixed_precision=no",
+                "train.lr=1e-5",
+                "rollout.policy_class=my_components:RecordingWrapper",
+                f"rollout.policy_kwargs={{log_path: '{log}'}}",
+                "train.loss_class=my_components:ShiftedLoss",
+                "train.loss_kwargs={shift: 100.0}",
+                "train.advantage_class=my_components:ScaledAdvantage",
+                "train.advantage_kwargs={scale: 3.0}",
+                "env.transforms=[{'my_components:UserBonus': {bonus: 0.5}}]",
+                "train.kl_coef=0.01",
+                "train.kl_transform_class=my_components:ShiftedReference",
+                "train.kl_transform_kwargs={shift: 1.0}",
+                "train.kl_in=reward",
+                "train.kl_reward_class=my_components:ScaledKL",
+                "train.kl_reward_kwargs={scale: 2.0}",
+            ]
+        )
+    assert pushed == [("checkpoint", 0), ("checkpoint", 1), ("checkpoint", 2)]
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     assert [c["version"] for c in calls] == [0, 1] and all(c["rows"] == 4 for c in calls)
     store = TrajectoryStore(tmp_path / "runs" / "trajectories")

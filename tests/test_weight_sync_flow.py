@@ -11,15 +11,18 @@ import pytest
 
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
+from llmrl_core.weight_sync import vLLMUpdater
 from runtime.weight_sync import (
     BroadcastWeightSync,
+    CheckpointLoads,
     CudaIpcWeightSync,
     Endpoint,
+    EngineActorsUpdater,
     WeightRoute,
     check_local_route,
     choose_weight_route,
     endpoint_of,
-    weight_sync_for,
+    updater_for,
 )
 from tasks import grpo_stages as stages
 
@@ -56,7 +59,8 @@ class FakeEngine:
 
     def load(self, path: str, version: int) -> Done:
         self.log.append((self.name, "load", path, version))
-        return Done(version, lambda: self.log.append((self.name, "loaded", version)))
+        answer = version if self.answer is None else self.answer
+        return Done(answer, lambda: self.log.append((self.name, "loaded", version)))
 
     def weights_fingerprint(self) -> Done:
         return Done({"fingerprint": self.held, "dtype": "float32"})
@@ -175,10 +179,12 @@ def test_nccl_on_one_gpu_is_refused_before_any_worker_starts():
 def test_the_route_opens_a_group_only_for_nccl():
     log: list = []
     engines, trainer = [FakeEngine("e0", 1, log)], FakeTrainer(log)
-    assert weight_sync_for(WeightRoute("checkpoint", "x"), trainer, engines, "tcp://127.0.0.1:1") is None
+    loads = updater_for(WeightRoute("checkpoint", "x"), trainer, engines, "tcp://127.0.0.1:1")
+    assert isinstance(loads.scheme, CheckpointLoads) and loads.mode == "checkpoint"
     assert log == []  # no group was formed
-    sync = weight_sync_for(WeightRoute("nccl", "x"), trainer, engines, "tcp://127.0.0.1:1")
-    assert isinstance(sync, BroadcastWeightSync) and sync.world_size == 2
+    updater = updater_for(WeightRoute("nccl", "x"), trainer, engines, "tcp://127.0.0.1:1")
+    assert isinstance(updater, vLLMUpdater) and updater.mode == "nccl"
+    assert isinstance(updater.scheme, BroadcastWeightSync) and updater.scheme.world_size == 2
     described = {"trainer_device": "cuda:0", "host": "h", "gpus": "G0"}
     assert endpoint_of(described, "trainer") == Endpoint("h", "cuda", ("G0",))
 
@@ -216,7 +222,7 @@ def test_a_push_sends_the_trainers_tensor_list_to_every_engine_then_broadcasts()
 def test_publishing_broadcasts_instead_of_loading_the_checkpoint():
     log: list = []
     engines, trainer = [FakeEngine("e0", 1, log)], FakeTrainer(log)
-    sync = BroadcastWeightSync(trainer, engines, "tcp://127.0.0.1:1").open()
+    sync = EngineActorsUpdater(engines, BroadcastWeightSync(trainer, engines, "tcp://127.0.0.1:1").open())
     log.clear()
     staged = stages.publish_weights.fn(trainer, engines, 2, {}, sync)
     # the weights file is written, then broadcast; the seal (hash, manifest, state) needs the trainer: it comes after
@@ -252,6 +258,29 @@ def test_publishing_broadcasts_instead_of_loading_the_checkpoint():
         stages.seal_checkpoint.fn(staged)
 
 
+def test_every_publish_goes_through_vllmupdater():
+    """The one sender: publishing by checkpoint loads or by a broadcast calls TorchRL's ``vLLMUpdater.push_weights``
+    (a patched class sees each call, at the version it carries); an engine that reports another version stops it."""
+    from unittest import mock
+
+    log: list = []
+    engines, trainer = [FakeEngine("e0", 1, log), FakeEngine("e1", 1, log)], FakeTrainer(log)
+    original = vLLMUpdater.push_weights
+    with mock.patch.object(vLLMUpdater, "push_weights", autospec=True, side_effect=original) as called:
+        stages.publish_weights.fn(trainer, engines, 2, {})
+        broadcast = EngineActorsUpdater(engines, BroadcastWeightSync(trainer, engines, "tcp://127.0.0.1:1").open())
+        stages.publish_weights.fn(trainer, engines, 3, {}, broadcast)
+    calls = [(type(c.args[0].scheme).__name__, c.args[1]) for c in called.call_args_list]
+    assert calls == [
+        ("CheckpointLoads", "/ckpt/policy_v000002.safetensors"),
+        ("BroadcastWeightSync", "/ckpt/policy_v000003.safetensors"),
+    ]
+    assert broadcast.version == 3 and broadcast.loaded == [3, 3]
+    assert ("e1", "load", "/ckpt/policy_v000002.safetensors", 2) in log and ("e1", "receive", METADATA, 3) in log
+    with pytest.raises(RuntimeError, match=r"engines report versions \[2\] after loading the checkpoint of version 5"):
+        EngineActorsUpdater([FakeEngine("e0", 1, log, answer=2)]).push_version(5, "/ckpt/v5")
+
+
 class IpcEngine(FakeEngine):
     def load_shared_cuda(self, handles: dict, version: int) -> Done:
         self.log.append((self.name, "open", sorted(handles), version))
@@ -271,8 +300,8 @@ class IpcTrainer(FakeTrainer):
 def test_cuda_ipc_hands_each_version_to_every_engine_then_lets_the_copy_go():
     log: list = []
     engines, trainer = [IpcEngine("e0", 1, log), IpcEngine("e1", 1, log)], IpcTrainer(log)
-    sync = weight_sync_for(WeightRoute("cuda_ipc", "x"), trainer, engines, "tcp://127.0.0.1:1")
-    assert isinstance(sync, CudaIpcWeightSync) and log == []  # nothing to open
+    sync = updater_for(WeightRoute("cuda_ipc", "x"), trainer, engines, "tcp://127.0.0.1:1")
+    assert isinstance(sync.scheme, CudaIpcWeightSync) and log == []  # nothing to open
     assert sync.description == "CUDA IPC (2 engine(s) on the trainer's GPU)"
     staged = stages.publish_weights.fn(trainer, engines, 4, {}, sync)
     names = sorted(name for name, _, _ in METADATA)

@@ -144,6 +144,13 @@ class vLLMUpdater:  # noqa: N801 - TorchRL's name
             return self.increment_version()
         if not self.engines:
             raise RuntimeError("no engine registered: call register_engine(llm) first")
+        self._send(weights)
+        return self.increment_version()
+
+    def _send(self, weights: Mapping[str, torch.Tensor] | torch.nn.Module | Any) -> None:
+        """Carry ``weights`` to every registered engine as version ``self.version + 1``, the mode's way, and reset
+        their prefix caches. A subclass that reaches its engines another way overrides this one step (the flows'
+        engines are Dask actors: :class:`runtime.weight_sync.EngineActorsUpdater`)."""
         state = weights.state_dict() if isinstance(weights, torch.nn.Module) else dict(weights)
         for llm in self.engines:
             add_tied_head(state, llm)
@@ -167,7 +174,6 @@ class vLLMUpdater:  # noqa: N801 - TorchRL's name
             self._push_nccl(state)
         for llm in self.engines:
             llm.reset_prefix_cache()
-        return self.increment_version()
 
     # --- NCCL ------------------------------------------------------------------------------------
     def _init_nccl(self) -> None:
