@@ -52,7 +52,7 @@ from tasks.iteration_log import (
 from tasks.publishing import PendingPublish, publish_version, start_publish
 from tasks.reporting import BackgroundReports
 from tasks.rollout_ahead import RolloutAhead
-from tasks.run_identity import identify_run, stops_cancel_the_flow_run
+from tasks.run_identity import identify_run, named_at_creation, stops_cancel_the_flow_run
 
 
 def iteration_bar(cfg: GRPOConfig, start: int) -> Any:
@@ -61,7 +61,9 @@ def iteration_bar(cfg: GRPOConfig, start: int) -> Any:
     return progress_bar(cfg.iterations, f"grpo {cfg.run_id}", "version", initial=start, enabled=cfg.progress)
 
 
-@flow(name="grpo", validate_parameters=False)  # the config validates itself (load_config), with llmrl's messages
+@flow(
+    name="grpo", flow_run_name=named_at_creation(GRPOConfig, lambda cfg: cfg.iterations), validate_parameters=False
+)  # the config validates itself (load_config), with llmrl's messages
 def grpo(
     config: str | None = None,
     settings: GRPOConfig | None = None,

@@ -25,7 +25,7 @@ from runtime.actor_calls import with_restarts
 from storage.lineage import DataRef, LineageRecorder
 from storage.trajectories import TrajectoryStore
 from tasks import offline_stages as stages
-from tasks.run_identity import stops_cancel_the_flow_run
+from tasks.run_identity import named_at_creation, stops_cancel_the_flow_run
 
 
 def log_data(cfg: OfflineConfig, data: dict[str, Any], lineage: LineageRecorder, store_uri: str) -> list[DataRef]:
@@ -39,7 +39,9 @@ def log_data(cfg: OfflineConfig, data: dict[str, Any], lineage: LineageRecorder,
     return refs
 
 
-@flow(name="offline", validate_parameters=False)  # the config validates itself (load_config), with llmrl's messages
+@flow(
+    name="offline", flow_run_name=named_at_creation(OfflineConfig, lambda cfg: cfg.epochs), validate_parameters=False
+)  # the config validates itself (load_config), with llmrl's messages
 def offline(
     config: str | None = None,
     settings: OfflineConfig | None = None,

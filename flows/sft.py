@@ -29,7 +29,7 @@ from storage.trajectories import TrajectoryStore
 from tasks import sft_stages as stages
 from tasks.epoch_stages import evaluate_loss
 from tasks.publishing import version_history
-from tasks.run_identity import stops_cancel_the_flow_run
+from tasks.run_identity import named_at_creation, stops_cancel_the_flow_run
 
 
 def log_data(cfg: SFTConfig, data: dict[str, Any], lineage: LineageRecorder, store_uri: str) -> list[DataRef]:
@@ -50,7 +50,9 @@ def log_data(cfg: SFTConfig, data: dict[str, Any], lineage: LineageRecorder, sto
     return refs
 
 
-@flow(name="sft", validate_parameters=False)  # the config validates itself (load_config), with llmrl's messages
+@flow(
+    name="sft", flow_run_name=named_at_creation(SFTConfig, lambda cfg: cfg.epochs), validate_parameters=False
+)  # the config validates itself (load_config), with llmrl's messages
 def sft(
     config: str | None = None,
     settings: SFTConfig | None = None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import re
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -33,6 +33,35 @@ def ui_addresses() -> tuple[str, str]:
 def flow_run_name(run_id: str, first: int, last: int) -> str:
     """``<run_id> v<first>-<last>``: the versions this flow run makes."""
     return f"{run_id} v{first}-{last}"
+
+
+def named_at_creation(config_class: type, last: Callable[[Any], int]) -> Callable[[], str]:
+    """A flow's ``flow_run_name``: Prefect creates the flow run with the name :func:`identify_run` gives it (``<run_id>
+    v<first>-<last>``), so the console's first line ("Beginning flow run ...") names the run as both UIs do. The
+    config comes from the flow run's parameters; ``first`` is the last version the run's own folder has committed
+    (0 for a new run), ``last`` is ``last(config)``. A config that does not load gives ``<flow> (config refused)``:
+    the flow then refuses it in its own words. :func:`identify_run` renames the run if the commit markers of a
+    remote ``runs_dir`` say otherwise."""
+
+    def name() -> str:
+        from prefect.runtime import flow_run
+
+        from llmrl_core.pipeline.config_io import load_config
+        from storage.layout import RunLayout
+        from tasks.commits import latest_published
+
+        params = flow_run.parameters
+        try:
+            cfg = load_config(
+                config_class, params.get("config"), params.get("overrides") or [], settings=params.get("settings")
+            )
+            published = latest_published(RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir).run_dir)
+        except Exception:  # the flow refuses the config itself, with the reason
+            return f"{flow_run.flow_name} (config refused)"
+        first = published[0] if published else 0
+        return flow_run_name(cfg.run_id, first, max(first, last(cfg)))
+
+    return name
 
 
 def identify_run(run_id: str, first: int, last: int, lineage: Any) -> dict[str, str]:
@@ -58,6 +87,7 @@ def identify_run(run_id: str, first: int, last: int, lineage: Any) -> dict[str, 
             crash_orphaned_flow_runs(client)
             tags = set(client.read_flow_run(flow_run_id).tags) | {"llmrl", f"run:{run_id}", *_process_tags()}
             client.update_flow_run(flow_run_id, name=name, tags=sorted(tags))
+        _rename_in_context(name)
         lineage.set_tags(
             {
                 "prefect.flow_run_id": str(flow_run_id),
@@ -74,6 +104,15 @@ def identify_run(run_id: str, first: int, last: int, lineage: Any) -> dict[str, 
     except Exception as err:  # a UI link must never fail a training run
         logging.getLogger(__name__).warning("could not link the Prefect and MLflow runs of %s: %s", run_id, err)
     return links
+
+
+def _rename_in_context(name: str) -> None:
+    """Give this process's flow run context the name too (the loggers made from it from now on say it)."""
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    if context is not None and context.flow_run is not None:
+        context.flow_run.name = name
 
 
 _CURRENT: dict[str, Any] = {}  # the flow run identify_run named last in this process
