@@ -32,7 +32,7 @@ def agents_on_path(monkeypatch):
         ("env.agent=calculator_agent:nope", "env.agent: module 'calculator_agent' has no attribute 'nope'"),
         ("env.agent=calculator_agent", "env.agent must look like 'module:function'"),
         ("env.agent=calculator_agent:not_an_agent", r"env.agent: .* must accept \(row, client\)"),
-        ("rollout.agent_concurrency=0", "rollout.agent_concurrency must be an integer >= 1"),
+        ("rollout.agent_concurrency=0", "rollout.agent_concurrency must be >= 1, got 0"),
         ("rollout.agent_timeout_s=0", "rollout.agent_timeout_s must be > 0"),
     ],
 )

@@ -73,7 +73,13 @@ def test_every_setting_is_in_the_schema_typed_with_its_default_and_described(con
         assert train["objective"]["enum"] == ["ppo", "cispo"]
         assert "fresh optimizer" in train["resume_without_state"]["description"]
         assert defs["DaskConfig"]["properties"]["address"]["description"].startswith("e.g. tcp://")
-        assert "restarts" in defs["DaskConfig"]["properties"]["restarts"]["description"]
+        assert "lost worker" in defs["DaskConfig"]["properties"]["restarts"]["description"]
+        # ranges and choices are in the schema (the Prefect form and the docs' reference show them)
+        rollout = defs["RolloutConfig"]["properties"]
+        assert rollout["temperature"]["exclusiveMinimum"] == 0 and rollout["top_p"]["maximum"] == 1
+        assert rollout["dtype"]["enum"] == ["auto", "bfloat16", "float16", "float32"]
+        assert rollout["sleep_level"]["enum"] == [0, 1, 2] and train["device"]["enum"] == ["auto", "cpu", "cuda"]
+        assert train["token_budget"]["minimum"] == 16 and defs["DataConfig"]["properties"]["group_size"]["minimum"] == 1
 
 
 def _llmrl(*args: str) -> subprocess.CompletedProcess:

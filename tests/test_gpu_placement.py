@@ -33,16 +33,16 @@ def gpus_of(visible: str) -> set[str]:
 @pytest.mark.parametrize(
     ("overrides", "setting"),
     [
-        ({"tensor_parallel_size": 0}, "rollout.tensor_parallel_size"),
-        ({"gpu_memory_utilization": 0.0}, "rollout.gpu_memory_utilization"),
-        ({"gpu_memory_utilization": 1.5}, "rollout.gpu_memory_utilization"),
-        ({"gpu_memory_utilization": float("nan")}, "rollout.gpu_memory_utilization"),
-        ({"threads": -1}, "rollout.threads"),
+        ("tensor_parallel_size=0", "rollout.tensor_parallel_size must be >= 1, got 0"),
+        ("gpu_memory_utilization=0.0", "rollout.gpu_memory_utilization must be > 0, got 0.0"),
+        ("gpu_memory_utilization=1.5", "rollout.gpu_memory_utilization must be <= 1, got 1.5"),
+        ("gpu_memory_utilization=.nan", "rollout.gpu_memory_utilization must be a finite number, got nan"),
+        ("threads=-1", "rollout.threads must be >= 0, got -1"),
     ],
 )
-def test_rollout_scale_settings_are_checked(overrides: dict, setting: str) -> None:
+def test_rollout_scale_settings_are_checked(overrides: str, setting: str) -> None:
     with pytest.raises(ValueError, match=setting):
-        RolloutConfig(**overrides)
+        load_config(GRPOConfig, None, [f"rollout.{overrides}"])
 
 
 def test_rollout_scale_defaults_keep_todays_engine() -> None:

@@ -52,10 +52,10 @@ def _data(tmp_path, name: str, text: str) -> str:
         (lambda d: ["data.source=hf://datasets/openai/gsm8k"], "remote sources are not read here"),
         (lambda d: ["model=/nonexistent/model"], "model: '/nonexistent/model': no such folder"),
         (lambda d: ["model=" + _data(d, "weights.bin", "x")], "is a file; give the model's folder"),
-        (lambda d: ["rollout.temperature=-1"], "error: --set rollout.temperature=-1: rollout: rollout.temperature"),
+        (lambda d: ["rollout.temperature=-1"], "error: --set rollout.temperature=-1: rollout.temperature must be > 0"),
         (lambda d: ["run_id=a/b"], "run_id: 'a/b' is not a valid run id"),
-        (lambda d: ["dask.join_wait_s=-5"], "--set dask.join_wait_s=-5: dask: dask.join_wait_s must be >= 0"),
-        (lambda d: ["dask.restarts=-1"], "dask.restarts must be an integer >= 0"),
+        (lambda d: ["dask.join_wait_s=-5"], "--set dask.join_wait_s=-5: dask.join_wait_s must be >= 0, got -5"),
+        (lambda d: ["dask.restarts=-1"], "dask.restarts must be >= 0, got -1"),
         (lambda d: ["data.source=" + _data(d, "blank.jsonl", '{"question": " ", "answer": "1"}\n')], "1st row) field"),
         # the packaged model's config.json writes 8192.0: vLLM refused it only after the cluster started
         (lambda d: ["rollout.max_model_len=100000"], "rollout.max_model_len=100000 exceeds the model's max_position"),

@@ -13,7 +13,7 @@ import torch
 from llmrl_core.envs.chat_env import ChatEnv
 from llmrl_core.envs.reward_calls import RewardFunctionError, reward_value
 from llmrl_core.envs.types import PromptRow
-from llmrl_core.pipeline.env_config import EnvConfig, RewardFunctionConfig
+from llmrl_core.pipeline.env_config import RewardFunctionConfig
 from llmrl_core.pipeline.reward_functions import RewardFunctions
 
 LABEL = "env.rewards[0].function 'pkg:fn'"
@@ -101,9 +101,12 @@ def test_skip_fails_that_episode_alone(picky):
 
 
 def test_the_setting_takes_raise_or_skip_only():
-    assert EnvConfig(reward_errors="skip").reward_errors == "skip"
-    with pytest.raises(ValueError, match=r"env.reward_errors must be one of \['raise', 'skip'\], got 'ignore'"):
-        EnvConfig(reward_errors="ignore")
+    from llmrl_core.pipeline.config_io import ConfigError, load_config
+    from llmrl_core.pipeline.grpo_config import GRPOConfig
+
+    assert load_config(GRPOConfig, None, ["env.reward_errors=skip"]).env.reward_errors == "skip"
+    with pytest.raises(ConfigError, match=r"env.reward_errors: must be one of \['raise', 'skip'\], got 'ignore'"):
+        load_config(GRPOConfig, None, ["env.reward_errors=ignore"])
 
 
 def test_the_cli_ends_a_failing_reward_function_with_one_line(capsys):

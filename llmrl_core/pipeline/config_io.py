@@ -157,6 +157,7 @@ def config_schema(cls: type) -> dict[str, Any]:
     return config_validator(cls).json_schema()
 
 
+_BOUNDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}  # pydantic's range errors, in the words of the other checks
 _EXPECTED = {"bool": "bool", "int": "int", "float": "float", "string": "str", "list": "a list", "tuple": "a list"}
 
 
@@ -206,6 +207,13 @@ def _message(error: Mapping[str, Any], cls: type, where: str) -> str:
         literal = next((t for t in (tp, *typing.get_args(tp)) if typing.get_origin(t) is typing.Literal), tp)
         choices = typing.get_args(literal)
         return f"{path}: must be one of {list(choices)}, got {given!r}"
+    bound = next((b for b in _BOUNDS if b in error.get("ctx", {})), None)
+    if bound is not None:
+        limit = error["ctx"][bound]
+        limit = format(limit, "g") if isinstance(limit, float) else limit
+        return f"{path} must be {_BOUNDS[bound]} {limit}, got {given!r}"
+    if kind == "finite_number":
+        return f"{path} must be a finite number, got {given!r}"
     if kind in ("dataclass_type", "dataclass_exact_type", "model_type", "dict_type"):
         return f"{path}: expected a mapping of settings, got {given!r}"
     stem = kind.split("_")[0]

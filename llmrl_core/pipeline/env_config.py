@@ -33,10 +33,10 @@ import inspect
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from llmrl_core.data.chat_templates import MODEL_TEMPLATE
-from llmrl_core.envs.reward_calls import REWARD_ERRORS
+from llmrl_core.pipeline.config_types import AtLeast1
 from llmrl_core.pipeline.reward_functions import RewardFunctionConfig, RewardFunctions
 from llmrl_core.user_code import UserCodeError, import_object
 
@@ -75,13 +75,13 @@ class EnvConfig:
     transforms: list[dict[str, Any]] = field(default_factory=list)
     rewards: list[RewardFunctionConfig] = field(default_factory=list)
     env_reward: bool = True  # also pay the env's own reward (the task's answer check)
-    max_turns: int | None = None  # None: 1 for single-turn envs, 3 for the tool variants
+    max_turns: AtLeast1 | None = None  # None: 1 for single-turn envs, 3 for the tool variants
     query_field: str | None = None  # the data row field holding the prompt (default: question; ifeval: prompt)
     agent: str | None = None  # "module:function": an OpenAI-API agent (docs/agents.md); the env name is then unused
     # {id: <installed verifiers env id>, args: {...}}: the env's own rollout through the agent route (docs/verifiers.md)
     verifiers: dict[str, Any] = field(default_factory=dict)  # empty: not this route
     # a reward function that raises or returns a non-number: stop the run (raise), or fail that episode alone (skip)
-    reward_errors: str = "raise"
+    reward_errors: Literal["raise", "skip"] = "raise"
 
     def __post_init__(self) -> None:
         if self.verifiers:
@@ -96,12 +96,8 @@ class EnvConfig:
             self.options, self.args = dict(self.args), {}
         if self.factory is None and self.name not in BUILTIN_ENVS:
             raise ValueError(f"env.name must be one of {list(BUILTIN_ENVS)} (or set env.factory), got {self.name!r}")
-        if self.max_turns is not None and self.max_turns < 1:
-            raise ValueError(f"env.max_turns must be >= 1, got {self.max_turns}")
         if not self.env_reward and not self.rewards:
             raise ValueError("env.env_reward is false but env.rewards is empty: nothing would pay")
-        if self.reward_errors not in REWARD_ERRORS:
-            raise ValueError(f"env.reward_errors must be one of {list(REWARD_ERRORS)}, got {self.reward_errors!r}")
 
     def _verifiers_route(self) -> None:
         """``env.verifiers`` is an agent (the env's own rollout against the endpoint) whose rows come from the env's

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
 
 from llmrl_core.pipeline.config_io import strict_config
+from llmrl_core.pipeline.config_types import AtLeast1, Fraction, NonNegative, NonNegativeInt, Positive, Probability
 from llmrl_core.pipeline.env_config import EnvConfig, validate_env_config
 from llmrl_core.pipeline.init_config import InitConfig
 from llmrl_core.pipeline.task_config import TaskConfig
@@ -23,16 +25,13 @@ class DataConfig:
     """Prompt source and batch shape: ``prompts_per_iteration`` prompts, each sampled ``group_size`` times."""
 
     source: str = "gsm8k:train"  # gsm8k:train | arithmetic:train[?ops=+&low=10&high=99] | a .jsonl/.parquet path
-    prompts_per_iteration: int = 8  # prompts drawn per iteration (one policy version)
-    group_size: int = 4  # responses sampled per prompt; GRPO compares the responses of a group
+    prompts_per_iteration: AtLeast1 = 8  # prompts drawn per iteration (one policy version)
+    group_size: AtLeast1 = 4  # responses sampled per prompt; GRPO compares the responses of a group
     shuffle: bool = True  # shuffle the source once, seeded by seed (false: file order)
-
-    def __post_init__(self) -> None:
-        if self.prompts_per_iteration < 1 or self.group_size < 1:
-            raise ValueError("prompts_per_iteration and group_size must be >= 1")
 
 
 ENGINE_DTYPES = ("auto", "bfloat16", "float16", "float32")
+EngineDtype = Literal["auto", "bfloat16", "float16", "float32"]
 
 
 @dataclass
@@ -46,26 +45,26 @@ class RolloutConfig:
     temperature-scaled distribution: keep ``top_p = 1`` for exact agreement (the agreement metrics show the gap).
     """
 
-    workers: int = 1  # rollout workers, one resident engine each
-    dtype: str = "auto"  # auto: bf16 on CUDA and on CPUs with AMX/AVX512-BF16, float32 elsewhere
-    kv_cache_gb: float = 1.0  # each CPU engine's KV cache (GiB)
-    max_new_tokens: int = 128  # longest response in tokens
-    temperature: float = 0.7  # sampling temperature (the trainer scores at the same one)
-    top_p: float = 1.0  # nucleus sampling (keep 1.0 for exact sampler/trainer agreement)
+    workers: AtLeast1 = 1  # rollout workers, one resident engine each
+    dtype: EngineDtype = "auto"  # auto: bf16 on CUDA and on CPUs with AMX/AVX512-BF16, float32 elsewhere
+    kv_cache_gb: Positive = 1.0  # each CPU engine's KV cache (GiB)
+    max_new_tokens: AtLeast1 = 128  # longest response in tokens
+    temperature: Positive = 0.7  # sampling temperature (the trainer scores at the same one)
+    top_p: Probability = 1.0  # nucleus sampling (keep 1.0 for exact sampler/trainer agreement)
     max_model_len: int = 2048  # prompt + response tokens an engine accepts
     # processed: the log-probs of the distribution sampled from; raw: the model's at T = 1
     logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = "processed_logprobs"
     # 0: synchronous (sample with version v, train v -> v+1). k >= 1: asynchronous with bounded staleness: the
     # batch that trains v -> v+1 is sampled by version max(0, v - k), so the engines sample ahead while the
     # trainer trains; the GRPO ratio uses the stored sampler log-probs.
-    max_staleness: int = 0
+    max_staleness: NonNegativeInt = 0
     # Placement and scale (runtime/cluster.py): each engine runs on tensor_parallel_size GPUs of its own (CUDA
     # only: CPU engines scale with rollout.workers); gpu_memory_utilization is vLLM's fraction of each GPU's
     # memory per engine (None: the engine default, 0.4; set it when engines share a GPU); threads are the CPU
     # threads (OMP_NUM_THREADS) of each CPU engine's worker (0: the available cores / rollout.workers).
-    tensor_parallel_size: int = 1
-    gpu_memory_utilization: float | None = None
-    threads: int = 0
+    tensor_parallel_size: AtLeast1 = 1
+    gpu_memory_utilization: Probability | None = None
+    threads: NonNegativeInt = 0
     # How each published version reaches the engines: "checkpoint" (the engines load the version's checkpoint file
     # or object), "nccl" (one CUDA broadcast from the trainer to every engine; the checkpoint is still written, for
     # resume), "gloo" (the same broadcast between a CPU trainer and CPU engines), "cuda_ipc" (engines on the
@@ -74,12 +73,12 @@ class RolloutConfig:
     weight_sync: Literal["auto", "checkpoint", "nccl", "gloo", "cuda_ipc"] = "auto"
     # env.agent (docs/agents.md): agent episodes run at once per engine, and the seconds one may take before it
     # fails (its own episode only)
-    agent_concurrency: int = 8
-    agent_timeout_s: float = 120.0
+    agent_concurrency: AtLeast1 = 8
+    agent_timeout_s: Positive = 120.0
     # the share of a batch's agent episodes that may fail (crash, timeout, bad result) before the run stops with the
     # counts and an example; up to it, the failures are named in a warning and the rest trains (1: stop only when
     # every episode failed)
-    max_failed_fraction: float = 0.5
+    max_failed_fraction: Fraction = 0.5
     # The engine: "vllm" (the default and the fast path) or "transformers" (model.generate behind the same actor
     # interface, for machines where vLLM is not installed; weights reach it by checkpoint or CUDA IPC, no tensor
     # parallelism)
@@ -88,20 +87,13 @@ class RolloutConfig:
     # trainer trains (vLLM's sleep mode) and wakes for the next version's weights, so the trainer's activations
     # get the engine's memory. 1: weights to host memory, KV cache dropped; 2: both dropped (the next version's
     # load refills them, the cheaper choice here: every version is loaded anyway); 0: off.
-    sleep_level: int = 0
+    sleep_level: Literal[0, 1, 2] = 0
     # "module:Class": a subclass of TorchRL's vLLMWrapper (TransformersWrapper with backend transformers) that the
     # rollouts sample with, built as the engine's own policy is plus policy_kwargs (null: the wrapper itself)
     policy_class: str | None = None
     policy_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check(self.workers >= 1, "rollout.workers", "must be >= 1", self.workers)
-        _check(
-            self.sleep_level in (0, 1, 2),
-            "rollout.sleep_level",
-            "must be 0 (off), 1 or 2 (vLLM's sleep levels)",
-            self.sleep_level,
-        )
         if self.sleep_level:
             _check(
                 self.backend == "vllm",
@@ -116,44 +108,6 @@ class RolloutConfig:
                 "overlapping training the engine is never idle while the trainer trains",
                 self.sleep_level,
             )
-        _check(
-            isinstance(self.agent_concurrency, int) and self.agent_concurrency >= 1,
-            "rollout.agent_concurrency",
-            "must be an integer >= 1 (agent episodes at once per engine)",
-            self.agent_concurrency,
-        )
-        _check(
-            isinstance(self.agent_timeout_s, int | float)
-            and math.isfinite(self.agent_timeout_s)
-            and self.agent_timeout_s > 0,
-            "rollout.agent_timeout_s",
-            "must be > 0 (seconds one agent episode may take)",
-            self.agent_timeout_s,
-        )
-        _check(
-            isinstance(self.max_failed_fraction, int | float) and 0 <= self.max_failed_fraction <= 1,
-            "rollout.max_failed_fraction",
-            "must be in [0, 1] (the share of a batch's agent episodes that may fail)",
-            self.max_failed_fraction,
-        )
-        _check(
-            self.tensor_parallel_size >= 1,
-            "rollout.tensor_parallel_size",
-            "must be >= 1 (GPUs per engine)",
-            self.tensor_parallel_size,
-        )
-        if self.gpu_memory_utilization is not None:
-            _check(
-                isinstance(self.gpu_memory_utilization, int | float)
-                and math.isfinite(self.gpu_memory_utilization)
-                and 0 < self.gpu_memory_utilization <= 1,
-                "rollout.gpu_memory_utilization",
-                "must be in (0, 1] (vLLM's fraction of each GPU's memory per engine) or null (engine default)",
-                self.gpu_memory_utilization,
-            )
-        _check(
-            self.backend in ("vllm", "transformers"), "rollout.backend", "must be vllm or transformers", self.backend
-        )
         if self.backend == "transformers":
             _check(
                 self.weight_sync in ("auto", "checkpoint", "cuda_ipc"),
@@ -168,18 +122,6 @@ class RolloutConfig:
                 "must be 1 with rollout.backend=transformers (one model per engine; tensor parallelism needs vllm)",
                 self.tensor_parallel_size,
             )
-        _check(self.threads >= 0, "rollout.threads", "must be >= 0 (0: the cores / rollout.workers)", self.threads)
-        _check(self.max_staleness >= 0, "rollout.max_staleness", "must be >= 0 (0: synchronous)", self.max_staleness)
-        _check(self.dtype in ENGINE_DTYPES, "rollout.dtype", f"must be one of {list(ENGINE_DTYPES)}", self.dtype)
-        _check(self.kv_cache_gb > 0, "rollout.kv_cache_gb", "must be > 0", self.kv_cache_gb)
-        _check(self.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1", self.max_new_tokens)
-        _check(
-            math.isfinite(self.temperature) and self.temperature > 0,
-            "rollout.temperature",
-            "must be > 0 (GRPO samples a group per prompt; the trainer divides its logits by it)",
-            self.temperature,
-        )
-        _check(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]", self.top_p)
         _check(
             self.max_model_len > self.max_new_tokens,
             "rollout.max_model_len",
@@ -197,13 +139,9 @@ class TISConfig:
     TIS) or dropped when that ratio exceeds ``cap`` (``mode: mask``, masked IS). ``cap: null`` turns it off.
     """
 
-    cap: float | None = None  # importance-weight cap (null: off)
+    cap: Positive | None = None  # importance-weight cap (null: off)
     mode: Literal["truncate", "mask"] = "truncate"  # truncate: weight min(ratio, cap); mask: drop above cap
     level: Literal["token", "sequence"] = "token"  # one ratio per token, or per row (sequence)
-
-    def __post_init__(self) -> None:
-        if self.cap is not None:
-            _check(math.isfinite(self.cap) and self.cap > 0, "train.tis.cap", "must be > 0 (or null: off)", self.cap)
 
 
 @dataclass
@@ -211,18 +149,15 @@ class LoraConfig:
     """LoRA adapters on the trainer (peft); published weights are the merged model."""
 
     enabled: bool = False  # train LoRA adapters instead of every weight
-    r: int = 16  # adapter rank
-    alpha: int = 32  # LoRA scaling numerator (scale = alpha / r)
-    dropout: float = 0.0  # dropout on the adapters
+    r: AtLeast1 = 16  # adapter rank
+    alpha: AtLeast1 = 32  # LoRA scaling numerator (scale = alpha / r)
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0  # dropout on the adapters
     # the linear layers that get adapters
     target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
 
     def __post_init__(self) -> None:
-        _check(self.r >= 1, "train.lora.r", "must be >= 1", self.r)
-        _check(self.alpha >= 1, "train.lora.alpha", "must be >= 1", self.alpha)
-        _check(0 <= self.dropout < 1, "train.lora.dropout", "must be in [0, 1)", self.dropout)
         _check(bool(self.target_modules), "train.lora.target_modules", "must name at least one module", [])
 
 
@@ -240,22 +175,22 @@ class TrainConfig:
     with ``agreement_stop`` it stops the run there instead (the version just trained is not published).
     """
 
-    lr: float = 5e-6  # AdamW learning rate
+    lr: Positive = 5e-6  # AdamW learning rate
     # a resume whose optimizer/RNG state is missing is an error; true: resume from the weights with a fresh optimizer
     resume_without_state: bool = False
-    steps_per_iteration: int = 1  # optimizer steps on each iteration's batch
+    steps_per_iteration: AtLeast1 = 1  # optimizer steps on each iteration's batch
     objective: Literal["ppo", "cispo"] = "ppo"
-    clip_epsilon: float = 0.2
-    clip_epsilon_high: float | None = None  # None: symmetric clip
+    clip_epsilon: Annotated[float, Field(ge=0, lt=1)] = 0.2
+    clip_epsilon_high: NonNegative | None = None  # None: symmetric clip
     importance_level: Literal["token", "sequence"] = "token"
     advantage: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
-    kl_coef: float = 0.0  # weight of the KL to the reference model (0: no reference model)
+    kl_coef: NonNegative = 0.0  # weight of the KL to the reference model (0: no reference model)
     kl_in: Literal["loss", "reward"] = "loss"  # the KL as a loss term, or subtracted from the reward before advantages
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"  # Schulman's k1, k2 or k3 estimator of the KL
     aggregation: Literal["token_mean", "prompt_mean", "sequence_sum"] = "token_mean"
-    entropy_coeff: float = 0.0
+    entropy_coeff: NonNegative = 0.0
     tis: TISConfig = field(default_factory=TISConfig)
-    max_grad_norm: float = 1.0  # gradient clipping norm
+    max_grad_norm: Positive = 1.0  # gradient clipping norm
     # Train only on groups whose rewards differ: an all-equal group has zero advantage, so it adds no policy
     # gradient, only tokens to the token-mean (diluting the rest) and compute. With kl_coef > 0 those groups
     # would still pull towards the reference; they are dropped all the same. Rows stay in the store.
@@ -266,17 +201,19 @@ class TrainConfig:
     # entropy_coeff > 0 those rows have a gradient: every row is then trained (no saving). False: the mean is over
     # the trained groups' tokens alone, and a version with no signal leaves the weights and the optimizer as they were.
     exact_skip: bool = False
-    token_budget: int = 2048  # tokens per packed micro-batch: bounds the (tokens x vocab) logits memory
+    token_budget: Annotated[int, Field(ge=16)] = (
+        2048  # tokens per packed micro-batch: bounds the (tokens x vocab) logits memory
+    )
     mixed_precision: Literal["auto", "bf16", "no"] = "auto"  # auto: bf16 autocast where bf16 is native (as dtype)
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, slower)
     lora: LoraConfig = field(default_factory=LoraConfig)
-    agreement_warn: float = 0.1
+    agreement_warn: Positive = 0.1
     agreement_stop: bool = False  # true: a gap over agreement_warn stops the run (the trained version unpublished)
-    threads: int = 0  # torch threads on the trainer worker (0: all cores)
-    device: str = "auto"  # "auto" | "cpu" | "cuda"; a GPU trainer is placed on a worker with resource GPU=1
+    threads: NonNegativeInt = 0  # torch threads on the trainer worker (0: all cores)
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # a GPU trainer is placed on a worker with resource GPU=1
     # trainer ranks, one per Dask worker: each trains on its token-balanced shard of the batch and the gradients
     # are summed over a torch.distributed group (gloo on CPU, NCCL on GPU); rank 0 publishes the weights
-    data_parallel: int = 1
+    data_parallel: AtLeast1 = 1
     # "module:Class": a GRPOLoss subclass the trainer optimizes (built with this section's loss options plus
     # loss_kwargs); null: GRPOLoss
     loss_class: str | None = None
@@ -294,21 +231,6 @@ class TrainConfig:
     # coeff=kl_coef plus kl_reward_kwargs, run on each batch's response tokens); null: KLComputation
     kl_reward_class: str | None = None
     kl_reward_kwargs: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        _check(math.isfinite(self.lr) and self.lr > 0, "train.lr", "must be > 0", self.lr)
-        _check(self.data_parallel >= 1, "train.data_parallel", "must be >= 1", self.data_parallel)
-        _check(self.steps_per_iteration >= 1, "train.steps_per_iteration", "must be >= 1", self.steps_per_iteration)
-        _check(0 <= self.clip_epsilon < 1, "train.clip_epsilon", "must be in [0, 1)", self.clip_epsilon)
-        if self.clip_epsilon_high is not None:
-            _check(self.clip_epsilon_high >= 0, "train.clip_epsilon_high", "must be >= 0", self.clip_epsilon_high)
-        _check(math.isfinite(self.kl_coef) and self.kl_coef >= 0, "train.kl_coef", "must be >= 0", self.kl_coef)
-        _check(self.entropy_coeff >= 0, "train.entropy_coeff", "must be >= 0", self.entropy_coeff)
-        _check(self.max_grad_norm > 0, "train.max_grad_norm", "must be > 0", self.max_grad_norm)
-        _check(self.token_budget >= 16, "train.token_budget", "must be >= 16", self.token_budget)
-        _check(self.agreement_warn > 0, "train.agreement_warn", "must be > 0", self.agreement_warn)
-        _check(self.threads >= 0, "train.threads", "must be >= 0 (0: all cores)", self.threads)
-        _check(self.device in ("auto", "cpu", "cuda"), "train.device", "must be 'auto', 'cpu' or 'cuda'", self.device)
 
     def loss_options(self, max_new_tokens: int) -> dict[str, Any]:
         """The :class:`~llmrl_core.objectives.GRPOLoss` keyword options this config selects."""
@@ -338,12 +260,8 @@ class FinalEvalConfig:
     on the first ``questions`` problems of ``task.eval_source`` (0 turns it off). The result is printed as
     "held-out accuracy a -> b (± s.e.)" and written like ``llmrl run evaluate``'s report."""
 
-    questions: int = 0
-    samples: int = 0  # sampled answers per question at rollout.temperature (0: greedy only)
-
-    def __post_init__(self) -> None:
-        if self.questions < 0 or self.samples < 0:
-            raise ValueError("final_eval.questions and final_eval.samples must be >= 0")
+    questions: NonNegativeInt = 0
+    samples: NonNegativeInt = 0  # sampled answers per question at rollout.temperature (0: greedy only)
 
 
 @dataclass
@@ -356,22 +274,8 @@ class DaskConfig:
 
     address: str | None = None  # e.g. tcp://127.0.0.1:8786; workers declare resources ROLLOUT / TRAINER or GPU
     local_directory: str | None = None  # the Dask workers' scratch folder (default: under the run folder)
-    restarts: int = 2
-    join_wait_s: float = 120.0  # with `address`: how long a run (or its restart) waits for the workers it needs
-
-    def __post_init__(self) -> None:
-        _check(
-            isinstance(self.restarts, int) and self.restarts >= 0,
-            "dask.restarts",
-            "must be an integer >= 0 (new attempts after a lost worker)",
-            self.restarts,
-        )
-        _check(
-            self.join_wait_s >= 0,
-            "dask.join_wait_s",
-            "must be >= 0 (seconds to wait for the joined cluster's workers)",
-            self.join_wait_s,
-        )
+    restarts: NonNegativeInt = 2  # new attempts after a lost worker (0: stop at the first)
+    join_wait_s: NonNegative = 120.0  # with `address`: how long a run (or its restart) waits for the workers it needs
 
 
 @strict_config  # the run form's schema describes every setting; unknown keys are refused

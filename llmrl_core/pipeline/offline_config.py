@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmrl_core.pipeline.config_io import strict_config
+from llmrl_core.pipeline.config_types import AtLeast1, NonNegativeInt
 from llmrl_core.pipeline.env_config import EnvConfig, validate_env_config
 from llmrl_core.pipeline.grpo_config import DaskConfig, TrainConfig
 from llmrl_core.pipeline.init_config import InitConfig
@@ -44,8 +45,8 @@ class OfflineConfig:
 
     run_id: str = "offline-demo"  # this run: its folder, its MLflow run; the same run_id again resumes it
     model: str = "default"  # starting weights
-    epochs: int = 1  # passes over the stored trajectories (the run's last version number)
-    groups_per_step: int = 8  # prompt groups per mini-batch
+    epochs: NonNegativeInt = 1  # passes over the stored trajectories (the run's last version number)
+    groups_per_step: AtLeast1 = 8  # prompt groups per mini-batch
     skip_zero_signal: bool = True  # leave out groups whose (re-scored) rewards are all equal: no gradient
     seed: int = 0  # seeds the batch order and the trainer's RNG
     runs_dir: str | None = None  # default $LLMRL_HOME/runs
@@ -62,13 +63,9 @@ class OfflineConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
 
     def __post_init__(self) -> None:
-        if self.epochs < 0:
-            raise ValueError("epochs must be >= 0")
         validate_env_config(self.env)
         if self.rescore.reward == "env" and not self.env.rewards:
             raise ValueError("rescore.reward 'env' re-scores with env.rewards, which is empty")
-        if self.groups_per_step < 1:
-            raise ValueError("groups_per_step must be >= 1")
         if self.train.data_parallel != 1:
             raise ValueError(
                 f"train.data_parallel={self.train.data_parallel}: offline GRPO trains on one trainer (the GRPO flow "

@@ -13,11 +13,13 @@ One policy version is published per epoch (version 0 is the starting model).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
+
+from pydantic import Field
 
 from llmrl_core.pipeline.config_io import strict_config
+from llmrl_core.pipeline.config_types import AtLeast1, NonNegative, NonNegativeInt, Positive
 from llmrl_core.pipeline.env_config import EnvConfig, validate_env_config
 from llmrl_core.pipeline.grpo_config import DaskConfig, LoraConfig
 from llmrl_core.pipeline.init_config import InitConfig
@@ -31,14 +33,9 @@ class SFTDataConfig:
     source: str = "gsm8k:train"  # "gsm8k:train" | "gsm8k:test" | a .jsonl/.parquet path
     messages_key: str = "messages"  # rows with this field are chats; otherwise question/answer rows
     gsm8k_format: Literal["tags", "plain"] = "tags"  # tags: the env's prompt + <think>..</think><answer>..</answer>
-    limit: int | None = 64  # first N rows (None: all)
-    max_length: int = 1024  # tokens per sample (prompt + response); longer samples are truncated
-
-    def __post_init__(self) -> None:
-        if self.limit is not None and self.limit < 1:
-            raise ValueError("limit must be >= 1 or null")
-        if self.max_length < 2:
-            raise ValueError("max_length must be >= 2")
+    limit: AtLeast1 | None = 64  # first N rows (None: all)
+    # tokens per sample (prompt + response); longer samples are truncated
+    max_length: Annotated[int, Field(ge=2)] = 1024
 
 
 @dataclass
@@ -48,47 +45,29 @@ class SFTTrajectoriesConfig:
     run_id: str | None = None  # the run whose trajectories are read
     versions: list[int] = field(default_factory=list)  # empty: every stored version
     store: str | None = None  # trajectory store root; default RUNS_DIR/trajectories
-    topk: int = 1  # responses kept per prompt group
+    topk: AtLeast1 = 1  # responses kept per prompt group
     above_median: bool = True  # only responses strictly above their group's median reward
-
-    def __post_init__(self) -> None:
-        if self.topk < 1:
-            raise ValueError("topk must be >= 1")
 
 
 @dataclass
 class SFTTrainConfig:
     """The trainer: SFT loss options (TorchRL's SFTLoss names), optimizer, batch size and placement."""
 
-    lr: float = 1e-5  # AdamW learning rate
+    lr: Positive = 1e-5  # AdamW learning rate
     # a resume whose optimizer/RNG state is missing is an error; true: resume from the weights with a fresh optimizer
     resume_without_state: bool = False
-    batch_size: int = 8  # samples per optimizer step
+    batch_size: AtLeast1 = 8  # samples per optimizer step
     loss_function: Literal["sft", "minor_sft"] = "sft"  # minor_sft: weighted by the reference (uses beta)
     normalize_by_seq_length: bool = True  # average each sample's loss over its tokens (false: sum)
-    beta: float = 0.1  # minor_sft temperature
-    kl_to_ref_coeff: float = 0.0  # > 0 adds the KL to the frozen starting model (sft only)
-    max_grad_norm: float = 1.0  # gradient clipping norm
-    token_budget: int = 2048  # tokens per packed micro-batch
+    beta: NonNegative = 0.1  # minor_sft temperature
+    kl_to_ref_coeff: NonNegative = 0.0  # > 0 adds the KL to the frozen starting model (sft only)
+    max_grad_norm: Positive = 1.0  # gradient clipping norm
+    token_budget: Annotated[int, Field(ge=16)] = 2048  # tokens per packed micro-batch
     mixed_precision: Literal["auto", "bf16", "no"] = "auto"  # auto: bf16 autocast where bf16 is native
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, slower)
     lora: LoraConfig = field(default_factory=LoraConfig)  # train low-rank adapters instead of every weight
-    threads: int = 0  # torch threads on the trainer worker (0: all cores)
-    device: str = "auto"  # "auto" | "cpu" | "cuda"
-
-    def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ValueError(f"train.batch_size must be >= 1, got {self.batch_size!r}")
-        for name in ("lr", "max_grad_norm"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"train.{name} must be a finite number > 0, got {value!r}")
-        for name in ("beta", "kl_to_ref_coeff"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"train.{name} must be a finite number >= 0, got {value!r}")
-        if self.token_budget < 16:
-            raise ValueError(f"train.token_budget must be >= 16, got {self.token_budget!r}")
+    threads: NonNegativeInt = 0  # torch threads on the trainer worker (0: all cores)
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # a GPU trainer is placed on a worker with resource GPU=1
 
 
 @strict_config  # the run form's schema describes every setting; unknown keys are refused
@@ -99,7 +78,7 @@ class SFTConfig:
     run_id: str = "sft-demo"  # the run: its folder, its MLflow run; the same run_id again resumes it
     model: str = "default"  # "default" (packaged SmolLM2-135M-Instruct), a folder or an `llmrl models` name
     source: Literal["dataset", "trajectories"] = "dataset"  # train on data (a chat set) or on trajectories
-    epochs: int = 1  # passes over the training set (the run's last version number)
+    epochs: NonNegativeInt = 1  # passes over the training set (the run's last version number)
     seed: int = 0  # seeds the batch order and the trainer's RNG
     runs_dir: str | None = None  # default $LLMRL_HOME/runs
     tracking_uri: str | None = None  # default: one sqlite store per runs root (<runs_dir>/mlflow.db)
@@ -115,8 +94,6 @@ class SFTConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
 
     def __post_init__(self) -> None:
-        if self.epochs < 0:
-            raise ValueError("epochs must be >= 0")
         validate_env_config(self.env)
         if self.source == "trajectories" and not self.trajectories.run_id:
             raise ValueError("source 'trajectories' needs trajectories.run_id")
