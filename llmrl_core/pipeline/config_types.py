@@ -12,7 +12,7 @@ AtLeast1 = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]  # a share, 0 and 1 included
-Probability = Annotated[
-    float, Field(gt=0, le=1, allow_inf_nan=False)
-]  # in (0, 1]: a nucleus, a fraction of a GPU's memory
+# a share, 0 and 1 included
+Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+# in (0, 1]: a nucleus, a fraction of a GPU's memory
+Probability = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
