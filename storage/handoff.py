@@ -13,7 +13,8 @@ Only for engines on the trainer's host (the caller decides), only while no engin
 rewritten (the flow loads a version into every engine before it stages the next), and only where ``/dev/shm`` is a
 writable folder with room for twice the file (containers often give it 64 MB): otherwise the trainer writes into
 the checkpoint folder as before. Each trainer process has its own folder (``llmrl-handoff-<pid>``); a folder whose
-process is gone (a killed run) holds memory until someone removes it, so :func:`handoff_dir` sweeps those first.
+process is gone (a killed run) holds memory until someone removes it: the run's guardian does within seconds
+(:mod:`storage.guardian`), and :func:`handoff_dir` sweeps any left first.
 """
 
 from __future__ import annotations
@@ -32,42 +33,14 @@ from safetensors.torch import save_file
 from llmrl_core.weight_sync.updater import cast_floats
 from storage.checkpoints import dedupe_shared
 from storage.filesystems import temp_name_for
+from storage.guardian import PREFIX, SHARED_MEMORY, orphaned_folders, sweep_orphans
 
-SHARED_MEMORY = Path("/dev/shm")
-PREFIX = "llmrl-handoff-"
+__all__ = ["PREFIX", "SHARED_MEMORY", "SharedWeights", "handoff_dir", "orphaned_folders", "sweep_orphans"]
+
 SAFETENSORS_DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
 }  # fmt: skip
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
-
-
-def orphaned_folders(root: Path | None = None) -> list[Path]:
-    """The handoff folders under ``root`` (default ``/dev/shm``) whose trainer process no longer exists."""
-    root = SHARED_MEMORY if root is None else root
-    return sorted(
-        folder
-        for folder in root.glob(f"{PREFIX}*")
-        if (pid := folder.name.removeprefix(PREFIX)).isdigit() and not _alive(int(pid))
-    )
-
-
-def sweep_orphans(root: Path | None = None) -> list[Path]:
-    """Remove the handoff folders under ``root`` (default ``/dev/shm``) whose trainer process no longer exists;
-    returns them."""
-    removed = orphaned_folders(root)
-    for folder in removed:
-        shutil.rmtree(folder, ignore_errors=True)
-    return removed
 
 
 def handoff_dir(needed_bytes: int, root: Path | None = None) -> Path | None:

@@ -3,7 +3,8 @@
 Two ``llmrl run grpo`` with the same run id would otherwise both run over one folder (and one MLflow run), the
 last writer winning. The lock is ``fcntl.flock`` on ``<run>/state/run.lock``: the kernel releases it when its
 process ends, however it ends (no stale lock after a crash or ``kill -9``), and the file names its holder (pid,
-host, start time), so a second flow is refused at once with who holds it. It guards the flow host's run folder:
+host, start time), so a second flow is refused at once with who holds it. A guardian process empties the file
+within seconds of a SIGKILL of its holder (:mod:`storage.guardian`). It guards the flow host's run folder:
 flows on different hosts writing one remote ``runs_dir`` are not serialised by it.
 """
 
@@ -17,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from storage.guardian import start_guardian
+
 
 class RunBusyError(RuntimeError):
     """Another flow holds the run's lock."""
@@ -29,6 +32,7 @@ class RunLock:
         self.path = Path(run_dir) / "state" / "run.lock"
         self.run_id = run_id
         self._file: Any = None
+        self._guardian: Any = None
 
     def __enter__(self) -> RunLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -46,6 +50,7 @@ class RunLock:
         handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": started}))
         handle.flush()
         self._file = handle
+        self._guardian = start_guardian(self.path)  # cleans up after a SIGKILL of this process
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -55,6 +60,10 @@ class RunLock:
             fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
             self._file.close()
             self._file = None
+        if self._guardian is not None:  # it would see the lock released and end by itself: no need to wait
+            self._guardian.terminate()
+            self._guardian.wait()
+            self._guardian = None
 
 
 def check_not_busy(run_dir: str | os.PathLike[str], run_id: str) -> None:

@@ -99,3 +99,23 @@ def test_shared_weights_rewrite_the_file_when_the_layout_changes_and_step_aside_
     assert shared.write(big) is None  # the trainer writes the checkpoint folder instead
     del shared
     assert not path.exists()  # the file goes with its owner
+
+
+def test_a_killed_process_not_yet_reaped_counts_as_gone():
+    """A trainer killed but not yet reaped by its parent (a zombie) is gone: its folder is an orphan."""
+    import subprocess
+    import time
+    from pathlib import Path
+
+    from storage.guardian import alive
+
+    child = subprocess.Popen(["sleep", "30"])
+    assert alive(child.pid)
+    child.kill()  # not waited for: a zombie until reaped
+    stat = Path(f"/proc/{child.pid}/stat")
+    deadline = time.monotonic() + 5
+    while " Z " not in stat.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert " Z " in stat.read_text() and not alive(child.pid)
+    child.wait()
+    assert not alive(child.pid)
