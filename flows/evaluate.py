@@ -40,6 +40,7 @@ from tasks.evaluate import (
     evaluation_dir,
     log_to_mlflow,
     publish_artifacts,
+    question_texts,
     release_engines,
     resolve_versions,
     run_agent_settings,
@@ -140,7 +141,7 @@ def evaluate(
     paths = {o["version"]: o["path"] for o in outcomes}
     out_dir = evaluation_dir(run_id, runs_dir, settings)
     title = f"{run_id}: {source}, {n_questions} questions, greedy + {n_samples} samples at T={temperature}"
-    report = write_report(paths, str(out_dir), title)
+    report = write_report(paths, str(out_dir), title, question_texts(settings))
     artifacts = publish_artifacts(report, f"evaluate-{run_id}", title)
     mlflow_info = log_to_mlflow(run_id, runs_dir, settings, report, paths, tracking_uri) if log_mlflow else {}
     for line in report["verdict"].splitlines():
@@ -155,6 +156,7 @@ def evaluate(
         "report_png": report["png"],
         "rows": report["rows"],
         "verdict": report["verdict"],
+        "side_by_side": report["side_by_side"],
         "artifacts": artifacts,
         "mlflow": mlflow_info,
         "reused": [o["version"] for o in outcomes if o["reused"]],

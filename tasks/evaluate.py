@@ -34,7 +34,7 @@ from llmrl_core.evaluation import (
     report_rows,
 )
 from llmrl_core.evaluation.gsm8k_eval import Progress
-from llmrl_core.evaluation.report import verdict_lines
+from llmrl_core.evaluation.report import side_by_side, verdict_lines
 from llmrl_core.evaluation.results import save_result, write_text_atomic
 from llmrl_core.model_store import base_state_dict, resolve_model
 from llmrl_core.modules.backends.types import EngineConfig, SamplingConfig
@@ -47,6 +47,20 @@ from storage.layout import RunLayout
 from tasks.reporting import artifact_key
 
 _RESIDENT: dict[str, dict[str, Any]] = {}  # engine-config hash -> {"worker": vLLMWorker, "weights": source id}
+
+
+def question_rows(settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """The settings' held-out questions (the first ``n_questions`` rows of ``source``)."""
+    scoring = settings.get("scoring", "ifeval" if settings.get("env") == "ifeval" else "single_turn")
+    if scoring == "ifeval" or (scoring == "episode" and settings["env"].get("name") == "ifeval"):
+        return ifeval_rows(settings["source"], settings["n_questions"])
+    env = settings["env"] if isinstance(settings["env"], dict) else {}
+    return load_source_rows(settings["source"], limit=settings["n_questions"], env_options=env.get("options"))
+
+
+def question_texts(settings: dict[str, Any]) -> list[str]:
+    """The text of each held-out question, by index (its ``question`` or ``prompt`` field)."""
+    return [str(r.get("question", r.get("prompt", ""))) for r in question_rows(settings)]
 
 
 def ifeval_rows(source: str, limit: int) -> list[dict[str, Any]]:
@@ -250,11 +264,7 @@ def evaluate_version(
         resident["weights"] = weights_id
     worker.policy_version = version
     scoring = settings.get("scoring", "ifeval" if settings.get("env") == "ifeval" else "single_turn")
-    if scoring == "ifeval" or (scoring == "episode" and settings["env"].get("name") == "ifeval"):
-        rows = ifeval_rows(settings["source"], settings["n_questions"])
-    else:
-        env = settings["env"] if isinstance(settings["env"], dict) else {}
-        rows = load_source_rows(settings["source"], limit=settings["n_questions"], env_options=env.get("options"))
+    rows = question_rows(settings)
     if len(rows) < settings["n_questions"]:
         raise ValueError(
             f"{settings['source']}: {len(rows)} questions, fewer than n_questions={settings['n_questions']}"
@@ -374,17 +384,31 @@ def _evaluate_episodes(
 
 
 @task(name="write-eval-report")
-def write_report(result_paths: dict[int, str], out_dir: str, title: str = "") -> dict[str, Any]:
-    """Build the table (markdown + JSON) and the curve PNG from the versions' result files."""
+def write_report(
+    result_paths: dict[int, str], out_dir: str, title: str = "", questions: list[str] | None = None
+) -> dict[str, Any]:
+    """Build the table (markdown + JSON), the curve PNG and the versions' answers side by side (``questions``: the
+    held-out questions' texts, by index) from the versions' result files."""
     results = {int(v): load_result(p) for v, p in result_paths.items()}
     rows = report_rows(results)
+    answers = side_by_side(results, questions or [])
     folder = Path(out_dir)
     table = markdown_table(rows)
     verdict = "".join(f"- {line}\n" for line in verdict_lines(rows))
     md = write_text_atomic(folder / "report.md", f"# {title or 'Evaluation'}\n\n{verdict}\n{table}")
     js = write_text_atomic(folder / "report.json", json.dumps(rows, indent=1, allow_nan=True))
     png = plot_curves(rows, folder / "curves.png", title=title)
-    return {"rows": rows, "markdown": str(md), "json": str(js), "png": str(png), "table": table, "verdict": verdict}
+    answers_path = write_text_atomic(folder / "side_by_side.json", json.dumps(answers, indent=1, ensure_ascii=False))
+    return {
+        "rows": rows,
+        "markdown": str(md),
+        "json": str(js),
+        "png": str(png),
+        "table": table,
+        "verdict": verdict,
+        "side_by_side": answers,
+        "side_by_side_json": str(answers_path),
+    }
 
 
 @task(name="publish-eval-artifacts")
@@ -400,7 +424,16 @@ def publish_artifacts(report: dict[str, Any], key: str, description: str) -> dic
         key=f"{key}-report",
         description=description,
     )
-    return {"table": str(table_id), "image": str(image_id), "markdown": str(md_id)}
+    ids = {"table": str(table_id), "image": str(image_id), "markdown": str(md_id)}
+    if report.get("side_by_side"):
+        ids["side_by_side"] = str(
+            create_table_artifact(
+                report["side_by_side"],
+                key=f"{key}-side-by-side",
+                description=f"{description}: the same questions answered by each version (greedy)",
+            )
+        )
+    return ids
 
 
 @task(name="log-eval-to-mlflow")
@@ -432,8 +465,9 @@ def log_to_mlflow(
                 if k not in ("version", "mode") and isinstance(v, int | float) and v == v and abs(v) != float("inf")
             }
             rec.log_metrics(int(row["version"]), metrics)
-        for name in ("markdown", "json", "png"):
-            rec.client.log_artifact(rec.mlflow_run_id, report[name], "report")
+        for name in ("markdown", "json", "png", "side_by_side_json"):
+            if report.get(name):
+                rec.client.log_artifact(rec.mlflow_run_id, report[name], "report")
         for path in result_paths.values():
             rec.client.log_artifact(rec.mlflow_run_id, path, "results")
         return {"tracking_uri": rec.tracking_uri, "mlflow_run_id": rec.mlflow_run_id, "experiment": "evaluate"}

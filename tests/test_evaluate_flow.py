@@ -158,10 +158,24 @@ def test_report_mlflow_and_prefect_artifacts(flow_run):
     assert {m.step: m.value for m in history}[1] == pytest.approx(rows[2]["accuracy"])
     assert client.get_run(run_id).data.tags["llmrl_evaluated_run_id"] == RUN_ID
     listed = {a.path for a in client.list_artifacts(run_id, "report")}
-    assert {"report/curves.png", "report/report.md", "report/report.json"} <= listed
+    assert {"report/curves.png", "report/report.md", "report/report.json", "report/side_by_side.json"} <= listed
     assert len(client.list_artifacts(run_id, "results")) == 2
     key = f"evaluate-{RUN_ID}"
-    assert {f"{key}-table", f"{key}-curves", f"{key}-report"} <= set(out["artifacts"])
+    assert {f"{key}-table", f"{key}-curves", f"{key}-report", f"{key}-side-by-side"} <= set(out["artifacts"])
+    # the versions' answers to the same questions, side by side: each row is a question, each version its greedy
+    # answer as stored in that version's result
+    questions = [" ".join(r["question"].split()) for r in load_gsm8k("test", limit=N_QUESTIONS)]
+    answers = first["side_by_side"]
+    assert len(answers) == N_QUESTIONS
+    for row, question in zip(answers, questions, strict=True):  # the text, clipped to 200 characters
+        shown = row["question"].removesuffix("…")
+        assert shown and question.startswith(shown)
+    for version in (0, 1):
+        stored = load_result(first["results"][str(version)]).modes["greedy"].questions
+        assert [row[f"v{version} tokens"] for row in answers] == [q.samples[0].num_tokens for q in stored]
+        assert [row[f"v{version} answer"].split(" ", 1)[0] for row in answers] == [
+            "✓" if q.samples[0].correct else "✗" for q in stored
+        ]
     # the evaluation's flow runs are named and tagged like the run they evaluate, not at random (issue 71)
     assert out["flow_runs"] == [{"name": f"{RUN_ID} evaluate", "tags": ["evaluation", "llmrl", f"run:{RUN_ID}"]}] * 2
 

@@ -23,6 +23,7 @@ from llmrl_core.evaluation import (
     plot_curves,
     report_rows,
     save_result,
+    side_by_side,
 )
 from llmrl_core.modules.backends.types import Completion, SamplingConfig
 
@@ -213,6 +214,21 @@ def test_report_rows_paired_delta_markdown_and_png(tokenizer, tmp_path):
     assert [p.name for p in png.parent.iterdir()] == ["curves.png"]
     with pytest.raises(ValueError, match="baseline version 5"):
         report_rows({0: baseline}, baseline=5)
+    # the same questions answered by each version, side by side (greedy, the first sample)
+    pairs = side_by_side({2: improved, 0: baseline}, [r["question"] for r in ROWS], text_chars=30)
+    assert len(pairs) == len(ROWS) and [p["gold"] for p in pairs] == [
+        q.gold for q in baseline.modes["greedy"].questions
+    ]
+    for row, before, after in zip(
+        pairs, baseline.modes["greedy"].questions, improved.modes["greedy"].questions, strict=True
+    ):
+        assert list(row)[:2] == ["question", "gold"] and len(row["question"]) <= 30
+        assert row["v0 answer"] == f"{'✓' if before.samples[0].correct else '✗'} {before.samples[0].answer}"
+        assert (
+            row["v2 reward"] == round(after.samples[0].reward, 3) and row["v0 tokens"] == before.samples[0].num_tokens
+        )
+    assert pairs[1]["v2 answer"].startswith("✓") and pairs[1]["v2 reward"] == 1.0
+    assert side_by_side({0: baseline}, limit=1)[0]["question"] == 0  # no texts given: the question's index
 
 
 def test_verdict_names_the_best_version_and_whether_it_clears_three_standard_errors():

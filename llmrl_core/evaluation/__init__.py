@@ -5,11 +5,12 @@
 * :mod:`~llmrl_core.evaluation.gsm8k_eval`: ``evaluate_gsm8k(engine, rows, n_samples, k_values, sampling)``
   with the training prompts and reward parser, greedy and sampled.
 * :mod:`~llmrl_core.evaluation.results`: the result objects and their JSON files.
-* :mod:`~llmrl_core.evaluation.report`: the table over versions and the curve PNG.
+* :mod:`~llmrl_core.evaluation.report`: the table over versions, the curve PNG and the versions' answers side by
+  side.
 """
 
 from llmrl_core.evaluation.gsm8k_eval import evaluate_gsm8k, evaluate_ifeval, evaluate_prompts, gsm8k_prompt_ids
-from llmrl_core.evaluation.report import format_rows, markdown_table, plot_curves, report_rows
+from llmrl_core.evaluation.report import format_rows, markdown_table, plot_curves, report_rows, side_by_side
 from llmrl_core.evaluation.results import (
     EvaluationResult,
     ModeResult,
@@ -39,5 +40,6 @@ __all__ = [
     "pass_at_k_estimate",
     "plot_curves",
     "report_rows",
+    "side_by_side",
     "save_result",
 ]

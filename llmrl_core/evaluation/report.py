@@ -47,6 +47,48 @@ def report_rows(results: Mapping[int, EvaluationResult], baseline: int | None = 
     return rows
 
 
+def side_by_side(
+    results: Mapping[int, EvaluationResult],
+    questions: Sequence[str] = (),
+    limit: int = 50,
+    text_chars: int = 200,
+) -> list[dict[str, Any]]:
+    """The same held-out questions answered by each version, one row per question (the first ``limit``): the
+    question (from ``questions``, by index, when given), its gold answer, then for each version its first answer of
+    the greedy mode (else of the first mode every result has): the parsed answer, right or wrong, the reward, the
+    length in tokens and the response's first ``text_chars`` characters."""
+    if not results:
+        return []
+    versions = sorted(results)
+    common = [m for m in results[versions[0]].modes if all(m in results[v].modes for v in versions)]
+    if not common:
+        return []
+    mode = "greedy" if "greedy" in common else common[0]
+    by_version = {v: {q.index: q for q in results[v].modes[mode].questions} for v in versions}
+    rows = []
+    for index in sorted(by_version[versions[0]])[:limit]:
+        first = by_version[versions[0]][index]
+        row: dict[str, Any] = {"question": _clip(questions[index], text_chars) if index < len(questions) else index}
+        row["gold"] = first.gold
+        for v in versions:
+            outcome = by_version[v].get(index)
+            sample = outcome.samples[0] if outcome is not None and outcome.samples else None
+            if sample is None:
+                row.update({f"v{v} answer": "", f"v{v} reward": None, f"v{v} tokens": None, f"v{v} response": ""})
+                continue
+            row[f"v{v} answer"] = f"{'✓' if sample.correct else '✗'} {sample.answer}"
+            row[f"v{v} reward"] = round(sample.reward, 3)
+            row[f"v{v} tokens"] = sample.num_tokens
+            row[f"v{v} response"] = _clip(sample.text, text_chars)
+        rows.append(row)
+    return rows
+
+
+def _clip(text: str, chars: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= chars else text[: chars - 1] + "…"
+
+
 def _pm(mean: float, se: float | None) -> str:
     if se is None or math.isnan(se):
         return f"{mean:.3f}"
