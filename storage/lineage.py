@@ -33,7 +33,7 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -401,6 +401,7 @@ class LineageRecorder:
             CONFIG_HASH_TAG: version_hash or "",
             "git_commit": self.git_commit or "",
             "checkpoint_uri": checkpoint_uri or "",
+            "checkpoint": "kept" if checkpoint_uri else "",  # "pruned" once keep_checkpoints deleted it (mark_pruned)
             "checkpoint_sha256": checkpoint.sha256 if checkpoint else "",
             "weights_fingerprint": ",".join(f"{d}:{f}" for d, f in sorted((weights_fingerprints or {}).items())),
             "parent_model_id": parent_model or "",
@@ -456,6 +457,26 @@ class LineageRecorder:
             filter_string=f"tags.{RUN_TAG} = '{self.run_id}' AND tags.policy_version = '{policy_version}'",
         )
         return [m.model_id for m in models]
+
+    def mark_pruned(self, kept: Iterable[int]) -> list[int]:
+        """Tag this run's logged models whose checkpoint is gone (not in ``kept``: pruned by ``keep_checkpoints``)
+        ``checkpoint: pruned``, so the MLflow UI and ``llmrl lineage`` do not point at a deleted file as if it were
+        there; returns the versions newly marked."""
+        kept, marked, token = set(kept), [], None
+        while True:  # the models still marked kept (at most keep_checkpoints plus the keep_every ones), page by page
+            page = self.client.search_logged_models(
+                [self.experiment_id],
+                filter_string=f"tags.{RUN_TAG} = '{self.run_id}' AND tags.checkpoint = 'kept'",
+                page_token=token,
+            )
+            for model in page:
+                version = (model.tags or {}).get("policy_version", "")
+                if version.isdigit() and int(version) not in kept:
+                    self.client.set_logged_model_tags(model.model_id, {"checkpoint": "pruned"})
+                    marked.append(int(version))
+            token = page.token
+            if not token:
+                return sorted(marked)
 
     def find_model_id(self, policy_version: int) -> str | None:
         """The LoggedModel id recorded for a policy version of this run (None when not recorded)."""

@@ -92,8 +92,10 @@ def version_lineage(
             if point.step == policy_version:
                 step_metrics[key] = point.value
     experiment = client.get_experiment(run.info.experiment_id)
+    model_tags = client.get_logged_model(record["model_id"]).tags if record.get("model_id") else {}
     return {
         **record,
+        "checkpoint_state": (model_tags or {}).get("checkpoint") or None,  # kept | pruned (None: recorded before)
         "tracking_uri": tracking_uri,
         "experiment": experiment.name,
         "run_status": run.info.status,
@@ -120,7 +122,8 @@ def format_lineage(info: dict[str, Any]) -> str:
         lines[-1] += f"  model {info['parent_model_id']}"
     checkpoint = info.get("checkpoint")
     if checkpoint:
-        lines.append(f"  checkpoint    {info.get('checkpoint_uri') or checkpoint['weights_file']}")
+        pruned = "  (pruned: deleted by keep_checkpoints)" if info.get("checkpoint_state") == "pruned" else ""
+        lines.append(f"  checkpoint    {info.get('checkpoint_uri') or checkpoint['weights_file']}{pruned}")
         lines.append(f"                sha256 {checkpoint['sha256']}  dtype {checkpoint['dtype']}")
     lines.append("  data:")
     for ref in info.get("data") or []:

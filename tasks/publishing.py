@@ -73,6 +73,7 @@ class PendingPublish:
             metrics=metrics or None,
         )
         commit_version(self.run_dir, version, self.primer_state, metrics, self.markers_uri)
+        self.lineage.mark_pruned(self.checkpoints.versions())  # the lineage of versions keep_checkpoints deleted
         if version > 0:  # in the background beside the next iteration, or now
             report = self.reports.submit if self.reports is not None else report_iteration
             history = version_history(self.run_dir, version)

@@ -141,6 +141,28 @@ def test_version_lineage_answers_what_produced_a_version(recorded):
         version_lineage("run-z", 1, run_dir=base / "run-a")
 
 
+def test_a_pruned_checkpoint_is_marked_in_the_lineage(tmp_path):
+    """keep_checkpoints deleted versions 1 and 2: their logged models are tagged pruned (the MLflow UI and
+    ``llmrl lineage`` say so instead of pointing at a deleted file as if it were there); version 3 stays kept."""
+    from storage.lineage_query import format_lineage
+
+    recorder = _simulate_run(tmp_path / "run-p", TrajectoryStore(tmp_path / "trajectories"))
+    checkpoints = CheckpointStore(tmp_path / "run-p" / "checkpoints")
+    for version in (1, 2):
+        checkpoints.delete(version)
+    assert recorder.mark_pruned(checkpoints.versions()) == [1, 2]
+    assert recorder.mark_pruned(checkpoints.versions()) == []  # marked once
+    recorder.end()
+    states = {v: version_lineage("run-p", v, run_dir=tmp_path / "run-p")["checkpoint_state"] for v in (1, 2, 3)}
+    assert states == {1: "pruned", 2: "pruned", 3: "kept"}
+    model = recorder.client.get_logged_model(recorder.find_model_id(2))
+    assert model.tags["checkpoint"] == "pruned" and model.tags["checkpoint_uri"].endswith("policy_v000002.safetensors")
+    assert "(pruned: deleted by keep_checkpoints)" in format_lineage(
+        version_lineage("run-p", 1, run_dir=tmp_path / "run-p")
+    )
+    assert "deleted by keep_checkpoints" not in format_lineage(version_lineage("run-p", 3, run_dir=tmp_path / "run-p"))
+
+
 def test_reopening_a_run_resumes_it_and_rerecording_a_version_replaces_it(tmp_path):
     store = TrajectoryStore(tmp_path / "trajectories")
     first = _simulate_run(tmp_path / "run-a", store, versions=2)
