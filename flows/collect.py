@@ -18,7 +18,6 @@ from prefect import flow, get_run_logger
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.pipeline.preflight import check_run_id, preflight
-from runtime.actor_calls import with_restarts
 from runtime.cluster import dask_cluster
 from runtime.console import progress_bar
 from runtime.rollout_actor import RolloutWorker
@@ -28,7 +27,7 @@ from storage.layout import RunLayout
 from storage.trajectories import TrajectoryStore
 from tasks import grpo_stages as stages
 from tasks.reporting import artifact_key, live_markdown
-from tasks.run_identity import stops_cancel_the_flow_run
+from tasks.run_identity import attempts
 
 
 def checkpoint_to_sample(run_id: str, layout: RunLayout, policy_version: int) -> str | None:
@@ -72,13 +71,12 @@ def collect(
     layout = RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir)
     collect_cfg = dataclasses.replace(cfg, run_id=out_run)  # the engines tag and stage the rows as the output run
     checkpoint = checkpoint_to_sample(cfg.run_id, layout, policy_version)
-    with stops_cancel_the_flow_run():  # Ctrl-C / SIGTERM: Cancelled, not Crashed
-        rows_total, written = with_restarts(
-            lambda: collect_once(collect_cfg, cfg.model, checkpoint, policy_version, batches, log),
-            cfg.dask.restarts,
-            log,
-            again="collecting again from the first batch",
-        )
+    rows_total, written = attempts(
+        lambda: collect_once(collect_cfg, cfg.model, checkpoint, policy_version, batches, log),
+        cfg.dask.restarts,
+        log,
+        again="collecting again from the first batch",
+    )
     log.info(
         "collected %d rollouts of %s version %d into %s", rows_total, cfg.run_id, policy_version, written["partition"]
     )

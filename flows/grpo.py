@@ -25,7 +25,7 @@ from prefect import flow, get_run_logger
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.pipeline.preflight import final_eval_source, preflight
-from runtime.actor_calls import wait_calls, with_restarts
+from runtime.actor_calls import wait_calls
 from runtime.cluster import dask_cluster
 from runtime.console import library_logs, progress_bar
 from runtime.rollout_actor import RolloutWorker
@@ -52,7 +52,7 @@ from tasks.iteration_log import (
 from tasks.publishing import PendingPublish, publish_version, start_publish
 from tasks.reporting import BackgroundReports
 from tasks.rollout_ahead import RolloutAhead
-from tasks.run_identity import identify_run, named_at_creation, stops_cancel_the_flow_run
+from tasks.run_identity import attempts, identify_run, named_at_creation
 
 
 def iteration_bar(cfg: GRPOConfig, start: int) -> Any:
@@ -81,8 +81,7 @@ def grpo(
     log = get_run_logger()
     cfg = load_config(GRPOConfig, config, overrides or [], settings=settings)
     preflight(cfg)  # before any task, cluster, engine or write
-    with stops_cancel_the_flow_run():  # Ctrl-C / SIGTERM: Cancelled, not Crashed
-        return with_restarts(lambda: run_grpo(cfg, log), cfg.dask.restarts, log)
+    return attempts(lambda: run_grpo(cfg, log), cfg.dask.restarts, log)
 
 
 def run_grpo(cfg: GRPOConfig, log: Any) -> dict[str, Any]:

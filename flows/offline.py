@@ -7,7 +7,7 @@
 The importance ratio of ``GRPOLoss`` compares the trained policy with the stored sampler log-probs, so the
 clip keeps each step close to the policy that generated the data. Version 0 is the starting model
 (``model``); the same run id resumes after its last published epoch, exactly as the SFT and GRPO flows (the
-epoch loop is :mod:`flows.epoch_runs`, shared with the SFT flow).
+epoch loop is :mod:`tasks.epoch_runs`, shared with the SFT flow).
 Run it with ``llmrl run offline --set source.run_id=R --set rescore.reward=gsm8k_strict``.
 """
 
@@ -17,26 +17,12 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from flows.epoch_runs import EpochPlan, EpochRun, log_training_set, train_epochs
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.offline_config import OfflineConfig
 from llmrl_core.pipeline.preflight import preflight
-from runtime.actor_calls import with_restarts
-from storage.lineage import DataRef, LineageRecorder
-from storage.trajectories import TrajectoryStore
 from tasks import offline_stages as stages
-from tasks.run_identity import named_at_creation, stops_cancel_the_flow_run
-
-
-def log_data(cfg: OfflineConfig, data: dict[str, Any], lineage: LineageRecorder, store_uri: str) -> list[DataRef]:
-    """Record what is trained on: the source partitions, the re-scored ones and the tokenized file."""
-    src = cfg.source.run_id
-    source, rescored = TrajectoryStore(store_uri), TrajectoryStore(data["rescored_store"])
-    for version in data["versions"]:
-        lineage.log_trajectory_partition(source, version, run_id=src, context="source")
-    refs = [lineage.log_trajectory_partition(rescored, v, run_id=src) for v in data["versions"]]
-    refs.append(log_training_set(lineage, data, data["trained_rows"]))
-    return refs
+from tasks.epoch_runs import EpochPlan, EpochRun, train_epochs
+from tasks.run_identity import attempts, named_at_creation
 
 
 @flow(
@@ -61,8 +47,7 @@ def offline(
     log = get_run_logger()
     cfg = load_config(OfflineConfig, config, overrides or [], settings=settings)
     preflight(cfg)  # before any task, cluster, engine or write
-    with stops_cancel_the_flow_run():  # Ctrl-C / SIGTERM: Cancelled, not Crashed
-        return with_restarts(lambda: run_offline(cfg, log), cfg.dask.restarts, log)
+    return attempts(lambda: run_offline(cfg, log), cfg.dask.restarts, log)
 
 
 def run_offline(cfg: OfflineConfig, log: Any) -> dict[str, Any]:
@@ -73,7 +58,7 @@ def run_offline(cfg: OfflineConfig, log: Any) -> dict[str, Any]:
     src = cfg.source.run_id
     with run:
         data = stages.rescore(cfg, store_uri, run.layout)
-        refs = log_data(cfg, data, run.lineage, store_uri)
+        refs = stages.log_data(cfg, data, run.lineage, store_uri)
         log.info(
             "run %s from %s versions %s: reward %s, mean %.3f -> %.3f (%d changed); %d of %d rows have signal",
             cfg.run_id,

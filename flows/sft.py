@@ -9,7 +9,7 @@
 Version 0 is the starting model. Like GRPO, a version counts once its commit marker exists, and running the
 same run id again resumes after the last published epoch (weights, optimizer and RNG restored; each epoch's
 batch order depends only on (seed, epoch)). Raising ``epochs`` extends a finished run. The epoch loop is
-:mod:`flows.epoch_runs`, shared with the offline flow.
+:mod:`tasks.epoch_runs`, shared with the offline flow.
 Run it with ``llmrl run sft [--config x.yaml] [--set section.key=value ...]``.
 """
 
@@ -19,35 +19,14 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from flows.epoch_runs import EpochPlan, EpochRun, log_training_set, train_epochs
 from llmrl_core.pipeline.config_io import load_config
 from llmrl_core.pipeline.preflight import preflight
 from llmrl_core.pipeline.sft_config import SFTConfig
-from runtime.actor_calls import with_restarts
-from storage.lineage import DataRef, LineageRecorder
-from storage.trajectories import TrajectoryStore
 from tasks import sft_stages as stages
+from tasks.epoch_runs import EpochPlan, EpochRun, train_epochs
 from tasks.epoch_stages import evaluate_loss
 from tasks.publishing import version_history
-from tasks.run_identity import named_at_creation, stops_cancel_the_flow_run
-
-
-def log_data(cfg: SFTConfig, data: dict[str, Any], lineage: LineageRecorder, store_uri: str) -> list[DataRef]:
-    """Record what is trained on: the dataset (or source and selected partitions) and the tokenized file."""
-    if cfg.source == "dataset":
-        refs = [lineage.log_training_dataset(data["source"], num_rows=data["rows"])]
-    else:
-        run = cfg.trajectories.run_id
-        source, selected = TrajectoryStore(store_uri), TrajectoryStore(data["selected_store"])
-        for v in data["versions"]:
-            lineage.log_trajectory_partition(source, v["version"], run_id=run, context="source")
-        refs = [
-            lineage.log_trajectory_partition(selected, v["version"], run_id=run, context="training")
-            for v in data["versions"]
-            if v["selected"]
-        ]
-    refs.append(log_training_set(lineage, data, data["rows"]))
-    return refs
+from tasks.run_identity import attempts, named_at_creation
 
 
 @flow(
@@ -71,8 +50,7 @@ def sft(
     log = get_run_logger()
     cfg = load_config(SFTConfig, config, overrides or [], settings=settings)
     preflight(cfg)  # before any task, cluster, engine or write
-    with stops_cancel_the_flow_run():  # Ctrl-C / SIGTERM: Cancelled, not Crashed
-        return with_restarts(lambda: run_sft(cfg, log), cfg.dask.restarts, log)
+    return attempts(lambda: run_sft(cfg, log), cfg.dask.restarts, log)
 
 
 def run_sft(cfg: SFTConfig, log: Any) -> dict[str, Any]:
@@ -85,7 +63,7 @@ def run_sft(cfg: SFTConfig, log: Any) -> dict[str, Any]:
             data = stages.prepare_dataset(cfg, run.model_path, run.layout)
         else:
             data = stages.select_trajectories(cfg, store_uri, run.layout)
-        refs = log_data(cfg, data, run.lineage, store_uri)
+        refs = stages.log_data(cfg, data, run.lineage, store_uri)
         samples = data["samples"]
         log.info(
             "run %s: %d training samples (%s); epochs %d..%d", cfg.run_id, data["rows"], samples, run.start, cfg.epochs

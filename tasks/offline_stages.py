@@ -22,7 +22,9 @@ from runtime.records import record_to_sample
 from runtime.sft_actor import TrainerSetup
 from runtime.train_data import write_samples
 from storage.layout import RunLayout
+from storage.lineage import DataRef, LineageRecorder
 from storage.trajectories import TrajectoryStore
+from tasks.epoch_runs import log_training_set
 from tasks.grpo_stages import STAGE
 
 
@@ -100,3 +102,14 @@ def trainer_setup(cfg: OfflineConfig) -> TrainerSetup:
     if t.kl_coef > 0:
         options["kl_to_ref_coeff"] = t.kl_coef
     return TrainerSetup.for_run(cfg, "grpo", options, ref_model=t.kl_coef > 0)
+
+
+def log_data(cfg: OfflineConfig, data: dict[str, Any], lineage: LineageRecorder, store_uri: str) -> list[DataRef]:
+    """Record what is trained on: the source partitions, the re-scored ones and the tokenized file."""
+    src = cfg.source.run_id
+    source, rescored = TrajectoryStore(store_uri), TrajectoryStore(data["rescored_store"])
+    for version in data["versions"]:
+        lineage.log_trajectory_partition(source, version, run_id=src, context="source")
+    refs = [lineage.log_trajectory_partition(rescored, v, run_id=src) for v in data["versions"]]
+    refs.append(log_training_set(lineage, data, data["trained_rows"]))
+    return refs

@@ -13,13 +13,14 @@ import re
 import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from prefect.artifacts import create_link_artifact
 from prefect.exceptions import Pause
 
 from tasks.ui_state import running_ui
 
+T = TypeVar("T")
 DEFAULT_PREFECT_UI = "http://127.0.0.1:4200"
 DEFAULT_MLFLOW_UI = "http://127.0.0.1:5000"
 
@@ -275,6 +276,18 @@ def stops_cancel_the_flow_run() -> Iterator[None]:
         task_lines.removeFilter(_cancelled_is_not_an_error)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def attempts(attempt: Callable[[], T], restarts: int, log: Any, again: str | None = None) -> T:
+    """A flow's body: ``attempt()`` with stops that cancel the flow run (:func:`stops_cancel_the_flow_run`) and, after
+    a lost worker, up to ``restarts`` new attempts (:func:`runtime.actor_calls.with_restarts`; ``again`` says where
+    the next one starts)."""
+    from runtime.actor_calls import with_restarts
+
+    with stops_cancel_the_flow_run():  # Ctrl-C / SIGTERM: Cancelled, not Crashed
+        if again is None:
+            return with_restarts(attempt, restarts, log)
+        return with_restarts(attempt, restarts, log, again=again)
 
 
 def _cancelled_is_not_an_error(record: logging.LogRecord) -> bool:

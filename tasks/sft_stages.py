@@ -27,8 +27,10 @@ from llmrl_core.trainer.batch import TrainSample
 from runtime.sft_actor import TrainerSetup
 from runtime.train_data import write_samples
 from storage.layout import RunLayout
+from storage.lineage import DataRef, LineageRecorder
 from storage.schema import table_to_records
 from storage.trajectories import TrajectoryStore
+from tasks.epoch_runs import log_training_set
 from tasks.grpo_stages import STAGE
 
 _CALCULATOR = re.compile(r"<<[^>]*>>")
@@ -182,3 +184,21 @@ def trainer_setup(cfg: SFTConfig) -> TrainerSetup:
         kl_to_ref_coeff=t.kl_to_ref_coeff if t.kl_to_ref_coeff > 0 else None,
     )
     return TrainerSetup.for_run(cfg, "sft", options, ref_model=t.kl_to_ref_coeff > 0 or t.loss_function == "minor_sft")
+
+
+def log_data(cfg: SFTConfig, data: dict[str, Any], lineage: LineageRecorder, store_uri: str) -> list[DataRef]:
+    """Record what is trained on: the dataset (or source and selected partitions) and the tokenized file."""
+    if cfg.source == "dataset":
+        refs = [lineage.log_training_dataset(data["source"], num_rows=data["rows"])]
+    else:
+        run = cfg.trajectories.run_id
+        source, selected = TrajectoryStore(store_uri), TrajectoryStore(data["selected_store"])
+        for v in data["versions"]:
+            lineage.log_trajectory_partition(source, v["version"], run_id=run, context="source")
+        refs = [
+            lineage.log_trajectory_partition(selected, v["version"], run_id=run, context="training")
+            for v in data["versions"]
+            if v["selected"]
+        ]
+    refs.append(log_training_set(lineage, data, data["rows"]))
+    return refs
