@@ -30,11 +30,10 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from llmrl_core.pipeline.preflight import PreflightError, check_run_id, held_out_source, source_rows
-from runtime.console import library_logs
-from storage.layout import RunLayout, default_runs_root
 from tasks.evaluate import (
     EvaluationBar,
     answers_per_version,
+    check_run_exists,
     env_scoring,
     evaluate_version,
     evaluation_dir,
@@ -45,7 +44,7 @@ from tasks.evaluate import (
     resolve_versions,
     run_agent_settings,
     run_env,
-    run_exists,
+    run_logs,
     run_task,
     write_report,
 )
@@ -81,8 +80,7 @@ def evaluate(
     ``transformers``, as ``rollout.backend``). ``progress``: a bar on the console over every version's answers
     (rate and ETA), as ``grpo``'s over its versions."""
     check_run_id(run_id)
-    if not run_exists(run_id, runs_dir):
-        raise PreflightError(f"run_id: no run {run_id!r} under {runs_dir or default_runs_root()}")
+    check_run_exists(run_id, runs_dir)
     env = run_env(run_id, runs_dir)
     scoring = env_scoring(env)
     if backend not in ("vllm", "transformers"):
@@ -130,7 +128,7 @@ def evaluate(
     bar = EvaluationBar(run_id, chosen, answers_per_version(settings), enabled=progress)  # shown before the engine
     outcomes = []
     try:
-        with library_logs(RunLayout.for_runs_dir(run_id, runs_dir).run_dir):  # vLLM's log to <run>/logs/ (-v: here)
+        with run_logs(run_id, runs_dir):  # vLLM's log to <run>/logs/ (-v: here)
             for v in chosen:
                 outcomes.append(evaluate_version(run_id, runs_dir, v, settings, bar.for_version(v)))
                 bar.finished(v, outcomes[-1]["reused"])

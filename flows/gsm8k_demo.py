@@ -6,12 +6,9 @@ Run it directly (``python -m flows.gsm8k_demo``) or as the ``gsm8k-demo/answer-g
 
 from __future__ import annotations
 
-import time
-
 from prefect import flow, get_run_logger
 
-from llmrl_core.paths import llmrl_home
-from tasks.answer_questions import answer_questions
+from tasks.answer_questions import answer_questions, demo_out_dir
 
 
 @flow(name="gsm8k-demo")
@@ -23,7 +20,7 @@ def gsm8k_demo(
     out_dir: str | None = None,
 ) -> dict:
     """Answer ``questions`` GSM8K test questions with vLLM and write ``responses.jsonl``."""
-    out_dir = out_dir or str(llmrl_home() / "runs" / f"demo-flow-{time.strftime('%Y%m%d-%H%M%S')}")
+    out_dir = out_dir or demo_out_dir()
     summary = answer_questions(
         f"{out_dir}/responses.jsonl", questions=questions, max_tokens=max_tokens, temperature=temperature, model=model
     )

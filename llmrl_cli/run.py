@@ -116,11 +116,11 @@ def run_collect(
     cfg = load_checked(GRPOConfig, config, overrides, False, training=False)
     if out_run_id is not None:
         _check_id(out_run_id, "--out-run-id")
-    from flows.collect import checkpoint_to_sample, collect
-    from storage.layout import RunLayout
+    from flows.collect import collect
+    from tasks.collect_run import checkpoint_to_sample
 
     try:  # before the Prefect API and the engines start
-        checkpoint_to_sample(cfg.run_id, RunLayout.for_runs_dir(cfg.run_id, cfg.runs_dir), version)
+        checkpoint_to_sample(cfg.run_id, cfg.runs_dir, version)
     except (ValueError, OSError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from prefect import task
@@ -9,6 +10,7 @@ from prefect import task
 from llmrl_core.jobs.gsm8k_answers import answer_gsm8k, write_jsonl_atomic
 from llmrl_core.modules.backends.types import EngineConfig
 from llmrl_core.modules.backends.vllm.engine import make_llm
+from llmrl_core.paths import llmrl_home
 from tasks.reporting import live_table
 
 
@@ -38,3 +40,8 @@ def answer_questions(
         "tokens": stats.tokens,
         "tokens_per_second": round(stats.tokens_per_second, 1),
     }
+
+
+def demo_out_dir() -> str:
+    """A new folder for the demo's answers: ``$LLMRL_HOME/runs/demo-flow-<date-time>``."""
+    return str(llmrl_home() / "runs" / f"demo-flow-{time.strftime('%Y%m%d-%H%M%S')}")

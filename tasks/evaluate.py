@@ -39,11 +39,12 @@ from llmrl_core.evaluation.results import save_result, write_text_atomic
 from llmrl_core.model_store import base_state_dict, resolve_model
 from llmrl_core.modules.backends.types import EngineConfig, SamplingConfig
 from llmrl_core.modules.backends.vllm.worker import start_engine, vLLMWorker
+from llmrl_core.pipeline.preflight import PreflightError
 from llmrl_core.pipeline.task_config import TaskConfig
-from runtime.console import progress_bar
+from runtime.console import library_logs, progress_bar
 from storage.checkpoints import CheckpointStore
 from storage.hashing import config_hash
-from storage.layout import RunLayout
+from storage.layout import RunLayout, default_runs_root
 from tasks.reporting import artifact_key
 
 _RESIDENT: dict[str, dict[str, Any]] = {}  # engine-config hash -> {"worker": vLLMWorker, "weights": source id}
@@ -156,6 +157,18 @@ def run_exists(run_id: str, runs_dir: str | None) -> bool:
     """Whether ``run_id`` has a run folder with a stored config or checkpoints under the runs root."""
     layout = RunLayout.for_runs_dir(run_id, runs_dir)
     return (layout.run_dir / "config.json").is_file() or bool(CheckpointStore(layout.checkpoints_uri).versions())
+
+
+def check_run_exists(run_id: str, runs_dir: str | None) -> None:
+    """A :class:`~llmrl_core.pipeline.preflight.PreflightError` naming the runs root when ``run_id`` has no run
+    there (:func:`run_exists`)."""
+    if not run_exists(run_id, runs_dir):
+        raise PreflightError(f"run_id: no run {run_id!r} under {runs_dir or default_runs_root()}")
+
+
+def run_logs(run_id: str, runs_dir: str | None) -> Any:
+    """The libraries' logs (vLLM's, ...) into the run's ``logs/`` for a ``with`` block (``-v``: on the console)."""
+    return library_logs(RunLayout.for_runs_dir(run_id, runs_dir).run_dir)
 
 
 def run_env(run_id: str, runs_dir: str | None) -> dict[str, Any]:

@@ -59,3 +59,27 @@ def test_the_runtime_never_imports_the_layers_above_it() -> None:
     """``runtime`` (the Dask actors and their placement) sits below the Prefect tasks and the flows: importing every
     one of its modules loads neither ``tasks`` nor ``flows`` (nor the command line)."""
     assert _top_packages_loaded_by("runtime", {"tasks", "flows", "llmrl_cli"}) == []
+
+
+def test_the_flows_import_only_prefect_tasks_and_the_config() -> None:
+    """A flow is its stages in order: it imports Prefect, ``tasks`` and the config (``llmrl_core.pipeline``) and the
+    standard library, never the runtime, the stores or the rest of the library (issue 67)."""
+    import ast
+
+    allowed = ("prefect", "tasks", "llmrl_core.pipeline", "flows")
+    found = {}
+    for path in sorted((ROOT / "flows").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if name == "__future__" or top in sys.stdlib_module_names:
+                    continue
+                if not any(name == a or name.startswith(f"{a}.") for a in allowed):
+                    found.setdefault(path.name, []).append(name)
+    assert found == {}, found
