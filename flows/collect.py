@@ -20,10 +20,12 @@ from llmrl_core.pipeline.grpo_config import GRPOConfig
 from llmrl_core.pipeline.preflight import check_run_id, preflight
 from tasks.collect_run import checkpoint_to_sample, collect_once
 from tasks.reporting import artifact_key, live_markdown
-from tasks.run_identity import attempts
+from tasks.run_identity import attempts, collect_run_name, tag_flow_run
 
 
-@flow(name="collect", validate_parameters=False)  # the config validates itself (load_config), with llmrl's messages
+@flow(
+    name="collect", flow_run_name=collect_run_name, validate_parameters=False
+)  # the config validates itself (load_config), with llmrl's messages
 def collect(
     config: str | None = None,
     settings: GRPOConfig | None = None,
@@ -46,6 +48,7 @@ def collect(
     cfg = load_config(GRPOConfig, config, overrides or [], settings=settings)
     preflight(cfg, training=False)  # before any task, cluster, engine or write (a collect only samples)
     out_run = check_run_id(out_run_id, "out_run_id") if out_run_id else f"{cfg.run_id}-collect"
+    tag_flow_run("llmrl", f"run:{out_run}", f"run:{cfg.run_id}", "collect")  # found with both runs in the UI
     collect_cfg = dataclasses.replace(cfg, run_id=out_run)  # the engines tag and stage the rows as the output run
     checkpoint = checkpoint_to_sample(cfg.run_id, cfg.runs_dir, policy_version)
     rows_total, written = attempts(

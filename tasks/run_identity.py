@@ -65,6 +65,26 @@ def named_at_creation(config_class: type, last: Callable[[Any], int]) -> Callabl
     return name
 
 
+def collect_run_name() -> str:
+    """The collect flow's ``flow_run_name``: ``<out run> collect v<version>`` (the run its rows are stored under and
+    the version that samples them), from the flow run's parameters; ``collect (config refused)`` when the config does
+    not load (the flow then refuses it in its own words)."""
+    from prefect.runtime import flow_run
+
+    from llmrl_core.pipeline.config_io import load_config
+    from llmrl_core.pipeline.grpo_config import GRPOConfig
+
+    params = flow_run.parameters
+    try:
+        cfg = load_config(
+            GRPOConfig, params.get("config"), params.get("overrides") or [], settings=params.get("settings")
+        )
+    except Exception:  # the flow refuses the config itself, with the reason
+        return "collect (config refused)"
+    out_run = params.get("out_run_id") or f"{cfg.run_id}-collect"
+    return f"{out_run} collect v{params.get('policy_version', 0)}"
+
+
 def identify_run(run_id: str, first: int, last: int, lineage: Any) -> dict[str, str]:
     """Name and tag the current Prefect flow run, cross-link it with ``lineage``'s MLflow run; returns the links.
 

@@ -11,7 +11,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from llmrl_core.pipeline.grpo_config import GRPOConfig
-from tasks.run_identity import named_at_creation
+from tasks.run_identity import collect_run_name, named_at_creation
 
 
 @flow(name="named-like-grpo", flow_run_name=named_at_creation(GRPOConfig, lambda cfg: cfg.iterations))
@@ -46,3 +46,21 @@ def test_a_config_that_does_not_load_still_names_the_run(tmp_path, beginning_lin
     """The flow refuses a bad config in its own words; its name says the config was refused (no random name)."""
     name = named_like_grpo(overrides=["iterations=banana", f"runs_dir={tmp_path}"])
     assert name == "named-like-grpo (config refused)"
+
+
+@flow(name="named-like-collect", flow_run_name=collect_run_name)
+def named_like_collect(
+    config: str | None = None,
+    settings: dict | None = None,
+    overrides: list[str] | None = None,
+    policy_version: int = 0,
+    batches: int = 1,
+    out_run_id: str | None = None,
+) -> str:
+    return str(flow_run.name)
+
+
+def test_a_collect_run_is_named_after_the_run_its_rows_go_to_and_the_version_that_samples():
+    assert named_like_collect(overrides=["run_id=src"], policy_version=2) == "src-collect collect v2"
+    assert named_like_collect(overrides=["run_id=src"], out_run_id="mine") == "mine collect v0"
+    assert named_like_collect(overrides=["iterations=banana"]) == "collect (config refused)"
